@@ -1,0 +1,231 @@
+//! Answers: encoded by the server, parsed by clients.
+
+use std::fmt;
+
+use super::{is_valid_key, parse_u64, write_u64};
+
+/// A node's role as `S` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Active,
+    Standby,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Active => "active",
+            Role::Standby => "standby",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One answer line. `addr` is `None` for `-` (no known active node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer<'a> {
+    /// `A <key> <token>`: granted.
+    Granted { key: &'a [u8], token: u64 },
+    /// `T <key>`: the wait ran out, nothing granted.
+    TimedOut { key: &'a [u8] },
+    /// `M <key> <addr>`: this node does not serve; `addr` is the active one.
+    Moved {
+        key: &'a [u8],
+        addr: Option<&'a [u8]>,
+    },
+    /// `R <key> 1|0`
+    Released { key: &'a [u8], ok: bool },
+    /// `N <key> 1|0`
+    Renewed { key: &'a [u8], ok: bool },
+    /// `S <role> <addr> <token>`
+    Status {
+        role: Role,
+        addr: Option<&'a [u8]>,
+        token: u64,
+    },
+    /// `E <reason...>`: the connection broke the protocol and is closed.
+    Error { reason: &'a [u8] },
+}
+
+impl Answer<'_> {
+    /// Appends this answer, with its `\n`, to `out`.
+    #[inline]
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match *self {
+            Answer::Granted { key, token } => {
+                line_start(out, b'A', key);
+                out.push(b' ');
+                write_u64(out, token);
+            }
+            Answer::TimedOut { key } => line_start(out, b'T', key),
+            Answer::Moved { key, addr } => {
+                line_start(out, b'M', key);
+                out.push(b' ');
+                out.extend_from_slice(addr.unwrap_or(b"-"));
+            }
+            Answer::Released { key, ok } => {
+                line_start(out, b'R', key);
+                out.extend_from_slice(if ok { b" 1" } else { b" 0" });
+            }
+            Answer::Renewed { key, ok } => {
+                line_start(out, b'N', key);
+                out.extend_from_slice(if ok { b" 1" } else { b" 0" });
+            }
+            Answer::Status { role, addr, token } => {
+                line_start(out, b'S', role.as_str().as_bytes());
+                out.push(b' ');
+                out.extend_from_slice(addr.unwrap_or(b"-"));
+                out.push(b' ');
+                write_u64(out, token);
+            }
+            Answer::Error { reason } => line_start(out, b'E', reason),
+        }
+        out.push(b'\n');
+    }
+}
+
+#[inline]
+fn line_start(out: &mut Vec<u8>, op: u8, first: &[u8]) {
+    out.push(op);
+    out.push(b' ');
+    out.extend_from_slice(first);
+}
+
+/// An answer line that does not follow the protocol (a client's view: the
+/// server, or something posing as it, is broken).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerError(pub String);
+
+impl fmt::Display for AnswerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed answer: {}", self.0)
+    }
+}
+
+impl std::error::Error for AnswerError {}
+
+fn addr(field: &[u8]) -> Option<&[u8]> {
+    if field == b"-" { None } else { Some(field) }
+}
+
+/// Parses one answer line, without its `\n` (a trailing `\r` is tolerated).
+pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let bad = || AnswerError(String::from_utf8_lossy(line).into_owned());
+    if let Some(reason) = line.strip_prefix(b"E ") {
+        return Ok(Answer::Error { reason });
+    }
+    let mut fields = line.split(|&b| b == b' ');
+    let op = fields.next().ok_or_else(bad)?;
+    let first = fields.next().ok_or_else(bad)?;
+    let second = fields.next();
+    let third = fields.next();
+    if fields.next().is_some() {
+        return Err(bad());
+    }
+    let key = || Some(first).filter(|k| is_valid_key(k));
+    let flag = |f: Option<&[u8]>| match f {
+        Some(b"1") => Some(true),
+        Some(b"0") => Some(false),
+        _ => None,
+    };
+    let answer = match (op, second, third) {
+        (b"A", Some(token), None) => Answer::Granted {
+            key: key().ok_or_else(bad)?,
+            token: parse_u64(token).filter(|&t| t > 0).ok_or_else(bad)?,
+        },
+        (b"T", None, None) => Answer::TimedOut {
+            key: key().ok_or_else(bad)?,
+        },
+        (b"M", Some(a), None) if !a.is_empty() => Answer::Moved {
+            key: key().ok_or_else(bad)?,
+            addr: addr(a),
+        },
+        (b"R", Some(_), None) => Answer::Released {
+            key: key().ok_or_else(bad)?,
+            ok: flag(second).ok_or_else(bad)?,
+        },
+        (b"N", Some(_), None) => Answer::Renewed {
+            key: key().ok_or_else(bad)?,
+            ok: flag(second).ok_or_else(bad)?,
+        },
+        (b"S", Some(a), Some(token)) if !a.is_empty() => Answer::Status {
+            role: match first {
+                b"active" => Role::Active,
+                b"standby" => Role::Standby,
+                _ => return Err(bad()),
+            },
+            addr: addr(a),
+            token: parse_u64(token).ok_or_else(bad)?,
+        },
+        _ => return Err(bad()),
+    };
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_answer_round_trips() {
+        let answers = [
+            Answer::Granted {
+                key: b"k",
+                token: u64::MAX,
+            },
+            Answer::TimedOut { key: b"k\x80" },
+            Answer::Moved {
+                key: b"k",
+                addr: Some(b"10.0.0.1:7171"),
+            },
+            Answer::Moved {
+                key: b"k",
+                addr: None,
+            },
+            Answer::Released {
+                key: b"k",
+                ok: true,
+            },
+            Answer::Renewed {
+                key: b"k",
+                ok: false,
+            },
+            Answer::Status {
+                role: Role::Standby,
+                addr: None,
+                token: 0,
+            },
+            Answer::Error {
+                reason: b"bad lease \"x\" in line 3",
+            },
+        ];
+        for answer in answers {
+            let mut out = Vec::new();
+            answer.encode(&mut out);
+            assert_eq!(out.last(), Some(&b'\n'));
+            assert_eq!(parse_answer(&out[..out.len() - 1]), Ok(answer));
+        }
+    }
+
+    #[test]
+    fn malformed_answers_are_errors() {
+        for line in [
+            &b""[..],
+            b"A k",
+            b"A k 0",
+            b"A k x",
+            b"R k 2",
+            b"T k extra",
+            b"S leader - 0",
+            b"Q k",
+        ] {
+            assert!(parse_answer(line).is_err(), "{:?}", line);
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The wire format of protocol version 1, and nothing else.
+//!
+//! Requests are parsed in place: [`parse_request`] finds the end of the first
+//! line with memchr and returns a [`Request`] that borrows its key from the
+//! caller's buffer. A buffer that does not yet hold a whole line is "need more
+//! bytes" (`Ok(None)`), never an error, unless it already holds
+//! [`MAX_LINE`] bytes without a `\n`: the protocol says that is enough to
+//! break the connection.
+//!
+//! Answers are written by [`Answer::encode`] into a caller's `Vec<u8>`; the
+//! client side reads them back with [`parse_answer`].
+
+mod answer;
+mod request;
+
+pub use answer::{Answer, AnswerError, Role, parse_answer};
+pub use request::{ParseError, Request, parse_request};
+
+/// Longest request line, counting its `\n` and any `\r`.
+pub const MAX_LINE: usize = 512;
+/// Longest key, in bytes.
+pub const MAX_KEY: usize = 250;
+/// Longest lease or wait: 86400 seconds, in milliseconds.
+pub const MAX_DURATION_MS: u64 = 86_400_000;
+
+/// True for a byte the protocol allows in a key: 0x21..=0x7E or >= 0x80.
+#[inline]
+pub fn is_key_byte(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b) || b >= 0x80
+}
+
+/// True if `key` is a valid key: 1 to [`MAX_KEY`] allowed bytes.
+pub fn is_valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY && key.iter().all(|&b| is_key_byte(b))
+}
+
+/// Appends the decimal form of `n` (no leading zeros) to `out`.
+#[inline]
+pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends a duration in milliseconds as protocol seconds (`30`, `1.5`,
+/// `0.001`), the shortest exact form.
+pub fn write_seconds(out: &mut Vec<u8>, ms: u64) {
+    write_u64(out, ms / 1000);
+    let frac = ms % 1000;
+    if frac != 0 {
+        out.push(b'.');
+        let digits = [
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ];
+        let len = if frac % 100 == 0 {
+            1
+        } else if frac % 10 == 0 {
+            2
+        } else {
+            3
+        };
+        out.extend_from_slice(&digits[..len]);
+    }
+}
+
+/// Parses a protocol duration: `DIGITS` or `DIGITS.D`, `.DD`, `.DDD` seconds,
+/// leading zeros allowed, into milliseconds. `None` if the form is wrong; the
+/// range is the caller's to check (the result saturates at `u64::MAX`).
+pub fn parse_seconds(field: &[u8]) -> Option<u64> {
+    let (int, frac) = match memchr::memchr(b'.', field) {
+        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
+        None => (field, None),
+    };
+    let mut ms = parse_digits(int)?.saturating_mul(1000);
+    if let Some(frac) = frac {
+        if frac.is_empty() || frac.len() > 3 {
+            return None;
+        }
+        let mut scale = 100;
+        for &b in frac {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            ms = ms.saturating_add(u64::from(b - b'0') * scale);
+            scale /= 10;
+        }
+    }
+    Some(ms)
+}
+
+/// Parses one or more ASCII digits, saturating at `u64::MAX`.
+fn parse_digits(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.saturating_mul(10).saturating_add(u64::from(b - b'0'));
+    }
+    Some(n)
+}
+
+/// Parses a decimal u64 exactly (leading zeros allowed); `None` on a wrong
+/// form or overflow.
+pub fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn u64_round_trip() {
+        for n in [0, 1, 9, 10, 99, 100, 12345, u64::MAX] {
+            let mut out = Vec::new();
+            write_u64(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+            assert_eq!(parse_u64(&out), Some(n));
+        }
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b"0007"), Some(7));
+    }
+
+    #[test]
+    fn seconds_forms() {
+        assert_eq!(parse_seconds(b"30"), Some(30_000));
+        assert_eq!(parse_seconds(b"030"), Some(30_000));
+        assert_eq!(parse_seconds(b"1.5"), Some(1_500));
+        assert_eq!(parse_seconds(b"1.05"), Some(1_050));
+        assert_eq!(parse_seconds(b"0.001"), Some(1));
+        assert_eq!(parse_seconds(b"1.0001"), None);
+        assert_eq!(parse_seconds(b"1."), None);
+        assert_eq!(parse_seconds(b".5"), None);
+        assert_eq!(parse_seconds(b"1e3"), None);
+        assert_eq!(parse_seconds(b"-1"), None);
+        assert_eq!(parse_seconds(b"99999999999999999999999"), Some(u64::MAX));
+        for ms in [1, 10, 100, 1_000, 1_500, 1_050, 1_005, 86_400_000] {
+            let mut out = Vec::new();
+            write_seconds(&mut out, ms);
+            assert_eq!(
+                parse_seconds(&out),
+                Some(ms),
+                "{}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod parser_tests;

@@ -1,0 +1,200 @@
+//! Request parsing: one line, borrowed from the receive buffer.
+
+use std::fmt;
+
+use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, is_key_byte, parse_seconds, parse_u64};
+
+/// One request, borrowing its key from the buffer it was parsed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `A <key> <lease> <wait>`; `wait_ms == 0` means no limit.
+    Acquire {
+        key: &'a [u8],
+        lease_ms: u64,
+        wait_ms: u64,
+    },
+    /// `R <key> <token>`
+    Release { key: &'a [u8], token: u64 },
+    /// `N <key> <token> <lease>`
+    Renew {
+        key: &'a [u8],
+        token: u64,
+        lease_ms: u64,
+    },
+    /// `S`
+    Status,
+}
+
+impl<'a> Request<'a> {
+    /// The request's key, if it has one.
+    pub fn key(&self) -> Option<&'a [u8]> {
+        match *self {
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::Renew { key, .. } => Some(key),
+            Request::Status => None,
+        }
+    }
+}
+
+/// Why a line breaks the protocol. Borrows the offending field so that the
+/// reason can quote it; [`fmt::Display`] gives the human readable reason sent
+/// after `E `.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseError<'a> {
+    /// [`MAX_LINE`] bytes arrived without a `\n`.
+    LineTooLong,
+    /// The line is empty, or two spaces (or a leading or trailing one) make
+    /// an empty field.
+    EmptyField,
+    UnknownOp(&'a [u8]),
+    FieldCount {
+        op: u8,
+        got: usize,
+        want: usize,
+    },
+    KeyTooLong(usize),
+    KeyByte(u8),
+    Lease(&'a [u8]),
+    Wait(&'a [u8]),
+    Token(&'a [u8]),
+}
+
+impl fmt::Display for ParseError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ParseError::LineTooLong => write!(f, "line longer than {MAX_LINE} bytes"),
+            ParseError::EmptyField => write!(f, "empty field"),
+            ParseError::UnknownOp(op) => write!(f, "unknown op \"{}\"", Quoted(op)),
+            ParseError::FieldCount { op, got, want } => write!(
+                f,
+                "wrong number of fields for {}: {got}, expected {want}",
+                op as char
+            ),
+            ParseError::KeyTooLong(len) => {
+                write!(f, "key too long ({len} bytes, at most {MAX_KEY})")
+            }
+            ParseError::KeyByte(b) => write!(f, "forbidden byte 0x{b:02x} in key"),
+            ParseError::Lease(v) => write!(f, "bad lease \"{}\"", Quoted(v)),
+            ParseError::Wait(v) => write!(f, "bad wait \"{}\"", Quoted(v)),
+            ParseError::Token(v) => write!(f, "bad token \"{}\"", Quoted(v)),
+        }
+    }
+}
+
+/// Shows a field in an error line: printable ASCII as is, anything else as
+/// `\xNN`, cut after 40 bytes so that the `E` line stays short.
+struct Quoted<'a>(&'a [u8]);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 40;
+        for &b in self.0.iter().take(SHOWN) {
+            if (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\' {
+                write!(f, "{}", b as char)?;
+            } else {
+                write!(f, "\\x{b:02x}")?;
+            }
+        }
+        if self.0.len() > SHOWN {
+            write!(f, "...")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses the first line of `buf`.
+///
+/// Returns `Ok(Some((request, consumed)))` where `consumed` counts the line's
+/// bytes including its `\n`; `Ok(None)` when `buf` holds no whole line yet
+/// (and fewer than [`MAX_LINE`] bytes); `Err` when the line breaks the
+/// protocol.
+#[inline]
+pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
+    let window = &buf[..buf.len().min(MAX_LINE)];
+    let Some(nl) = memchr::memchr(b'\n', window) else {
+        return if buf.len() >= MAX_LINE {
+            Err(ParseError::LineTooLong)
+        } else {
+            Ok(None)
+        };
+    };
+    let mut line = &buf[..nl];
+    if let [rest @ .., b'\r'] = line {
+        line = rest;
+    }
+    parse_line(line).map(|req| Some((req, nl + 1)))
+}
+
+/// Parses one line without its `\n` (and `\r`).
+fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
+    // At most five fields are looked at: one more than any request has, so
+    // that "too many" is still seen.
+    let mut fields: [&[u8]; 5] = [&[]; 5];
+    let mut count = 0;
+    for field in line.split(|&b| b == b' ') {
+        if field.is_empty() {
+            return Err(ParseError::EmptyField);
+        }
+        if count < fields.len() {
+            fields[count] = field;
+        }
+        count += 1;
+    }
+    let (op, want) = match fields[0] {
+        b"A" => (b'A', 4),
+        b"R" => (b'R', 3),
+        b"N" => (b'N', 4),
+        b"S" => (b'S', 1),
+        other => return Err(ParseError::UnknownOp(other)),
+    };
+    if count != want {
+        return Err(ParseError::FieldCount {
+            op,
+            got: count,
+            want,
+        });
+    }
+    let request = match op {
+        b'A' => Request::Acquire {
+            key: key(fields[1])?,
+            lease_ms: lease(fields[2])?,
+            wait_ms: parse_seconds(fields[3])
+                .filter(|&ms| ms <= MAX_DURATION_MS)
+                .ok_or(ParseError::Wait(fields[3]))?,
+        },
+        b'R' => Request::Release {
+            key: key(fields[1])?,
+            token: token(fields[2])?,
+        },
+        b'N' => Request::Renew {
+            key: key(fields[1])?,
+            token: token(fields[2])?,
+            lease_ms: lease(fields[3])?,
+        },
+        _ => Request::Status,
+    };
+    Ok(request)
+}
+
+fn key(field: &[u8]) -> Result<&[u8], ParseError<'_>> {
+    if field.len() > MAX_KEY {
+        return Err(ParseError::KeyTooLong(field.len()));
+    }
+    match field.iter().find(|&&b| !is_key_byte(b)) {
+        Some(&b) => Err(ParseError::KeyByte(b)),
+        None => Ok(field),
+    }
+}
+
+fn lease(field: &[u8]) -> Result<u64, ParseError<'_>> {
+    parse_seconds(field)
+        .filter(|&ms| ms > 0 && ms <= MAX_DURATION_MS)
+        .ok_or(ParseError::Lease(field))
+}
+
+fn token(field: &[u8]) -> Result<u64, ParseError<'_>> {
+    parse_u64(field)
+        .filter(|&t| t > 0)
+        .ok_or(ParseError::Token(field))
+}
