@@ -1,0 +1,481 @@
+//! The sans-I/O core: the lock table, its timers and its token clock.
+//!
+//! The engine owns no socket and reads no clock. The I/O loop drives it:
+//!
+//! 1. [`Engine::open`] when a connection is accepted, [`Engine::close`] when
+//!    it goes (its waiting acquires are withdrawn; its grants stay).
+//! 2. [`Engine::tick`] with the current [`Now`] at the start of each loop
+//!    turn, so that leases and waits that ran out are handled before the
+//!    requests read in that turn.
+//! 3. [`Engine::handle`] for each request, in the order read.
+//! 4. [`Engine::take_dirty`] to learn which connections have answers waiting
+//!    in [`Engine::output_mut`]; the loop sends them and clears what it sent.
+//! 5. [`Engine::next_deadline`] to know how long it may sleep.
+//!
+//! Answers go straight into per-connection output buffers (a release hands
+//! the lock to a waiter on another connection, so one request can answer
+//! several connections). The same engine runs under io_uring, under epoll and
+//! inside tests with a fake clock.
+
+pub mod table;
+pub mod token;
+pub mod wheel;
+
+use crate::proto::{Answer, Request, Role};
+use table::{NIL, Table, WaiterState};
+use token::TokenClock;
+use wheel::Wheel;
+
+/// A connection, numbered by the I/O loop (small, dense, reused).
+pub type ConnId = u32;
+
+/// The most acquires one connection may have waiting (PROTOCOL.md).
+pub const MAX_WAITING_PER_CONN: u32 = 4096;
+
+/// The time, as the I/O loop read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic milliseconds (floor) since an arbitrary start.
+    pub ms: u64,
+    /// Wall clock, nanoseconds since the Unix epoch: the floor of tokens.
+    pub unix_ns: u64,
+}
+
+/// A request that breaks the connection although it parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// One more than [`MAX_WAITING_PER_CONN`] waiting acquires.
+    TooManyWaiting,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::TooManyWaiting => write!(
+                f,
+                "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
+            ),
+        }
+    }
+}
+
+/// What the engine's timers are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// The lease of the lock's holder runs out.
+    Lease(u32),
+    /// The waiter's wait runs out.
+    Wait(u32),
+}
+
+/// Per-connection state the engine keeps.
+#[derive(Default)]
+struct Conn {
+    open: bool,
+    /// Answers not yet taken by the I/O loop.
+    out: Vec<u8>,
+    /// Listed in `Engine::dirty`.
+    dirty: bool,
+}
+
+/// Whether this node serves clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Serving {
+    Active,
+    /// Answers `M` naming `active` (`None`: `-`).
+    Standby {
+        active: Option<Box<[u8]>>,
+    },
+}
+
+/// See the module docs.
+pub struct Engine {
+    table: Table,
+    wheel: Wheel<Timer>,
+    tokens: TokenClock,
+    conns: Vec<Conn>,
+    dirty: Vec<ConnId>,
+    serving: Serving,
+    /// This node's address as clients should name it.
+    advertise: Box<[u8]>,
+}
+
+impl Engine {
+    /// An active engine whose clock starts at `now`. `advertise` is the
+    /// address `S` names for the active node when it is this one.
+    pub fn new(now: Now, advertise: &str) -> Engine {
+        Engine {
+            table: Table::new(),
+            wheel: Wheel::with_capacity(now.ms, 1024),
+            tokens: TokenClock::new(),
+            conns: Vec::new(),
+            dirty: Vec::new(),
+            serving: Serving::Active,
+            advertise: advertise.as_bytes().into(),
+        }
+    }
+
+    /// The highest token issued or seen (what `S` reports).
+    pub fn highest_token(&self) -> u64 {
+        self.tokens.highest()
+    }
+
+    /// True while this node serves clients.
+    pub fn is_active(&self) -> bool {
+        self.serving == Serving::Active
+    }
+
+    /// Number of live locks.
+    pub fn lock_count(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Registers a new connection. `conn` must not be open.
+    pub fn open(&mut self, conn: ConnId) {
+        let i = conn as usize;
+        if self.conns.len() <= i {
+            self.conns.resize_with(i + 1, Conn::default);
+        }
+        let c = &mut self.conns[i];
+        assert!(!c.open, "connection {conn} opened twice");
+        debug_assert_eq!(self.table.conn_len(conn), 0);
+        c.open = true;
+        c.out.clear();
+    }
+
+    /// Forgets a connection: its waiting acquires leave their queues (their
+    /// answers are never sent), its grants stay, its unsent output is dropped.
+    pub fn close(&mut self, conn: ConnId) {
+        let c = &mut self.conns[conn as usize];
+        assert!(c.open, "connection {conn} closed twice");
+        c.open = false;
+        c.out.clear();
+        loop {
+            let w = self.table.conn_first(conn);
+            if w == NIL {
+                break;
+            }
+            if let Some(timer) = self.table.waiter_mut(w).timer.take() {
+                self.wheel.cancel(timer);
+            }
+            let waiter = self.table.finish(w);
+            self.table.remove_if_idle(waiter.lock);
+        }
+    }
+
+    /// The answers waiting for `conn`. The I/O loop takes bytes from the
+    /// front (or swaps the buffer out) as it sends them.
+    pub fn output_mut(&mut self, conn: ConnId) -> &mut Vec<u8> {
+        &mut self.conns[conn as usize].out
+    }
+
+    /// Moves the connections that got answers since the last call into
+    /// `into` (which is cleared first). Closed connections are left out.
+    pub fn take_dirty(&mut self, into: &mut Vec<ConnId>) {
+        into.clear();
+        std::mem::swap(into, &mut self.dirty);
+        let conns = &mut self.conns;
+        into.retain(|&c| {
+            let conn = &mut conns[c as usize];
+            conn.dirty = false;
+            conn.open && !conn.out.is_empty()
+        });
+    }
+
+    /// The earliest monotonic ms at which [`Engine::tick`] has work, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.wheel.next_deadline()
+    }
+
+    /// Ends the leases and waits that ran out by `now`.
+    pub fn tick(&mut self, now: Now) {
+        while let Some(timer) = self.wheel.poll(now.ms) {
+            match timer {
+                Timer::Lease(lock) => {
+                    let grant = self.table.lock_mut(lock).holder.take();
+                    debug_assert!(grant.is_some(), "lease timer of a free lock");
+                    self.hand_off(now, lock);
+                }
+                Timer::Wait(w) => {
+                    self.table.waiter_mut(w).timer = None;
+                    self.wait_ran_out(w);
+                }
+            }
+        }
+    }
+
+    /// Handles one request from `conn`. `Err` means the request breaks the
+    /// connection: the caller sends `E` and closes it. Answers to earlier
+    /// requests are already in the output.
+    pub fn handle(&mut self, now: Now, conn: ConnId, request: Request<'_>) -> Result<(), Refusal> {
+        debug_assert!(self.conns[conn as usize].open);
+        if let Serving::Standby { active } = &self.serving {
+            if let Some(key) = request.key() {
+                let answer = Answer::Moved {
+                    key,
+                    addr: active.as_deref(),
+                };
+                emit(&mut self.conns, &mut self.dirty, conn, answer);
+                return Ok(());
+            }
+        }
+        match request {
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            } => return self.acquire(now, conn, key, lease_ms, wait_ms),
+            Request::Release { key, token } => {
+                let ok = self.release(now, key, token);
+                emit(
+                    &mut self.conns,
+                    &mut self.dirty,
+                    conn,
+                    Answer::Released { key, ok },
+                );
+            }
+            Request::Renew {
+                key,
+                token,
+                lease_ms,
+            } => {
+                let ok = self.renew(now, key, token, lease_ms);
+                emit(
+                    &mut self.conns,
+                    &mut self.dirty,
+                    conn,
+                    Answer::Renewed { key, ok },
+                );
+            }
+            Request::Status => {
+                let (role, addr) = match &self.serving {
+                    Serving::Active => (Role::Active, Some(&*self.advertise)),
+                    Serving::Standby { active } => (Role::Standby, active.as_deref()),
+                };
+                let token = self.tokens.highest();
+                let answer = Answer::Status { role, addr, token };
+                emit(&mut self.conns, &mut self.dirty, conn, answer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops serving: every waiting acquire is answered (`M` naming `active`,
+    /// or `T` for one whose wait already ran out and was held back), oldest
+    /// first on each connection, and later requests get `M`. Grants stay in
+    /// the table (a successor may have them replicated).
+    pub fn step_down(&mut self, active: Option<&str>) {
+        let active: Option<Box<[u8]>> = active.map(|a| a.as_bytes().into());
+        for conn in 0..self.conns.len() as ConnId {
+            loop {
+                let w = self.table.conn_first(conn);
+                if w == NIL {
+                    break;
+                }
+                let waiter = self.table.waiter(w);
+                let key = self.table.lock(waiter.lock).key();
+                let answer = match waiter.state {
+                    WaiterState::Queued => Answer::Moved {
+                        key,
+                        addr: active.as_deref(),
+                    },
+                    WaiterState::HeldBack => Answer::TimedOut { key },
+                };
+                emit(&mut self.conns, &mut self.dirty, conn, answer);
+                if let Some(timer) = self.table.waiter_mut(w).timer.take() {
+                    self.wheel.cancel(timer);
+                }
+                let waiter = self.table.finish(w);
+                self.table.remove_if_idle(waiter.lock);
+            }
+        }
+        self.serving = Serving::Standby { active };
+    }
+
+    fn acquire(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        key: &[u8],
+        lease_ms: u64,
+        wait_ms: u64,
+    ) -> Result<(), Refusal> {
+        let lock = self.table.find_or_insert(key);
+        if self.table.lock(lock).holder.is_none() {
+            debug_assert!(self.table.head(lock).is_none());
+            self.grant(now, lock, conn, lease_ms);
+            return Ok(());
+        }
+        if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
+            return Err(Refusal::TooManyWaiting);
+        }
+        let w = self.table.enqueue(lock, conn, lease_ms);
+        if wait_ms > 0 {
+            let timer = self.wheel.insert(deadline(now, wait_ms), Timer::Wait(w));
+            self.table.waiter_mut(w).timer = Some(timer);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
+        let Some(lock) = self.table.find(key) else {
+            return false;
+        };
+        let holder = &mut self.table.lock_mut(lock).holder;
+        match *holder {
+            Some(grant) if grant.token == token => {
+                *holder = None;
+                self.wheel.cancel(grant.timer);
+                self.hand_off(now, lock);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn renew(&mut self, now: Now, key: &[u8], token: u64, lease_ms: u64) -> bool {
+        let Some(lock) = self.table.find(key) else {
+            return false;
+        };
+        let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
+            return false;
+        };
+        self.wheel.cancel(grant.timer);
+        let expires_ms = deadline(now, lease_ms);
+        let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
+        self.table.lock_mut(lock).holder = Some(table::Grant {
+            token,
+            expires_ms,
+            timer,
+        });
+        true
+    }
+
+    /// Grants the free `lock` to `conn` with a new token, and answers it.
+    fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64) {
+        debug_assert!(self.table.lock(lock).holder.is_none());
+        let token = self.tokens.next(now.unix_ns);
+        let expires_ms = deadline(now, lease_ms);
+        let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
+        let l = self.table.lock_mut(lock);
+        l.holder = Some(table::Grant {
+            token,
+            expires_ms,
+            timer,
+        });
+        let answer = Answer::Granted {
+            key: l.key(),
+            token,
+        };
+        emit(&mut self.conns, &mut self.dirty, conn, answer);
+    }
+
+    /// The lock just became free: it passes to its head waiter in the same
+    /// step, or, with nobody waiting, leaves the table.
+    fn hand_off(&mut self, now: Now, lock: u32) {
+        let Some(w) = self.table.head(lock) else {
+            self.table.remove_if_idle(lock);
+            return;
+        };
+        let waiter = self.table.waiter_mut(w);
+        let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
+        if let Some(timer) = waiter.timer.take() {
+            self.wheel.cancel(timer);
+        }
+        self.grant(now, lock, conn, lease_ms);
+        self.answered(w);
+    }
+
+    /// A queued waiter's wait ran out. Its `T` goes out now, unless an earlier
+    /// acquire of the same key on the same connection is still unanswered
+    /// (rule 3): then it is held back until that one is answered. Either way
+    /// it has left the queue and will never be granted.
+    fn wait_ran_out(&mut self, w: u32) {
+        let (conn, lock) = {
+            let waiter = self.table.waiter(w);
+            (waiter.conn, waiter.lock)
+        };
+        self.table.unqueue(w);
+        let mut earlier = self.table.conn_prev(w);
+        while earlier != NIL {
+            let e = self.table.waiter(earlier);
+            if e.lock == lock && e.state == WaiterState::Queued {
+                self.table.waiter_mut(earlier).holds_back = true;
+                return;
+            }
+            earlier = self.table.conn_prev(earlier);
+        }
+        let key = self.table.lock(lock).key();
+        emit(
+            &mut self.conns,
+            &mut self.dirty,
+            conn,
+            Answer::TimedOut { key },
+        );
+        self.answered(w);
+        self.table.remove_if_idle(lock);
+    }
+
+    /// `w` has been answered: send the `T`s it was holding back, then forget
+    /// it. Those are the held-back acquires of the same key that follow it on
+    /// its connection, up to the next one still queued (which holds back any
+    /// after it).
+    fn answered(&mut self, w: u32) {
+        let waiter = self.table.waiter(w);
+        if waiter.holds_back {
+            let (conn, lock) = (waiter.conn, waiter.lock);
+            let mut later = self.table.conn_next(w);
+            while later != NIL {
+                let next = self.table.conn_next(later);
+                let l = self.table.waiter(later);
+                if l.lock == lock {
+                    if l.state == WaiterState::Queued {
+                        break;
+                    }
+                    let key = self.table.lock(lock).key();
+                    emit(
+                        &mut self.conns,
+                        &mut self.dirty,
+                        conn,
+                        Answer::TimedOut { key },
+                    );
+                    self.table.finish(later);
+                }
+                later = next;
+            }
+        }
+        self.table.finish(w);
+    }
+
+    /// Checks the table's lists and the engine's bookkeeping. For tests.
+    pub fn check_invariants(&self) {
+        self.table.check_invariants();
+        for (c, conn) in self.conns.iter().enumerate() {
+            if !conn.open {
+                assert_eq!(self.table.conn_len(c as ConnId), 0);
+            }
+        }
+    }
+}
+
+/// When a lease or wait of `duration_ms` that starts now runs out. One ms is
+/// added because `now.ms` is a floor: the real time may be up to 1 ms later,
+/// and a lease or wait must never end before its full length.
+fn deadline(now: Now, duration_ms: u64) -> u64 {
+    now.ms + duration_ms + 1
+}
+
+/// Appends an answer to a connection's output and marks it dirty.
+#[inline]
+fn emit(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId, answer: Answer<'_>) {
+    let c = &mut conns[conn as usize];
+    debug_assert!(c.open, "answer for closed connection {conn}");
+    answer.encode(&mut c.out);
+    if !c.dirty {
+        c.dirty = true;
+        dirty.push(conn);
+    }
+}
+
+#[cfg(test)]
+mod tests;

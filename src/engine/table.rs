@@ -1,0 +1,393 @@
+//! The lock table: key → holder + an intrusive FIFO of waiters.
+//!
+//! Locks and waiters live in slabs and point at each other by `u32` index, so
+//! the lists cost no allocation per waiter and every list operation is O(1):
+//!
+//! - each lock has a FIFO of its *queued* waiters (`q_prev`/`q_next`), granted
+//!   from the head;
+//! - each connection has a list of all its unanswered acquires in arrival
+//!   order (`c_prev`/`c_next`), withdrawn at once when it closes. It also holds
+//!   *timed-out* waiters whose `T` is held back (matching rule 3): they left
+//!   their lock's FIFO but keep their place in the connection's list until the
+//!   earlier acquire of the same key is answered.
+//!
+//! Keys are interned: one copy per lock, inline for keys of up to
+//! [`INLINE_KEY`] bytes, found through a hash table of lock indices. A lock
+//! with no holder, no waiter and no held-back `T` is removed at once, so the
+//! table holds only live locks.
+//!
+//! The table knows nothing of time, tokens or answers; the engine does.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use slab::Slab;
+
+use super::ConnId;
+use super::wheel::TimerId;
+
+/// "No index" in the intrusive lists.
+pub const NIL: u32 = u32::MAX;
+
+/// Keys up to this length are stored inside the lock, without allocation.
+pub const INLINE_KEY: usize = 30;
+
+/// A key's bytes, inline when short.
+enum KeyBuf {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+const _: () = assert!(std::mem::size_of::<KeyBuf>() == 32);
+
+impl KeyBuf {
+    fn new(key: &[u8]) -> KeyBuf {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0u8; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBuf::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            KeyBuf::Heap(key.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            KeyBuf::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyBuf::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// A live grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub token: u64,
+    /// Monotonic ms at which the lease runs out.
+    pub expires_ms: u64,
+    /// The lease timer; it fires at `expires_ms`.
+    pub timer: TimerId,
+}
+
+/// One key's state.
+pub struct Lock {
+    key: KeyBuf,
+    hash: u64,
+    pub holder: Option<Grant>,
+    head: u32,
+    tail: u32,
+    /// Timed-out waiters of this key whose `T` is held back.
+    held_back: u32,
+}
+
+impl Lock {
+    pub fn key(&self) -> &[u8] {
+        self.key.as_bytes()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.head == NIL && self.held_back == 0
+    }
+}
+
+/// Where a waiter is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaiterState {
+    /// In its lock's FIFO, waiting for a grant.
+    Queued,
+    /// Its wait ran out while an earlier acquire of the same key on the same
+    /// connection was unanswered: out of the FIFO, its `T` held back.
+    HeldBack,
+}
+
+/// One unanswered acquire.
+pub struct Waiter {
+    pub conn: ConnId,
+    pub lock: u32,
+    pub lease_ms: u64,
+    /// The wait timer, if the acquire has a wait limit and is queued.
+    pub timer: Option<TimerId>,
+    pub state: WaiterState,
+    /// A later acquire of the same key on the same connection is held back
+    /// until this one is answered.
+    pub holds_back: bool,
+    q_prev: u32,
+    q_next: u32,
+    c_prev: u32,
+    c_next: u32,
+}
+
+/// A connection's unanswered acquires, oldest first.
+#[derive(Debug, Clone, Copy)]
+struct ConnList {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl ConnList {
+    const EMPTY: ConnList = ConnList {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+/// See the module docs.
+pub struct Table {
+    index: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    locks: Slab<Lock>,
+    waiters: Slab<Waiter>,
+    conns: Vec<ConnList>,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table::new()
+    }
+}
+
+impl Table {
+    pub fn new() -> Table {
+        Table {
+            index: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            locks: Slab::new(),
+            waiters: Slab::new(),
+            conns: Vec::new(),
+        }
+    }
+
+    /// Number of live locks (held, waited for, or with a held-back `T`).
+    pub fn len(&self) -> usize {
+        self.locks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+
+    /// Number of unanswered acquires in the table, all connections.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The lock of `key`, if it is live.
+    #[inline]
+    pub fn find(&self, key: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        let locks = &self.locks;
+        self.index
+            .find(hash, |&i| locks[i as usize].key() == key)
+            .copied()
+    }
+
+    /// The lock of `key`, created free if it is not live.
+    #[inline]
+    pub fn find_or_insert(&mut self, key: &[u8]) -> u32 {
+        let hash = self.hasher.hash_one(key);
+        let locks = &self.locks;
+        if let Some(&i) = self.index.find(hash, |&i| locks[i as usize].key() == key) {
+            return i;
+        }
+        let i = self.locks.insert(Lock {
+            key: KeyBuf::new(key),
+            hash,
+            holder: None,
+            head: NIL,
+            tail: NIL,
+            held_back: 0,
+        });
+        let i = u32::try_from(i).expect("lock table over u32::MAX entries");
+        let locks = &self.locks;
+        self.index
+            .insert_unique(hash, i, |&j| locks[j as usize].hash);
+        i
+    }
+
+    /// Removes `lock` if nothing refers to it any more. Returns true if
+    /// removed: the index is then invalid.
+    pub fn remove_if_idle(&mut self, lock: u32) -> bool {
+        if !self.locks[lock as usize].is_idle() {
+            return false;
+        }
+        let hash = self.locks[lock as usize].hash;
+        match self.index.find_entry(hash, |&i| i == lock) {
+            Ok(entry) => {
+                entry.remove();
+            }
+            Err(_) => unreachable!("live lock {lock} missing from the index"),
+        }
+        self.locks.remove(lock as usize);
+        true
+    }
+
+    pub fn lock(&self, lock: u32) -> &Lock {
+        &self.locks[lock as usize]
+    }
+
+    pub fn lock_mut(&mut self, lock: u32) -> &mut Lock {
+        &mut self.locks[lock as usize]
+    }
+
+    pub fn waiter(&self, waiter: u32) -> &Waiter {
+        &self.waiters[waiter as usize]
+    }
+
+    pub fn waiter_mut(&mut self, waiter: u32) -> &mut Waiter {
+        &mut self.waiters[waiter as usize]
+    }
+
+    /// Unanswered acquires of `conn` (queued and held back).
+    pub fn conn_len(&self, conn: ConnId) -> u32 {
+        self.conns.get(conn as usize).map_or(0, |c| c.len)
+    }
+
+    /// The oldest unanswered acquire of `conn`, or [`NIL`].
+    pub fn conn_first(&self, conn: ConnId) -> u32 {
+        self.conns.get(conn as usize).map_or(NIL, |c| c.head)
+    }
+
+    /// The next younger acquire on the same connection, or [`NIL`].
+    pub fn conn_next(&self, waiter: u32) -> u32 {
+        self.waiters[waiter as usize].c_next
+    }
+
+    /// The next older acquire on the same connection, or [`NIL`].
+    pub fn conn_prev(&self, waiter: u32) -> u32 {
+        self.waiters[waiter as usize].c_prev
+    }
+
+    /// The first queued waiter of `lock`, or `None`.
+    pub fn head(&self, lock: u32) -> Option<u32> {
+        Some(self.locks[lock as usize].head).filter(|&w| w != NIL)
+    }
+
+    /// Queues a new waiter at the tail of `lock`'s FIFO and of `conn`'s list.
+    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64) -> u32 {
+        if self.conns.len() <= conn as usize {
+            self.conns.resize(conn as usize + 1, ConnList::EMPTY);
+        }
+        let list = self.conns[conn as usize];
+        let l = &self.locks[lock as usize];
+        debug_assert!(l.holder.is_some(), "a free lock is granted, not waited for");
+        let w = self.waiters.insert(Waiter {
+            conn,
+            lock,
+            lease_ms,
+            timer: None,
+            state: WaiterState::Queued,
+            holds_back: false,
+            q_prev: l.tail,
+            q_next: NIL,
+            c_prev: list.tail,
+            c_next: NIL,
+        });
+        let w = u32::try_from(w).expect("over u32::MAX waiters");
+        match l.tail {
+            NIL => self.locks[lock as usize].head = w,
+            tail => self.waiters[tail as usize].q_next = w,
+        }
+        self.locks[lock as usize].tail = w;
+        match list.tail {
+            NIL => self.conns[conn as usize].head = w,
+            tail => self.waiters[tail as usize].c_next = w,
+        }
+        let list = &mut self.conns[conn as usize];
+        list.tail = w;
+        list.len += 1;
+        w
+    }
+
+    /// Takes a queued waiter out of its lock's FIFO, marking it held back: it
+    /// stays in its connection's list until [`Table::finish`].
+    pub fn unqueue(&mut self, waiter: u32) {
+        let (lock, prev, next) = {
+            let w = &mut self.waiters[waiter as usize];
+            debug_assert_eq!(w.state, WaiterState::Queued);
+            w.state = WaiterState::HeldBack;
+            let links = (w.lock, w.q_prev, w.q_next);
+            w.q_prev = NIL;
+            w.q_next = NIL;
+            links
+        };
+        match prev {
+            NIL => self.locks[lock as usize].head = next,
+            p => self.waiters[p as usize].q_next = next,
+        }
+        match next {
+            NIL => self.locks[lock as usize].tail = prev,
+            n => self.waiters[n as usize].q_prev = prev,
+        }
+        self.locks[lock as usize].held_back += 1;
+    }
+
+    /// Forgets an answered (or withdrawn) waiter: out of its lock's FIFO if
+    /// still queued, out of its connection's list, slot freed. The lock may
+    /// now be idle: the caller decides when to [`Table::remove_if_idle`].
+    pub fn finish(&mut self, waiter: u32) -> Waiter {
+        if self.waiters[waiter as usize].state == WaiterState::Queued {
+            self.unqueue(waiter);
+        }
+        let w = self.waiters.remove(waiter as usize);
+        self.locks[w.lock as usize].held_back -= 1;
+        match w.c_prev {
+            NIL => self.conns[w.conn as usize].head = w.c_next,
+            p => self.waiters[p as usize].c_next = w.c_next,
+        }
+        match w.c_next {
+            NIL => self.conns[w.conn as usize].tail = w.c_prev,
+            n => self.waiters[n as usize].c_prev = w.c_prev,
+        }
+        self.conns[w.conn as usize].len -= 1;
+        w
+    }
+
+    /// Checks every list against the slabs. For tests: O(size of the table).
+    pub fn check_invariants(&self) {
+        let mut queued = 0;
+        let mut held_back = 0;
+        for (i, lock) in &self.locks {
+            assert!(!lock.is_idle(), "idle lock {i} kept");
+            assert_eq!(self.find(lock.key()), Some(i as u32));
+            let mut prev = NIL;
+            let mut w = lock.head;
+            while w != NIL {
+                let waiter = &self.waiters[w as usize];
+                assert_eq!(waiter.lock, i as u32);
+                assert_eq!(waiter.state, WaiterState::Queued);
+                assert_eq!(waiter.q_prev, prev);
+                assert!(lock.holder.is_some(), "waiters queued on a free lock");
+                queued += 1;
+                prev = w;
+                w = waiter.q_next;
+            }
+            assert_eq!(lock.tail, prev);
+            held_back += lock.held_back as usize;
+        }
+        let mut listed = 0;
+        for (c, list) in self.conns.iter().enumerate() {
+            let mut prev = NIL;
+            let mut w = list.head;
+            let mut len = 0;
+            while w != NIL {
+                let waiter = &self.waiters[w as usize];
+                assert_eq!(waiter.conn as usize, c);
+                assert_eq!(waiter.c_prev, prev);
+                len += 1;
+                prev = w;
+                w = waiter.c_next;
+            }
+            assert_eq!(list.tail, prev);
+            assert_eq!(list.len, len);
+            listed += len as usize;
+        }
+        assert_eq!(listed, self.waiters.len());
+        assert_eq!(queued + held_back, self.waiters.len());
+        assert_eq!(self.index.len(), self.locks.len());
+    }
+}
