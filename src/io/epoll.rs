@@ -1,0 +1,369 @@
+//! The epoll backend (through mio): the fallback where io_uring is off.
+//!
+//! Readiness is edge-triggered, so each connection remembers whether it may
+//! still have input (`readable`) and is read until the kernel says
+//! `WouldBlock`, unless its unsent answers pass [`OUTPUT_PAUSE_BYTES`]: then it
+//! is not read from until the client takes them (TCP backpressure). Answers
+//! are written from the engine's output buffer at the end of each turn, one
+//! `write` per connection.
+
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use super::{Clock, Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
+use crate::engine::{ConnId, Engine};
+use crate::server::LoopConfig;
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const SIGNALS: Token = Token(usize::MAX - 2);
+
+/// Reads per connection per turn before others get their turn.
+const READS_PER_TURN: usize = 8;
+/// Size of the one receive buffer all connections share.
+const READ_BUF: usize = 64 * 1024;
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Serving requests.
+    Open,
+    /// Going away: its last answers (`final_out`) are being written; the
+    /// engine has already forgotten it.
+    Closing,
+    /// Its last answers are written and our side shut; waiting (up to the
+    /// deadline) for the client to close, discarding what it sends, so that
+    /// closing does not reset the connection before the client read them.
+    Lingering { until_ms: u64 },
+}
+
+struct Conn {
+    stream: TcpStream,
+    session: Session,
+    phase: Phase,
+    /// The kernel may have input we have not read.
+    readable: bool,
+    /// The client closed its sending side.
+    eof: bool,
+    final_out: Vec<u8>,
+}
+
+/// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`).
+pub fn run(
+    listener: std::net::TcpListener,
+    signals: StdUnixStream,
+    mut engine: Engine,
+    clock: Clock,
+    config: &LoopConfig,
+) -> io::Result<()> {
+    let mut poll = Poll::new()?;
+    let mut listener = TcpListener::from_std(listener);
+    poll.registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    signals.set_nonblocking(true)?;
+    let mut signals = UnixStream::from_std(signals);
+    poll.registry()
+        .register(&mut signals, SIGNALS, Interest::READABLE)?;
+
+    let mut state = Loop {
+        conns: Slab::with_capacity(1024),
+        buf: vec![0u8; READ_BUF],
+        ready: Vec::new(),
+        dirty: Vec::new(),
+        max_conns: config.max_conns,
+    };
+    let mut events = Events::with_capacity(1024);
+    let mut shutting_down_until: Option<u64> = None;
+    loop {
+        let now = clock.now();
+        let timeout = state.timeout_ms(&engine, now.ms, shutting_down_until);
+        match poll.poll(&mut events, timeout.map(Duration::from_millis)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        let now = clock.now();
+        engine.tick(now);
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => {
+                    if shutting_down_until.is_none() {
+                        state.accept(&listener, &poll, &mut engine)?;
+                    }
+                }
+                SIGNALS => {
+                    let mut byte = [0u8; 16];
+                    while matches!(signals.read(&mut byte), Ok(n) if n > 0) {}
+                    if shutting_down_until.is_none() {
+                        eprintln!(
+                            "ringlock: shutting down: answering waiting acquires, closing connections"
+                        );
+                        poll.registry().deregister(&mut listener)?;
+                        engine.step_down(None);
+                        state.close_all(&mut engine, now.ms);
+                        shutting_down_until = Some(now.ms + LINGER_MS);
+                    }
+                }
+                Token(c) => {
+                    if let Some(conn) = state.conns.get_mut(c) {
+                        if event.is_readable() || event.is_read_closed() {
+                            conn.readable = true;
+                            state.ready.push(c as ConnId);
+                        }
+                        if event.is_writable() && !matches!(conn.phase, Phase::Lingering { .. }) {
+                            state.dirty.push(c as ConnId);
+                        }
+                    }
+                }
+            }
+        }
+        state.read_ready(&mut engine, now);
+        state.flush(&mut engine, now.ms);
+        state.expire_lingering(now.ms);
+        if let Some(until) = shutting_down_until {
+            if state.conns.is_empty() || now.ms >= until {
+                return Ok(());
+            }
+        }
+    }
+}
+
+struct Loop {
+    conns: Slab<Conn>,
+    buf: Vec<u8>,
+    /// Connections to read from this turn.
+    ready: Vec<ConnId>,
+    /// Connections with output to write this turn.
+    dirty: Vec<ConnId>,
+    max_conns: usize,
+}
+
+impl Loop {
+    /// How long the next poll may sleep: until the engine's next timer, a
+    /// lingering connection's deadline or the end of shutdown; not at all if
+    /// some connection still has input to read.
+    fn timeout_ms(&self, engine: &Engine, now_ms: u64, shutdown: Option<u64>) -> Option<u64> {
+        if !self.ready.is_empty() {
+            return Some(0);
+        }
+        let lingering = self.conns.iter().filter_map(|(_, c)| match c.phase {
+            Phase::Lingering { until_ms } => Some(until_ms),
+            _ => None,
+        });
+        engine
+            .next_deadline()
+            .into_iter()
+            .chain(lingering)
+            .chain(shutdown)
+            .min()
+            .map(|deadline| deadline.saturating_sub(now_ms))
+    }
+
+    fn accept(
+        &mut self,
+        listener: &TcpListener,
+        poll: &Poll,
+        engine: &mut Engine,
+    ) -> io::Result<()> {
+        loop {
+            let (mut stream, _) = match listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors or memory: leave the backlog for
+                    // later rather than stop serving everyone.
+                    eprintln!("ringlock: accept: {e}");
+                    return Ok(());
+                }
+            };
+            if self.conns.len() >= self.max_conns {
+                drop(stream);
+                continue;
+            }
+            stream.set_nodelay(true)?;
+            let entry = self.conns.vacant_entry();
+            let id = entry.key();
+            poll.registry().register(
+                &mut stream,
+                Token(id),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            entry.insert(Conn {
+                stream,
+                session: Session::new(),
+                phase: Phase::Open,
+                readable: true,
+                eof: false,
+                final_out: Vec::new(),
+            });
+            engine.open(id as ConnId);
+            self.ready.push(id as ConnId);
+        }
+    }
+
+    /// Reads from the connections that may have input, up to
+    /// [`READS_PER_TURN`] reads each; those that still may are kept for the
+    /// next turn.
+    fn read_ready(&mut self, engine: &mut Engine, now: crate::engine::Now) {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.sort_unstable();
+        ready.dedup();
+        for &id in &ready {
+            let Some(conn) = self.conns.get_mut(id as usize) else {
+                continue;
+            };
+            if !conn.readable || conn.eof {
+                continue;
+            }
+            for _ in 0..READS_PER_TURN {
+                if conn.phase == Phase::Open && engine.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
+                    break; // backpressure: read again once the client catches up
+                }
+                match conn.stream.read(&mut self.buf) {
+                    Ok(0) => {
+                        conn.eof = true;
+                        conn.readable = false;
+                        break;
+                    }
+                    Ok(n) => {
+                        if conn.phase != Phase::Open {
+                            continue; // closing: input is discarded
+                        }
+                        if conn.session.feed(engine, now, id, &self.buf[..n]) == Flow::Broken {
+                            conn.final_out = take_final_output(engine, id);
+                            conn.phase = Phase::Closing;
+                            self.dirty.push(id);
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        conn.readable = false;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        conn.eof = true;
+                        conn.readable = false;
+                        break;
+                    }
+                }
+            }
+            if conn.eof && conn.phase == Phase::Open {
+                // The client sent all it will. What was decided is sent; its
+                // waiting acquires are withdrawn (a grant must never go to a
+                // client that cannot take it). See docs/protocol.md.
+                conn.final_out = take_final_output(engine, id);
+                conn.phase = Phase::Closing;
+                self.dirty.push(id);
+            }
+        }
+        ready.retain(|&id| {
+            self.conns.get(id as usize).is_some_and(|c| {
+                c.readable
+                    && !c.eof
+                    && (c.phase != Phase::Open || engine.output_mut(id).len() <= OUTPUT_PAUSE_BYTES)
+            })
+        });
+        self.ready = ready;
+    }
+
+    /// Writes the answers of every connection that has some.
+    fn flush(&mut self, engine: &mut Engine, now_ms: u64) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        let mut from_engine = Vec::new();
+        engine.take_dirty(&mut from_engine);
+        dirty.extend_from_slice(&from_engine);
+        for id in dirty.drain(..) {
+            let Some(conn) = self.conns.get_mut(id as usize) else {
+                continue;
+            };
+            let result = match conn.phase {
+                Phase::Open => {
+                    let out = engine.output_mut(id);
+                    let paused = out.len() > OUTPUT_PAUSE_BYTES;
+                    let result = write_some(&mut conn.stream, out);
+                    if paused && out.len() <= OUTPUT_PAUSE_BYTES && conn.readable {
+                        self.ready.push(id); // the client caught up
+                    }
+                    result
+                }
+                Phase::Closing => write_some(&mut conn.stream, &mut conn.final_out),
+                Phase::Lingering { .. } => Ok(()),
+            };
+            if result.is_err() {
+                self.drop_conn(engine, id);
+                continue;
+            }
+            let conn = &mut self.conns[id as usize];
+            if conn.phase == Phase::Closing && conn.final_out.is_empty() {
+                let _ = conn.stream.shutdown(Shutdown::Write);
+                if conn.eof {
+                    self.drop_conn(engine, id);
+                } else {
+                    conn.phase = Phase::Lingering {
+                        until_ms: now_ms + LINGER_MS,
+                    };
+                    // Keep reading (and discarding) until the client closes.
+                    self.ready.push(id);
+                }
+            }
+        }
+        self.dirty = dirty;
+    }
+
+    /// Closes the lingering connections whose client closed (their input is
+    /// read and discarded by [`Loop::read_ready`]) or whose deadline passed.
+    fn expire_lingering(&mut self, now_ms: u64) {
+        let gone: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Lingering { until_ms } if c.eof || now_ms >= until_ms))
+            .map(|(id, _)| id)
+            .collect();
+        for id in gone {
+            self.conns.remove(id);
+        }
+    }
+
+    /// Begins closing every connection (shutdown): each gets its last answers.
+    fn close_all(&mut self, engine: &mut Engine, _now_ms: u64) {
+        for (id, conn) in self.conns.iter_mut() {
+            if conn.phase == Phase::Open {
+                conn.final_out = take_final_output(engine, id as ConnId);
+                conn.phase = Phase::Closing;
+                self.dirty.push(id as ConnId);
+            }
+        }
+    }
+
+    /// Closes a connection now (its peer is gone).
+    fn drop_conn(&mut self, engine: &mut Engine, id: ConnId) {
+        let conn = self.conns.remove(id as usize);
+        if conn.phase == Phase::Open {
+            engine.close(id);
+        }
+    }
+}
+
+/// Writes as much of `out` as the socket takes, removing it from the front.
+/// `Err` means the connection is dead.
+fn write_some(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    let mut written = 0;
+    while written < out.len() {
+        match stream.write(&out[written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.drain(..written);
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! The event loops that move bytes between sockets and the engine.
+//!
+//! Both backends share what is not about syscalls: the [`Clock`], the
+//! per-connection [`Session`] that cuts received bytes into requests and
+//! feeds them to the engine, and the limits below. `uring` drives io_uring
+//! (provided buffer ring, multishot accept, one submit per turn); `epoll` is
+//! the fallback for kernels and containers where io_uring is off.
+
+pub mod epoll;
+pub mod uring;
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::engine::{ConnId, Engine, Now};
+use crate::proto::{Answer, MAX_LINE, parse_request};
+
+/// Answers not yet taken by a client beyond which its connection is not read
+/// from (PROTOCOL.md, "Load and limits").
+pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
+
+/// How long a broken or shutting-down connection is given to take its last
+/// answers and close its side before the socket is closed anyway.
+pub const LINGER_MS: u64 = 2_000;
+
+/// Reads the time for the engine: monotonic ms since start, and the wall
+/// clock for tokens.
+pub struct Clock {
+    start: Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock {
+            start: Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Now {
+        let unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Now {
+            ms: self.start.elapsed().as_millis() as u64,
+            unix_ns,
+        }
+    }
+
+    /// Milliseconds from `now` until the monotonic time `deadline_ms`
+    /// (0 if it has passed).
+    pub fn ms_until(now: Now, deadline_ms: u64) -> u64 {
+        deadline_ms.saturating_sub(now.ms)
+    }
+}
+
+/// Whether a connection may go on after its input was fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Open,
+    /// It broke the protocol: its output ends with the `E` line, and it must
+    /// be closed (see [`Session::feed`]).
+    Broken,
+}
+
+/// One connection's protocol state: the partial line carried over between
+/// reads, and how many lines it has sent (for the `E` reason).
+#[derive(Debug, Default)]
+pub struct Session {
+    partial: Vec<u8>,
+    lines: u64,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session::default()
+    }
+
+    /// Runs every whole line of `data` through the engine. Whole lines are
+    /// parsed where they lie; only a line cut by the end of a read is copied,
+    /// to be completed by the next one.
+    ///
+    /// On a protocol break the `E` line is appended to the connection's
+    /// output and [`Flow::Broken`] returned; the caller then takes the output
+    /// (see [`take_final_output`]) and closes the connection. Nothing after
+    /// the broken line is read.
+    pub fn feed(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
+        if !self.partial.is_empty() {
+            let room = MAX_LINE - self.partial.len();
+            match memchr::memchr(b'\n', &data[..data.len().min(room)]) {
+                Some(nl) => {
+                    let mut line = std::mem::take(&mut self.partial);
+                    line.extend_from_slice(&data[..=nl]);
+                    data = &data[nl + 1..];
+                    let flow = self.run_lines(engine, now, conn, &line);
+                    debug_assert!(flow != Flow::Open || self.partial.is_empty());
+                    // Keep the allocation for the next partial line.
+                    line.clear();
+                    self.partial = line;
+                    if flow == Flow::Broken {
+                        return flow;
+                    }
+                }
+                None if self.partial.len() + data.len() >= MAX_LINE => {
+                    self.lines += 1;
+                    return broken(engine, conn, self.lines, "line longer than 512 bytes");
+                }
+                None => {
+                    self.partial.extend_from_slice(data);
+                    return Flow::Open;
+                }
+            }
+        }
+        self.run_lines(engine, now, conn, data)
+    }
+
+    /// Handles the whole lines of `data` and keeps a trailing partial one.
+    fn run_lines(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
+        loop {
+            match parse_request(data) {
+                Ok(Some((request, used))) => {
+                    self.lines += 1;
+                    if let Err(refusal) = engine.handle(now, conn, request) {
+                        return broken(engine, conn, self.lines, refusal);
+                    }
+                    data = &data[used..];
+                }
+                Ok(None) => {
+                    self.partial.extend_from_slice(data);
+                    return Flow::Open;
+                }
+                Err(err) => {
+                    self.lines += 1;
+                    return broken(engine, conn, self.lines, err);
+                }
+            }
+        }
+    }
+}
+
+/// Appends `E <reason> in line N` to the connection's output.
+fn broken(engine: &mut Engine, conn: ConnId, line: u64, reason: impl std::fmt::Display) -> Flow {
+    let reason = format!("{reason} in line {line}");
+    Answer::Error {
+        reason: reason.as_bytes(),
+    }
+    .encode(engine.output_mut(conn));
+    Flow::Broken
+}
+
+/// For a connection that is going away: takes its unsent answers and closes
+/// it in the engine (its waiting acquires are withdrawn, its grants stay).
+pub fn take_final_output(engine: &mut Engine, conn: ConnId) -> Vec<u8> {
+    let out = std::mem::take(engine.output_mut(conn));
+    engine.close(conn);
+    out
+}
+
+/// Which backend `--io` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoChoice {
+    /// io_uring where the kernel allows it, epoll where it does not.
+    Auto,
+    Uring,
+    Epoll,
+}
+
+/// Raises the soft limit of open files to the hard limit, so that
+/// `--max-conns` is not cut short by a default of 1024. Returns the limit
+/// now in force, if known.
+pub fn raise_fd_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised.clone()).is_ok() {
+            limit = raised;
+        }
+    }
+    limit.current
+}
+
+/// Opens the listening socket: `SO_REUSEADDR` (a restarted node takes its
+/// port back at once), non-blocking, a deep backlog for connection bursts.
+pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(chunks: &[&[u8]]) -> (String, Flow) {
+        let now = Now { ms: 0, unix_ns: 5 };
+        let mut engine = Engine::new(now, "x:1");
+        engine.open(0);
+        let mut session = Session::new();
+        let mut flow = Flow::Open;
+        for chunk in chunks {
+            flow = session.feed(&mut engine, now, 0, chunk);
+            if flow == Flow::Broken {
+                break;
+            }
+        }
+        let out = String::from_utf8(std::mem::take(engine.output_mut(0))).unwrap();
+        (out, flow)
+    }
+
+    #[test]
+    fn lines_split_anywhere_give_the_same_answers() {
+        let wire = b"S\r\nA k 1 0\nR k 5\nN k 5 1\nS\n";
+        let (whole, _) = run(&[wire]);
+        assert_eq!(
+            whole,
+            "S active x:1 0\nA k 5\nR k 1\nN k 0\nS active x:1 5\n"
+        );
+        for cut in 0..wire.len() {
+            let (out, flow) = run(&[&wire[..cut], &wire[cut..]]);
+            assert_eq!(
+                (out.as_str(), flow),
+                (whole.as_str(), Flow::Open),
+                "cut at {cut}"
+            );
+        }
+        let bytes: Vec<&[u8]> = wire.chunks(1).collect();
+        assert_eq!(run(&bytes).0, whole);
+    }
+
+    #[test]
+    fn a_break_answers_what_came_before_then_e_with_the_line_number() {
+        let (out, flow) = run(&[b"S\nA k 1 0\nA k x 0\nS\n"]);
+        assert_eq!(flow, Flow::Broken);
+        assert_eq!(out, "S active x:1 0\nA k 5\nE bad lease \"x\" in line 3\n");
+    }
+
+    #[test]
+    fn a_long_line_breaks_without_waiting_for_its_end() {
+        let long = vec![b'k'; 300];
+        let (out, flow) = run(&[b"S\nA ", &long, &long]);
+        assert_eq!(flow, Flow::Broken);
+        assert_eq!(
+            out,
+            "S active x:1 0\nE line longer than 512 bytes in line 2\n"
+        );
+        // "A <250-byte key> 000...01 0\n": exactly 512 bytes with leading zeros.
+        let mut line = b"A ".to_vec();
+        line.extend(std::iter::repeat_n(b'k', 250));
+        line.push(b' ');
+        line.extend(std::iter::repeat_n(b'0', MAX_LINE - 257));
+        line.extend_from_slice(b"1 0\n");
+        assert_eq!(line.len(), MAX_LINE);
+        let (out, flow) = run(&[&line[..100], &line[100..]]);
+        assert_eq!(flow, Flow::Open, "{out}");
+    }
+}

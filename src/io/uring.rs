@@ -1,0 +1,688 @@
+//! The io_uring backend.
+//!
+//! One ring, one thread, one `io_uring_enter` per loop turn that both submits
+//! everything queued during the turn and waits for completions (with the
+//! engine's next deadline as its timeout).
+//!
+//! - Accept: one multishot accept on the listener, re-armed if the kernel
+//!   ends it.
+//! - Receive: a single-shot `recv` per connection that picks its buffer from
+//!   a provided buffer ring ([`BufRing`]), so idle connections hold no
+//!   buffer. It is re-armed after each completion unless the connection's
+//!   unsent answers passed [`OUTPUT_PAUSE_BYTES`]: then the socket is not
+//!   read until the client takes them, which is exactly TCP backpressure
+//!   (a multishot receive would keep reading and need a cancel to pause).
+//! - Send: at most one `send` in flight per connection, from a buffer the
+//!   connection owns until the completion arrives; answers produced meanwhile
+//!   collect in the engine's output and go in the next send.
+//!
+//! Every operation in flight has an owner until its completion arrives: a
+//! connection's slot (and its socket) is freed only once neither its receive
+//! nor its send is in flight, so the kernel never writes into, or reads from,
+//! memory that has been reused.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
+use io_uring::{IoUring, cqueue, opcode, squeue};
+use slab::Slab;
+
+use super::{Clock, Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
+use crate::engine::{ConnId, Engine};
+use crate::server::LoopConfig;
+
+/// Submission queue entries; the completion queue has four times as many.
+const RING_ENTRIES: u32 = 4096;
+/// Provided receive buffers: count (a power of two) and size of each.
+const RECV_BUFS: u16 = 512;
+const RECV_BUF_SIZE: u32 = 8 * 1024;
+/// The provided buffer group id of the receive buffers.
+const RECV_GROUP: u16 = 0;
+
+/// What a completion is for: the operation kind in the top byte of
+/// `user_data`, the connection id in the low 32 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Accept = 1,
+    Recv = 2,
+    Send = 3,
+    Signal = 4,
+    Cancel = 5,
+}
+
+fn user_data(op: Op, conn: ConnId) -> u64 {
+    ((op as u64) << 56) | u64::from(conn)
+}
+
+fn decode(user_data: u64) -> (Option<Op>, ConnId) {
+    let op = match user_data >> 56 {
+        1 => Some(Op::Accept),
+        2 => Some(Op::Recv),
+        3 => Some(Op::Send),
+        4 => Some(Op::Signal),
+        5 => Some(Op::Cancel),
+        _ => None,
+    };
+    (op, user_data as u32)
+}
+
+/// Builds the ring the loop runs on. Kernels of 6.1 and later get the
+/// single-issuer, deferred-task-run setup (completions are processed only
+/// when this thread enters the kernel, which it does once per turn).
+fn build_ring() -> io::Result<IoUring> {
+    IoUring::builder()
+        .setup_cqsize(RING_ENTRIES * 4)
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(RING_ENTRIES)
+        .or_else(|_| {
+            IoUring::builder()
+                .setup_cqsize(RING_ENTRIES * 4)
+                .build(RING_ENTRIES)
+        })
+}
+
+/// Checks that this kernel lets us use io_uring with everything the loop
+/// needs. `Err` says why not, for the startup line.
+pub fn probe() -> Result<(), String> {
+    let ring = build_ring().map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOSYS) => "the kernel has no io_uring (ENOSYS)".to_string(),
+        Some(libc::EPERM) => "io_uring_setup is not permitted (EPERM: a seccomp profile or \
+             kernel.io_uring_disabled blocks it)"
+            .to_string(),
+        _ => format!("io_uring_setup failed: {e}"),
+    })?;
+    if !ring.params().is_feature_ext_arg() {
+        return Err("the kernel lacks IORING_FEAT_EXT_ARG (needs Linux 5.11+)".into());
+    }
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| format!("io_uring probe failed: {e}"))?;
+    for (code, name) in [
+        (opcode::AcceptMulti::CODE, "accept"),
+        (opcode::Recv::CODE, "recv"),
+        (opcode::Send::CODE, "send"),
+        (opcode::Read::CODE, "read"),
+        (opcode::AsyncCancel::CODE, "async cancel"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(format!("the kernel's io_uring lacks {name}"));
+        }
+    }
+    // Provided buffer rings came with multishot accept, in Linux 5.19.
+    let bufs = BufRing::new(1, 64);
+    bufs.register(&ring, RECV_GROUP)
+        .map_err(|e| format!("provided buffer rings unsupported (needs Linux 5.19+): {e}"))?;
+    drop(ring);
+    drop(bufs);
+    Ok(())
+}
+
+/// A provided buffer ring: `count` buffers of `size` bytes the kernel picks
+/// from for receives, handed back to it after each completion is processed.
+struct BufRing {
+    /// The ring of entries shared with the kernel (page aligned).
+    entries: NonNull<BufRingEntry>,
+    entries_layout: Layout,
+    /// The buffers themselves, `count * size` bytes.
+    bufs: NonNull<u8>,
+    bufs_layout: Layout,
+    count: u16,
+    size: u32,
+    /// Our tail: entries before it are the kernel's. Published by
+    /// [`BufRing::publish`].
+    tail: u16,
+}
+
+impl BufRing {
+    /// Allocates `count` (a power of two) buffers and offers them all.
+    fn new(count: u16, size: u32) -> BufRing {
+        assert!(count.is_power_of_two() && count <= 32768);
+        let entries_layout = Layout::from_size_align(
+            usize::from(count) * std::mem::size_of::<BufRingEntry>(),
+            4096,
+        )
+        .expect("buffer ring layout");
+        let bufs_layout = Layout::from_size_align(usize::from(count) * size as usize, 64)
+            .expect("buffers layout");
+        // SAFETY: both layouts have a non-zero size (count >= 1, size >= 1).
+        let (entries, bufs) = unsafe { (alloc_zeroed(entries_layout), alloc_zeroed(bufs_layout)) };
+        let mut ring = BufRing {
+            entries: NonNull::new(entries.cast()).expect("out of memory"),
+            entries_layout,
+            bufs: NonNull::new(bufs).expect("out of memory"),
+            bufs_layout,
+            count,
+            size,
+            tail: 0,
+        };
+        for bid in 0..count {
+            ring.give_back(bid);
+        }
+        ring.publish();
+        ring
+    }
+
+    /// Registers the ring with the kernel under `group`.
+    fn register(&self, ring: &IoUring, group: u16) -> io::Result<()> {
+        // SAFETY: the entries stay allocated, at this address, until `self`
+        // drops; the loop drops the io_uring before its BufRing (field order
+        // in `Uring`), and `probe` drops its ring first too.
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                self.entries.as_ptr() as u64,
+                self.count,
+                group,
+                0,
+            )
+        }
+    }
+
+    /// Puts buffer `bid` back at our tail (seen by the kernel after the next
+    /// [`BufRing::publish`]).
+    fn give_back(&mut self, bid: u16) {
+        assert!(bid < self.count);
+        let slot = usize::from(self.tail & (self.count - 1));
+        // SAFETY: `slot < count`, inside the entries allocation; entries past
+        // the published tail are ours to write, and the kernel owns none of
+        // those between our tail and its head.
+        let entry = unsafe { &mut *self.entries.as_ptr().add(slot) };
+        entry.set_addr(self.bufs.as_ptr() as u64 + u64::from(bid) * u64::from(self.size));
+        entry.set_len(self.size);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes every buffer given back so far visible to the kernel.
+    fn publish(&self) {
+        // SAFETY: `entries` is the first entry of the ring, initialised; the
+        // tail field overlays the first entry's `resv` and is only ever
+        // accessed atomically by us and the kernel.
+        let tail = unsafe { &*BufRingEntry::tail(self.entries.as_ptr()).cast::<AtomicU16>() };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// The first `len` bytes of buffer `bid`, which a completion handed us.
+    fn received(&self, bid: u16, len: usize) -> &[u8] {
+        assert!(bid < self.count && len <= self.size as usize);
+        // SAFETY: the kernel filled `len` bytes of buffer `bid` and gave it to
+        // us with this completion; it does not touch the buffer again until
+        // we give it back, which happens after this borrow ends.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.bufs
+                    .as_ptr()
+                    .add(usize::from(bid) * self.size as usize),
+                len,
+            )
+        }
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with these layouts; the kernel no longer
+        // uses them (its ring was dropped first).
+        unsafe {
+            dealloc(self.entries.as_ptr().cast(), self.entries_layout);
+            dealloc(self.bufs.as_ptr(), self.bufs_layout);
+        }
+    }
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    /// Its last answers (`final_out`) are being sent; the engine has
+    /// forgotten it.
+    Closing,
+    /// Last answers sent and our side shut: reading and discarding until the
+    /// client closes or the deadline, so that the close does not reset the
+    /// connection before the client read them.
+    Lingering {
+        until_ms: u64,
+    },
+    /// To be freed as soon as no operation of it is in flight.
+    Dead,
+}
+
+struct Conn {
+    fd: OwnedFd,
+    session: Session,
+    phase: Phase,
+    recv_in_flight: bool,
+    send_in_flight: bool,
+    cancel_sent: bool,
+    /// The client closed its sending side.
+    eof: bool,
+    /// The buffer of the send in flight, and how much of it is sent.
+    sending: Vec<u8>,
+    sent: usize,
+    /// A `Closing` connection's last answers.
+    final_out: Vec<u8>,
+}
+
+/// The loop's state. Field order matters: the ring drops before the buffers
+/// its operations point into.
+struct Uring {
+    ring: IoUring,
+    bufs: BufRing,
+    conns: Slab<Conn>,
+    listener: std::net::TcpListener,
+    signals: UnixStream,
+    signal_buf: Box<[u8; 16]>,
+    max_conns: usize,
+    /// Connections that may have something to send this turn.
+    to_send: Vec<ConnId>,
+    /// Connections to look at after the turn (to free or to re-arm).
+    touched: Vec<ConnId>,
+    shutdown_until: Option<u64>,
+}
+
+/// Runs the io_uring loop until SIGINT/SIGTERM (a byte on `signals`).
+pub fn run(
+    listener: std::net::TcpListener,
+    signals: UnixStream,
+    mut engine: Engine,
+    clock: Clock,
+    config: &LoopConfig,
+) -> io::Result<()> {
+    let ring = build_ring()?;
+    let bufs = BufRing::new(RECV_BUFS, RECV_BUF_SIZE);
+    bufs.register(&ring, RECV_GROUP)?;
+    let mut lp = Uring {
+        ring,
+        bufs,
+        conns: Slab::with_capacity(1024),
+        listener,
+        signals,
+        signal_buf: Box::new([0u8; 16]),
+        max_conns: config.max_conns,
+        to_send: Vec::new(),
+        touched: Vec::new(),
+        shutdown_until: None,
+    };
+    lp.arm_accept();
+    lp.arm_signal();
+    let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
+    let mut dirty = Vec::new();
+    loop {
+        let now = clock.now();
+        lp.wait(lp.timeout_ms(&engine, now.ms))?;
+        let now = clock.now();
+        engine.tick(now);
+        completions.clear();
+        completions.extend(
+            lp.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        for &(data, result, flags) in &completions {
+            lp.complete(&mut engine, now, data, result, flags);
+        }
+        lp.bufs.publish();
+        engine.take_dirty(&mut dirty);
+        lp.to_send.extend_from_slice(&dirty);
+        lp.send_all(&mut engine);
+        lp.after_turn(&mut engine, now.ms);
+        if let Some(until) = lp.shutdown_until {
+            if lp.conns.is_empty() || now.ms >= until {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Uring {
+    /// Submits what the turn queued and waits for one completion, at most
+    /// `timeout_ms` (forever if `None`).
+    fn wait(&mut self, timeout_ms: Option<u64>) -> io::Result<()> {
+        let result = match timeout_ms {
+            None => self.ring.submit_and_wait(1),
+            Some(ms) => {
+                let ts = Timespec::new()
+                    .sec(ms / 1000)
+                    .nsec((ms % 1000) as u32 * 1_000_000);
+                let args = SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Until the engine's next timer, the next lingering deadline or the end
+    /// of shutdown.
+    fn timeout_ms(&self, engine: &Engine, now_ms: u64) -> Option<u64> {
+        let lingering = self.conns.iter().filter_map(|(_, c)| match c.phase {
+            Phase::Lingering { until_ms } => Some(until_ms),
+            _ => None,
+        });
+        engine
+            .next_deadline()
+            .into_iter()
+            .chain(lingering)
+            .chain(self.shutdown_until)
+            .min()
+            .map(|deadline| deadline.saturating_sub(now_ms))
+    }
+
+    /// Queues a submission, flushing the queue to the kernel first if it is
+    /// full (never growing anything without bound).
+    ///
+    /// # Safety
+    /// Every buffer `entry` points to must stay valid, and not be moved or
+    /// reused, until its completion arrives.
+    unsafe fn push(&mut self, entry: squeue::Entry) {
+        loop {
+            // SAFETY: the caller guarantees the entry's buffers outlive it.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) {
+                    panic!("io_uring submit failed with a full queue: {e}");
+                }
+            }
+        }
+    }
+
+    fn arm_accept(&mut self) {
+        let entry = opcode::AcceptMulti::new(Fd(self.listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(Op::Accept, 0));
+        // SAFETY: multishot accept points to no buffer; the listener fd lives
+        // as long as the loop.
+        unsafe { self.push(entry) };
+    }
+
+    fn arm_signal(&mut self) {
+        let buf = self.signal_buf.as_mut_ptr();
+        let entry = opcode::Read::new(Fd(self.signals.as_raw_fd()), buf, 16)
+            .build()
+            .user_data(user_data(Op::Signal, 0));
+        // SAFETY: `signal_buf` is a Box owned by the loop, never moved or
+        // freed while the loop runs.
+        unsafe { self.push(entry) };
+    }
+
+    fn arm_recv(&mut self, id: ConnId) {
+        let conn = &mut self.conns[id as usize];
+        debug_assert!(!conn.recv_in_flight);
+        conn.recv_in_flight = true;
+        let entry = opcode::Recv::new(Fd(conn.fd.as_raw_fd()), std::ptr::null_mut(), RECV_BUF_SIZE)
+            .buf_group(RECV_GROUP)
+            .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
+            .user_data(user_data(Op::Recv, id));
+        // SAFETY: the receive writes into a provided buffer of `bufs`, which
+        // lives as long as the ring; the fd stays open until the completion
+        // (the slot is freed only when nothing is in flight).
+        unsafe { self.push(entry) };
+    }
+
+    fn cancel(&mut self, id: ConnId) {
+        let entry = opcode::AsyncCancel::new(user_data(Op::Recv, id))
+            .build()
+            .user_data(user_data(Op::Cancel, id));
+        // SAFETY: a cancel points to no buffer.
+        unsafe { self.push(entry) };
+    }
+
+    fn complete(
+        &mut self,
+        engine: &mut Engine,
+        now: crate::engine::Now,
+        data: u64,
+        res: i32,
+        flags: u32,
+    ) {
+        let (op, id) = decode(data);
+        match op {
+            Some(Op::Accept) => self.accepted(engine, res, flags),
+            Some(Op::Recv) => self.received(engine, now, id, res, flags),
+            Some(Op::Send) => self.sent(engine, id, res),
+            Some(Op::Signal) => self.signalled(engine, now.ms, res),
+            Some(Op::Cancel) | None => {}
+        }
+    }
+
+    fn accepted(&mut self, engine: &mut Engine, res: i32, flags: u32) {
+        if !cqueue::more(flags) && self.shutdown_until.is_none() {
+            self.arm_accept();
+        }
+        if res < 0 {
+            // Out of descriptors or memory: this connection is lost, the
+            // others go on.
+            if res != -libc::ECANCELED {
+                eprintln!("ringlock: accept: {}", io::Error::from_raw_os_error(-res));
+            }
+            return;
+        }
+        // SAFETY: a successful accept completion's result is a new file
+        // descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(res) };
+        if self.conns.len() >= self.max_conns || self.shutdown_until.is_some() {
+            return; // dropped: closed at once
+        }
+        let _ = socket2::SockRef::from(&fd.as_fd()).set_nodelay(true);
+        let id = self.conns.insert(Conn {
+            fd,
+            session: Session::new(),
+            phase: Phase::Open,
+            recv_in_flight: false,
+            send_in_flight: false,
+            cancel_sent: false,
+            eof: false,
+            sending: Vec::new(),
+            sent: 0,
+            final_out: Vec::new(),
+        }) as ConnId;
+        engine.open(id);
+        self.arm_recv(id);
+    }
+
+    fn received(
+        &mut self,
+        engine: &mut Engine,
+        now: crate::engine::Now,
+        id: ConnId,
+        res: i32,
+        flags: u32,
+    ) {
+        let conn = &mut self.conns[id as usize];
+        conn.recv_in_flight = false;
+        self.touched.push(id);
+        if let Some(bid) = cqueue::buffer_select(flags) {
+            if res > 0 && conn.phase == Phase::Open {
+                let data = self.bufs.received(bid, res as usize);
+                if conn.session.feed(engine, now, id, data) == Flow::Broken {
+                    conn.final_out = take_final_output(engine, id);
+                    conn.phase = Phase::Closing;
+                    self.to_send.push(id);
+                }
+            }
+            self.bufs.give_back(bid);
+        }
+        match res {
+            r if r > 0 => {}
+            0 => {
+                conn.eof = true;
+                if conn.phase == Phase::Open {
+                    // The client sent all it will: what was decided is sent,
+                    // its waiting acquires are withdrawn (docs/protocol.md).
+                    conn.final_out = take_final_output(engine, id);
+                    conn.phase = Phase::Closing;
+                    self.to_send.push(id);
+                }
+            }
+            r if r == -libc::ENOBUFS => {} // re-armed after the turn
+            _ => {
+                // Reset, or cancelled on the way out.
+                conn.eof = true;
+                if conn.phase == Phase::Open {
+                    engine.close(id);
+                }
+                conn.phase = Phase::Dead;
+            }
+        }
+    }
+
+    fn sent(&mut self, engine: &mut Engine, id: ConnId, res: i32) {
+        let conn = &mut self.conns[id as usize];
+        conn.send_in_flight = false;
+        self.touched.push(id);
+        if res < 0 {
+            if conn.phase == Phase::Open {
+                engine.close(id);
+            }
+            conn.phase = Phase::Dead;
+            return;
+        }
+        conn.sent += res as usize;
+        self.to_send.push(id);
+    }
+
+    fn signalled(&mut self, engine: &mut Engine, now_ms: u64, res: i32) {
+        if res <= 0 || self.shutdown_until.is_some() {
+            if self.shutdown_until.is_none() {
+                self.arm_signal();
+            }
+            return;
+        }
+        eprintln!("ringlock: shutting down: answering waiting acquires, closing connections");
+        self.shutdown_until = Some(now_ms + LINGER_MS);
+        let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0))
+            .build()
+            .user_data(user_data(Op::Cancel, 0));
+        // SAFETY: a cancel points to no buffer.
+        unsafe { self.push(entry) };
+        engine.step_down(None);
+        let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
+        for id in ids {
+            let conn = &mut self.conns[id as usize];
+            if conn.phase == Phase::Open {
+                conn.final_out = take_final_output(engine, id);
+                conn.phase = Phase::Closing;
+                self.to_send.push(id);
+            }
+            self.touched.push(id);
+        }
+    }
+
+    /// Starts a send on every listed connection that has output and no send
+    /// in flight.
+    fn send_all(&mut self, engine: &mut Engine) {
+        let mut ids = std::mem::take(&mut self.to_send);
+        for &id in &ids {
+            let Some(conn) = self.conns.get_mut(id as usize) else {
+                continue;
+            };
+            if conn.send_in_flight {
+                continue;
+            }
+            if conn.sent == conn.sending.len() {
+                conn.sending.clear();
+                conn.sent = 0;
+                match conn.phase {
+                    Phase::Open => std::mem::swap(&mut conn.sending, engine.output_mut(id)),
+                    Phase::Closing => std::mem::swap(&mut conn.sending, &mut conn.final_out),
+                    Phase::Lingering { .. } | Phase::Dead => {}
+                }
+            }
+            if conn.sent < conn.sending.len() {
+                conn.send_in_flight = true;
+                let rest = &conn.sending[conn.sent..];
+                let entry =
+                    opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), rest.len() as u32)
+                        .flags(libc::MSG_NOSIGNAL)
+                        .build()
+                        .user_data(user_data(Op::Send, id));
+                // SAFETY: `sending` belongs to the connection and is neither
+                // touched nor freed while `send_in_flight` is set (the slot is
+                // freed only when no operation is in flight).
+                unsafe { self.push(entry) };
+            }
+            self.touched.push(id);
+        }
+        ids.clear();
+        self.to_send = ids;
+    }
+
+    /// Moves each touched connection on: re-arm its receive, shut a closing
+    /// one whose last answers are out, free a dead one with nothing in flight.
+    fn after_turn(&mut self, engine: &mut Engine, now_ms: u64) {
+        for (id, conn) in self.conns.iter_mut() {
+            if let Phase::Lingering { until_ms } = conn.phase {
+                if now_ms >= until_ms {
+                    conn.phase = Phase::Dead;
+                    self.touched.push(id as ConnId);
+                }
+            }
+        }
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for &id in &touched {
+            let Some(conn) = self.conns.get_mut(id as usize) else {
+                continue;
+            };
+            let idle_out = !conn.send_in_flight && conn.sent == conn.sending.len();
+            if conn.phase == Phase::Closing && idle_out && conn.final_out.is_empty() {
+                let _ = socket2::SockRef::from(&conn.fd.as_fd()).shutdown(Shutdown::Write);
+                conn.phase = if conn.eof {
+                    Phase::Dead
+                } else {
+                    Phase::Lingering {
+                        until_ms: now_ms + LINGER_MS,
+                    }
+                };
+            }
+            let want_recv = match conn.phase {
+                Phase::Open => {
+                    let unsent = engine.output_mut(id).len() + conn.sending.len() - conn.sent;
+                    unsent <= OUTPUT_PAUSE_BYTES
+                }
+                Phase::Lingering { .. } => true,
+                Phase::Closing | Phase::Dead => false,
+            };
+            if want_recv && !conn.recv_in_flight && !conn.eof {
+                self.arm_recv(id);
+                continue;
+            }
+            let conn = &mut self.conns[id as usize];
+            if conn.phase == Phase::Dead {
+                if conn.recv_in_flight && !conn.cancel_sent {
+                    conn.cancel_sent = true;
+                    self.cancel(id);
+                } else if !conn.recv_in_flight && !conn.send_in_flight {
+                    self.conns.remove(id as usize);
+                }
+            }
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+}

@@ -1,0 +1,146 @@
+//! `ringlock serve`: command line, startup, choice of backend.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+
+use crate::engine::Engine;
+use crate::io::{self, Clock, IoChoice};
+
+/// `ringlock serve` options (PROTOCOL.md, "The server's command line").
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on, for clients and peers.
+    #[arg(long, default_value = "127.0.0.1:7171")]
+    pub listen: String,
+    /// The cluster's nodes in priority order, first highest (same list on
+    /// every node). Without it the node is a cluster of one.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// This node's address as listed in --peers (default: --listen).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// I/O backend: io_uring where the kernel allows it (auto), or forced.
+    #[arg(long, value_enum, default_value_t = IoChoice::Auto)]
+    pub io: IoChoice,
+    /// Most client connections at once; one more is closed at once.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_conns: usize,
+}
+
+/// What the event loops need to know besides the engine.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub max_conns: usize,
+}
+
+/// Errors that stop the server from starting or running.
+#[derive(Debug)]
+pub enum ServeError {
+    Config(String),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Config(msg) => f.write_str(msg),
+            ServeError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+impl From<std::io::Error> for ServeError {
+    fn from(e: std::io::Error) -> Self {
+        ServeError::Io(e)
+    }
+}
+
+/// Starts the node and serves until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let listen = resolve(&args.listen)?;
+    if args.max_conns == 0 {
+        return Err(ServeError::Config("--max-conns must be at least 1".into()));
+    }
+    let listener = io::bind_listener(listen)
+        .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
+    let bound = listener.local_addr()?;
+    let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
+    let others: Vec<&String> = args.peers.iter().filter(|p| **p != advertise).collect();
+    if !others.is_empty() {
+        return Err(ServeError::Config(format!(
+            "--peers with other nodes ({}) needs the cluster, which this build does not have yet; \
+             run without --peers for a single node",
+            others
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        )));
+    }
+    let fd_limit = io::raise_fd_limit();
+    if let Some(limit) = fd_limit.filter(|&l| (l as usize) < args.max_conns + 64) {
+        eprintln!(
+            "ringlock: warning: open file limit {limit} is below --max-conns {} (+64); \
+             raise it with ulimit -n",
+            args.max_conns
+        );
+    }
+
+    let (signals, signal_writer) = UnixStream::pair()?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::low_level::pipe::register(sig, signal_writer.try_clone()?)?;
+    }
+
+    let backend = choose_backend(args.io)?;
+    let clock = Clock::new();
+    let engine = Engine::new(clock.now(), &advertise);
+    let config = LoopConfig {
+        max_conns: args.max_conns,
+    };
+    match &backend {
+        Backend::Uring => eprintln!("ringlock: listening on {bound} (io: uring)"),
+        Backend::Epoll { why: None } => eprintln!("ringlock: listening on {bound} (io: epoll)"),
+        Backend::Epoll { why: Some(why) } => {
+            eprintln!("ringlock: listening on {bound} (io: epoll; io_uring unavailable: {why})")
+        }
+    }
+    match backend {
+        Backend::Uring => io::uring::run(listener, signals, engine, clock, &config)?,
+        Backend::Epoll { .. } => io::epoll::run(listener, signals, engine, clock, &config)?,
+    }
+    eprintln!("ringlock: stopped");
+    Ok(())
+}
+
+enum Backend {
+    Uring,
+    /// `why`: the reason io_uring was not used under `--io auto`.
+    Epoll {
+        why: Option<String>,
+    },
+}
+
+fn choose_backend(choice: IoChoice) -> Result<Backend, ServeError> {
+    match choice {
+        IoChoice::Epoll => Ok(Backend::Epoll { why: None }),
+        IoChoice::Uring => match io::uring::probe() {
+            Ok(()) => Ok(Backend::Uring),
+            Err(why) => Err(ServeError::Config(format!(
+                "--io uring: io_uring is not available: {why}; use --io epoll or --io auto"
+            ))),
+        },
+        IoChoice::Auto => match io::uring::probe() {
+            Ok(()) => Ok(Backend::Uring),
+            Err(why) => Ok(Backend::Epoll { why: Some(why) }),
+        },
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, ServeError> {
+    addr.to_socket_addrs()
+        .map_err(|e| ServeError::Config(format!("bad --listen address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| ServeError::Config(format!("--listen {addr:?} resolves to nothing")))
+}
