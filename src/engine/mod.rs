@@ -209,15 +209,13 @@ impl Engine {
     /// requests are already in the output.
     pub fn handle(&mut self, now: Now, conn: ConnId, request: Request<'_>) -> Result<(), Refusal> {
         debug_assert!(self.conns[conn as usize].open);
-        if let Serving::Standby { active } = &self.serving {
-            if let Some(key) = request.key() {
-                let answer = Answer::Moved {
-                    key,
-                    addr: active.as_deref(),
-                };
-                emit(&mut self.conns, &mut self.dirty, conn, answer);
-                return Ok(());
-            }
+        if let (Serving::Standby { active }, Some(key)) = (&self.serving, request.key()) {
+            let answer = Answer::Moved {
+                key,
+                addr: active.as_deref(),
+            };
+            emit(&mut self.conns, &mut self.dirty, conn, answer);
+            return Ok(());
         }
         match request {
             Request::Acquire {

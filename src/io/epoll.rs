@@ -16,7 +16,7 @@ use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use super::{Clock, Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
+use super::{Clock, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 use crate::engine::{ConnId, Engine};
 use crate::server::LoopConfig;
 
@@ -75,6 +75,8 @@ pub fn run(
         buf: vec![0u8; READ_BUF],
         ready: Vec::new(),
         dirty: Vec::new(),
+        from_engine: Vec::new(),
+        lingering: LingerQueue::default(),
         max_conns: config.max_conns,
     };
     let mut events = Events::with_capacity(1024);
@@ -125,10 +127,8 @@ pub fn run(
         state.read_ready(&mut engine, now);
         state.flush(&mut engine, now.ms);
         state.expire_lingering(now.ms);
-        if let Some(until) = shutting_down_until {
-            if state.conns.is_empty() || now.ms >= until {
-                return Ok(());
-            }
+        if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
+            return Ok(());
         }
     }
 }
@@ -140,6 +140,9 @@ struct Loop {
     ready: Vec<ConnId>,
     /// Connections with output to write this turn.
     dirty: Vec<ConnId>,
+    /// Scratch for [`Engine::take_dirty`].
+    from_engine: Vec<ConnId>,
+    lingering: LingerQueue,
     max_conns: usize,
 }
 
@@ -151,14 +154,10 @@ impl Loop {
         if !self.ready.is_empty() {
             return Some(0);
         }
-        let lingering = self.conns.iter().filter_map(|(_, c)| match c.phase {
-            Phase::Lingering { until_ms } => Some(until_ms),
-            _ => None,
-        });
         engine
             .next_deadline()
             .into_iter()
-            .chain(lingering)
+            .chain(self.lingering.next_deadline())
             .chain(shutdown)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
@@ -254,6 +253,10 @@ impl Loop {
                     }
                 }
             }
+            if conn.eof && matches!(conn.phase, Phase::Lingering { .. }) {
+                self.conns.remove(id as usize);
+                continue;
+            }
             if conn.eof && conn.phase == Phase::Open {
                 // The client sent all it will. What was decided is sent; its
                 // waiting acquires are withdrawn (a grant must never go to a
@@ -276,9 +279,8 @@ impl Loop {
     /// Writes the answers of every connection that has some.
     fn flush(&mut self, engine: &mut Engine, now_ms: u64) {
         let mut dirty = std::mem::take(&mut self.dirty);
-        let mut from_engine = Vec::new();
-        engine.take_dirty(&mut from_engine);
-        dirty.extend_from_slice(&from_engine);
+        engine.take_dirty(&mut self.from_engine);
+        dirty.extend_from_slice(&self.from_engine);
         for id in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
@@ -309,6 +311,7 @@ impl Loop {
                     conn.phase = Phase::Lingering {
                         until_ms: now_ms + LINGER_MS,
                     };
+                    self.lingering.push(now_ms + LINGER_MS, id);
                     // Keep reading (and discarding) until the client closes.
                     self.ready.push(id);
                 }
@@ -320,14 +323,14 @@ impl Loop {
     /// Closes the lingering connections whose client closed (their input is
     /// read and discarded by [`Loop::read_ready`]) or whose deadline passed.
     fn expire_lingering(&mut self, now_ms: u64) {
-        let gone: Vec<usize> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Lingering { until_ms } if c.eof || now_ms >= until_ms))
-            .map(|(id, _)| id)
-            .collect();
-        for id in gone {
-            self.conns.remove(id);
+        while let Some((until, id)) = self.lingering.pop_due(now_ms) {
+            if self
+                .conns
+                .get(id as usize)
+                .is_some_and(|c| c.phase == Phase::Lingering { until_ms: until })
+            {
+                self.conns.remove(id as usize);
+            }
         }
     }
 

@@ -22,6 +22,35 @@ pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
 /// answers and close its side before the socket is closed anyway.
 pub const LINGER_MS: u64 = 2_000;
 
+/// Lingering connections by deadline. Deadlines are all `now + LINGER_MS`,
+/// so they arrive in order and a FIFO is sorted; an entry may be stale (its
+/// connection already gone, or its slot reused), which the loop checks.
+#[derive(Debug, Default)]
+pub struct LingerQueue {
+    queue: std::collections::VecDeque<(u64, ConnId)>,
+}
+
+impl LingerQueue {
+    pub fn push(&mut self, until_ms: u64, conn: ConnId) {
+        debug_assert!(self.queue.back().is_none_or(|&(last, _)| last <= until_ms));
+        self.queue.push_back((until_ms, conn));
+    }
+
+    /// The earliest deadline, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.queue.front().map(|&(until, _)| until)
+    }
+
+    /// Takes the next entry whose deadline is at or before `now_ms`.
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<(u64, ConnId)> {
+        if self.next_deadline()? <= now_ms {
+            self.queue.pop_front()
+        } else {
+            None
+        }
+    }
+}
+
 /// Reads the time for the engine: monotonic ms since start, and the wall
 /// clock for tokens.
 pub struct Clock {
@@ -180,7 +209,7 @@ pub fn raise_fd_limit() -> Option<u64> {
             current: limit.maximum,
             maximum: limit.maximum,
         };
-        if setrlimit(Resource::Nofile, raised.clone()).is_ok() {
+        if setrlimit(Resource::Nofile, raised).is_ok() {
             limit = raised;
         }
     }

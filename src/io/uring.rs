@@ -33,7 +33,7 @@ use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
-use super::{Clock, Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
+use super::{Clock, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 use crate::engine::{ConnId, Engine};
 use crate::server::LoopConfig;
 
@@ -284,6 +284,7 @@ struct Uring {
     to_send: Vec<ConnId>,
     /// Connections to look at after the turn (to free or to re-arm).
     touched: Vec<ConnId>,
+    lingering: LingerQueue,
     shutdown_until: Option<u64>,
 }
 
@@ -308,6 +309,7 @@ pub fn run(
         max_conns: config.max_conns,
         to_send: Vec::new(),
         touched: Vec::new(),
+        lingering: LingerQueue::default(),
         shutdown_until: None,
     };
     lp.arm_accept();
@@ -333,10 +335,11 @@ pub fn run(
         lp.to_send.extend_from_slice(&dirty);
         lp.send_all(&mut engine);
         lp.after_turn(&mut engine, now.ms);
-        if let Some(until) = lp.shutdown_until {
-            if lp.conns.is_empty() || now.ms >= until {
-                return Ok(());
-            }
+        if lp
+            .shutdown_until
+            .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)
+        {
+            return Ok(());
         }
     }
 }
@@ -372,14 +375,10 @@ impl Uring {
     /// Until the engine's next timer, the next lingering deadline or the end
     /// of shutdown.
     fn timeout_ms(&self, engine: &Engine, now_ms: u64) -> Option<u64> {
-        let lingering = self.conns.iter().filter_map(|(_, c)| match c.phase {
-            Phase::Lingering { until_ms } => Some(until_ms),
-            _ => None,
-        });
         engine
             .next_deadline()
             .into_iter()
-            .chain(lingering)
+            .chain(self.lingering.next_deadline())
             .chain(self.shutdown_until)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
@@ -397,13 +396,13 @@ impl Uring {
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
                 return;
             }
-            if let Err(e) = self.ring.submit() {
-                if !matches!(
+            if let Err(e) = self.ring.submit()
+                && !matches!(
                     e.raw_os_error(),
                     Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
-                ) {
-                    panic!("io_uring submit failed with a full queue: {e}");
-                }
+                )
+            {
+                panic!("io_uring submit failed with a full queue: {e}");
             }
         }
     }
@@ -634,12 +633,12 @@ impl Uring {
     /// Moves each touched connection on: re-arm its receive, shut a closing
     /// one whose last answers are out, free a dead one with nothing in flight.
     fn after_turn(&mut self, engine: &mut Engine, now_ms: u64) {
-        for (id, conn) in self.conns.iter_mut() {
-            if let Phase::Lingering { until_ms } = conn.phase {
-                if now_ms >= until_ms {
-                    conn.phase = Phase::Dead;
-                    self.touched.push(id as ConnId);
-                }
+        while let Some((until, id)) = self.lingering.pop_due(now_ms) {
+            if let Some(conn) = self.conns.get_mut(id as usize)
+                && conn.phase == (Phase::Lingering { until_ms: until })
+            {
+                conn.phase = Phase::Dead;
+                self.touched.push(id);
             }
         }
         let mut touched = std::mem::take(&mut self.touched);
@@ -655,6 +654,7 @@ impl Uring {
                 conn.phase = if conn.eof {
                     Phase::Dead
                 } else {
+                    self.lingering.push(now_ms + LINGER_MS, id);
                     Phase::Lingering {
                         until_ms: now_ms + LINGER_MS,
                     }
