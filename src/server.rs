@@ -63,7 +63,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     if args.max_conns == 0 {
         return Err(ServeError::Config("--max-conns must be at least 1".into()));
     }
-    let listener = io::bind_listener(listen)
+    let listener = bind_with_retry(listen)
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
@@ -143,4 +143,23 @@ fn resolve(addr: &str) -> Result<SocketAddr, ServeError> {
         .map_err(|e| ServeError::Config(format!("bad --listen address {addr:?}: {e}")))?
         .next()
         .ok_or_else(|| ServeError::Config(format!("--listen {addr:?} resolves to nothing")))
+}
+
+/// Binds the listener, retrying "address in use" for up to two seconds: a
+/// node restarted right after a crash finds its port still held for a few
+/// milliseconds while the kernel tears down the dead process's io_uring
+/// (which still references the old listening socket).
+fn bind_with_retry(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match io::bind_listener(addr) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            result => return result,
+        }
+    }
 }

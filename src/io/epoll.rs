@@ -217,38 +217,47 @@ impl Loop {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
             };
-            if !conn.readable || conn.eof {
-                continue;
-            }
             for _ in 0..READS_PER_TURN {
-                if conn.phase == Phase::Open && engine.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
-                    break; // backpressure: read again once the client catches up
+                let mut flow = Flow::Open;
+                if conn.phase == Phase::Open {
+                    if engine.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
+                        break; // backpressure: go on once the client catches up
+                    }
+                    if conn.session.has_stash() {
+                        flow = conn.session.resume(engine, now, id);
+                    }
                 }
-                match conn.stream.read(&mut self.buf) {
-                    Ok(0) => {
-                        conn.eof = true;
-                        conn.readable = false;
+                if flow == Flow::Open && conn.session.has_stash() {
+                    continue;
+                }
+                if flow == Flow::Open {
+                    if !conn.readable || conn.eof {
                         break;
                     }
-                    Ok(n) => {
-                        if conn.phase != Phase::Open {
-                            continue; // closing: input is discarded
+                    match conn.stream.read(&mut self.buf) {
+                        Ok(0) => {
+                            conn.eof = true;
+                            conn.readable = false;
                         }
-                        if conn.session.feed(engine, now, id, &self.buf[..n]) == Flow::Broken {
-                            conn.final_out = take_final_output(engine, id);
-                            conn.phase = Phase::Closing;
-                            self.dirty.push(id);
-                            break;
+                        Ok(n) if conn.phase == Phase::Open => {
+                            flow = conn.session.feed(engine, now, id, &self.buf[..n]);
+                        }
+                        Ok(_) => {} // closing: input is discarded
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => {
+                            conn.eof = true;
+                            conn.readable = false;
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        conn.readable = false;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        conn.eof = true;
-                        conn.readable = false;
+                }
+                match flow {
+                    Flow::Open if conn.readable && !conn.eof => {}
+                    Flow::Open | Flow::Paused => break,
+                    Flow::Broken => {
+                        conn.final_out = take_final_output(engine, id);
+                        conn.phase = Phase::Closing;
+                        self.dirty.push(id);
                         break;
                     }
                 }
@@ -268,8 +277,7 @@ impl Loop {
         }
         ready.retain(|&id| {
             self.conns.get(id as usize).is_some_and(|c| {
-                c.readable
-                    && !c.eof
+                (c.session.has_stash() || (c.readable && !c.eof))
                     && (c.phase != Phase::Open || engine.output_mut(id).len() <= OUTPUT_PAUSE_BYTES)
             })
         });
@@ -290,7 +298,10 @@ impl Loop {
                     let out = engine.output_mut(id);
                     let paused = out.len() > OUTPUT_PAUSE_BYTES;
                     let result = write_some(&mut conn.stream, out);
-                    if paused && out.len() <= OUTPUT_PAUSE_BYTES && conn.readable {
+                    if paused
+                        && out.len() <= OUTPUT_PAUSE_BYTES
+                        && (conn.readable || conn.session.has_stash())
+                    {
                         self.ready.push(id); // the client caught up
                     }
                     result

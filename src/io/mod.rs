@@ -91,22 +91,35 @@ impl Clock {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     Open,
+    /// Its unsent answers passed [`OUTPUT_PAUSE_BYTES`]: the rest of the
+    /// input is kept unprocessed ([`Session::has_stash`]) and the socket must
+    /// not be read until the client has taken enough answers and
+    /// [`Session::resume`] has run.
+    Paused,
     /// It broke the protocol: its output ends with the `E` line, and it must
     /// be closed (see [`Session::feed`]).
     Broken,
 }
 
 /// One connection's protocol state: the partial line carried over between
-/// reads, and how many lines it has sent (for the `E` reason).
+/// reads, input kept back while the connection is paused, and how many lines
+/// it has sent (for the `E` reason).
 #[derive(Debug, Default)]
 pub struct Session {
     partial: Vec<u8>,
+    stash: Vec<u8>,
     lines: u64,
 }
 
 impl Session {
     pub fn new() -> Session {
         Session::default()
+    }
+
+    /// True while input is kept back by a pause: call [`Session::resume`]
+    /// before reading the socket again.
+    pub fn has_stash(&self) -> bool {
+        !self.stash.is_empty()
     }
 
     /// Runs every whole line of `data` through the engine. Whole lines are
@@ -118,6 +131,7 @@ impl Session {
     /// (see [`take_final_output`]) and closes the connection. Nothing after
     /// the broken line is read.
     pub fn feed(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
+        debug_assert!(self.stash.is_empty(), "fed while paused: resume first");
         if !self.partial.is_empty() {
             let room = MAX_LINE - self.partial.len();
             match memchr::memchr(b'\n', &data[..data.len().min(room)]) {
@@ -126,7 +140,7 @@ impl Session {
                     line.extend_from_slice(&data[..=nl]);
                     data = &data[nl + 1..];
                     let flow = self.run_lines(engine, now, conn, &line);
-                    debug_assert!(flow != Flow::Open || self.partial.is_empty());
+                    debug_assert!(self.partial.is_empty() && self.stash.is_empty());
                     // Keep the allocation for the next partial line.
                     line.clear();
                     self.partial = line;
@@ -147,9 +161,24 @@ impl Session {
         self.run_lines(engine, now, conn, data)
     }
 
-    /// Handles the whole lines of `data` and keeps a trailing partial one.
+    /// Processes the input kept back by a pause (it may pause again).
+    pub fn resume(&mut self, engine: &mut Engine, now: Now, conn: ConnId) -> Flow {
+        if self.stash.is_empty() {
+            return Flow::Open;
+        }
+        let stash = std::mem::take(&mut self.stash);
+        self.run_lines(engine, now, conn, &stash)
+    }
+
+    /// Handles the whole lines of `data` and keeps a trailing partial one;
+    /// stops, keeping the rest, once the connection's answers pass
+    /// [`OUTPUT_PAUSE_BYTES`].
     fn run_lines(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
         loop {
+            if !data.is_empty() && engine.output_mut(conn).len() > OUTPUT_PAUSE_BYTES {
+                self.stash.extend_from_slice(data);
+                return Flow::Paused;
+            }
             match parse_request(data) {
                 Ok(Some((request, used))) => {
                     self.lines += 1;
@@ -266,6 +295,31 @@ mod tests {
         }
         let bytes: Vec<&[u8]> = wire.chunks(1).collect();
         assert_eq!(run(&bytes).0, whole);
+    }
+
+    #[test]
+    fn answers_past_the_pause_keep_the_rest_of_the_input_unread() {
+        let now = Now { ms: 0, unix_ns: 5 };
+        let mut engine = Engine::new(now, "x:1");
+        engine.open(0);
+        let mut session = Session::new();
+        // "S\n" answers with 15 bytes: 5000 of them pass 64 KiB.
+        let input = b"S\n".repeat(5000);
+        assert_eq!(session.feed(&mut engine, now, 0, &input), Flow::Paused);
+        let answered = engine.output_mut(0).len();
+        assert!(answered > OUTPUT_PAUSE_BYTES && answered < OUTPUT_PAUSE_BYTES + 64);
+        assert!(session.has_stash());
+        // Still paused while the client has not taken anything.
+        assert_eq!(session.resume(&mut engine, now, 0), Flow::Paused);
+        engine.output_mut(0).clear();
+        assert_eq!(session.resume(&mut engine, now, 0), Flow::Open);
+        assert!(!session.has_stash());
+        let total = answered + engine.output_mut(0).len();
+        assert_eq!(
+            total,
+            5000 * "S active x:1 0\n".len(),
+            "every request answered once"
+        );
     }
 
     #[test]

@@ -462,7 +462,7 @@ impl Uring {
         match op {
             Some(Op::Accept) => self.accepted(engine, res, flags),
             Some(Op::Recv) => self.received(engine, now, id, res, flags),
-            Some(Op::Send) => self.sent(engine, id, res),
+            Some(Op::Send) => self.sent(engine, now, id, res),
             Some(Op::Signal) => self.signalled(engine, now.ms, res),
             Some(Op::Cancel) | None => {}
         }
@@ -549,7 +549,7 @@ impl Uring {
         }
     }
 
-    fn sent(&mut self, engine: &mut Engine, id: ConnId, res: i32) {
+    fn sent(&mut self, engine: &mut Engine, now: crate::engine::Now, id: ConnId, res: i32) {
         let conn = &mut self.conns[id as usize];
         conn.send_in_flight = false;
         self.touched.push(id);
@@ -562,6 +562,15 @@ impl Uring {
         }
         conn.sent += res as usize;
         self.to_send.push(id);
+        // The client is taking answers: go on with input kept back by a pause.
+        if conn.phase == Phase::Open
+            && conn.session.has_stash()
+            && unsent(engine, id, conn) <= OUTPUT_PAUSE_BYTES
+            && conn.session.resume(engine, now, id) == Flow::Broken
+        {
+            conn.final_out = take_final_output(engine, id);
+            conn.phase = Phase::Closing;
+        }
     }
 
     fn signalled(&mut self, engine: &mut Engine, now_ms: u64, res: i32) {
@@ -662,8 +671,7 @@ impl Uring {
             }
             let want_recv = match conn.phase {
                 Phase::Open => {
-                    let unsent = engine.output_mut(id).len() + conn.sending.len() - conn.sent;
-                    unsent <= OUTPUT_PAUSE_BYTES
+                    !conn.session.has_stash() && unsent(engine, id, conn) <= OUTPUT_PAUSE_BYTES
                 }
                 Phase::Lingering { .. } => true,
                 Phase::Closing | Phase::Dead => false,
@@ -685,4 +693,9 @@ impl Uring {
         touched.clear();
         self.touched = touched;
     }
+}
+
+/// Answers of an open connection not yet accepted by the kernel.
+fn unsent(engine: &mut Engine, id: ConnId, conn: &Conn) -> usize {
+    engine.output_mut(id).len() + conn.sending.len() - conn.sent
 }
