@@ -62,9 +62,9 @@ pub fn write_seconds(out: &mut Vec<u8>, ms: u64) {
             b'0' + (frac / 10 % 10) as u8,
             b'0' + (frac % 10) as u8,
         ];
-        let len = if frac % 100 == 0 {
+        let len = if frac.is_multiple_of(100) {
             1
-        } else if frac % 10 == 0 {
+        } else if frac.is_multiple_of(10) {
             2
         } else {
             3
