@@ -1,0 +1,61 @@
+//! The client's typed errors.
+
+use std::fmt;
+
+/// Everything that can go wrong in a client call.
+///
+/// Network trouble never panics: it is one of these values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The wait ran out and nothing was granted (only from
+    /// [`Client::lock`](super::Client::lock); [`Client::acquire`](super::Client::acquire)
+    /// reports it as [`Acquired::TimedOut`](super::Acquired::TimedOut) instead).
+    Timeout,
+    /// No connection could carry the request: every connection tried dropped
+    /// before answering, none was up, or a release/renew found none within its
+    /// retry window. The text says which.
+    Connection(String),
+    /// The nodes kept answering `M key -` (no active node known) for longer
+    /// than the client's bound (`ClientBuilder::no_active_timeout`), or kept
+    /// redirecting between each other.
+    NoActiveNode,
+    /// The server sent `E <reason>` or a line that breaks the protocol. For
+    /// the official client this means a bug on one side.
+    Protocol(String),
+    /// The call was refused before anything was sent: a bad key, a lease or
+    /// wait out of range, token 0, an empty address list.
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout)
+    }
+
+    /// True for [`Error::Connection`] and [`Error::NoActiveNode`]: the cluster
+    /// could not be reached, trying again later may work.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Connection(_) | Error::NoActiveNode)
+    }
+
+    /// True for [`Error::Protocol`].
+    pub fn is_protocol(&self) -> bool {
+        matches!(self, Error::Protocol(_))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Timeout => f.write_str("timed out waiting for the lock"),
+            Error::Connection(why) => write!(f, "connection error: {why}"),
+            Error::NoActiveNode => f.write_str("no active node in the cluster"),
+            Error::Protocol(why) => write!(f, "protocol error: {why}"),
+            Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,628 @@
+//! Unit tests against in-process fake servers: answer matching, `M`,
+//! errors, local queueing, retries. (Tests against the real server are in
+//! tests/client.rs.)
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+use super::*;
+
+const LONG: Duration = Duration::from_secs(10);
+
+/// Runs a test body with a 60 s bound, so that a bug hangs nothing.
+async fn bounded<F: std::future::Future<Output = ()>>(body: F) {
+    timeout(Duration::from_secs(60), body)
+        .await
+        .expect("test did not finish within 60 s");
+}
+
+/// One accepted connection of a fake server, driven by the test.
+struct FakeConn {
+    lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
+    wr: OwnedWriteHalf,
+}
+
+impl FakeConn {
+    fn new(stream: TcpStream) -> FakeConn {
+        let (rd, wr) = stream.into_split();
+        FakeConn {
+            lines: BufReader::new(rd).lines(),
+            wr,
+        }
+    }
+
+    /// The next request line; panics on EOF or after 10 s.
+    async fn line(&mut self) -> String {
+        timeout(LONG, self.lines.next_line())
+            .await
+            .expect("a request within 10 s")
+            .expect("read")
+            .expect("a request, not EOF")
+    }
+
+    /// True if nothing arrives within `within`.
+    async fn quiet(&mut self, within: Duration) -> bool {
+        timeout(within, self.lines.next_line()).await.is_err()
+    }
+
+    async fn send(&mut self, line: &str) {
+        self.wr
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write answer");
+    }
+}
+
+/// A listener whose connections the test drives by hand.
+async fn fake() -> (String, mpsc::UnboundedReceiver<FakeConn>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            if tx.send(FakeConn::new(stream)).is_err() {
+                return;
+            }
+        }
+    });
+    (addr, rx)
+}
+
+async fn accept(conns: &mut mpsc::UnboundedReceiver<FakeConn>) -> FakeConn {
+    timeout(LONG, conns.recv())
+        .await
+        .expect("a connection within 10 s")
+        .expect("listener alive")
+}
+
+/// Reads the next request on either of two connections.
+async fn line_on_either(a: &mut FakeConn, b: &mut FakeConn) -> (usize, String) {
+    tokio::select! {
+        l = a.line() => (0, l),
+        l = b.line() => (1, l),
+    }
+}
+
+/// A fake node that answers every request, but in an adversarial order that
+/// the protocol allows: each batch of requests read together is answered
+/// group by group ((op, key) groups, the newest group first), each group in
+/// arrival order. The answers echo the request so that a mismatch shows:
+/// `A k LEASE W` is granted with token = LEASE in ms, `R k T` and
+/// `N k T L` answer `T % 2`.
+async fn reordering_fake() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (rd, mut wr) = stream.into_split();
+                let mut rd = BufReader::new(rd);
+                loop {
+                    let mut batch: Vec<String> = Vec::new();
+                    let mut line = String::new();
+                    if rd.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    batch.push(line.trim_end().to_string());
+                    // Whatever else arrives within a few ms joins the batch.
+                    loop {
+                        let mut line = String::new();
+                        match timeout(Duration::from_millis(5), rd.read_line(&mut line)).await {
+                            Ok(Ok(n)) if n > 0 => batch.push(line.trim_end().to_string()),
+                            Ok(_) => return,
+                            Err(_) => break,
+                        }
+                    }
+                    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+                    for req in batch {
+                        let f: Vec<&str> = req.split(' ').collect();
+                        let answer = match f[0] {
+                            "A" => {
+                                let ms = crate::proto::parse_seconds(f[2].as_bytes()).unwrap();
+                                format!("A {} {ms}", f[1])
+                            }
+                            "R" => format!("R {} {}", f[1], f[2].parse::<u64>().unwrap() % 2),
+                            "N" => format!("N {} {}", f[1], f[2].parse::<u64>().unwrap() % 2),
+                            "S" => "S active - 7".to_string(),
+                            _ => panic!("bad request {req}"),
+                        };
+                        let group = format!("{} {}", f[0], f.get(1).unwrap_or(&""));
+                        match groups.iter_mut().find(|(g, _)| *g == group) {
+                            Some((_, answers)) => answers.push(answer),
+                            None => groups.push((group, vec![answer])),
+                        }
+                    }
+                    let mut out = String::new();
+                    for (_, answers) in groups.iter().rev() {
+                        for a in answers {
+                            out.push_str(a);
+                            out.push('\n');
+                        }
+                    }
+                    if wr.write_all(out.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_answers_are_matched_by_op_and_key() {
+    bounded(async move {
+        let addr = reordering_fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..400u64 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = format!("k{}", i % 7);
+                let lease = Duration::from_millis(1000 + i);
+                match i % 3 {
+                    0 => {
+                        let grant = client.acquire(&key, lease, None).await.unwrap();
+                        let grant = grant.into_grant().expect("granted");
+                        assert_eq!(grant.token(), 1000 + i, "answer went to the wrong acquire");
+                        assert_eq!(grant.key(), key.as_bytes());
+                    }
+                    1 => {
+                        let held = client.release(&key, 1000 + i).await.unwrap();
+                        assert_eq!(
+                            held,
+                            (1000 + i) % 2 == 1,
+                            "answer went to the wrong release"
+                        );
+                    }
+                    _ => {
+                        let held = client.renew(&key, 1000 + i, lease).await.unwrap();
+                        assert_eq!(held, (1000 + i) % 2 == 1, "answer went to the wrong renew");
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(client.pending_requests(), 0);
+        client.sync().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn m_answers_the_oldest_request_of_its_key_and_is_followed() {
+    bounded(async move {
+        let (addr1, mut conns1) = fake().await;
+        let (addr2, mut conns2) = fake().await;
+        let client = Client::connect([addr1.clone()]).await.unwrap();
+        let mut a = accept(&mut conns1).await;
+        let b = accept(&mut conns1).await;
+        // Keep only one connection to node 1, so that both requests share it.
+        drop(b.wr);
+        drop(b.lines);
+        for _ in 0..500 {
+            if client.connected() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(client.connected(), 1);
+
+        let c = client.clone();
+        let acquire =
+            tokio::spawn(async move { c.acquire("k", Duration::from_secs(5), None).await });
+        assert_eq!(a.line().await, "A k 5 0");
+        let c = client.clone();
+        let release = tokio::spawn(async move { c.release("k", 9).await });
+        assert_eq!(a.line().await, "R k 9");
+
+        // The M answers the acquire (the oldest request of k), not the release.
+        a.send(&format!("M k {addr2}")).await;
+        a.send("R k 1").await;
+        assert!(release.await.unwrap().unwrap());
+
+        // The acquire went to node 2, which the client did not know.
+        let mut n2 = accept(&mut conns2).await;
+        assert_eq!(n2.line().await, "A k 5 0");
+        n2.send("A k 77").await;
+        let grant = acquire.await.unwrap().unwrap().into_grant().unwrap();
+        assert_eq!(grant.token(), 77);
+        assert_eq!(client.addresses(), vec![addr1, addr2]);
+
+        // And the rotation moved: the next request goes to node 2 as well.
+        let c = client.clone();
+        let renew = tokio::spawn(async move { c.renew("k", 77, Duration::from_secs(5)).await });
+        assert_eq!(n2.line().await, "N k 77 5");
+        n2.send("N k 1").await;
+        assert!(renew.await.unwrap().unwrap());
+        assert!(a.quiet(Duration::from_millis(100)).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn m_without_active_is_retried_then_gives_up() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::builder([addr])
+            .no_active_timeout(Duration::from_millis(600))
+            .connect()
+            .await
+            .unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let c = client.clone();
+        let started = std::time::Instant::now();
+        let acquire = tokio::spawn(async move { c.acquire("k", Duration::from_secs(5), None).await });
+        let mut asked = 0;
+        loop {
+            tokio::select! {
+                l = a.line() => { assert_eq!(l, "A k 5 0"); a.send("M k -").await; }
+                l = b.line() => { assert_eq!(l, "A k 5 0"); b.send("M k -").await; }
+                r = async { while !acquire.is_finished() { tokio::time::sleep(Duration::from_millis(5)).await } } => {
+                    let () = r;
+                    break;
+                }
+            }
+            asked += 1;
+        }
+        let result = acquire.await.unwrap();
+        assert_eq!(result, Err(Error::NoActiveNode));
+        assert!(asked >= 2, "retried after M k - ({asked} tries)");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(500), "gave up too early: {took:?}");
+        assert!(took < Duration::from_secs(5), "gave up too late: {took:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn e_answer_and_malformed_lines_are_protocol_errors() {
+    bounded(async move {
+        for bad in ["E bad lease \"x\" in line 1", "A k zero", "Q what", "A k"] {
+            let (addr, mut conns) = fake().await;
+            let client = Client::connect([addr]).await.unwrap();
+            let mut a = accept(&mut conns).await;
+            let mut b = accept(&mut conns).await;
+            let c = client.clone();
+            let acquire =
+                tokio::spawn(async move { c.acquire("k", Duration::from_secs(1), None).await });
+            let (which, line) = line_on_either(&mut a, &mut b).await;
+            assert_eq!(line, "A k 1 0");
+            if which == 0 {
+                a.send(bad).await
+            } else {
+                b.send(bad).await
+            }
+            let err = acquire.await.unwrap().unwrap_err();
+            assert!(err.is_protocol(), "{bad:?} gave {err:?}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_answer_for_nothing_pending_is_a_protocol_error() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let c = client.clone();
+        let release = tokio::spawn(async move { c.release("k", 3).await });
+        let (which, line) = line_on_either(&mut a, &mut b).await;
+        assert_eq!(line, "R k 3");
+        // An N for a key with only an R pending matches nothing.
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.send("N k 1").await;
+        assert!(release.await.unwrap().unwrap_err().is_protocol());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_arguments_are_refused_before_sending() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let lease = Duration::from_secs(1);
+        let long_key = "x".repeat(251);
+        for key in ["", "a b", "a\nb", long_key.as_str()] {
+            let err = client.acquire(key, lease, None).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{key:?}: {err:?}");
+        }
+        let err = client.acquire("k", Duration::ZERO, None).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        let err = client
+            .acquire("k", Duration::from_micros(999), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        let err = client
+            .acquire("k", Duration::from_secs(86_401), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        let err = client
+            .acquire("k", lease, Some(Duration::from_secs(86_401)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        assert!(matches!(
+            client.release("k", 0).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            client.renew("k", 1, Duration::ZERO).await,
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(a.quiet(Duration::from_millis(50)).await);
+        assert!(b.quiet(Duration::from_millis(1)).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn binary_keys_and_sub_millisecond_waits() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let c = client.clone();
+        let acquire = tokio::spawn(async move {
+            c.acquire(
+                b"\x80k\xff",
+                Duration::from_millis(1500),
+                Some(Duration::from_micros(10)),
+            )
+            .await
+        });
+        // The line is not UTF-8: read raw bytes.
+        let (mut la, mut lb) = (Vec::new(), Vec::new());
+        let which = tokio::select! {
+            r = a.lines.get_mut().read_until(b'\n', &mut la) => { r.unwrap(); 0 }
+            r = b.lines.get_mut().read_until(b'\n', &mut lb) => { r.unwrap(); 1 }
+        };
+        let line = if which == 0 { la } else { lb };
+        // A wait of 10 µs is sent as 1 ms, not as 0 ("no limit").
+        assert_eq!(line, b"A \x80k\xff 1.5 0.001\n");
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.wr.write_all(b"T \x80k\xff\n").await.unwrap();
+        assert_eq!(acquire.await.unwrap(), Ok(Acquired::TimedOut));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn connect_fails_fast_when_nothing_listens_and_not_when_one_node_is_down() {
+    bounded(async move {
+        // A port that was just free: nothing listens there.
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let started = std::time::Instant::now();
+        let err = Client::connect([dead.clone()]).await.unwrap_err();
+        assert!(err.is_connection(), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(matches!(
+            Client::connect(Vec::<String>::new()).await,
+            Err(Error::InvalidArgument(_))
+        ));
+
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([dead, addr]).await.unwrap();
+        assert_eq!(client.connections(), 2);
+        let mut a = accept(&mut conns).await;
+        // Every request goes to the live node.
+        for i in 1..=4u64 {
+            let c = client.clone();
+            let release = tokio::spawn(async move { c.release("k", i).await });
+            assert_eq!(a.line().await, format!("R k {i}"));
+            a.send("R k 1").await;
+            assert!(release.await.unwrap().unwrap());
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn waiting_acquires_queue_locally_and_releases_do_not_wait_behind_them() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::builder([addr])
+            .max_waiting_acquires(2)
+            .connect()
+            .await
+            .unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let mut acquires = Vec::new();
+        for _ in 0..7 {
+            let c = client.clone();
+            acquires.push(tokio::spawn(async move {
+                c.acquire("k", Duration::from_secs(1), None).await
+            }));
+        }
+        // Two per connection reach the server, the rest wait in the client.
+        let mut on = [0, 0];
+        for _ in 0..4 {
+            let (which, line) = line_on_either(&mut a, &mut b).await;
+            assert_eq!(line, "A k 1 0");
+            on[which] += 1;
+        }
+        assert_eq!(on, [2, 2]);
+        assert!(a.quiet(Duration::from_millis(100)).await);
+        assert!(b.quiet(Duration::from_millis(1)).await);
+
+        // A release goes out at once.
+        let c = client.clone();
+        let release = tokio::spawn(async move { c.release("other", 5).await });
+        let (which, line) = line_on_either(&mut a, &mut b).await;
+        assert_eq!(line, "R other 5");
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.send("R other 1").await;
+        assert!(release.await.unwrap().unwrap());
+
+        // Answering one acquire on a connection lets one more through there.
+        a.send("T k").await;
+        assert_eq!(a.line().await, "A k 1 0");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_acquire_queued_in_the_client_still_keeps_to_its_wait() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::builder([addr])
+            .max_waiting_acquires(1)
+            .connect()
+            .await
+            .unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            let c = client.clone();
+            waiting.push(tokio::spawn(async move {
+                c.acquire("k", Duration::from_secs(1), None).await
+            }));
+        }
+        let _ = line_on_either(&mut a, &mut b).await;
+        let _ = line_on_either(&mut a, &mut b).await;
+        // Both connections are full: this one waits in the client, and its
+        // 300 ms wait still runs out on time.
+        let started = std::time::Instant::now();
+        let out = client
+            .acquire(
+                "k",
+                Duration::from_secs(1),
+                Some(Duration::from_millis(300)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out, Acquired::TimedOut);
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(290), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert!(a.quiet(Duration::from_millis(50)).await);
+        assert!(b.quiet(Duration::from_millis(1)).await);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_grant_for_a_dropped_acquire_is_released() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let c = client.clone();
+        let acquire =
+            tokio::spawn(async move { c.acquire("k", Duration::from_secs(3), None).await });
+        let (which, line) = line_on_either(&mut a, &mut b).await;
+        assert_eq!(line, "A k 3 0");
+        acquire.abort();
+        let _ = acquire.await;
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.send("A k 42").await;
+        let (which, line) = line_on_either(&mut a, &mut b).await;
+        assert_eq!(line, "R k 42");
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.send("R k 1").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_acquire_cut_off_is_sent_again_on_the_other_connection() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr]).await.unwrap();
+        let mut fakes = vec![accept(&mut conns).await, accept(&mut conns).await];
+        let c = client.clone();
+        let acquire = tokio::spawn(async move {
+            c.acquire("k", Duration::from_secs(3), Some(Duration::from_secs(60)))
+                .await
+        });
+        let (which, line) = {
+            let (x, y) = fakes.split_at_mut(1);
+            line_on_either(&mut x[0], &mut y[0]).await
+        };
+        assert_eq!(line, "A k 3 60");
+        // Cut that connection: the acquire goes to the other one, with what is
+        // left of its wait.
+        drop(fakes.remove(which));
+        let mut other = fakes.pop().unwrap();
+        let line = other.line().await;
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(&f[..3], ["A", "k", "3"], "{line}");
+        let wait = crate::proto::parse_seconds(f[3].as_bytes()).unwrap();
+        assert!((50_000..=60_000).contains(&wait), "{line}");
+        other.send("A k 5").await;
+        let grant = acquire.await.unwrap().unwrap().into_grant().unwrap();
+        assert_eq!(grant.token(), 5);
+
+        // Both connections gone (and the node no longer accepting): the
+        // acquire tries every connection it has, then errs.
+        drop(conns);
+        let c = client.clone();
+        let acquire =
+            tokio::spawn(async move { c.acquire("k", Duration::from_secs(3), None).await });
+        assert_eq!(other.line().await, "A k 3 0");
+        drop(other);
+        let err = acquire.await.unwrap().unwrap_err();
+        assert!(err.is_connection(), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn status_and_sync() {
+    bounded(async move {
+        let (addr, mut conns) = fake().await;
+        let client = Client::connect([addr.clone()]).await.unwrap();
+        let mut a = accept(&mut conns).await;
+        let mut b = accept(&mut conns).await;
+        let c = client.clone();
+        let sync = tokio::spawn(async move { c.sync().await });
+        assert_eq!(a.line().await, "S");
+        assert_eq!(b.line().await, "S");
+        a.send("S standby 10.0.0.1:7171 12").await;
+        assert!(!sync.is_finished());
+        b.send("S active - 0").await;
+        sync.await.unwrap().unwrap();
+
+        let c = client.clone();
+        let status = tokio::spawn(async move { c.status().await });
+        let (which, line) = line_on_either(&mut a, &mut b).await;
+        assert_eq!(line, "S");
+        let conn = if which == 0 { &mut a } else { &mut b };
+        conn.send("S standby 10.0.0.1:7171 12").await;
+        let status = status.await.unwrap();
+        assert_eq!(
+            status,
+            vec![AddrStatus {
+                addr,
+                status: Ok(NodeStatus {
+                    role: Role::Standby,
+                    active: Some("10.0.0.1:7171".into()),
+                    token: 12,
+                }),
+            }]
+        );
+    })
+    .await;
+}

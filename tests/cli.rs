@@ -1,0 +1,313 @@
+//! The `ringlock` command line against the real server binary: acquire,
+//! release, renew, status, and `run` (holding a lock across a command longer
+//! than the lease, passing the token, exit statuses, timeouts, lost locks).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The server's io backend: epoll, or `RINGLOCK_TEST_IO` (e.g. `uring`).
+fn backend() -> String {
+    std::env::var("RINGLOCK_TEST_IO").unwrap_or_else(|_| "epoll".into())
+}
+
+fn ringlock(server: &common::Server) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    cmd.env("RINGLOCK_SERVERS", server.addr.to_string());
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs to completion (at most 60 s) and returns the output.
+fn output(cmd: &mut Command) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringlock");
+    wait_output(child, Duration::from_secs(60))
+}
+
+fn wait_output(mut child: Child, within: Duration) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "ringlock did not finish within {within:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ringlock-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Polls until `path` holds a complete line; panics after `within`.
+fn read_line_file(path: &PathBuf, within: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim_end().to_string();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{path:?} not written within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn acquire_prints_the_token_and_release_and_renew_say_whether_it_was_held() {
+    let server = common::Server::start(&backend());
+    let out = output(ringlock(&server).args(["acquire", "cli/a", "--lease", "30"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let token: u64 = stdout(&out).trim().parse().expect("a token on stdout");
+    assert!(token > 0);
+
+    // The lock outlives the command that acquired it.
+    let mut probe = server.connect();
+    assert_eq!(probe.call("A cli/a 1 0.1"), "T cli/a");
+
+    let t = token.to_string();
+    let out = output(ringlock(&server).args(["renew", "cli/a", &t, "--lease", "0.5"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = output(ringlock(&server).args(["renew", "cli/a", "1"]));
+    assert_eq!(out.status.code(), Some(1), "renew with a wrong token");
+    let out = output(ringlock(&server).args(["release", "cli/a", &t]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = output(ringlock(&server).args(["release", "cli/a", &t]));
+    assert_eq!(out.status.code(), Some(1), "second release");
+    assert!(stderr(&out).contains("carries token"), "{}", stderr(&out));
+
+    // --server wins over the environment.
+    let out = output(
+        ringlock(&server)
+            .env("RINGLOCK_SERVERS", "127.0.0.1:1")
+            .args(["acquire", "cli/b", "--server", &server.addr.to_string()]),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let second: u64 = stdout(&out).trim().parse().unwrap();
+    assert!(second > token);
+}
+
+#[test]
+fn acquire_exits_75_when_the_wait_runs_out_and_2_on_bad_arguments() {
+    let server = common::Server::start(&backend());
+    let mut holder = server.connect();
+    common::Conn::token_of(&holder.call("A cli/held 30 0"));
+    let started = Instant::now();
+    let out = output(ringlock(&server).args(["acquire", "cli/held", "--wait", "0.3"]));
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert!(stdout(&out).is_empty());
+    assert!(stderr(&out).contains("timed out"), "{}", stderr(&out));
+
+    for args in [
+        &["acquire", "k", "--lease", "1.0001"][..],
+        &["acquire", "k", "--lease", "0"],
+        &["acquire", "k", "--wait", "86401"],
+        &["acquire", "a b"],
+        &["release", "k", "0"],
+        &["run", "k"],
+    ] {
+        let out = output(ringlock(&server).args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    let out = output(ringlock(&server).args(["acquire", "k", "--server", "127.0.0.1:1"]));
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+}
+
+#[test]
+fn run_holds_the_lock_across_a_command_longer_than_the_lease() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("long");
+    let file = dir.join("token");
+    let script = format!(
+        "echo \"$RINGLOCK_TOKEN $RINGLOCK_KEY\" > {}.tmp && mv {0}.tmp {0}; sleep 2.5; exit 7",
+        file.display()
+    );
+    let started = Instant::now();
+    let child = ringlock(&server)
+        .args(["run", "cli/run", "--lease", "1", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = read_line_file(&file, Duration::from_secs(20));
+    let seen = Instant::now();
+    let (token, key) = line.split_once(' ').expect("token and key");
+    let token: u64 = token.parse().expect("RINGLOCK_TOKEN is a token");
+    assert_eq!(key, "cli/run");
+
+    // Probe all along: nobody else can have the lock, also well after the
+    // 1 s lease would have run out without renewals.
+    let mut probe = server.connect();
+    let mut probes = 0;
+    let last_probe = loop {
+        let at = Instant::now();
+        let answer = probe.call("A cli/run 1 0.1");
+        assert_eq!(
+            answer,
+            "T cli/run",
+            "probe {probes}, {:?} after the start",
+            at - seen
+        );
+        probes += 1;
+        if at - seen > Duration::from_millis(2000) {
+            break at;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(last_probe - seen >= Duration::from_millis(2000));
+    assert!(probes >= 8, "{probes} probes");
+
+    let out = wait_output(child, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "CMD's status; stderr:\n{}",
+        stderr(&out)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(2500));
+    // Released: the next grant has a higher token.
+    let answer = probe.call("A cli/run 5 3");
+    assert!(common::Conn::token_of(&answer) > token, "{answer}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn run_releases_at_once_and_returns_the_command_status() {
+    let server = common::Server::start(&backend());
+    let mut probe = server.connect();
+    let cases: [(&[&str], i32); 4] = [
+        (&["true"], 0),
+        (&["sh", "-c", "exit 3"], 3),
+        (&["sh", "-c", "kill -TERM $$"], 128 + 15),
+        (&["/nonexistent/ringlock-test-command"], 127),
+    ];
+    for (cmd, code) in cases {
+        let mut args = vec!["run", "cli/status", "--lease", "30", "--"];
+        args.extend_from_slice(cmd);
+        let out = output(ringlock(&server).args(&args));
+        assert_eq!(out.status.code(), Some(code), "{cmd:?}: {}", stderr(&out));
+        // The 30 s lease was released, not left to run out.
+        let started = Instant::now();
+        let answer = probe.call("A cli/status 30 2");
+        assert!(answer.starts_with("A cli/status "), "{cmd:?}: {answer}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let token = common::Conn::token_of(&answer);
+        assert_eq!(
+            probe.call(&format!("R cli/status {token}")),
+            "R cli/status 1"
+        );
+    }
+}
+
+#[test]
+fn run_does_not_start_the_command_when_the_wait_runs_out() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("busy");
+    let marker = dir.join("ran");
+    let mut holder = server.connect();
+    common::Conn::token_of(&holder.call("A cli/busy 30 0"));
+    let out = output(ringlock(&server).args([
+        "run",
+        "cli/busy",
+        "--wait",
+        "0.3",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ]));
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(stderr(&out).contains("timed out"), "{}", stderr(&out));
+    assert!(!marker.exists(), "the command ran without the lock");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn run_stops_the_command_when_the_lock_is_lost() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("lost");
+    let file = dir.join("token");
+    let script = format!(
+        "echo $RINGLOCK_TOKEN > {}.tmp && mv {0}.tmp {0}; exec sleep 30",
+        file.display()
+    );
+    let child = ringlock(&server)
+        .args(["run", "cli/lost", "--lease", "1", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let token = read_line_file(&file, Duration::from_secs(20));
+    // Someone else releases it with the token: the next renewal finds it gone.
+    let mut other = server.connect();
+    let started = Instant::now();
+    assert_eq!(other.call(&format!("R cli/lost {token}")), "R cli/lost 1");
+    let out = wait_output(child, Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+    assert!(stderr(&out).contains("LOCK LOST"), "{}", stderr(&out));
+    // Renewals every third of the 1 s lease: noticed well before 5 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn status_shows_each_node_and_unreachable_ones() {
+    let server = common::Server::start(&backend());
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let addr = server.addr.to_string();
+    let list = format!("{addr},{dead}");
+    let out = output(ringlock(&server).args(["status", "--server", &list]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["ADDRESS", "ROLE", "ACTIVE", "TOKEN"]);
+    let live: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        live[..3],
+        [addr.as_str(), "active", addr.as_str()],
+        "{text}"
+    );
+    live[3].parse::<u64>().expect("a token");
+    let down: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(down[..2], [dead.as_str(), "unreachable"], "{text}");
+
+    let out = output(ringlock(&server).args(["status", "--server", &dead]));
+    assert_eq!(out.status.code(), Some(69));
+}
