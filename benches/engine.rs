@@ -4,8 +4,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ringlock::engine::{Engine, Now};
+use ringlock::engine::Now;
 use ringlock::io::Session;
+use ringlock::node::{Node, NodeConfig};
 
 const KEYS: usize = 1024;
 
@@ -14,6 +15,16 @@ fn now() -> Now {
         ms: 1,
         unix_ns: 1_700_000_000_000_000_000,
     }
+}
+
+fn node() -> Node {
+    Node::new(
+        now(),
+        NodeConfig {
+            advertise: "127.0.0.1:7171".into(),
+            cluster: None,
+        },
+    )
 }
 
 /// One acquire + release cycle per key, uncontended: the request lines are
@@ -27,7 +38,7 @@ fn uncontended_cycle(c: &mut Criterion) {
         .flat_map(|k| format!("A {k} 30 0\n").into_bytes())
         .collect();
     group.bench_function("acquire_release_cycle", |b| {
-        let mut engine = Engine::new(now(), "127.0.0.1:7171");
+        let mut engine = node();
         engine.open(0);
         let mut session = Session::new();
         let mut releases = Vec::with_capacity(acquires.len() * 2);
@@ -48,7 +59,7 @@ fn uncontended_cycle(c: &mut Criterion) {
             black_box(out.len());
             out.clear();
         });
-        assert_eq!(engine.lock_count(), 0);
+        assert_eq!(engine.engine().lock_count(), 0);
     });
     group.finish();
 }
@@ -59,7 +70,7 @@ fn contended_handoff(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine");
     group.throughput(Throughput::Elements(1));
     group.bench_function("handoff_64_waiters", |b| {
-        let mut engine = Engine::new(now(), "127.0.0.1:7171");
+        let mut engine = node();
         let mut sessions: Vec<Session> = (0..64).map(|_| Session::new()).collect();
         for conn in 0..64u32 {
             engine.open(conn);
@@ -82,7 +93,7 @@ fn contended_handoff(c: &mut Criterion) {
             line.extend_from_slice(b"A hot 30 0\n");
             sessions[holder as usize].feed(&mut engine, now(), holder, &line);
             engine.output_mut(holder).clear();
-            engine.take_dirty(&mut dirty);
+            engine.take_dirty(now(), &mut dirty);
             holder = dirty
                 .iter()
                 .copied()

@@ -12,7 +12,9 @@
 
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod engine;
 pub mod io;
+pub mod node;
 pub mod proto;
 pub mod server;

@@ -3,8 +3,9 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 
-use crate::engine::Engine;
+use crate::cluster::ClusterConfig;
 use crate::io::{self, Clock, IoChoice};
+use crate::node::{Node, NodeConfig};
 
 /// `ringlock serve` options (PROTOCOL.md, "The server's command line").
 #[derive(Debug, Clone, clap::Args)]
@@ -25,6 +26,13 @@ pub struct ServeArgs {
     /// Most client connections at once; one more is closed at once.
     #[arg(long, default_value_t = 10_000)]
     pub max_conns: usize,
+    /// Cluster: how often a node tells its peers it is alive (ms).
+    #[arg(long, default_value_t = 50)]
+    pub heartbeat_ms: u64,
+    /// Cluster: silence after which a peer counts as dead (ms). This bounds
+    /// failover after a hang; a crash is seen at once (its links close).
+    #[arg(long, default_value_t = 500)]
+    pub peer_timeout_ms: u64,
 }
 
 /// What the event loops need to know besides the engine.
@@ -67,18 +75,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
-    let others: Vec<&String> = args.peers.iter().filter(|p| **p != advertise).collect();
-    if !others.is_empty() {
-        return Err(ServeError::Config(format!(
-            "--peers with other nodes ({}) needs the cluster, which this build does not have yet; \
-             run without --peers for a single node",
-            others
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        )));
-    }
+    let cluster = cluster_config(&args, &advertise)?;
     let fd_limit = io::raise_fd_limit();
     if let Some(limit) = fd_limit.filter(|&l| (l as usize) < args.max_conns + 64) {
         eprintln!(
@@ -95,7 +92,13 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
 
     let backend = choose_backend(args.io)?;
     let clock = Clock::new();
-    let engine = Engine::new(clock.now(), &advertise);
+    let node = Node::new(
+        clock.now(),
+        NodeConfig {
+            advertise: advertise.clone(),
+            cluster,
+        },
+    );
     let config = LoopConfig {
         max_conns: args.max_conns,
     };
@@ -107,11 +110,52 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         }
     }
     match backend {
-        Backend::Uring => io::uring::run(listener, signals, engine, clock, &config)?,
-        Backend::Epoll { .. } => io::epoll::run(listener, signals, engine, clock, &config)?,
+        Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
+        Backend::Epoll { .. } => io::epoll::run(listener, signals, node, clock, &config)?,
     }
     eprintln!("ringlock: stopped");
     Ok(())
+}
+
+/// The cluster this node belongs to, from `--peers`: `None` for a cluster
+/// of one (no `--peers`, or only this node).
+fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterConfig>, ServeError> {
+    if args.peers.iter().all(|p| p == advertise) {
+        return Ok(None);
+    }
+    let me = args.peers.iter().position(|p| p == advertise).ok_or_else(|| {
+        ServeError::Config(format!(
+            "this node's address {advertise} is not in --peers {}; set --advertise to its entry",
+            args.peers.join(",")
+        ))
+    })?;
+    for (i, peer) in args.peers.iter().enumerate() {
+        if args.peers[..i].contains(peer) {
+            return Err(ServeError::Config(format!(
+                "{peer} is listed twice in --peers"
+            )));
+        }
+        if peer.contains(char::is_whitespace) || peer == "-" {
+            return Err(ServeError::Config(format!("bad peer address {peer:?}")));
+        }
+    }
+    if args.heartbeat_ms == 0 || args.peer_timeout_ms <= args.heartbeat_ms {
+        return Err(ServeError::Config(
+            "--peer-timeout-ms must be greater than --heartbeat-ms, which must be at least 1"
+                .into(),
+        ));
+    }
+    let incarnation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 32);
+    Ok(Some(ClusterConfig {
+        peers: args.peers.clone(),
+        me,
+        heartbeat_ms: args.heartbeat_ms,
+        peer_timeout_ms: args.peer_timeout_ms,
+        incarnation,
+    }))
 }
 
 enum Backend {

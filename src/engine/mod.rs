@@ -98,6 +98,9 @@ pub struct Engine {
     serving: Serving,
     /// This node's address as clients should name it.
     advertise: Box<[u8]>,
+    /// Replication deltas since the last [`Engine::take_replication`], as
+    /// peer lines (`P G ...`, `P X ...`); `None` on a node without peers.
+    replication: Option<Vec<u8>>,
 }
 
 impl Engine {
@@ -112,6 +115,7 @@ impl Engine {
             dirty: Vec::new(),
             serving: Serving::Active,
             advertise: advertise.as_bytes().into(),
+            replication: None,
         }
     }
 
@@ -194,6 +198,9 @@ impl Engine {
                 Timer::Lease(lock) => {
                     let grant = self.table.lock_mut(lock).holder.take();
                     debug_assert!(grant.is_some(), "lease timer of a free lock");
+                    if let Some(grant) = grant {
+                        self.replicate_release(lock, grant.token);
+                    }
                     self.hand_off(now, lock);
                 }
                 Timer::Wait(w) => {
@@ -324,6 +331,7 @@ impl Engine {
             Some(grant) if grant.token == token => {
                 *holder = None;
                 self.wheel.cancel(grant.timer);
+                self.replicate_release(lock, token);
                 self.hand_off(now, lock);
                 true
             }
@@ -346,6 +354,7 @@ impl Engine {
             expires_ms,
             timer,
         });
+        self.replicate_grant(now, lock);
         true
     }
 
@@ -366,6 +375,7 @@ impl Engine {
             token,
         };
         emit(&mut self.conns, &mut self.dirty, conn, answer);
+        self.replicate_grant(now, lock);
     }
 
     /// The lock just became free: it passes to its head waiter in the same
@@ -443,6 +453,124 @@ impl Engine {
             }
         }
         self.table.finish(w);
+    }
+
+    // ----- Replication (used by the cluster; see docs/cluster.md) -----
+
+    /// Starts recording replication deltas (a node with peers).
+    pub fn enable_replication(&mut self) {
+        self.replication.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the deltas recorded since the last call into `into` (cleared
+    /// first): peer lines, in the order the table changed.
+    pub fn take_replication(&mut self, into: &mut Vec<u8>) {
+        into.clear();
+        if let Some(log) = &mut self.replication {
+            std::mem::swap(into, log);
+        }
+    }
+
+    /// Writes every live grant as `P G <key> <token> <remaining_ms>` lines:
+    /// the body of a snapshot.
+    pub fn snapshot(&self, now: Now, out: &mut Vec<u8>) {
+        for lock in self.table.locks() {
+            if let Some(grant) = lock.holder {
+                let remaining = grant.expires_ms.saturating_sub(now.ms);
+                if remaining > 0 {
+                    crate::cluster::wire::encode_grant(out, lock.key(), grant.token, remaining);
+                }
+            }
+        }
+    }
+
+    /// A standby takes a grant replicated by the active: `key` is held with
+    /// `token` for `remaining_ms` from now (replacing any grant it had).
+    pub fn apply_grant(&mut self, now: Now, key: &[u8], token: u64, remaining_ms: u64) {
+        debug_assert!(
+            !self.is_active(),
+            "only a standby applies replicated grants"
+        );
+        self.tokens.observe(token);
+        let lock = self.table.find_or_insert(key);
+        if let Some(old) = self.table.lock_mut(lock).holder.take() {
+            self.wheel.cancel(old.timer);
+        }
+        let expires_ms = now.ms + remaining_ms;
+        let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
+        self.table.lock_mut(lock).holder = Some(table::Grant {
+            token,
+            expires_ms,
+            timer,
+        });
+    }
+
+    /// A standby takes a replicated release (or expiry) of `key`'s grant
+    /// with `token`; a grant with another token is left alone.
+    pub fn apply_release(&mut self, key: &[u8], token: u64) {
+        let Some(lock) = self.table.find(key) else {
+            return;
+        };
+        let holder = &mut self.table.lock_mut(lock).holder;
+        if let Some(grant) = holder.filter(|g| g.token == token) {
+            *holder = None;
+            self.wheel.cancel(grant.timer);
+            self.table.remove_if_idle(lock);
+        }
+    }
+
+    /// A standby about to receive a snapshot forgets every grant it had.
+    pub fn clear_grants(&mut self) {
+        debug_assert!(!self.is_active());
+        for lock in self.table.lock_ids() {
+            debug_assert!(self.table.head(lock).is_none(), "a standby has no waiters");
+            if let Some(grant) = self.table.lock_mut(lock).holder.take() {
+                self.wheel.cancel(grant.timer);
+            }
+            let removed = self.table.remove_if_idle(lock);
+            assert!(removed, "lock with held-back waiters on a standby");
+        }
+    }
+
+    /// Records a token seen elsewhere (a peer's heartbeat, a hand-off), so
+    /// that every token issued later is above it.
+    pub fn observe_token(&mut self, token: u64) {
+        self.tokens.observe(token);
+    }
+
+    /// Starts serving clients with the grants this node has (replicated
+    /// ones keep their remaining lease).
+    pub fn become_active(&mut self) {
+        self.serving = Serving::Active;
+        if let Some(log) = &mut self.replication {
+            log.clear();
+        }
+    }
+
+    /// Appends bytes for `conn` (a peer link) and marks it dirty.
+    pub fn write_to(&mut self, conn: ConnId, bytes: &[u8]) {
+        let c = &mut self.conns[conn as usize];
+        debug_assert!(c.open);
+        c.out.extend_from_slice(bytes);
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(conn);
+        }
+    }
+
+    fn replicate_grant(&mut self, now: Now, lock: u32) {
+        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
+            let l = self.table.lock(lock);
+            let grant = l.holder.expect("replicating a held lock");
+            let remaining = grant.expires_ms.saturating_sub(now.ms);
+            crate::cluster::wire::encode_grant(log, l.key(), grant.token, remaining);
+        }
+    }
+
+    fn replicate_release(&mut self, lock: u32, token: u64) {
+        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
+            crate::cluster::wire::encode_release(log, self.table.lock(lock).key(), token);
+        }
     }
 
     /// Checks the table's lists and the engine's bookkeeping. For tests.

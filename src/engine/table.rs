@@ -226,6 +226,16 @@ impl Table {
         true
     }
 
+    /// Every live lock, in no particular order.
+    pub fn locks(&self) -> impl Iterator<Item = &Lock> {
+        self.locks.iter().map(|(_, lock)| lock)
+    }
+
+    /// The indices of every live lock.
+    pub fn lock_ids(&self) -> Vec<u32> {
+        self.locks.iter().map(|(i, _)| i as u32).collect()
+    }
+
     pub fn lock(&self, lock: u32) -> &Lock {
         &self.locks[lock as usize]
     }

@@ -13,15 +13,21 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream, UnixStream};
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
+use std::os::fd::AsRawFd;
 
-use super::{Clock, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output};
-use crate::engine::{ConnId, Engine};
+use super::{
+    Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
+};
+use crate::engine::{ConnId, Now};
+use crate::node::Node;
 use crate::server::LoopConfig;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
+const DIALER: Token = Token(usize::MAX - 3);
 
 /// Reads per connection per turn before others get their turn.
 const READS_PER_TURN: usize = 8;
@@ -57,18 +63,24 @@ struct Conn {
 pub fn run(
     listener: std::net::TcpListener,
     signals: StdUnixStream,
-    mut engine: Engine,
+    mut node: Node,
     clock: Clock,
     config: &LoopConfig,
 ) -> io::Result<()> {
     let mut poll = Poll::new()?;
-    let mut listener = TcpListener::from_std(listener);
-    poll.registry()
-        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    let mut listener = Some(TcpListener::from_std(listener));
+    if let Some(l) = &mut listener {
+        poll.registry().register(l, LISTENER, Interest::READABLE)?;
+    }
     signals.set_nonblocking(true)?;
     let mut signals = UnixStream::from_std(signals);
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
+    let dialer = Dialer::spawn()?;
+    let wake_fd = dialer.wake().as_raw_fd();
+    poll.registry()
+        .register(&mut SourceFd(&wake_fd), DIALER, Interest::READABLE)?;
+    let mut dials = Vec::new();
 
     let mut state = Loop {
         conns: Slab::with_capacity(1024),
@@ -83,19 +95,19 @@ pub fn run(
     let mut shutting_down_until: Option<u64> = None;
     loop {
         let now = clock.now();
-        let timeout = state.timeout_ms(&engine, now.ms, shutting_down_until);
+        let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
         match poll.poll(&mut events, timeout.map(Duration::from_millis)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
         let now = clock.now();
-        engine.tick(now);
+        node.tick(now);
         for event in events.iter() {
             match event.token() {
                 LISTENER => {
-                    if shutting_down_until.is_none() {
-                        state.accept(&listener, &poll, &mut engine)?;
+                    if let Some(l) = &listener {
+                        state.accept(l, &poll, &mut node)?;
                     }
                 }
                 SIGNALS => {
@@ -105,10 +117,27 @@ pub fn run(
                         eprintln!(
                             "ringlock: shutting down: answering waiting acquires, closing connections"
                         );
-                        poll.registry().deregister(&mut listener)?;
-                        engine.step_down(None);
-                        state.close_all(&mut engine, now.ms);
+                        // Closed at once: new clients are refused rather than
+                        // queued on a socket nobody will accept from.
+                        if let Some(mut l) = listener.take() {
+                            poll.registry().deregister(&mut l)?;
+                        }
+                        if let Some(to) = node.leave(now) {
+                            eprintln!("ringlock: handed the active role over to {to}");
+                        }
+                        state.close_all(&mut node, now);
                         shutting_down_until = Some(now.ms + LINGER_MS);
+                    }
+                }
+                DIALER => {
+                    for (peer, result) in dialer.results() {
+                        match result {
+                            Ok(stream) if shutting_down_until.is_none() => {
+                                state.adopt_peer_link(stream, peer, &poll, &mut node)?;
+                            }
+                            Ok(_) => {}
+                            Err(_) => node.dial_failed(now, peer),
+                        }
                     }
                 }
                 Token(c) => {
@@ -124,9 +153,16 @@ pub fn run(
                 }
             }
         }
-        state.read_ready(&mut engine, now);
-        state.flush(&mut engine, now.ms);
+        state.read_ready(&mut node, now);
+        state.flush(&mut node, now);
         state.expire_lingering(now.ms);
+        if shutting_down_until.is_none() {
+            dials.clear();
+            node.take_dials(now, &mut dials);
+            for (peer, addr) in dials.drain(..) {
+                dialer.dial(peer, addr);
+            }
+        }
         if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
             return Ok(());
         }
@@ -150,12 +186,11 @@ impl Loop {
     /// How long the next poll may sleep: until the engine's next timer, a
     /// lingering connection's deadline or the end of shutdown; not at all if
     /// some connection still has input to read.
-    fn timeout_ms(&self, engine: &Engine, now_ms: u64, shutdown: Option<u64>) -> Option<u64> {
+    fn timeout_ms(&self, node: &Node, now_ms: u64, shutdown: Option<u64>) -> Option<u64> {
         if !self.ready.is_empty() {
             return Some(0);
         }
-        engine
-            .next_deadline()
+        node.next_deadline()
             .into_iter()
             .chain(self.lingering.next_deadline())
             .chain(shutdown)
@@ -163,12 +198,7 @@ impl Loop {
             .map(|deadline| deadline.saturating_sub(now_ms))
     }
 
-    fn accept(
-        &mut self,
-        listener: &TcpListener,
-        poll: &Poll,
-        engine: &mut Engine,
-    ) -> io::Result<()> {
+    fn accept(&mut self, listener: &TcpListener, poll: &Poll, node: &mut Node) -> io::Result<()> {
         loop {
             let (mut stream, _) = match listener.accept() {
                 Ok(pair) => pair,
@@ -201,15 +231,44 @@ impl Loop {
                 eof: false,
                 final_out: Vec::new(),
             });
-            engine.open(id as ConnId);
+            node.open(id as ConnId);
             self.ready.push(id as ConnId);
         }
+    }
+
+    /// Takes a dialed peer link into the loop.
+    fn adopt_peer_link(
+        &mut self,
+        stream: std::net::TcpStream,
+        peer: usize,
+        poll: &Poll,
+        node: &mut Node,
+    ) -> io::Result<()> {
+        let mut stream = TcpStream::from_std(stream);
+        let entry = self.conns.vacant_entry();
+        let id = entry.key();
+        poll.registry().register(
+            &mut stream,
+            Token(id),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        entry.insert(Conn {
+            stream,
+            session: Session::new(),
+            phase: Phase::Open,
+            readable: true,
+            eof: false,
+            final_out: Vec::new(),
+        });
+        node.outbound_open(id as ConnId, peer);
+        self.ready.push(id as ConnId);
+        Ok(())
     }
 
     /// Reads from the connections that may have input, up to
     /// [`READS_PER_TURN`] reads each; those that still may are kept for the
     /// next turn.
-    fn read_ready(&mut self, engine: &mut Engine, now: crate::engine::Now) {
+    fn read_ready(&mut self, node: &mut Node, now: Now) {
         let mut ready = std::mem::take(&mut self.ready);
         ready.sort_unstable();
         ready.dedup();
@@ -220,11 +279,11 @@ impl Loop {
             for _ in 0..READS_PER_TURN {
                 let mut flow = Flow::Open;
                 if conn.phase == Phase::Open {
-                    if engine.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
+                    if node.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
                         break; // backpressure: go on once the client catches up
                     }
                     if conn.session.has_stash() {
-                        flow = conn.session.resume(engine, now, id);
+                        flow = conn.session.resume(node, now, id);
                     }
                 }
                 if flow == Flow::Open && conn.session.has_stash() {
@@ -240,7 +299,7 @@ impl Loop {
                             conn.readable = false;
                         }
                         Ok(n) if conn.phase == Phase::Open => {
-                            flow = conn.session.feed(engine, now, id, &self.buf[..n]);
+                            flow = conn.session.feed(node, now, id, &self.buf[..n]);
                         }
                         Ok(_) => {} // closing: input is discarded
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
@@ -255,7 +314,7 @@ impl Loop {
                     Flow::Open if conn.readable && !conn.eof => {}
                     Flow::Open | Flow::Paused => break,
                     Flow::Broken => {
-                        conn.final_out = take_final_output(engine, id);
+                        conn.final_out = take_final_output(node, now, id);
                         conn.phase = Phase::Closing;
                         self.dirty.push(id);
                         break;
@@ -270,7 +329,7 @@ impl Loop {
                 // The client sent all it will. What was decided is sent; its
                 // waiting acquires are withdrawn (a grant must never go to a
                 // client that cannot take it). See docs/protocol.md.
-                conn.final_out = take_final_output(engine, id);
+                conn.final_out = take_final_output(node, now, id);
                 conn.phase = Phase::Closing;
                 self.dirty.push(id);
             }
@@ -278,16 +337,17 @@ impl Loop {
         ready.retain(|&id| {
             self.conns.get(id as usize).is_some_and(|c| {
                 (c.session.has_stash() || (c.readable && !c.eof))
-                    && (c.phase != Phase::Open || engine.output_mut(id).len() <= OUTPUT_PAUSE_BYTES)
+                    && (c.phase != Phase::Open || node.output_mut(id).len() <= OUTPUT_PAUSE_BYTES)
             })
         });
         self.ready = ready;
     }
 
     /// Writes the answers of every connection that has some.
-    fn flush(&mut self, engine: &mut Engine, now_ms: u64) {
+    fn flush(&mut self, node: &mut Node, now: Now) {
+        let now_ms = now.ms;
         let mut dirty = std::mem::take(&mut self.dirty);
-        engine.take_dirty(&mut self.from_engine);
+        node.take_dirty(now, &mut self.from_engine);
         dirty.extend_from_slice(&self.from_engine);
         for id in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(id as usize) else {
@@ -295,7 +355,7 @@ impl Loop {
             };
             let result = match conn.phase {
                 Phase::Open => {
-                    let out = engine.output_mut(id);
+                    let out = node.output_mut(id);
                     let paused = out.len() > OUTPUT_PAUSE_BYTES;
                     let result = write_some(&mut conn.stream, out);
                     if paused
@@ -310,14 +370,14 @@ impl Loop {
                 Phase::Lingering { .. } => Ok(()),
             };
             if result.is_err() {
-                self.drop_conn(engine, id);
+                self.drop_conn(node, now, id);
                 continue;
             }
             let conn = &mut self.conns[id as usize];
             if conn.phase == Phase::Closing && conn.final_out.is_empty() {
                 let _ = conn.stream.shutdown(Shutdown::Write);
                 if conn.eof {
-                    self.drop_conn(engine, id);
+                    self.drop_conn(node, now, id);
                 } else {
                     conn.phase = Phase::Lingering {
                         until_ms: now_ms + LINGER_MS,
@@ -346,10 +406,10 @@ impl Loop {
     }
 
     /// Begins closing every connection (shutdown): each gets its last answers.
-    fn close_all(&mut self, engine: &mut Engine, _now_ms: u64) {
+    fn close_all(&mut self, node: &mut Node, now: Now) {
         for (id, conn) in self.conns.iter_mut() {
             if conn.phase == Phase::Open {
-                conn.final_out = take_final_output(engine, id as ConnId);
+                conn.final_out = take_final_output(node, now, id as ConnId);
                 conn.phase = Phase::Closing;
                 self.dirty.push(id as ConnId);
             }
@@ -357,10 +417,10 @@ impl Loop {
     }
 
     /// Closes a connection now (its peer is gone).
-    fn drop_conn(&mut self, engine: &mut Engine, id: ConnId) {
+    fn drop_conn(&mut self, node: &mut Node, now: Now, id: ConnId) {
         let conn = self.conns.remove(id as usize);
         if conn.phase == Phase::Open {
-            engine.close(id);
+            node.close(now, id);
         }
     }
 }

@@ -11,7 +11,8 @@ pub mod uring;
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::engine::{ConnId, Engine, Now};
+use crate::engine::{ConnId, Now};
+use crate::node::Node;
 use crate::proto::{Answer, MAX_LINE, parse_request};
 
 /// Answers not yet taken by a client beyond which its connection is not read
@@ -21,6 +22,72 @@ pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
 /// How long a broken or shutting-down connection is given to take its last
 /// answers and close its side before the socket is closed anyway.
 pub const LINGER_MS: u64 = 2_000;
+
+/// Dials peers on a thread of its own, so that a slow or unreachable peer
+/// never blocks the loop. The loop asks with [`Dialer::dial`]; each result
+/// comes back through [`Dialer::results`] with a byte on [`Dialer::wake`],
+/// which the loop watches like any socket.
+pub struct Dialer {
+    requests: std::sync::mpsc::Sender<(usize, String)>,
+    results: std::sync::mpsc::Receiver<(usize, std::io::Result<std::net::TcpStream>)>,
+    wake: std::os::unix::net::UnixStream,
+}
+
+/// How long one dial may take before it counts as failed.
+pub const DIAL_TIMEOUT_MS: u64 = 500;
+
+impl Dialer {
+    pub fn spawn() -> std::io::Result<Dialer> {
+        use std::net::ToSocketAddrs;
+        let (wake, wake_writer) = std::os::unix::net::UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        let (requests, request_rx) = std::sync::mpsc::channel::<(usize, String)>();
+        let (result_tx, results) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("ringlock-dialer".into())
+            .spawn(move || {
+                use std::io::Write;
+                let timeout = std::time::Duration::from_millis(DIAL_TIMEOUT_MS);
+                for (peer, addr) in request_rx {
+                    let result = addr.to_socket_addrs().and_then(|mut addrs| {
+                        let addr = addrs.next().ok_or_else(|| {
+                            std::io::Error::other(format!("{addr} resolves to nothing"))
+                        })?;
+                        let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+                        stream.set_nodelay(true)?;
+                        stream.set_nonblocking(true)?;
+                        Ok(stream)
+                    });
+                    if result_tx.send((peer, result)).is_err() {
+                        return; // the loop is gone
+                    }
+                    let _ = (&wake_writer).write(&[1]);
+                }
+            })?;
+        Ok(Dialer {
+            requests,
+            results,
+            wake,
+        })
+    }
+
+    pub fn dial(&self, peer: usize, addr: String) {
+        let _ = self.requests.send((peer, addr));
+    }
+
+    /// The results ready now (after draining the wake socket).
+    pub fn results(&self) -> Vec<(usize, std::io::Result<std::net::TcpStream>)> {
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}
+        self.results.try_iter().collect()
+    }
+
+    /// The socket that becomes readable when a result is ready.
+    pub fn wake(&self) -> &std::os::unix::net::UnixStream {
+        &self.wake
+    }
+}
 
 /// Lingering connections by deadline. Deadlines are all `now + LINGER_MS`,
 /// so they arrive in order and a FIFO is sorted; an entry may be stale (its
@@ -130,7 +197,7 @@ impl Session {
     /// output and [`Flow::Broken`] returned; the caller then takes the output
     /// (see [`take_final_output`]) and closes the connection. Nothing after
     /// the broken line is read.
-    pub fn feed(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
+    pub fn feed(&mut self, node: &mut Node, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
         debug_assert!(self.stash.is_empty(), "fed while paused: resume first");
         if !self.partial.is_empty() {
             let room = MAX_LINE - self.partial.len();
@@ -139,7 +206,7 @@ impl Session {
                     let mut line = std::mem::take(&mut self.partial);
                     line.extend_from_slice(&data[..=nl]);
                     data = &data[nl + 1..];
-                    let flow = self.run_lines(engine, now, conn, &line);
+                    let flow = self.run_lines(node, now, conn, &line);
                     debug_assert!(self.partial.is_empty() && self.stash.is_empty());
                     // Keep the allocation for the next partial line.
                     line.clear();
@@ -150,7 +217,7 @@ impl Session {
                 }
                 None if self.partial.len() + data.len() >= MAX_LINE => {
                     self.lines += 1;
-                    return broken(engine, conn, self.lines, "line longer than 512 bytes");
+                    return broken(node, conn, self.lines, "line longer than 512 bytes");
                 }
                 None => {
                     self.partial.extend_from_slice(data);
@@ -158,32 +225,50 @@ impl Session {
                 }
             }
         }
-        self.run_lines(engine, now, conn, data)
+        self.run_lines(node, now, conn, data)
     }
 
     /// Processes the input kept back by a pause (it may pause again).
-    pub fn resume(&mut self, engine: &mut Engine, now: Now, conn: ConnId) -> Flow {
+    pub fn resume(&mut self, node: &mut Node, now: Now, conn: ConnId) -> Flow {
         if self.stash.is_empty() {
             return Flow::Open;
         }
         let stash = std::mem::take(&mut self.stash);
-        self.run_lines(engine, now, conn, &stash)
+        self.run_lines(node, now, conn, &stash)
     }
 
     /// Handles the whole lines of `data` and keeps a trailing partial one;
     /// stops, keeping the rest, once the connection's answers pass
     /// [`OUTPUT_PAUSE_BYTES`].
-    fn run_lines(&mut self, engine: &mut Engine, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
+    fn run_lines(&mut self, node: &mut Node, now: Now, conn: ConnId, mut data: &[u8]) -> Flow {
         loop {
-            if !data.is_empty() && engine.output_mut(conn).len() > OUTPUT_PAUSE_BYTES {
+            if !data.is_empty() && node.output_mut(conn).len() > OUTPUT_PAUSE_BYTES {
                 self.stash.extend_from_slice(data);
                 return Flow::Paused;
+            }
+            if data.starts_with(b"P ") {
+                // A peer line: the cluster's, not the client protocol's.
+                let window = &data[..data.len().min(MAX_LINE)];
+                let Some(nl) = memchr::memchr(b'\n', window) else {
+                    if data.len() >= MAX_LINE {
+                        self.lines += 1;
+                        return broken(node, conn, self.lines, "line longer than 512 bytes");
+                    }
+                    self.partial.extend_from_slice(data);
+                    return Flow::Open;
+                };
+                self.lines += 1;
+                if let Err(reason) = node.handle_peer_line(now, conn, &data[..nl]) {
+                    return broken(node, conn, self.lines, reason);
+                }
+                data = &data[nl + 1..];
+                continue;
             }
             match parse_request(data) {
                 Ok(Some((request, used))) => {
                     self.lines += 1;
-                    if let Err(refusal) = engine.handle(now, conn, request) {
-                        return broken(engine, conn, self.lines, refusal);
+                    if let Err(refusal) = node.handle_request(now, conn, request) {
+                        return broken(node, conn, self.lines, refusal);
                     }
                     data = &data[used..];
                 }
@@ -193,7 +278,7 @@ impl Session {
                 }
                 Err(err) => {
                     self.lines += 1;
-                    return broken(engine, conn, self.lines, err);
+                    return broken(node, conn, self.lines, err);
                 }
             }
         }
@@ -201,20 +286,20 @@ impl Session {
 }
 
 /// Appends `E <reason> in line N` to the connection's output.
-fn broken(engine: &mut Engine, conn: ConnId, line: u64, reason: impl std::fmt::Display) -> Flow {
+fn broken(node: &mut Node, conn: ConnId, line: u64, reason: impl std::fmt::Display) -> Flow {
     let reason = format!("{reason} in line {line}");
     Answer::Error {
         reason: reason.as_bytes(),
     }
-    .encode(engine.output_mut(conn));
+    .encode(node.output_mut(conn));
     Flow::Broken
 }
 
 /// For a connection that is going away: takes its unsent answers and closes
 /// it in the engine (its waiting acquires are withdrawn, its grants stay).
-pub fn take_final_output(engine: &mut Engine, conn: ConnId) -> Vec<u8> {
-    let out = std::mem::take(engine.output_mut(conn));
-    engine.close(conn);
+pub fn take_final_output(node: &mut Node, now: Now, conn: ConnId) -> Vec<u8> {
+    let out = std::mem::take(node.output_mut(conn));
+    node.close(now, conn);
     out
 }
 
@@ -261,9 +346,19 @@ pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<std::net::Tc
 mod tests {
     use super::*;
 
+    fn test_node(now: Now) -> Node {
+        Node::new(
+            now,
+            crate::node::NodeConfig {
+                advertise: "x:1".into(),
+                cluster: None,
+            },
+        )
+    }
+
     fn run(chunks: &[&[u8]]) -> (String, Flow) {
         let now = Now { ms: 0, unix_ns: 5 };
-        let mut engine = Engine::new(now, "x:1");
+        let mut engine = test_node(now);
         engine.open(0);
         let mut session = Session::new();
         let mut flow = Flow::Open;
@@ -300,7 +395,7 @@ mod tests {
     #[test]
     fn answers_past_the_pause_keep_the_rest_of_the_input_unread() {
         let now = Now { ms: 0, unix_ns: 5 };
-        let mut engine = Engine::new(now, "x:1");
+        let mut engine = test_node(now);
         engine.open(0);
         let mut session = Session::new();
         // "S\n" answers with 15 bytes: 5000 of them pass 64 KiB.

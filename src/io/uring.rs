@@ -33,8 +33,11 @@ use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
-use super::{Clock, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output};
-use crate::engine::{ConnId, Engine};
+use super::{
+    Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
+};
+use crate::engine::{ConnId, Now};
+use crate::node::Node;
 use crate::server::LoopConfig;
 
 /// Submission queue entries; the completion queue has four times as many.
@@ -54,6 +57,8 @@ enum Op {
     Send = 3,
     Signal = 4,
     Cancel = 5,
+    /// The dialer has results.
+    Dialed = 6,
 }
 
 fn user_data(op: Op, conn: ConnId) -> u64 {
@@ -67,6 +72,7 @@ fn decode(user_data: u64) -> (Option<Op>, ConnId) {
         3 => Some(Op::Send),
         4 => Some(Op::Signal),
         5 => Some(Op::Cancel),
+        6 => Some(Op::Dialed),
         _ => None,
     };
     (op, user_data as u32)
@@ -276,9 +282,12 @@ struct Uring {
     ring: IoUring,
     bufs: BufRing,
     conns: Slab<Conn>,
-    listener: std::net::TcpListener,
+    /// `None` once shutting down (closed, so new clients are refused).
+    listener: Option<std::net::TcpListener>,
     signals: UnixStream,
     signal_buf: Box<[u8; 16]>,
+    dialer: Dialer,
+    dialer_buf: Box<[u8; 64]>,
     max_conns: usize,
     /// Connections that may have something to send this turn.
     to_send: Vec<ConnId>,
@@ -292,7 +301,7 @@ struct Uring {
 pub fn run(
     listener: std::net::TcpListener,
     signals: UnixStream,
-    mut engine: Engine,
+    mut node: Node,
     clock: Clock,
     config: &LoopConfig,
 ) -> io::Result<()> {
@@ -303,9 +312,11 @@ pub fn run(
         ring,
         bufs,
         conns: Slab::with_capacity(1024),
-        listener,
+        listener: Some(listener),
         signals,
         signal_buf: Box::new([0u8; 16]),
+        dialer: Dialer::spawn()?,
+        dialer_buf: Box::new([0u8; 64]),
         max_conns: config.max_conns,
         to_send: Vec::new(),
         touched: Vec::new(),
@@ -314,13 +325,15 @@ pub fn run(
     };
     lp.arm_accept();
     lp.arm_signal();
+    lp.arm_dialer();
+    let mut dials = Vec::new();
     let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     let mut dirty = Vec::new();
     loop {
         let now = clock.now();
-        lp.wait(lp.timeout_ms(&engine, now.ms))?;
+        lp.wait(lp.timeout_ms(&node, now.ms))?;
         let now = clock.now();
-        engine.tick(now);
+        node.tick(now);
         completions.clear();
         completions.extend(
             lp.ring
@@ -328,13 +341,20 @@ pub fn run(
                 .map(|c| (c.user_data(), c.result(), c.flags())),
         );
         for &(data, result, flags) in &completions {
-            lp.complete(&mut engine, now, data, result, flags);
+            lp.complete(&mut node, now, data, result, flags);
         }
         lp.bufs.publish();
-        engine.take_dirty(&mut dirty);
+        node.take_dirty(now, &mut dirty);
         lp.to_send.extend_from_slice(&dirty);
-        lp.send_all(&mut engine);
-        lp.after_turn(&mut engine, now.ms);
+        lp.send_all(&mut node);
+        lp.after_turn(&mut node, now);
+        if lp.shutdown_until.is_none() {
+            dials.clear();
+            node.take_dials(now, &mut dials);
+            for (peer, addr) in dials.drain(..) {
+                lp.dialer.dial(peer, addr);
+            }
+        }
         if lp
             .shutdown_until
             .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)
@@ -374,9 +394,8 @@ impl Uring {
 
     /// Until the engine's next timer, the next lingering deadline or the end
     /// of shutdown.
-    fn timeout_ms(&self, engine: &Engine, now_ms: u64) -> Option<u64> {
-        engine
-            .next_deadline()
+    fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
+        node.next_deadline()
             .into_iter()
             .chain(self.lingering.next_deadline())
             .chain(self.shutdown_until)
@@ -408,12 +427,16 @@ impl Uring {
     }
 
     fn arm_accept(&mut self) {
-        let entry = opcode::AcceptMulti::new(Fd(self.listener.as_raw_fd()))
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let entry = opcode::AcceptMulti::new(Fd(listener.as_raw_fd()))
             .flags(libc::SOCK_CLOEXEC)
             .build()
             .user_data(user_data(Op::Accept, 0));
-        // SAFETY: multishot accept points to no buffer; the listener fd lives
-        // as long as the loop.
+        // SAFETY: multishot accept points to no buffer; the kernel holds its
+        // own reference to the listening socket while the accept is armed,
+        // so our closing the fd at shutdown is harmless.
         unsafe { self.push(entry) };
     }
 
@@ -425,6 +448,49 @@ impl Uring {
         // SAFETY: `signal_buf` is a Box owned by the loop, never moved or
         // freed while the loop runs.
         unsafe { self.push(entry) };
+    }
+
+    fn arm_dialer(&mut self) {
+        let buf = self.dialer_buf.as_mut_ptr();
+        let entry = opcode::Read::new(Fd(self.dialer.wake().as_raw_fd()), buf, 64)
+            .build()
+            .user_data(user_data(Op::Dialed, 0));
+        // SAFETY: `dialer_buf` is a Box owned by the loop, never moved or
+        // freed while the loop runs; the dialer's socket lives as long.
+        unsafe { self.push(entry) };
+    }
+
+    /// Takes the dialer's results: connected links join the loop.
+    fn dialed(&mut self, node: &mut Node, now: Now) {
+        if self.shutdown_until.is_none() {
+            self.arm_dialer();
+        }
+        for (peer, result) in self.dialer.results() {
+            match result {
+                Ok(stream) if self.shutdown_until.is_none() => {
+                    let id = self.insert_conn(OwnedFd::from(stream));
+                    node.outbound_open(id, peer);
+                    self.arm_recv(id);
+                }
+                Ok(_) => {}
+                Err(_) => node.dial_failed(now, peer),
+            }
+        }
+    }
+
+    fn insert_conn(&mut self, fd: OwnedFd) -> ConnId {
+        self.conns.insert(Conn {
+            fd,
+            session: Session::new(),
+            phase: Phase::Open,
+            recv_in_flight: false,
+            send_in_flight: false,
+            cancel_sent: false,
+            eof: false,
+            sending: Vec::new(),
+            sent: 0,
+            final_out: Vec::new(),
+        }) as ConnId
     }
 
     fn arm_recv(&mut self, id: ConnId) {
@@ -450,25 +516,19 @@ impl Uring {
         unsafe { self.push(entry) };
     }
 
-    fn complete(
-        &mut self,
-        engine: &mut Engine,
-        now: crate::engine::Now,
-        data: u64,
-        res: i32,
-        flags: u32,
-    ) {
+    fn complete(&mut self, node: &mut Node, now: Now, data: u64, res: i32, flags: u32) {
         let (op, id) = decode(data);
         match op {
-            Some(Op::Accept) => self.accepted(engine, res, flags),
-            Some(Op::Recv) => self.received(engine, now, id, res, flags),
-            Some(Op::Send) => self.sent(engine, now, id, res),
-            Some(Op::Signal) => self.signalled(engine, now.ms, res),
+            Some(Op::Accept) => self.accepted(node, res, flags),
+            Some(Op::Recv) => self.received(node, now, id, res, flags),
+            Some(Op::Send) => self.sent(node, now, id, res),
+            Some(Op::Signal) => self.signalled(node, now, res),
+            Some(Op::Dialed) => self.dialed(node, now),
             Some(Op::Cancel) | None => {}
         }
     }
 
-    fn accepted(&mut self, engine: &mut Engine, res: i32, flags: u32) {
+    fn accepted(&mut self, node: &mut Node, res: i32, flags: u32) {
         if !cqueue::more(flags) && self.shutdown_until.is_none() {
             self.arm_accept();
         }
@@ -487,38 +547,20 @@ impl Uring {
             return; // dropped: closed at once
         }
         let _ = socket2::SockRef::from(&fd.as_fd()).set_nodelay(true);
-        let id = self.conns.insert(Conn {
-            fd,
-            session: Session::new(),
-            phase: Phase::Open,
-            recv_in_flight: false,
-            send_in_flight: false,
-            cancel_sent: false,
-            eof: false,
-            sending: Vec::new(),
-            sent: 0,
-            final_out: Vec::new(),
-        }) as ConnId;
-        engine.open(id);
+        let id = self.insert_conn(fd);
+        node.open(id);
         self.arm_recv(id);
     }
 
-    fn received(
-        &mut self,
-        engine: &mut Engine,
-        now: crate::engine::Now,
-        id: ConnId,
-        res: i32,
-        flags: u32,
-    ) {
+    fn received(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32, flags: u32) {
         let conn = &mut self.conns[id as usize];
         conn.recv_in_flight = false;
         self.touched.push(id);
         if let Some(bid) = cqueue::buffer_select(flags) {
             if res > 0 && conn.phase == Phase::Open {
                 let data = self.bufs.received(bid, res as usize);
-                if conn.session.feed(engine, now, id, data) == Flow::Broken {
-                    conn.final_out = take_final_output(engine, id);
+                if conn.session.feed(node, now, id, data) == Flow::Broken {
+                    conn.final_out = take_final_output(node, now, id);
                     conn.phase = Phase::Closing;
                     self.to_send.push(id);
                 }
@@ -532,7 +574,7 @@ impl Uring {
                 if conn.phase == Phase::Open {
                     // The client sent all it will: what was decided is sent,
                     // its waiting acquires are withdrawn (docs/protocol.md).
-                    conn.final_out = take_final_output(engine, id);
+                    conn.final_out = take_final_output(node, now, id);
                     conn.phase = Phase::Closing;
                     self.to_send.push(id);
                 }
@@ -542,20 +584,20 @@ impl Uring {
                 // Reset, or cancelled on the way out.
                 conn.eof = true;
                 if conn.phase == Phase::Open {
-                    engine.close(id);
+                    node.close(now, id);
                 }
                 conn.phase = Phase::Dead;
             }
         }
     }
 
-    fn sent(&mut self, engine: &mut Engine, now: crate::engine::Now, id: ConnId, res: i32) {
+    fn sent(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32) {
         let conn = &mut self.conns[id as usize];
         conn.send_in_flight = false;
         self.touched.push(id);
         if res < 0 {
             if conn.phase == Phase::Open {
-                engine.close(id);
+                node.close(now, id);
             }
             conn.phase = Phase::Dead;
             return;
@@ -565,15 +607,15 @@ impl Uring {
         // The client is taking answers: go on with input kept back by a pause.
         if conn.phase == Phase::Open
             && conn.session.has_stash()
-            && unsent(engine, id, conn) <= OUTPUT_PAUSE_BYTES
-            && conn.session.resume(engine, now, id) == Flow::Broken
+            && unsent(node, id, conn) <= OUTPUT_PAUSE_BYTES
+            && conn.session.resume(node, now, id) == Flow::Broken
         {
-            conn.final_out = take_final_output(engine, id);
+            conn.final_out = take_final_output(node, now, id);
             conn.phase = Phase::Closing;
         }
     }
 
-    fn signalled(&mut self, engine: &mut Engine, now_ms: u64, res: i32) {
+    fn signalled(&mut self, node: &mut Node, now: Now, res: i32) {
         if res <= 0 || self.shutdown_until.is_some() {
             if self.shutdown_until.is_none() {
                 self.arm_signal();
@@ -581,18 +623,23 @@ impl Uring {
             return;
         }
         eprintln!("ringlock: shutting down: answering waiting acquires, closing connections");
-        self.shutdown_until = Some(now_ms + LINGER_MS);
+        self.shutdown_until = Some(now.ms + LINGER_MS);
         let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0))
             .build()
             .user_data(user_data(Op::Cancel, 0));
         // SAFETY: a cancel points to no buffer.
         unsafe { self.push(entry) };
-        engine.step_down(None);
+        // Closed at once (the ring keeps its own reference until the accept
+        // is cancelled): new clients are refused, not queued.
+        self.listener = None;
+        if let Some(to) = node.leave(now) {
+            eprintln!("ringlock: handed the active role over to {to}");
+        }
         let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
         for id in ids {
             let conn = &mut self.conns[id as usize];
             if conn.phase == Phase::Open {
-                conn.final_out = take_final_output(engine, id);
+                conn.final_out = take_final_output(node, now, id);
                 conn.phase = Phase::Closing;
                 self.to_send.push(id);
             }
@@ -602,7 +649,7 @@ impl Uring {
 
     /// Starts a send on every listed connection that has output and no send
     /// in flight.
-    fn send_all(&mut self, engine: &mut Engine) {
+    fn send_all(&mut self, node: &mut Node) {
         let mut ids = std::mem::take(&mut self.to_send);
         for &id in &ids {
             let Some(conn) = self.conns.get_mut(id as usize) else {
@@ -615,7 +662,7 @@ impl Uring {
                 conn.sending.clear();
                 conn.sent = 0;
                 match conn.phase {
-                    Phase::Open => std::mem::swap(&mut conn.sending, engine.output_mut(id)),
+                    Phase::Open => std::mem::swap(&mut conn.sending, node.output_mut(id)),
                     Phase::Closing => std::mem::swap(&mut conn.sending, &mut conn.final_out),
                     Phase::Lingering { .. } | Phase::Dead => {}
                 }
@@ -641,7 +688,8 @@ impl Uring {
 
     /// Moves each touched connection on: re-arm its receive, shut a closing
     /// one whose last answers are out, free a dead one with nothing in flight.
-    fn after_turn(&mut self, engine: &mut Engine, now_ms: u64) {
+    fn after_turn(&mut self, node: &mut Node, now: Now) {
+        let now_ms = now.ms;
         while let Some((until, id)) = self.lingering.pop_due(now_ms) {
             if let Some(conn) = self.conns.get_mut(id as usize)
                 && conn.phase == (Phase::Lingering { until_ms: until })
@@ -671,7 +719,7 @@ impl Uring {
             }
             let want_recv = match conn.phase {
                 Phase::Open => {
-                    !conn.session.has_stash() && unsent(engine, id, conn) <= OUTPUT_PAUSE_BYTES
+                    !conn.session.has_stash() && unsent(node, id, conn) <= OUTPUT_PAUSE_BYTES
                 }
                 Phase::Lingering { .. } => true,
                 Phase::Closing | Phase::Dead => false,
@@ -696,6 +744,6 @@ impl Uring {
 }
 
 /// Answers of an open connection not yet accepted by the kernel.
-fn unsent(engine: &mut Engine, id: ConnId, conn: &Conn) -> usize {
-    engine.output_mut(id).len() + conn.sending.len() - conn.sent
+fn unsent(node: &mut Node, id: ConnId, conn: &Conn) -> usize {
+    node.output_mut(id).len() + conn.sending.len() - conn.sent
 }

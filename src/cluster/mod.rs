@@ -1,0 +1,488 @@
+//! The cluster: priority-ordered active/standby nodes, sans-I/O.
+//!
+//! Every node runs the same rule over what it hears from its peers (see
+//! docs/cluster.md for the whole story):
+//!
+//! - A peer is alive while its heartbeats keep coming (every
+//!   `heartbeat_ms`, dead after `peer_timeout_ms` of silence, or at once when
+//!   all its links to us close).
+//! - A standby follows the highest-priority alive peer that claims to be
+//!   active. With no active alive, the highest-priority alive node becomes
+//!   active, but only after one `peer_timeout_ms` from its own start, so that
+//!   a restarted node hears an existing active before it decides anything.
+//! - An active that hears a higher-priority active steps down (demotion
+//!   after a split brain); one that sees a higher-priority peer following it
+//!   with a complete snapshot hands the role over to it (failback).
+//! - The active replicates every change of its table to the peers that
+//!   follow it: a snapshot first on each link, then the deltas of each loop
+//!   turn in one write.
+//! - Every heartbeat carries the sender's highest token, and every node
+//!   observes it: whoever becomes active issues tokens above everything it
+//!   has heard of.
+//!
+//! Links are one-directional: each node dials every other node and only
+//! sends on the connection it dialed, so "what I hear from p" and "what I
+//! send to p" are separate connections with separate lives.
+
+pub mod wire;
+
+use crate::engine::{ConnId, Engine, Now};
+use wire::PeerMsg;
+
+/// How soon a failed dial is retried.
+pub const DIAL_RETRY_MS: u64 = 100;
+
+/// Cluster settings; every node of a cluster gets the same `peers`.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Every node's address in priority order, first highest.
+    pub peers: Vec<String>,
+    /// This node's index in `peers`.
+    pub me: usize,
+    pub heartbeat_ms: u64,
+    pub peer_timeout_ms: u64,
+    /// Random per process start: lets peers tell a restart from a reconnect.
+    pub incarnation: u64,
+}
+
+/// This node's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Active,
+    /// Following the active `following` (None: no active known).
+    Standby {
+        following: Option<usize>,
+    },
+}
+
+/// What this node knows of one peer.
+#[derive(Debug, Default, Clone)]
+struct Peer {
+    /// Our link to it (we send on it), once dialed.
+    out: Option<ConnId>,
+    dialing: bool,
+    next_dial_ms: u64,
+    /// Our link carries a snapshot from us (sent while we were active).
+    snapshot_sent: bool,
+    /// Its links to us that are open.
+    links_in: u32,
+    incarnation: u64,
+    /// When we last heard from it; None: dead.
+    heard_ms: Option<u64>,
+    /// From its last heartbeat.
+    claims_active: bool,
+    following: Option<usize>,
+    synced: bool,
+}
+
+/// The cluster state machine of one node. It acts on the engine (roles,
+/// replicated grants, tokens) and writes peer lines into the engine's
+/// per-connection output.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    peers: Vec<Peer>,
+    role: Role,
+    /// As a standby: a complete snapshot from `following` has arrived.
+    synced: bool,
+    started_ms: u64,
+    next_heartbeat_ms: u64,
+    /// Inbound links: connection → peer index.
+    links_in: Vec<(ConnId, usize)>,
+    /// Shutting down: no more role changes.
+    leaving: bool,
+    scratch: Vec<u8>,
+}
+
+impl Cluster {
+    /// A node that starts as a standby knowing no active; the engine is told.
+    pub fn new(cfg: ClusterConfig, now: Now, engine: &mut Engine) -> Cluster {
+        assert!(cfg.me < cfg.peers.len(), "this node is not in --peers");
+        assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
+        engine.enable_replication();
+        engine.step_down(None);
+        let peers = vec![Peer::default(); cfg.peers.len()];
+        Cluster {
+            cfg,
+            peers,
+            role: Role::Standby { following: None },
+            synced: false,
+            started_ms: now.ms,
+            next_heartbeat_ms: now.ms,
+            links_in: Vec::new(),
+            leaving: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    pub fn me(&self) -> usize {
+        self.cfg.me
+    }
+
+    /// The address of peer `i` as listed in `--peers`.
+    pub fn peer_addr(&self, i: usize) -> &str {
+        &self.cfg.peers[i]
+    }
+
+    /// True if `conn` is a link to or from a peer.
+    pub fn is_peer_conn(&self, conn: ConnId) -> bool {
+        self.links_in.iter().any(|&(c, _)| c == conn)
+            || self.peers.iter().any(|p| p.out == Some(conn))
+    }
+
+    fn alive(&self, p: usize) -> bool {
+        p != self.cfg.me && self.peers[p].heard_ms.is_some()
+    }
+
+    /// The earliest time `tick` has work: the next heartbeat, dial or
+    /// liveness deadline.
+    pub fn next_deadline(&self) -> u64 {
+        let mut next = self.next_heartbeat_ms;
+        for (i, p) in self.peers.iter().enumerate() {
+            if i == self.cfg.me {
+                continue;
+            }
+            if p.out.is_none() && !p.dialing {
+                next = next.min(p.next_dial_ms);
+            }
+            if let Some(heard) = p.heard_ms {
+                next = next.min(heard + self.cfg.peer_timeout_ms);
+            }
+        }
+        if matches!(self.role, Role::Standby { following: None }) {
+            next = next.min(self.started_ms + self.cfg.peer_timeout_ms);
+        }
+        next
+    }
+
+    /// Peers to dial now: `(index, address)`. Each is dialing until
+    /// [`Cluster::outbound_open`] or [`Cluster::dial_failed`].
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if i != self.cfg.me && p.out.is_none() && !p.dialing && now.ms >= p.next_dial_ms {
+                p.dialing = true;
+                into.push((i, self.cfg.peers[i].clone()));
+            }
+        }
+    }
+
+    pub fn dial_failed(&mut self, peer: usize, now: Now) {
+        let p = &mut self.peers[peer];
+        p.dialing = false;
+        p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+    }
+
+    /// Our dial to `peer` succeeded as connection `conn` (opened in the
+    /// engine already): introduce ourselves and send a heartbeat.
+    pub fn outbound_open(&mut self, conn: ConnId, peer: usize, engine: &mut Engine) {
+        let p = &mut self.peers[peer];
+        debug_assert!(p.out.is_none());
+        p.out = Some(conn);
+        p.dialing = false;
+        p.snapshot_sent = false;
+        self.scratch.clear();
+        let addr = self.cfg.peers[self.cfg.me].as_bytes();
+        wire::encode(
+            &mut self.scratch,
+            &PeerMsg::Hello {
+                from: self.cfg.me,
+                addr,
+                incarnation: self.cfg.incarnation,
+            },
+        );
+        self.encode_heartbeat(engine);
+        engine.write_to(conn, &self.scratch);
+    }
+
+    /// A connection closed: if it was a peer link, forget it. A peer whose
+    /// every link to us closed is dead at once (a crashed process closes its
+    /// sockets); a closed link of ours is dialed again.
+    pub fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
+        if let Some(p) = self.peers.iter_mut().find(|p| p.out == Some(conn)) {
+            p.out = None;
+            p.snapshot_sent = false;
+            p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+        }
+        if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
+            let (_, peer) = self.links_in.swap_remove(i);
+            let p = &mut self.peers[peer];
+            p.links_in -= 1;
+            if p.links_in == 0 {
+                p.heard_ms = None;
+                p.claims_active = false;
+                self.evaluate(now, engine);
+            }
+        }
+    }
+
+    /// Handles one peer line received on `conn`.
+    pub fn on_message(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        msg: PeerMsg<'_>,
+        engine: &mut Engine,
+    ) -> Result<(), String> {
+        if let PeerMsg::Hello {
+            from,
+            addr,
+            incarnation,
+        } = msg
+        {
+            return self.on_hello(now, conn, from, addr, incarnation);
+        }
+        let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) else {
+            return Err("peer message before HELLO".into());
+        };
+        self.peers[from].heard_ms = Some(now.ms);
+        let following_sender = self.role
+            == Role::Standby {
+                following: Some(from),
+            };
+        match msg {
+            PeerMsg::Hello { .. } => unreachable!(),
+            PeerMsg::Heartbeat {
+                active,
+                following,
+                highest,
+                synced,
+            } => {
+                engine.observe_token(highest);
+                let p = &mut self.peers[from];
+                if p.following != following {
+                    p.snapshot_sent = false;
+                }
+                p.claims_active = active;
+                p.following = following;
+                p.synced = synced;
+            }
+            PeerMsg::Snapshot { highest } if following_sender => {
+                engine.observe_token(highest);
+                engine.clear_grants();
+                self.synced = false;
+            }
+            PeerMsg::Grant {
+                key,
+                token,
+                remaining_ms,
+            } => {
+                engine.observe_token(token);
+                if following_sender {
+                    engine.apply_grant(now, key, token, remaining_ms);
+                }
+            }
+            PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),
+            PeerMsg::Synced if following_sender => self.synced = true,
+            PeerMsg::Handoff { highest } => {
+                engine.observe_token(highest);
+                if !self.leaving && matches!(self.role, Role::Standby { .. }) {
+                    self.become_active(engine);
+                }
+            }
+            // Replication from a node we do not follow (any more): ignored.
+            PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
+        }
+        self.evaluate(now, engine);
+        Ok(())
+    }
+
+    fn on_hello(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        from: usize,
+        addr: &[u8],
+        incarnation: u64,
+    ) -> Result<(), String> {
+        if from >= self.peers.len() || from == self.cfg.me {
+            return Err(format!("HELLO from unknown peer index {from}"));
+        }
+        if addr != self.cfg.peers[from].as_bytes() {
+            return Err(format!(
+                "HELLO from \"{}\" as peer {from}, which is {} here: are --peers the same on every node?",
+                String::from_utf8_lossy(addr),
+                self.cfg.peers[from]
+            ));
+        }
+        if self.links_in.iter().any(|&(c, _)| c == conn) {
+            return Err("second HELLO on one link".into());
+        }
+        self.links_in.push((conn, from));
+        let p = &mut self.peers[from];
+        p.links_in += 1;
+        if p.incarnation != incarnation {
+            // A new process: what we knew of the old one is void.
+            p.incarnation = incarnation;
+            p.claims_active = false;
+            p.following = None;
+            p.synced = false;
+            p.snapshot_sent = false;
+        }
+        p.heard_ms = Some(now.ms);
+        Ok(())
+    }
+
+    /// Liveness, role decisions and heartbeats due at `now`.
+    pub fn tick(&mut self, now: Now, engine: &mut Engine) {
+        for p in &mut self.peers {
+            if p.heard_ms
+                .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
+            {
+                p.heard_ms = None;
+                p.claims_active = false;
+            }
+        }
+        self.evaluate(now, engine);
+        if now.ms >= self.next_heartbeat_ms {
+            self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
+            self.scratch.clear();
+            self.encode_heartbeat(engine);
+            for i in 0..self.peers.len() {
+                if let Some(conn) = self.peers[i].out {
+                    engine.write_to(conn, &self.scratch);
+                }
+            }
+        }
+    }
+
+    /// Sends this turn's replication: a snapshot to each follower whose link
+    /// has none yet, the turn's deltas to the others. Called once per loop
+    /// turn, before the answers are collected.
+    pub fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
+        engine.take_replication(&mut self.scratch);
+        if self.role != Role::Active {
+            return;
+        }
+        let me = self.cfg.me;
+        let mut snapshot: Option<Vec<u8>> = None;
+        for i in 0..self.peers.len() {
+            let p = &self.peers[i];
+            let Some(conn) = p.out else { continue };
+            if i == me || p.heard_ms.is_none() || p.following != Some(me) {
+                continue;
+            }
+            if p.snapshot_sent {
+                if !self.scratch.is_empty() {
+                    engine.write_to(conn, &self.scratch);
+                }
+                continue;
+            }
+            let body = snapshot.get_or_insert_with(|| {
+                let mut out = Vec::new();
+                let highest = engine.highest_token();
+                wire::encode(&mut out, &PeerMsg::Snapshot { highest });
+                engine.snapshot(now, &mut out);
+                wire::encode(&mut out, &PeerMsg::Synced);
+                out
+            });
+            engine.write_to(conn, body);
+            self.peers[i].snapshot_sent = true;
+        }
+    }
+
+    /// SIGINT/SIGTERM: an active node hands over to the highest-priority
+    /// alive peer it has a link to. Returns that peer, if any. Either way no
+    /// role changes happen after this.
+    pub fn leave(&mut self, now: Now, engine: &mut Engine) -> Option<usize> {
+        self.leaving = true;
+        if self.role != Role::Active {
+            return None;
+        }
+        let successor =
+            (0..self.peers.len()).find(|&p| self.alive(p) && self.peers[p].out.is_some())?;
+        self.hand_off(now, successor, engine);
+        Some(successor)
+    }
+
+    /// The role rule (module docs), applied to what we know now.
+    fn evaluate(&mut self, now: Now, engine: &mut Engine) {
+        if self.leaving {
+            return;
+        }
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        let active_peer = (0..n).find(|&p| self.alive(p) && self.peers[p].claims_active);
+        match self.role {
+            Role::Active => {
+                if let Some(higher) = active_peer.filter(|&p| p < me) {
+                    // Two actives: the lower priority steps down.
+                    self.follow(Some(higher), engine);
+                    return;
+                }
+                let first_alive = (0..me).find(|&p| self.alive(p));
+                if let Some(p) = first_alive {
+                    let peer = &self.peers[p];
+                    if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
+                        self.hand_off(now, p, engine);
+                    }
+                }
+            }
+            Role::Standby { following } => match active_peer {
+                Some(a) if following != Some(a) => self.follow(Some(a), engine),
+                Some(_) => {}
+                None => {
+                    // Keep following a higher-priority node that is alive
+                    // but not active yet (a hand-off on its way to it): it
+                    // decides before we may.
+                    if following.is_some_and(|f| !self.alive(f) || f > me) {
+                        self.follow(None, engine);
+                    }
+                    let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
+                    let higher_alive = (0..me).any(|p| self.alive(p));
+                    if grace_over && !higher_alive {
+                        self.become_active(engine);
+                    }
+                }
+            },
+        }
+    }
+
+    fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {
+        self.role = Role::Standby { following: active };
+        self.synced = false;
+        engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
+    }
+
+    fn become_active(&mut self, engine: &mut Engine) {
+        self.role = Role::Active;
+        self.synced = false;
+        for p in &mut self.peers {
+            p.snapshot_sent = false;
+        }
+        engine.become_active();
+    }
+
+    /// Hands the role to `to`: this turn's deltas first, then our waiters
+    /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
+    /// has everything before it starts serving.
+    fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
+        self.flush_replication(now, engine);
+        let Some(conn) = self.peers[to].out else {
+            return;
+        };
+        self.follow(Some(to), engine);
+        self.scratch.clear();
+        let highest = engine.highest_token();
+        wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });
+        engine.write_to(conn, &self.scratch);
+    }
+
+    fn encode_heartbeat(&mut self, engine: &Engine) {
+        let (active, following) = match self.role {
+            Role::Active => (true, None),
+            Role::Standby { following } => (false, following),
+        };
+        wire::encode(
+            &mut self.scratch,
+            &PeerMsg::Heartbeat {
+                active,
+                following,
+                highest: engine.highest_token(),
+                synced: self.synced,
+            },
+        );
+    }
+}
