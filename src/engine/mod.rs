@@ -134,6 +134,22 @@ impl Engine {
         self.table.len()
     }
 
+    /// The live grant of `key`: `(token, expires_ms)`.
+    pub fn holder(&self, key: &[u8]) -> Option<(u64, u64)> {
+        let lock = self.table.find(key)?;
+        self.table
+            .lock(lock)
+            .holder
+            .map(|g| (g.token, g.expires_ms))
+    }
+
+    /// Every live grant: `(key, token, expires_ms)`. For tests and tools.
+    pub fn grants(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
+        self.table
+            .locks()
+            .filter_map(|l| l.holder.map(|g| (l.key(), g.token, g.expires_ms)))
+    }
+
     /// Registers a new connection. `conn` must not be open.
     pub fn open(&mut self, conn: ConnId) {
         let i = conn as usize;
