@@ -83,8 +83,13 @@ impl Node {
         let Some(cluster) = &mut self.cluster else {
             return Err("peer message to a node started without --peers".into());
         };
-        let msg = wire::parse(line)?;
-        cluster.on_message(now, conn, msg, &mut self.engine)
+        let result =
+            wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine));
+        if let Err(reason) = &result {
+            // Loud: between nodes this means a misconfigured cluster.
+            eprintln!("ringlock: peer link broken: {reason}");
+        }
+        result
     }
 
     /// Collects the connections with output. With peers, this turn's

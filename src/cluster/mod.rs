@@ -29,6 +29,9 @@ pub mod wire;
 use crate::engine::{ConnId, Engine, Now};
 use wire::PeerMsg;
 
+/// Unsent bytes on a link past which heartbeats are not queued on it.
+const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
+
 /// How soon a failed dial is retried.
 pub const DIAL_RETRY_MS: u64 = 100;
 
@@ -341,7 +344,11 @@ impl Cluster {
             self.scratch.clear();
             self.encode_heartbeat(engine);
             for i in 0..self.peers.len() {
-                if let Some(conn) = self.peers[i].out {
+                // A peer that stopped reading (hung) gets no more heartbeats
+                // once a backlog builds: they would only pile up in memory.
+                if let Some(conn) = self.peers[i].out
+                    && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
+                {
                     engine.write_to(conn, &self.scratch);
                 }
             }
