@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Most client connections at once; one more is closed at once.
     #[arg(long, default_value_t = 10_000)]
     pub max_conns: usize,
+    /// Busy-poll for up to this many microseconds before sleeping in the
+    /// kernel: trades a core for latency (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
     /// Cluster: how often a node tells its peers it is alive (ms).
     #[arg(long, default_value_t = 50)]
     pub heartbeat_ms: u64,
@@ -39,6 +43,8 @@ pub struct ServeArgs {
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
     pub max_conns: usize,
+    /// `--spin-us`.
+    pub spin_us: u64,
 }
 
 /// Errors that stop the server from starting or running.
@@ -101,6 +107,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     );
     let config = LoopConfig {
         max_conns: args.max_conns,
+        spin_us: args.spin_us,
     };
     match &backend {
         Backend::Uring => eprintln!("ringlock: listening on {bound} (io: uring)"),

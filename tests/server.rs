@@ -23,6 +23,24 @@ use std::time::{Duration, Instant};
 /// after the protocol says it may.
 const SLACK: Duration = Duration::from_secs(4);
 
+/// `--spin-us`: the busy-polling loop answers, hands off, and still sleeps
+/// until timers (a wait runs out on time while nothing else happens).
+fn spin_mode(io: &str) {
+    let s = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io, "--spin-us", "200"]);
+    let mut a = s.connect();
+    let mut b = s.connect();
+    let t1 = acquire(&mut a, "k", "10", "0");
+    let started = Instant::now();
+    assert_eq!(b.call("A k 10 0.3"), "T k");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300), "T after {waited:?}");
+    b.line("A k 10 0");
+    assert_eq!(status(&mut b, &s), t1);
+    assert_eq!(a.call(&format!("R k {t1}")), "R k 1");
+    let t2 = Conn::token_of(&b.recv());
+    assert!(t2 > t1);
+}
+
 // ---------------------------------------------------------------------------
 // Test generation: every scenario under both backends.
 
@@ -59,6 +77,7 @@ macro_rules! bad_input {
 
 on_both! {
     basic: basic_uring, basic_epoll;
+    spin_mode: spin_mode_uring, spin_mode_epoll;
     fifo_handoff: fifo_handoff_uring, fifo_handoff_epoll;
     lease_expiry_hands_over: lease_expiry_hands_over_uring, lease_expiry_hands_over_epoll;
     wait_timeout: wait_timeout_uring, wait_timeout_epoll;

@@ -96,10 +96,10 @@ pub fn run(
     loop {
         let now = clock.now();
         let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
-        match poll.poll(&mut events, timeout.map(Duration::from_millis)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        if let Err(e) = wait(&mut poll, &mut events, timeout, config.spin_us)
+            && e.kind() != io::ErrorKind::Interrupted
+        {
+            return Err(e);
         }
         let now = clock.now();
         node.tick(now);
@@ -440,4 +440,28 @@ fn write_some(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
     }
     out.drain(..written);
     Ok(())
+}
+
+/// Waits for events, at most `timeout_ms` (forever if `None`). With
+/// `spin_us` (`--spin-us`), polls without sleeping for up to that long first.
+fn wait(
+    poll: &mut Poll,
+    events: &mut Events,
+    timeout_ms: Option<u64>,
+    spin_us: u64,
+) -> io::Result<()> {
+    if spin_us > 0 {
+        let limit = Duration::from_micros(spin_us).min(Duration::from_millis(
+            timeout_ms.unwrap_or(u64::MAX / 2_000_000),
+        ));
+        let start = std::time::Instant::now();
+        loop {
+            poll.poll(events, Some(Duration::ZERO))?;
+            if !events.is_empty() || start.elapsed() >= limit {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+    }
+    poll.poll(events, timeout_ms.map(Duration::from_millis))
 }

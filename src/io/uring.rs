@@ -81,23 +81,31 @@ fn decode(user_data: u64) -> (Option<Op>, ConnId) {
 /// Builds the ring the loop runs on. Kernels of 6.1 and later get the
 /// single-issuer, deferred-task-run setup (completions are processed only
 /// when this thread enters the kernel, which it does once per turn).
-fn build_ring() -> io::Result<IoUring> {
+///
+/// With `spin` (`--spin-us`), the plain setup: deferred task running would
+/// post completions only when we enter the kernel, and a spin in user space
+/// must see them arrive.
+fn build_ring(spin: bool) -> io::Result<IoUring> {
+    let plain = || {
+        IoUring::builder()
+            .setup_cqsize(RING_ENTRIES * 4)
+            .build(RING_ENTRIES)
+    };
+    if spin {
+        return plain();
+    }
     IoUring::builder()
         .setup_cqsize(RING_ENTRIES * 4)
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build(RING_ENTRIES)
-        .or_else(|_| {
-            IoUring::builder()
-                .setup_cqsize(RING_ENTRIES * 4)
-                .build(RING_ENTRIES)
-        })
+        .or_else(|_| plain())
 }
 
 /// Checks that this kernel lets us use io_uring with everything the loop
 /// needs. `Err` says why not, for the startup line.
 pub fn probe() -> Result<(), String> {
-    let ring = build_ring().map_err(|e| match e.raw_os_error() {
+    let ring = build_ring(false).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOSYS) => "the kernel has no io_uring (ENOSYS)".to_string(),
         Some(libc::EPERM) => "io_uring_setup is not permitted (EPERM: a seccomp profile or \
              kernel.io_uring_disabled blocks it)"
@@ -289,6 +297,8 @@ struct Uring {
     dialer: Dialer,
     dialer_buf: Box<[u8; 64]>,
     max_conns: usize,
+    /// `--spin-us`: how long to watch for completions before sleeping.
+    spin_us: u64,
     /// Connections that may have something to send this turn.
     to_send: Vec<ConnId>,
     /// Connections to look at after the turn (to free or to re-arm).
@@ -305,7 +315,7 @@ pub fn run(
     clock: Clock,
     config: &LoopConfig,
 ) -> io::Result<()> {
-    let ring = build_ring()?;
+    let ring = build_ring(config.spin_us > 0)?;
     let bufs = BufRing::new(RECV_BUFS, RECV_BUF_SIZE);
     bufs.register(&ring, RECV_GROUP)?;
     let mut lp = Uring {
@@ -318,6 +328,7 @@ pub fn run(
         dialer: Dialer::spawn()?,
         dialer_buf: Box::new([0u8; 64]),
         max_conns: config.max_conns,
+        spin_us: config.spin_us,
         to_send: Vec::new(),
         touched: Vec::new(),
         lingering: LingerQueue::default(),
@@ -368,6 +379,9 @@ impl Uring {
     /// Submits what the turn queued and waits for one completion, at most
     /// `timeout_ms` (forever if `None`).
     fn wait(&mut self, timeout_ms: Option<u64>) -> io::Result<()> {
+        if self.spin_us > 0 && self.spin(timeout_ms)? {
+            return Ok(());
+        }
         let result = match timeout_ms {
             None => self.ring.submit_and_wait(1),
             Some(ms) => {
@@ -390,6 +404,28 @@ impl Uring {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// `--spin-us`: submits, then watches the completion queue for up to
+    /// `spin_us` (never past the timeout) before the loop sleeps in the
+    /// kernel. True if completions arrived.
+    fn spin(&mut self, timeout_ms: Option<u64>) -> io::Result<bool> {
+        if let Err(e) = self.ring.submit()
+            && !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY))
+        {
+            return Err(e);
+        }
+        let limit = std::time::Duration::from_micros(self.spin_us).min(
+            std::time::Duration::from_millis(timeout_ms.unwrap_or(u64::MAX / 2_000_000)),
+        );
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            if !self.ring.completion().is_empty() {
+                return Ok(true);
+            }
+            std::hint::spin_loop();
+        }
+        Ok(!self.ring.completion().is_empty())
     }
 
     /// Until the engine's next timer, the next lingering deadline or the end
