@@ -88,6 +88,8 @@ pub struct Cluster {
     /// As a standby: a complete snapshot from `following` has arrived.
     synced: bool,
     started_ms: u64,
+    /// When `tick` last ran.
+    last_tick_ms: u64,
     next_heartbeat_ms: u64,
     /// Inbound links: connection → peer index.
     links_in: Vec<(ConnId, usize)>,
@@ -110,6 +112,7 @@ impl Cluster {
             role: Role::Standby { following: None },
             synced: false,
             started_ms: now.ms,
+            last_tick_ms: now.ms,
             next_heartbeat_ms: now.ms,
             links_in: Vec::new(),
             leaving: false,
@@ -155,8 +158,11 @@ impl Cluster {
                 next = next.min(heard + self.cfg.peer_timeout_ms);
             }
         }
-        if matches!(self.role, Role::Standby { following: None }) {
-            next = next.min(self.started_ms + self.cfg.peer_timeout_ms);
+        // The start-up grace, until a tick has seen it end (not after: a
+        // deadline in the past would spin the loop).
+        let grace = self.started_ms + self.cfg.peer_timeout_ms;
+        if matches!(self.role, Role::Standby { following: None }) && self.last_tick_ms < grace {
+            next = next.min(grace);
         }
         next
     }
@@ -330,6 +336,27 @@ impl Cluster {
 
     /// Liveness, role decisions and heartbeats due at `now`.
     pub fn tick(&mut self, now: Now, engine: &mut Engine) {
+        // The loop ticks at least once per heartbeat (`next_deadline`). A
+        // longer gap means this process did not run (SIGSTOP, a VM or swap
+        // stall): its peers' silence is its own, and what they sent waits
+        // unread in its sockets (io_uring may post it a turn or two later).
+        // Judged now, every peer would be dead and a standby would make
+        // itself active and serve the requests queued meanwhile before it
+        // read a single heartbeat. Give every live peer (and the start-up
+        // grace) a new timeout instead.
+        let stall = self.cfg.heartbeat_ms + (self.cfg.peer_timeout_ms - self.cfg.heartbeat_ms) / 2;
+        if now.ms.saturating_sub(self.last_tick_ms) > stall {
+            for p in &mut self.peers {
+                if p.heard_ms.is_some() {
+                    p.heard_ms = Some(now.ms);
+                }
+            }
+            if self.last_tick_ms < self.started_ms + self.cfg.peer_timeout_ms {
+                // Stalled in the start-up grace: it starts over.
+                self.started_ms = now.ms;
+            }
+        }
+        self.last_tick_ms = now.ms;
         for p in &mut self.peers {
             if p.heard_ms
                 .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
@@ -449,12 +476,17 @@ impl Cluster {
 
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {
         self.role = Role::Standby { following: active };
+        // Tell the peers at once (next turn), not at the next heartbeat.
+        self.next_heartbeat_ms = 0;
         self.synced = false;
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
     }
 
     fn become_active(&mut self, engine: &mut Engine) {
         self.role = Role::Active;
+        // Tell the peers at once (next turn), not at the next heartbeat:
+        // until then they answer clients `M key -`.
+        self.next_heartbeat_ms = 0;
         self.synced = false;
         for p in &mut self.peers {
             p.snapshot_sent = false;
