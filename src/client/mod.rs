@@ -664,9 +664,19 @@ impl Client {
     /// it if unknown) and waits up to `within` for it to be up. If it does
     /// not come up, the preference is dropped again.
     async fn follow(&self, addr: String, within: Duration) -> bool {
-        let known = read(&self.inner.slots).iter().any(|s| s.addr == addr);
+        let (known, up) = {
+            let slots = read(&self.inner.slots);
+            let mut mine = slots.iter().filter(|s| s.addr == addr).peekable();
+            (mine.peek().is_some(), mine.any(|s| s.live().is_some()))
+        };
         if !known {
             self.add_slot(addr.clone());
+        } else if !up {
+            // A node we know and have no connection to: most likely a stale
+            // `M` from a standby that has not yet seen that node die. Its
+            // slot redials only every 3 s, so do not wait for it: the
+            // request goes on through the rotation (with the usual backoff).
+            return false;
         }
         *lock(&self.inner.active) = Some(addr.clone());
         if self.wait_live(Some(&addr), within).await.is_some() {
