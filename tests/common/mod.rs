@@ -330,3 +330,339 @@ pub fn tcp_queues(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
         ))
     })
 }
+
+// ---------------------------------------------------------------------------
+// Additions for tests/cluster.rs: clusters of real processes (the functions
+// above keep their behaviour).
+
+/// A loopback address of its own for each call: 127.x.y.z with x, y, z from
+/// the process id, a counter and the clock (127.0.0.0/8 is all loopback on
+/// Linux). Ports picked on it cannot be taken by another test's outgoing
+/// connections, whose source address is 127.0.0.1.
+pub fn loopback_ip() -> std::net::Ipv4Addr {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut h = (u64::from(std::process::id()) << 32) ^ u64::from(nanos) ^ (u64::from(n) << 20);
+    // splitmix64 finaliser: spread the bits.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    let [a, b, c, ..] = h.to_le_bytes();
+    // Not 127.0.0.x (shared with everything else), and no .0/.255 host part.
+    std::net::Ipv4Addr::new(127, a.max(1), b, c.clamp(1, 254))
+}
+
+/// `n` distinct free ports on `ip`: all bound at once (so they differ), then
+/// released for the caller to listen on.
+pub fn free_addrs(ip: std::net::Ipv4Addr, n: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind((ip, 0)).expect("bind a free loopback port"))
+        .collect();
+    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+}
+
+impl Server {
+    /// CPU time the server has used so far (user + system, from /proc),
+    /// while it runs.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?)).ok()?;
+        // Fields after the command name, which is in parentheses.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Some(Duration::from_millis(ticks * 1000 / hz))
+    }
+}
+
+/// One node's answer to `S`: `S <role> <active> <token>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// `active` or `standby`.
+    pub role: String,
+    /// The active node's address as listed in `--peers`, or `-`.
+    pub active: String,
+    /// The highest token the node has issued or seen.
+    pub token: u64,
+}
+
+impl NodeStatus {
+    /// Parses an `S` answer line.
+    pub fn parse(line: &str) -> Option<NodeStatus> {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f[..] {
+            ["S", role, active, token] if role == "active" || role == "standby" => {
+                Some(NodeStatus {
+                    role: role.to_string(),
+                    active: active.to_string(),
+                    token: token.parse().ok()?,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.role == "active"
+    }
+
+    /// True if this is a standby that names `active` as the active node.
+    pub fn follows(&self, active: &str) -> bool {
+        self.role == "standby" && self.active == active
+    }
+}
+
+/// Asks the node at `addr` for its status on a fresh connection. `None` if
+/// it cannot be reached or does not answer within `limit` (a stopped or
+/// dead process), or answers something else than an `S` line.
+pub fn status_of(addr: SocketAddr, limit: Duration) -> Option<NodeStatus> {
+    let mut stream = TcpStream::connect_timeout(&addr, limit).ok()?;
+    stream.set_nodelay(true).ok()?;
+    stream.set_read_timeout(Some(limit)).ok()?;
+    stream.write_all(b"S\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).ok()?;
+    NodeStatus::parse(line.strip_suffix('\n')?)
+}
+
+/// Polls `cond` every few milliseconds until it holds and returns how long
+/// that took; panics with `what` (and the last `state` seen) after `within`.
+pub fn poll_until<T: std::fmt::Debug>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> T,
+    mut cond: impl FnMut(&T) -> bool,
+) -> (Duration, T) {
+    let started = std::time::Instant::now();
+    loop {
+        let state = probe();
+        if cond(&state) {
+            return (started.elapsed(), state);
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what}: not within {within:?}; last seen: {state:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(3));
+    }
+}
+
+/// A cluster of `ringlock serve` processes on one loopback address, every
+/// node started with the same `--peers` list (node 0 first: highest
+/// priority). Dropping it continues stopped nodes and kills every node.
+pub struct Cluster {
+    pub io: String,
+    /// Node `i` listens on `addrs[i]`, which is also its `--peers` entry.
+    pub addrs: Vec<SocketAddr>,
+    /// The `--peers` value.
+    pub peers: String,
+    /// `--heartbeat-ms` and `--peer-timeout-ms` of every node.
+    pub heartbeat_ms: u64,
+    pub peer_timeout_ms: u64,
+    nodes: Vec<Option<Server>>,
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    /// The cluster settings the tests run with (the server's defaults,
+    /// spelled out): heartbeats every 50 ms, a peer dead after 500 ms.
+    pub const HEARTBEAT_MS: u64 = 50;
+    pub const PEER_TIMEOUT_MS: u64 = 500;
+
+    /// Starts `n` nodes under `--io io` and waits until node 0 is active and
+    /// every other node a standby naming it.
+    pub fn start(n: usize, io: &str) -> Cluster {
+        Cluster::start_with(n, io, &[])
+    }
+
+    /// Like [`Cluster::start`], with more `serve` arguments for every node.
+    pub fn start_with(n: usize, io: &str, extra: &[&str]) -> Cluster {
+        let mut cluster = Cluster::configure(n, io, extra);
+        for i in 0..n {
+            cluster.start_node(i);
+        }
+        cluster.wait_settled(0, Duration::from_secs(10));
+        cluster
+    }
+
+    /// A cluster of `n` nodes with their addresses picked and no node
+    /// started yet (see [`Cluster::start_node`]); the default timings,
+    /// which the caller may change before starting nodes.
+    pub fn configure(n: usize, io: &str, extra: &[&str]) -> Cluster {
+        let addrs = free_addrs(loopback_ip(), n);
+        let peers = addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        Cluster {
+            io: io.to_string(),
+            addrs,
+            peers,
+            heartbeat_ms: Self::HEARTBEAT_MS,
+            peer_timeout_ms: Self::PEER_TIMEOUT_MS,
+            nodes: (0..n).map(|_| None).collect(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Node `i`'s `serve` arguments (the same on every restart).
+    pub fn node_args(&self, i: usize) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--listen".to_string(),
+            self.addrs[i].to_string(),
+            "--peers".to_string(),
+            self.peers.clone(),
+            "--io".to_string(),
+            self.io.clone(),
+            "--heartbeat-ms".to_string(),
+            self.heartbeat_ms.to_string(),
+            "--peer-timeout-ms".to_string(),
+            self.peer_timeout_ms.to_string(),
+        ]
+        .into();
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    /// Starts node `i` (again, after a kill: same address, same arguments)
+    /// and waits for its "listening on" line.
+    pub fn start_node(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "node {i} is running already");
+        let args = self.node_args(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::start_with(&args);
+        assert_eq!(server.addr, self.addrs[i], "node {i} listens elsewhere");
+        self.nodes[i] = Some(server);
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Node `i`'s address as `--peers` spells it (and `M` and `S` name it).
+    pub fn addr(&self, i: usize) -> String {
+        self.addrs[i].to_string()
+    }
+
+    /// Every node's address, in priority order.
+    pub fn addr_strings(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.addr(i)).collect()
+    }
+
+    /// The running node `i`; panics if it was killed.
+    pub fn node(&self, i: usize) -> &Server {
+        self.nodes[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {i} is not running"))
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut Server {
+        self.nodes[i]
+            .as_mut()
+            .unwrap_or_else(|| panic!("node {i} is not running"))
+    }
+
+    /// True while node `i` has a process (running or stopped).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].as_ref().is_some_and(|s| s.child.is_some())
+    }
+
+    /// SIGKILL node `i` and wait until the process is gone.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut server) = self.nodes[i].take() {
+            server.signal(libc::SIGCONT);
+            server.kill9();
+        }
+    }
+
+    /// Takes node `i` out of the cluster's hands (e.g. to wait for its exit
+    /// status after SIGTERM); it is still killed when the result drops.
+    pub fn take_node(&mut self, i: usize) -> Server {
+        self.nodes[i]
+            .take()
+            .unwrap_or_else(|| panic!("node {i} is not running"))
+    }
+
+    /// A raw connection to node `i`.
+    pub fn connect(&self, i: usize) -> Conn {
+        Conn::new(self.addrs[i])
+    }
+
+    /// Node `i`'s status (`None`: not running, unreachable, or no answer
+    /// within 500 ms).
+    pub fn status(&self, i: usize) -> Option<NodeStatus> {
+        if !self.is_running(i) {
+            return None;
+        }
+        status_of(self.addrs[i], Duration::from_millis(500))
+    }
+
+    /// Every node's status, in priority order.
+    pub fn statuses(&self) -> Vec<Option<NodeStatus>> {
+        (0..self.len()).map(|i| self.status(i)).collect()
+    }
+
+    /// True if, in `statuses`, node `active` is active and every other
+    /// running node a standby naming it. Nodes without a process are left
+    /// out; a running node that does not answer fails the check.
+    pub fn is_settled_on(&self, statuses: &[Option<NodeStatus>], active: usize) -> bool {
+        let want = self.addr(active);
+        statuses.iter().enumerate().all(|(i, s)| {
+            if !self.is_running(i) {
+                return true;
+            }
+            match s {
+                Some(s) if i == active => s.is_active() && s.active == want,
+                Some(s) => s.follows(&want),
+                None => false,
+            }
+        })
+    }
+
+    /// Waits until node `active` is the one active node and every other
+    /// running node follows it; returns how long that took.
+    pub fn wait_settled(&self, active: usize, within: Duration) -> Duration {
+        let what = format!(
+            "{} node cluster ({}) settled on node {active} ({})",
+            self.len(),
+            self.io,
+            self.addr(active)
+        );
+        poll_until(
+            &what,
+            within,
+            || self.statuses(),
+            |s| self.is_settled_on(s, active),
+        )
+        .0
+    }
+
+    /// Waits until node `i`'s status token is at least `token`: everything
+    /// the active sent before that token reached it (replication and
+    /// heartbeats share one ordered link).
+    pub fn wait_token(&self, i: usize, token: u64, within: Duration) -> Duration {
+        poll_until(
+            &format!("node {i} has seen token {token}"),
+            within,
+            || self.status(i),
+            |s| s.as_ref().is_some_and(|s| s.token >= token),
+        )
+        .0
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // A node stopped by a failing test is continued, then killed (by
+        // the Server's own drop).
+        for server in self.nodes.iter().flatten() {
+            server.signal(libc::SIGCONT);
+        }
+    }
+}
