@@ -1,0 +1,370 @@
+#!/usr/bin/env bash
+# ringlock beside Redis and the loopback floor (issue 5; docs/performance.md).
+#
+#   scripts/bench.sh            full run, a few minutes; results in bench-results/
+#   scripts/bench.sh --quick    smoke run (~30 s); results in target/bench-quick/
+#
+# Options: --rounds N, --warmup S, --duration S, --locks N, --spin-us N,
+#          --server-core C, --client-core C, --out DIR,
+#          --max-other CORES (0.25), --retries N (0): a run during which the
+#          rest of the machine used more than CORES is reported as disturbed,
+#          and repeated up to N times
+#
+# Builds release; installs redis-server (and a font for the plots) from
+# Debian packages if missing; starts ringlock --io uring, ringlock --io
+# epoll, redis-server (no persistence) and the echo floor on free loopback
+# ports, every server pinned to one core and the load generator to another
+# (taskset, the same for every target); runs the matrix with the targets
+# alternated inside each round; writes <date>-<commit>.json, .md and
+# -throughput.png / -latency.png. Everything it started is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+QUICK=0
+ROUNDS=3
+WARMUP=0.5
+DURATION=2
+LOCKS=1000000
+SPIN_US=100
+MAX_OTHER=0.25
+RETRIES=0
+SERVER_CORE=0
+CLIENT_CORE=1
+OUT_DIR=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --rounds) ROUNDS=$2; shift ;;
+        --warmup) WARMUP=$2; shift ;;
+        --duration) DURATION=$2; shift ;;
+        --locks) LOCKS=$2; shift ;;
+        --spin-us) SPIN_US=$2; shift ;;
+        --max-other) MAX_OTHER=$2; shift ;;
+        --retries) RETRIES=$2; shift ;;
+        --server-core) SERVER_CORE=$2; shift ;;
+        --client-core) CLIENT_CORE=$2; shift ;;
+        --out) OUT_DIR=$2; shift ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ "$QUICK" = 1 ]; then
+    ROUNDS=1 WARMUP=0.2 DURATION=0.5 LOCKS=100000
+    OUT_DIR=${OUT_DIR:-target/bench-quick}
+fi
+OUT_DIR=${OUT_DIR:-bench-results}
+COMMAND="scripts/bench.sh $*"
+
+say() { printf 'bench.sh: %s\n' "$*" >&2; }
+
+# ---------------------------------------------------------------- setup
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" = 0 ]; then
+        apt-get update -qq >&2
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+if ! command -v redis-server >/dev/null; then
+    say "installing redis-server"
+    apt_install redis-server
+fi
+if ! command -v taskset >/dev/null; then
+    apt_install util-linux
+fi
+if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+    say "installing fonts-dejavu-core (text in the plots)"
+    apt_install fonts-dejavu-core
+fi
+if [ "$(nproc)" -lt 2 ]; then
+    say "warning: one core only: server and load generator share it"
+    SERVER_CORE=0 CLIENT_CORE=0
+fi
+
+# The commit the binaries are built from ("-dirty": with uncommitted changes).
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    COMMIT=$COMMIT-dirty
+fi
+say "building release ($COMMIT)"
+cargo build --release --quiet --bin ringlock --bin ringlock-bench
+# Private copies: a rebuild of target/ during the run cannot swap them, and
+# their names (no "ringlock" anywhere in the command line) keep them out of
+# reach of a `pkill ringlock` or `killall ringlock` run by someone else's
+# tests on a shared machine.
+WORK=$(mktemp -d /tmp/rlb.XXXXXX)
+mkdir -p "$WORK/bin"
+cp "${CARGO_TARGET_DIR:-target}/release/ringlock" "$WORK/bin/rl-server"
+cp "${CARGO_TARGET_DIR:-target}/release/ringlock-bench" "$WORK/bin/rl-gen"
+RINGLOCK=$WORK/bin/rl-server
+GEN=$WORK/bin/rl-gen
+
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Servers by label: address, pid, what the generator should speak, and how
+# to start it again.
+declare -A ADDR PID KIND RESTART_CMD
+RESTARTS=0
+
+# waits for "listening on ADDR" in a log; prints ADDR
+wait_listening() {
+    local log=$1 pid=$2
+    for _ in $(seq 100); do
+        if grep -q "listening on" "$log" 2>/dev/null; then
+            sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$log" | head -1
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    say "server did not start:"; cat "$log" >&2
+    return 1
+}
+
+start_ringlock() { # LABEL IO [server args...]
+    local label=$1 io=$2
+    shift 2
+    taskset -c "$SERVER_CORE" "$RINGLOCK" serve --listen 127.0.0.1:0 --io "$io" "$@" \
+        2>"$WORK/$label.log" &
+    local pid=$!
+    PIDS+=("$pid")
+    ADDR[$label]=$(wait_listening "$WORK/$label.log" "$pid")
+    grep -q "(io: $io" "$WORK/$label.log" || { say "$label: not running $io"; cat "$WORK/$label.log" >&2; exit 1; }
+    PID[$label]=$pid KIND[$label]=ringlock RESTART_CMD[$label]="start_ringlock $label $io $*"
+}
+
+start_echo() { # LABEL [echo-server args...]
+    local label=$1
+    shift
+    taskset -c "$SERVER_CORE" "$GEN" echo-server --listen 127.0.0.1:0 "$@" 2>"$WORK/$label.log" &
+    local pid=$!
+    PIDS+=("$pid")
+    ADDR[$label]=$(wait_listening "$WORK/$label.log" "$pid")
+    PID[$label]=$pid KIND[$label]=echo RESTART_CMD[$label]="start_echo $label $*"
+}
+
+start_redis() { # LABEL
+    local label=$1 port
+    port=$("$GEN" free-port)
+    taskset -c "$SERVER_CORE" redis-server --port "$port" --bind 127.0.0.1 --save '' \
+        --appendonly no --protected-mode no --logfile "$WORK/$label.log" &
+    local pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    ADDR[$label]=127.0.0.1:$port PID[$label]=$pid KIND[$label]=redis RESTART_CMD[$label]="start_redis $label"
+}
+
+# A server that died is reported (with the end of its log) and started
+# again, so that one crash or stray kill does not void the rest of the run.
+ensure_alive() { # LABEL
+    local label=$1
+    kill -0 "${PID[$label]}" 2>/dev/null && return 0
+    local status=0
+    wait "${PID[$label]}" 2>/dev/null || status=$?
+    say "WARNING: $label (pid ${PID[$label]}) is gone (exit status $status); its log ends:"
+    tail -5 "$WORK/$label.log" >&2 || true
+    RESTARTS=$((RESTARTS + 1))
+    ${RESTART_CMD[$label]}
+    say "restarted $label: ${ADDR[$label]} (pid ${PID[$label]})"
+}
+
+stop() { # LABEL
+    local pid=${PID[$1]}
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- targets
+start_ringlock ringlock-uring uring
+start_ringlock ringlock-epoll epoll
+start_redis redis
+start_echo echo
+start_echo echo-spin --spin-us "$SPIN_US"
+LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
+ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
+PINGPONG_EXTRA=(echo-spin)
+# ---- spin variants (issue 5: `ringlock serve --spin-us N`) -------------
+# Started as soon as the server has the option. Their label must be
+# "<label>-spin": the report compares it with <label> for the spin target.
+# They run in the ping-pong scenario only (add them to ALL_LABELS to run
+# everywhere).
+if "$RINGLOCK" serve --help 2>&1 | grep -q -- '--spin-us'; then
+    start_ringlock ringlock-uring-spin uring --spin-us "$SPIN_US"
+    start_ringlock ringlock-epoll-spin epoll --spin-us "$SPIN_US"
+    PINGPONG_EXTRA+=(ringlock-uring-spin ringlock-epoll-spin)
+else
+    say "ringlock serve has no --spin-us yet: spin variants skipped"
+fi
+# ------------------------------------------------------------------------
+for label in "${!ADDR[@]}"; do
+    say "$label: ${ADDR[$label]} (pid ${PID[$label]}, core $SERVER_CORE)"
+done
+
+# ---------------------------------------------------------------- matrix
+# name | generator arguments | which labels
+SCENARIOS=(
+    "conns-1|--conns 1|all+pingpong"
+    "conns-4|--conns 4|all"
+    "conns-16|--conns 16|all"
+    "conns-50|--conns 50|all"
+    "pipelined|--conns 4 --pipeline 32|all"
+    "contended|--conns 64 --mode contended --keys 1|locks"
+)
+RUNS=$WORK/runs.jsonl
+: >"$RUNS"
+FAILED=0
+DISTURBED=0
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+START=$(date +%s)
+
+# One generator run. When the rest of the machine used more than --max-other
+# cores meanwhile (someone else's build on a shared machine), it is reported
+# as disturbed and repeated up to --retries times. The last try is kept
+# either way, and its "other_cpu" says how disturbed it was.
+run_one() { # ROUND SCENARIO LABEL ARGS...
+    local round=$1 scenario=$2 label=$3
+    shift 3
+    local try other
+    for try in $(seq 0 "$RETRIES"); do
+        run_try "$round" "$scenario" "$label" "$@" || return 0
+        other=$(printf '%s' "$LAST_OUT" | sed -n 's/.*"other_cpu":\([0-9.e-]*\).*/\1/p')
+        if [ -z "$other" ] || awk -v o="$other" -v m="$MAX_OTHER" 'BEGIN { exit !(o <= m) }'; then
+            break
+        fi
+        DISTURBED=$((DISTURBED + 1))
+        if [ "$try" -lt "$RETRIES" ]; then
+            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), again"
+            sleep 2
+        else
+            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), kept"
+        fi
+    done
+    printf '%s\n' "$LAST_OUT" >>"$RUNS"
+}
+
+run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run failed
+    local round=$1 scenario=$2 label=$3
+    shift 3
+    ensure_alive "$label"
+    local out rc=0
+    LAST_OUT=
+    out=$(taskset -c "$CLIENT_CORE" "$GEN" --target "${KIND[$label]}" --addr "${ADDR[$label]}" \
+        --server-pid "${PID[$label]}" --scenario "$scenario" --label "$label" --round "$round" \
+        --warmup "$WARMUP" --duration "$DURATION" --json --quiet "$@" 2>"$WORK/gen.err") || rc=$?
+    if [ "$rc" != 0 ]; then
+        FAILED=$((FAILED + 1))
+        say "  FAILED ($rc): $label $scenario: $(tail -1 "$WORK/gen.err")"
+        [ -n "$out" ] && printf '%s\n' "$out" >>"$RUNS"
+        return 1
+    fi
+    LAST_OUT=$out
+    local figure
+    if [ "$scenario" = memory ]; then
+        figure="$(printf '%s' "$out" | sed -n 's/.*"rss_after_kib":\([0-9]*\).*/\1/p') KiB RSS"
+    else
+        figure="$(printf '%s' "$out" | sed -n 's/.*"cycles_per_s":\([0-9]*\).*/\1/p') cycles/s"
+    fi
+    say "  round $round $scenario $label: $figure"
+}
+
+for round in $(seq "$ROUNDS"); do
+    for entry in "${SCENARIOS[@]}"; do
+        IFS='|' read -r scenario args which <<<"$entry"
+        case $which in
+            locks) labels=("${LOCK_LABELS[@]}") ;;
+            all) labels=("${ALL_LABELS[@]}") ;;
+            all+pingpong) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}") ;;
+        esac
+        # Alternate: each round starts the rotation one target later.
+        n=${#labels[@]}
+        for i in $(seq 0 $((n - 1))); do
+            label=${labels[$(((i + round - 1) % n))]}
+            # shellcheck disable=SC2086
+            run_one "$round" "$scenario" "$label" $args
+        done
+    done
+done
+
+# Memory: each lock server fresh, 1M locks held (16-byte keys), RSS read.
+# Not repeated when disturbed: a second fill would need a fresh server again.
+say "memory: $LOCKS locks per server"
+retries=$RETRIES
+RETRIES=0
+for label in "${LOCK_LABELS[@]}"; do
+    stop "$label"
+    case $label in
+        ringlock-uring) start_ringlock "$label" uring ;;
+        ringlock-epoll) start_ringlock "$label" epoll ;;
+        redis) start_redis "$label" ;;
+    esac
+    run_one 1 memory "$label" --mode memory --locks "$LOCKS" --key-len 16 --conns 4 \
+        --pipeline 512 --lease 3600 --duration 120
+    stop "$label"
+done
+RETRIES=$retries
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---------------------------------------------------------------- results
+DAY=$(date -u +%Y-%m-%d)
+json_str() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
+cat >"$WORK/meta.json" <<EOF
+{
+  "date": "$(date -u '+%Y-%m-%d %H:%M UTC')",
+  "commit": "$(json_str "$COMMIT")",
+  "kernel": "$(uname -r)",
+  "cpu": "$(json_str "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)")",
+  "nproc": "$(nproc)",
+  "load_before": "$LOAD_BEFORE",
+  "load_after": "$LOAD_AFTER",
+  "redis_version": "$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')",
+  "rounds": "$ROUNDS",
+  "warmup": "$WARMUP",
+  "duration": "$DURATION",
+  "spin_us": "$SPIN_US",
+  "server_core": "$SERVER_CORE",
+  "client_core": "$CLIENT_CORE",
+  "seconds": "$(($(date +%s) - START))",
+  "server_restarts": "$RESTARTS",
+  "disturbed_runs": "$DISTURBED",
+  "max_other": "$MAX_OTHER",
+  "failed_runs": "$FAILED",
+  "command": "$(json_str "$COMMAND")"
+}
+EOF
+mkdir -p "$OUT_DIR"
+# Never overwrite an earlier result.
+PREFIX=$OUT_DIR/$DAY-$COMMIT
+n=2
+while [ -e "$PREFIX.json" ]; do
+    PREFIX=$OUT_DIR/$DAY-$COMMIT-$n
+    n=$((n + 1))
+done
+"$GEN" report --runs "$RUNS" --meta "$WORK/meta.json" --out "$PREFIX"
+say "wrote $PREFIX.json, $PREFIX.md, $PREFIX-throughput.png, $PREFIX-latency.png ($(($(date +%s) - START)) s)"
+if [ "$FAILED" != 0 ]; then
+    say "$FAILED run(s) failed"
+    exit 1
+fi

@@ -1,0 +1,273 @@
+//! Latency histograms and the result of one run, as printed and as JSON.
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Nanosecond latencies from 1 ns to 60 s, 3 significant digits.
+pub struct Hist(Histogram<u64>);
+
+impl Hist {
+    pub fn new() -> Hist {
+        Hist(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"))
+    }
+
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        self.0.saturating_record(ns.max(1));
+    }
+
+    pub fn add(&mut self, other: &Hist) {
+        self.0.add(&other.0).expect("histograms of the same bounds");
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Percentiles in microseconds.
+    pub fn summary(&self) -> Latency {
+        let h = &self.0;
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Latency {
+            count: h.len(),
+            mean: h.mean() / 1000.0,
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        }
+    }
+}
+
+/// The histograms a run keeps.
+pub struct Hists {
+    /// Acquire request sent (first attempt) to grant received.
+    pub acquire: Hist,
+    /// Release request sent to its answer received.
+    pub release: Hist,
+    /// Acquire sent (first attempt) to release answered.
+    pub cycle: Hist,
+    /// Every single request/answer pair that does not wait for another
+    /// client (releases, and acquires of uncontended runs).
+    pub round_trip: Hist,
+    /// Release sent to the next grant of the same key received by a client
+    /// that was already waiting (contended runs).
+    pub handoff: Hist,
+}
+
+impl Hists {
+    pub fn new() -> Hists {
+        Hists {
+            acquire: Hist::new(),
+            release: Hist::new(),
+            cycle: Hist::new(),
+            round_trip: Hist::new(),
+            handoff: Hist::new(),
+        }
+    }
+
+    pub fn add(&mut self, other: &Hists) {
+        self.acquire.add(&other.acquire);
+        self.release.add(&other.release);
+        self.cycle.add(&other.cycle);
+        self.round_trip.add(&other.round_trip);
+        self.handoff.add(&other.handoff);
+    }
+
+    pub fn summary(&self) -> Latencies {
+        let opt = |h: &Hist| (!h.is_empty()).then(|| h.summary());
+        Latencies {
+            acquire: opt(&self.acquire),
+            release: opt(&self.release),
+            cycle: opt(&self.cycle),
+            round_trip: opt(&self.round_trip),
+            handoff: opt(&self.handoff),
+        }
+    }
+}
+
+/// Percentiles of one histogram, in microseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Latencies {
+    pub acquire: Option<Latency>,
+    pub release: Option<Latency>,
+    pub cycle: Option<Latency>,
+    pub round_trip: Option<Latency>,
+    pub handoff: Option<Latency>,
+}
+
+/// CPU used by a process during the measured window.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// User + system seconds (from /proc/<pid>/stat, clock-tick resolution).
+    pub cpu_s: f64,
+    /// `cpu_s` / window: 1.0 is one core busy all the time.
+    pub util: f64,
+    /// `cpu_s` per completed cycle, in microseconds.
+    pub us_per_cycle: f64,
+}
+
+/// Grants per client in the window (contended runs): how evenly the lock was
+/// shared.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Fairness {
+    pub clients: u64,
+    pub min_grants: u64,
+    pub max_grants: u64,
+}
+
+/// The memory mode's result.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Memory {
+    pub locks: u64,
+    pub key_len: usize,
+    pub granted: u64,
+    pub seconds: f64,
+    pub acquires_per_s: f64,
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+    pub hwm_kib: u64,
+    /// (rss_after - rss_before) / granted.
+    pub bytes_per_lock: f64,
+}
+
+/// One run of the load generator.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Set by the caller (`--scenario`, `--label`, `--round`), for reports.
+    pub scenario: String,
+    pub label: String,
+    pub round: u32,
+    pub target: String,
+    pub mode: String,
+    pub addr: String,
+    pub conns: u32,
+    pub pipeline: u32,
+    pub keys: u32,
+    pub threads: u32,
+    pub lease_s: f64,
+    pub warmup_s: f64,
+    pub duration_s: f64,
+    /// The measured window as it really was, in seconds.
+    pub window_s: f64,
+    /// Cycles completed inside the window (acquire + release; for `echo`,
+    /// two round trips of the same lines).
+    pub cycles: u64,
+    pub cycles_per_s: f64,
+    /// Request/answer pairs per second: 2 per cycle, plus failed Redis
+    /// `SET NX` attempts.
+    pub round_trips_per_s: f64,
+    pub latency_us: Latencies,
+    /// Releases answered "not held" and other unexpected answers.
+    pub errors: u64,
+    /// Redis: `SET NX` attempts per grant (1.0 when nobody had to retry).
+    pub attempts_per_grant: f64,
+    pub fairness: Option<Fairness>,
+    pub server_pid: Option<u32>,
+    pub server_cpu: Option<CpuUse>,
+    /// The load generator's own CPU: near 1.0 per thread means the generator,
+    /// not the server, may be the bottleneck.
+    pub client_cpu: CpuUse,
+    /// Cores' worth of CPU the rest of the machine used during the window
+    /// (other processes, and interrupt time charged to neither process):
+    /// how disturbed the run was. Without `--server-pid` it includes the
+    /// server.
+    #[serde(default)]
+    pub other_cpu: Option<f64>,
+    /// All slots were idle (every grant released) when the run ended.
+    pub drained: bool,
+    pub memory: Option<Memory>,
+}
+
+impl RunResult {
+    /// A human-readable summary.
+    pub fn print(&self) {
+        println!(
+            "{} {} ({}): {} conns x {} in flight, {} keys, {:.1} s measured",
+            self.target, self.label, self.mode, self.conns, self.pipeline, self.keys, self.window_s
+        );
+        if let Some(m) = &self.memory {
+            println!(
+                "  {} of {} locks granted in {:.2} s ({:.0}/s); server RSS {:.1} MiB -> {:.1} MiB \
+                 (peak {:.1} MiB), {:.0} bytes per lock",
+                m.granted,
+                m.locks,
+                m.seconds,
+                m.acquires_per_s,
+                m.rss_before_kib as f64 / 1024.0,
+                m.rss_after_kib as f64 / 1024.0,
+                m.hwm_kib as f64 / 1024.0,
+                m.bytes_per_lock
+            );
+            return;
+        }
+        println!(
+            "  {:.0} cycles/s, {:.0} round trips/s, {} errors{}",
+            self.cycles_per_s,
+            self.round_trips_per_s,
+            self.errors,
+            if self.attempts_per_grant > 1.0 {
+                format!(", {:.2} SET attempts per grant", self.attempts_per_grant)
+            } else {
+                String::new()
+            }
+        );
+        println!(
+            "  {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}   (µs)",
+            "", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+        let l = &self.latency_us;
+        for (name, h) in [
+            ("acquire", &l.acquire),
+            ("release", &l.release),
+            ("cycle", &l.cycle),
+            ("round trip", &l.round_trip),
+            ("hand-off", &l.handoff),
+        ] {
+            if let Some(h) = h {
+                println!(
+                    "  {:<11} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                    name, h.count, h.p50, h.p90, h.p99, h.p999, h.max
+                );
+            }
+        }
+        if let Some(f) = &self.fairness {
+            println!(
+                "  grants per client: min {} max {} ({} clients)",
+                f.min_grants, f.max_grants, f.clients
+            );
+        }
+        if let Some(cpu) = &self.server_cpu {
+            println!(
+                "  server CPU {:.2} s ({:.0}% of a core), {:.2} µs per cycle",
+                cpu.cpu_s,
+                cpu.util * 100.0,
+                cpu.us_per_cycle
+            );
+        }
+        if let Some(other) = self.other_cpu {
+            println!("  rest of the machine {:.0}% of a core", other * 100.0);
+        }
+        println!(
+            "  load generator CPU {:.0}% of a core{}",
+            self.client_cpu.util * 100.0,
+            if self.drained {
+                ""
+            } else {
+                " (not drained: some grants left to their lease)"
+            }
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Keeps `ringlock-bench` from rotting: a few short runs against the echo
+//! floor and a real ringlock server, then report and compare on their
+//! output. Each run is a fraction of a second; Redis is not needed.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+const GEN: &str = env!("CARGO_BIN_EXE_ringlock-bench");
+const SERVER: &str = env!("CARGO_BIN_EXE_ringlock");
+
+/// A server child that prints "listening on ADDR" on stderr; killed on drop.
+struct Running {
+    child: Child,
+    addr: String,
+}
+
+impl Running {
+    fn start(program: &str, args: &[&str]) -> Running {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn server");
+        let mut lines = BufReader::new(child.stderr.take().unwrap());
+        let addr = loop {
+            let mut line = String::new();
+            assert!(lines.read_line(&mut line).unwrap() > 0, "server exited");
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines.lines() {});
+        Running { child, addr }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(GEN)
+        .args(args)
+        .args(["--json", "--quiet", "--warmup", "0.1", "--duration", "0.4"])
+        .output()
+        .expect("run ringlock-bench");
+    assert!(
+        out.status.success(),
+        "ringlock-bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON result")
+}
+
+fn f(v: &serde_json::Value, path: &[&str]) -> f64 {
+    let mut v = v;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_f64()
+        .unwrap_or_else(|| panic!("no number at {path:?} in {v}"))
+}
+
+#[test]
+fn load_generator_report_and_compare() {
+    let echo = Running::start(GEN, &["echo-server", "--listen", "127.0.0.1:0"]);
+    let server = Running::start(SERVER, &["serve", "--listen", "127.0.0.1:0"]);
+    let mut runs = Vec::new();
+
+    // Echo floor, pipelined.
+    let r = run(&[
+        "--target",
+        "echo",
+        "--addr",
+        &echo.addr,
+        "--conns",
+        "2",
+        "--pipeline",
+        "4",
+        "--scenario",
+        "conns-1",
+        "--label",
+        "echo",
+    ]);
+    assert!(f(&r, &["cycles"]) > 0.0);
+    assert!(f(&r, &["latency_us", "round_trip", "count"]) > 0.0);
+    runs.push(r);
+
+    // ringlock, uncontended, with the server's CPU.
+    let r = run(&[
+        "--addr",
+        &server.addr,
+        "--conns",
+        "2",
+        "--pipeline",
+        "3",
+        "--keys",
+        "7",
+        "--server-pid",
+        &server.pid(),
+        "--scenario",
+        "conns-1",
+        "--label",
+        "ringlock-x",
+    ]);
+    assert!(f(&r, &["cycles"]) > 0.0);
+    assert_eq!(f(&r, &["errors"]), 0.0);
+    assert_eq!(r["drained"], true);
+    assert!(f(&r, &["server_cpu", "cpu_s"]) >= 0.0);
+    runs.push(r);
+
+    // ringlock, contended: hand-offs measured, FIFO shares the lock evenly.
+    let r = run(&[
+        "--addr",
+        &server.addr,
+        "--conns",
+        "8",
+        "--mode",
+        "contended",
+        "--keys",
+        "1",
+        "--scenario",
+        "contended",
+        "--label",
+        "ringlock-x",
+    ]);
+    assert!(f(&r, &["latency_us", "handoff", "count"]) > 0.0);
+    let (min, max) = (
+        f(&r, &["fairness", "min_grants"]),
+        f(&r, &["fairness", "max_grants"]),
+    );
+    assert!(max - min <= 1.0, "FIFO: grants per client {min}..{max}");
+    assert_eq!(r["drained"], true);
+    runs.push(r);
+
+    // Memory mode: holds the locks and reads the server's RSS.
+    let r = run(&[
+        "--addr",
+        &server.addr,
+        "--mode",
+        "memory",
+        "--locks",
+        "5000",
+        "--conns",
+        "2",
+        "--pipeline",
+        "64",
+        "--lease",
+        "60",
+        "--server-pid",
+        &server.pid(),
+        "--scenario",
+        "memory",
+        "--label",
+        "ringlock-x",
+    ]);
+    assert_eq!(f(&r, &["memory", "granted"]), 5000.0);
+    assert!(f(&r, &["memory", "rss_after_kib"]) > 0.0);
+    runs.push(r);
+
+    // Report (no plots: no font needed) and compare of a result with itself.
+    let dir = std::env::temp_dir().join(format!("ringlock-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let runs_path = dir.join("runs.jsonl");
+    let lines: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
+    std::fs::write(&runs_path, lines.join("\n") + "\n").unwrap();
+    let prefix: PathBuf = dir.join("result");
+    let out = Command::new(GEN)
+        .args(["report", "--no-plots", "--runs"])
+        .arg(&runs_path)
+        .arg("--out")
+        .arg(&prefix)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("result.md")).unwrap();
+    assert!(md.contains("## contended"), "{md}");
+    assert!(md.contains("ringlock-x"), "{md}");
+    let json = dir.join("result.json");
+    let out = Command::new(GEN)
+        .arg("compare")
+        .arg(&json)
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 regression(s)"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn instruction_cases_run() {
+    for case in ["cycle", "engine-cycle", "handoff", "parse", "expire"] {
+        let out = Command::new(GEN)
+            .args(["instr", case, "--iters", "300"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "instr {case}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ops: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(ops >= 300, "instr {case}: {ops} operations");
+    }
+}
