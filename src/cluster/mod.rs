@@ -207,19 +207,29 @@ impl Cluster {
     }
 
     /// A connection closed: if it was a peer link, forget it. A peer whose
-    /// every link to us closed is dead at once (a crashed process closes its
-    /// sockets); a closed link of ours is dialed again.
+    /// links both ways are all closed is dead at once (a crashed process
+    /// closes all its sockets); one broken link alone is not a crash, and
+    /// leaves liveness to the heartbeats. A closed link of ours is dialed
+    /// again.
     pub fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
-        if let Some(p) = self.peers.iter_mut().find(|p| p.out == Some(conn)) {
+        let mut touched = None;
+        if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
+            let p = &mut self.peers[i];
             p.out = None;
             p.snapshot_sent = false;
             p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+            touched = Some(i);
         }
         if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
             let (_, peer) = self.links_in.swap_remove(i);
-            let p = &mut self.peers[peer];
-            p.links_in -= 1;
-            if p.links_in == 0 {
+            self.peers[peer].links_in -= 1;
+            touched = Some(peer);
+        }
+        // Dead at once only when every link, both ways, is gone (a crashed
+        // process's sockets all close); one broken link is not a crash.
+        if let Some(i) = touched {
+            let p = &mut self.peers[i];
+            if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
                 p.heard_ms = None;
                 p.claims_active = false;
                 self.evaluate(now, engine);
@@ -287,6 +297,12 @@ impl Cluster {
             PeerMsg::Synced if following_sender => self.synced = true,
             PeerMsg::Handoff { highest } => {
                 engine.observe_token(highest);
+                // The sender gave the role up and follows us now, without
+                // our snapshot: what its last heartbeat said is stale.
+                let p = &mut self.peers[from];
+                p.claims_active = false;
+                p.following = Some(self.cfg.me);
+                p.synced = false;
                 if !self.leaving && matches!(self.role, Role::Standby { .. }) {
                     self.become_active(engine);
                 }
@@ -425,8 +441,17 @@ impl Cluster {
         if self.role != Role::Active {
             return None;
         }
-        let successor =
-            (0..self.peers.len()).find(|&p| self.alive(p) && self.peers[p].out.is_some())?;
+        // A follower with the whole state first; any linked peer otherwise.
+        let me = self.cfg.me;
+        let linked = |p: usize| self.alive(p) && self.peers[p].out.is_some();
+        let synced = |p: usize| {
+            let peer = &self.peers[p];
+            linked(p) && peer.following == Some(me) && peer.synced && peer.snapshot_sent
+        };
+        let n = self.peers.len();
+        let successor = (0..n)
+            .find(|&p| synced(p))
+            .or_else(|| (0..n).find(|&p| linked(p)))?;
         self.hand_off(now, successor, engine);
         Some(successor)
     }
@@ -465,8 +490,17 @@ impl Cluster {
                         self.follow(None, engine);
                     }
                     let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
-                    let higher_alive = (0..me).any(|p| self.alive(p));
-                    if grace_over && !higher_alive {
+                    // A node without state (started, never synced, follows
+                    // nobody) must not take over, and drop every grant,
+                    // while a node that has the state is alive: it waits,
+                    // and the others do not wait for it.
+                    let empty = |p: &Peer| !p.synced && p.following.is_none() && !p.claims_active;
+                    let me_empty = !self.synced && following.is_none();
+                    let any_state =
+                        !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
+                    let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
+                    let higher_alive = (0..me).any(blocks);
+                    if grace_over && (!me_empty || !any_state) && !higher_alive {
                         self.become_active(engine);
                     }
                 }
@@ -478,7 +512,12 @@ impl Cluster {
         self.role = Role::Standby { following: active };
         // Tell the peers at once (next turn), not at the next heartbeat.
         self.next_heartbeat_ms = 0;
-        self.synced = false;
+        // Synced to a new active only once its snapshot is in; following
+        // nobody, the copy of the last active's state is kept (and
+        // heartbeats say so).
+        if active.is_some() {
+            self.synced = false;
+        }
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
     }
 
@@ -502,6 +541,17 @@ impl Cluster {
         let Some(conn) = self.peers[to].out else {
             return;
         };
+        if !self.peers[to].snapshot_sent {
+            // It has not got our state on this link yet: send it first, so
+            // that it has everything before HANDOFF.
+            let mut out = Vec::new();
+            let highest = engine.highest_token();
+            wire::encode(&mut out, &PeerMsg::Snapshot { highest });
+            engine.snapshot(now, &mut out);
+            wire::encode(&mut out, &PeerMsg::Synced);
+            engine.write_to(conn, &out);
+            self.peers[to].snapshot_sent = true;
+        }
         self.follow(Some(to), engine);
         self.scratch.clear();
         let highest = engine.highest_token();
