@@ -1,0 +1,386 @@
+//! A deterministic, seeded simulation of the cluster (issue 4), in the
+//! manner of TigerBeetle's VOPR: the real `ringlock::node::Node`s, driven as
+//! the I/O loops drive them, over a fake network and clock. The simulator is
+//! in tests/sim/; this file has the random runs and scripted scenarios.
+//!
+//! # What every run checks, after every step
+//!
+//! 1. Roles: at most one active node once the network has been whole (no
+//!    partition, no hang, no node come or gone) for longer than the failure
+//!    timeout plus margin ([`sim::SETTLE_MS`]); then never without an active
+//!    for longer than a hand-off takes; after a graceful leave, an active
+//!    within one round trip (and a standby that reads `HANDOFF` is active
+//!    right after, unless it knows of a higher-priority active); at the end,
+//!    node 0 is active (failback) and every other node follows it with the
+//!    same grants (seen at least once in the last 500 ms: bytes may be in
+//!    flight at any one moment).
+//! 2. Tokens: each node's tokens strictly increase (across its restarts,
+//!    too); every token is above every token the node had read from peers
+//!    (heartbeats, snapshots, replication, hand-off) before; above every
+//!    token issued more than twice the drift bound earlier (the wall-clock
+//!    half of the rule); and, in a settled cluster, above every token ever
+//!    issued. Clocks drift by up to ±200 ms, so two differ by at most
+//!    400 ms, less than the failover time by timeout (500 ms): the rule of
+//!    docs/protocol.md ("Fencing tokens": clocks not stepped back by more
+//!    than the failover time) holds, and these checks are strict.
+//! 3. A standby that becomes active still holds every grant it had (same
+//!    token, unless its lease ran out).
+//! 4. Mutual exclusion as clients see it: no two clients believe they hold
+//!    one key at once (from the grant's arrival to its lease end by the
+//!    server's clock, or to the release), except across a partition, a hang,
+//!    the loss of both links between two nodes, or a crash that took the
+//!    grant with it (no running node had it: "every grant a standby
+//!    acknowledged survives a failover").
+//! 5. No `E` on peer links or client connections; every answer matches a
+//!    request; requests are answered in time when no fault intervenes.
+//!
+//! Plus each engine's own invariants, and that no node's loop would spin
+//! (a deadline left in the past).
+//!
+//! # Running
+//!
+//! - `cargo test --test cluster_sim`: the scripted scenarios and
+//!   `random_seeds` (seeds 0..300, about 15 s in a debug build);
+//!   `RINGLOCK_SIM_SEEDS=<n>` or `=<a>..<b>` for other seeds.
+//! - `cargo test --release --test cluster_sim -- --ignored`: seeds
+//!   300..5300 (`many_random_seeds`; about 6 min in a debug build).
+//! - `RINGLOCK_SIM_SEED=<n> cargo test --test cluster_sim random_seeds --
+//!   --nocapture`: replays one seed; `RINGLOCK_SIM_LOG=1` prints the whole
+//!   event log as it runs, `RINGLOCK_SIM_LOG=wire` every line nodes read.
+
+mod sim;
+
+use std::ops::Range;
+
+use ringlock::cluster::Role;
+use sim::{MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
+
+/// The seeds to run: `RINGLOCK_SIM_SEED=<n>` (one), `RINGLOCK_SIM_SEEDS=<n>`
+/// (`0..n`) or `RINGLOCK_SIM_SEEDS=<a>..<b>`, else `default`.
+fn seeds_from_env(default: Range<u64>) -> Range<u64> {
+    if let Ok(s) = std::env::var("RINGLOCK_SIM_SEED") {
+        let seed: u64 = s.parse().expect("RINGLOCK_SIM_SEED is a number");
+        return seed..seed + 1;
+    }
+    let Ok(s) = std::env::var("RINGLOCK_SIM_SEEDS") else {
+        return default;
+    };
+    let number = |v: &str| -> u64 { v.parse().expect("RINGLOCK_SIM_SEEDS is <n> or <a>..<b>") };
+    match s.split_once("..") {
+        Some((a, b)) => number(a)..number(b),
+        None => 0..number(&s),
+    }
+}
+
+fn run_seed(seed: u64) -> Result<sim::Stats, String> {
+    let mut rng = Rng::new(seed);
+    let cfg = SimConfig::random(&mut rng);
+    let mut sim = Sim::new(seed, cfg);
+    sim.run()
+}
+
+/// Runs the seeds; prints the whole report of the first few failures and
+/// the reason of every one.
+fn run_seeds(default: Range<u64>) {
+    let seeds = seeds_from_env(default);
+    let started = std::time::Instant::now();
+    let mut failures = Vec::new();
+    let mut total = sim::Stats::default();
+    let count = seeds.end - seeds.start;
+    for seed in seeds {
+        match run_seed(seed) {
+            Ok(stats) => total.add(&stats),
+            Err(report) if failures.len() < 3 => {
+                eprintln!("{report}");
+                failures.push(seed);
+            }
+            Err(report) => {
+                eprintln!("{}", report.lines().next().unwrap_or_default());
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "{count} seeds in {:.1} s: {total:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failing seeds: {failures:?} (replay one with RINGLOCK_SIM_SEED=<seed>)",
+        failures.len()
+    );
+}
+
+/// A few hundred seeds: well under a minute in a debug build.
+#[test]
+fn random_seeds() {
+    run_seeds(0..300);
+}
+
+/// Thousands more: `cargo test --release --test cluster_sim -- --ignored`
+/// (or in a debug build, about 70 s per thousand).
+#[test]
+#[ignore = "thousands of seeds: run with --ignored"]
+fn many_random_seeds() {
+    run_seeds(300..5_300);
+}
+
+/// The same seed gives the same run, event for event.
+#[test]
+fn a_seed_replays_exactly() {
+    let run = |seed| {
+        let mut rng = Rng::new(seed);
+        let mut sim = Sim::new(seed, SimConfig::random(&mut rng));
+        let result = sim.run().map(|s| format!("{s:?}"));
+        (result, sim.report())
+    };
+    for seed in [7, 8] {
+        assert_eq!(run(seed), run(seed));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scripted scenarios: the same simulator and checks, no random faults.
+
+/// Three nodes and two clients, started and settled: node 0 is active.
+fn cluster(nodes: usize) -> Sim {
+    let mut sim = Sim::new(1, SimConfig::scripted(nodes, 2));
+    sim.run_for(PEER_TIMEOUT_MS + 200);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0]);
+    sim
+}
+
+fn ok(sim: &Sim) {
+    if sim.failed().is_some() {
+        panic!("{}", sim.report());
+    }
+}
+
+fn grants(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    pairs.iter().map(|&(k, t)| (k.to_string(), t)).collect()
+}
+
+/// Runs 1 ms at a time until node `x` is active; returns how long it took.
+fn until_active(sim: &mut Sim, x: usize, max_ms: u64) -> u64 {
+    let start = sim.now;
+    while sim.role(x) != Some(Role::Active) {
+        assert!(sim.run_for(1), "{}", sim.report());
+        assert!(
+            sim.now - start <= max_ms,
+            "n{x} not active within {max_ms} ms: {}",
+            sim.report()
+        );
+    }
+    sim.now - start
+}
+
+#[test]
+fn failover_after_a_crash_keeps_the_replicated_grants() {
+    let mut sim = cluster(3);
+    // The worst clocks the rule allows: the active fast, its successor slow.
+    sim.set_drift_ms(0, 200);
+    sim.set_drift_ms(1, -200);
+    let a = sim.acquire(0, "a", 20_000).unwrap();
+    let b = sim.acquire(1, "b", 20_000).unwrap();
+    sim.run_for(50);
+    for x in [1, 2] {
+        assert_eq!(sim.table(x), grants(&[("a", a), ("b", b)]), "n{x} replica");
+    }
+    let before = sim.issued_max();
+    sim.crash(0);
+    // Its sockets close: no need to wait for the timeout.
+    let took = until_active(&mut sim, 1, 2 * MAX_DELAY_MS + 10);
+    eprintln!("failover took {took} ms");
+    assert_eq!(sim.actives(), [1]);
+    assert_eq!(sim.table(1), grants(&[("a", a), ("b", b)]));
+    // Old tokens work on the new active.
+    assert_eq!(sim.release_at(0, 1, "a", a), "R a 1");
+    // "b" is still held there: another acquire of it times out.
+    sim.send_acquire(0, 1, "b", 1_000, 200);
+    sim.run_for(300);
+    assert_eq!(sim.answers(0).last().unwrap(), &(1, "T b".to_string()));
+    // New tokens are above everything, although n1's clock is 400 ms
+    // behind n0's: it read them from n0.
+    let c = sim.acquire(1, "c", 5_000).unwrap();
+    assert!(c > before, "token {c} not above {before}");
+    assert_eq!(sim.role(2), Some(Role::Standby { following: Some(1) }));
+    ok(&sim);
+}
+
+#[test]
+fn a_restarted_first_node_syncs_then_takes_the_role_back() {
+    let mut sim = cluster(3);
+    sim.set_drift_ms(1, 150);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.crash(0);
+    until_active(&mut sim, 1, 50);
+    let b = sim.acquire(1, "b", 30_000).unwrap();
+    sim.run_for(1_000);
+    let before = sim.issued_max();
+    sim.restart(0);
+    // n0 follows n1, takes its snapshot, and n1 hands over: n0 is active
+    // with every grant, and nobody else is.
+    let took = until_active(&mut sim, 0, PEER_TIMEOUT_MS);
+    eprintln!("failback took {took} ms after the restart");
+    assert_eq!(sim.table(0), grants(&[("a", a), ("b", b)]));
+    assert_eq!(sim.actives(), [0]);
+    sim.run_for(100);
+    for x in [1, 2] {
+        assert_eq!(sim.role(x), Some(Role::Standby { following: Some(0) }));
+        assert_eq!(sim.table(x), grants(&[("a", a), ("b", b)]));
+    }
+    let c = sim.acquire(0, "c", 5_000).unwrap();
+    assert!(c > before, "token {c} not above {before}");
+    assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
+    ok(&sim);
+}
+
+#[test]
+fn a_graceful_leave_hands_over_within_a_round_trip() {
+    let mut sim = cluster(3);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    // Client 1 waits for "a" at n0.
+    sim.send_acquire(1, 0, "a", 5_000, 0);
+    sim.run_for(20);
+    let before = sim.issued_max();
+    assert_eq!(sim.leave(0), Some(1));
+    let took = until_active(&mut sim, 1, 2 * MAX_DELAY_MS + 5);
+    eprintln!("hand-off took {took} ms");
+    assert_eq!(sim.actives(), [1]);
+    assert_eq!(sim.table(1), grants(&[("a", a)]));
+    // The waiter was told where to go, and waits there now.
+    assert!(
+        sim.answers(1).contains(&(0, "M a n1:1".to_string())),
+        "{:?}",
+        sim.answers(1)
+    );
+    sim.run_for(50);
+    assert_eq!(sim.release_at(0, 1, "a", a), "R a 1");
+    sim.run_for(50);
+    let (node, last) = sim.answers(1).last().unwrap().clone();
+    let token: u64 = last.strip_prefix("A a ").expect(&last).parse().unwrap();
+    assert_eq!(node, 1);
+    assert!(token > before, "token {token} not above {before}");
+    // The active does not change again (no hand-back to the leaver, no
+    // step-down).
+    sim.run_for(PEER_TIMEOUT_MS * 2);
+    assert_eq!(sim.actives(), [1]);
+    ok(&sim);
+}
+
+#[test]
+fn a_hang_and_resume_demotes_the_lower_priority_active() {
+    let mut sim = cluster(3);
+    sim.set_drift_ms(0, -200);
+    sim.set_drift_ms(1, 200);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.hang(0, 1_500);
+    // n0 is silent: after the timeout n1 takes over, with "a".
+    until_active(&mut sim, 1, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    assert_eq!(sim.table(1), grants(&[("a", a)]));
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 30_000).unwrap();
+    assert!(b > a);
+    // n0 wakes up still active: n1 steps down at once.
+    sim.run_for(1_500 - PEER_TIMEOUT_MS);
+    sim.run_for(2 * sim::HEARTBEAT_MS + 2 * MAX_DELAY_MS);
+    assert_eq!(sim.actives(), [0]);
+    assert_eq!(sim.role(1), Some(Role::Standby { following: Some(0) }));
+    // Tokens still grow, above what n1 issued (n1's clock is 400 ms ahead).
+    sim.set_target(1, 0);
+    let c = sim.acquire(1, "c", 5_000).unwrap();
+    assert!(c > b, "token {c} not above {b}");
+    assert!(c > sim.highest_token(1).min(c - 1));
+    // "a" survived on n0; n1's grant of "b" during the split is lost (the
+    // protocol allows it), and n1 mirrors n0 again.
+    sim.run_for(100);
+    assert_eq!(sim.table(1), sim.table(0));
+    assert!(sim.table(0).contains(&("a".to_string(), a)));
+    ok(&sim);
+}
+
+#[test]
+fn one_broken_peer_link_is_not_a_failover() {
+    let mut sim = cluster(3);
+    sim.acquire(0, "a", 30_000).unwrap();
+    // The link n0 dialed to n1 breaks; n0 is alive and n1 still hears of it
+    // on the other link: n1 must not take over.
+    sim.break_link(0, 1);
+    for _ in 0..PEER_TIMEOUT_MS * 2 {
+        sim.run_for(1);
+        ok(&sim);
+        assert_eq!(sim.actives(), [0], "{}", sim.report());
+    }
+}
+
+#[test]
+fn a_graceful_leave_right_after_the_successor_restarted_keeps_the_grants() {
+    // n1 restarts; n0 leaves while n1 may not have its snapshot yet. Try
+    // every moment of the first 150 ms.
+    for delay in (0..150).step_by(5) {
+        let mut sim = cluster(2);
+        let a = sim.acquire(0, "a", 30_000).unwrap();
+        sim.crash(1);
+        sim.run_for(200);
+        sim.restart(1);
+        sim.run_for(delay);
+        // Before n1 has been heard from, n0 has nobody to hand over to.
+        let Some(to) = sim.leave(0) else { continue };
+        assert_eq!(to, 1);
+        until_active(&mut sim, 1, PEER_TIMEOUT_MS + 100);
+        assert_eq!(
+            sim.table(1),
+            grants(&[("a", a)]),
+            "leave {delay} ms after n1's restart: {}",
+            sim.report()
+        );
+        ok(&sim);
+    }
+}
+
+#[test]
+fn a_restarted_node_without_state_does_not_take_over_from_a_synced_standby() {
+    // n0 crashes, n1 takes over with "a"; n0 restarts, and n1 crashes
+    // before n0 has synced. n2 has "a": the cluster must keep it.
+    for delay in [0, 5, 20, 60] {
+        let mut sim = cluster(3);
+        let a = sim.acquire(0, "a", 30_000).unwrap();
+        sim.crash(0);
+        until_active(&mut sim, 1, 50);
+        sim.run_for(500);
+        sim.restart(0);
+        sim.run_for(delay);
+        sim.crash(1);
+        sim.run_for(PEER_TIMEOUT_MS * 3);
+        ok(&sim);
+        let actives = sim.actives();
+        assert_eq!(actives.len(), 1, "{}", sim.report());
+        assert_eq!(
+            sim.table(actives[0]),
+            grants(&[("a", a)]),
+            "n1 crashed {delay} ms after n0 restarted: n{} active without the grant: {}",
+            actives[0],
+            sim.report()
+        );
+    }
+}
+
+#[test]
+fn no_node_loop_spins() {
+    // A standby that waits for a higher-priority node (here: the restarted
+    // first node, in its start-up grace) must not leave its deadline in the
+    // past, or its I/O loop polls with a zero timeout until it changes.
+    let mut sim = cluster(3);
+    sim.spin_limit_ms = 1;
+    sim.crash(0);
+    until_active(&mut sim, 1, 50);
+    sim.run_for(300);
+    sim.restart(0);
+    sim.run_for(PEER_TIMEOUT_MS * 2);
+    ok(&sim);
+    let mut sim = Sim::new(2, SimConfig::scripted(3, 1));
+    sim.spin_limit_ms = 1;
+    sim.run_for(PEER_TIMEOUT_MS * 2);
+    ok(&sim);
+}

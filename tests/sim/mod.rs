@@ -1,0 +1,2694 @@
+//! A deterministic simulation of a ringlock cluster (TigerBeetle's VOPR
+//! idea): several [`Node`]s, each driven exactly as the I/O loops drive it
+//! (tick, feed each connection's bytes through a [`Session`], take the dirty
+//! output, start dials), over a fake network and a fake clock, with clients
+//! that speak the wire protocol. One seeded PRNG decides everything (delays,
+//! faults, client requests, the order nodes run in), so a seed replays the
+//! same run.
+//!
+//! The network: every TCP connection is a pair of in-order byte pipes with
+//! per-segment delays. Faults: connection breaks (FIN or RST, each side
+//! closing at its own time), partitions (symmetric, with clients on either
+//! side, or one-way between two nodes: stuck bytes queue up and the
+//! connection breaks after a retransmission timeout, as TCP would), crashes
+//! (the kernel closes the dead process's sockets: FIN after the bytes in
+//! flight, or RST), hangs (SIGSTOP: the kernel still accepts and buffers,
+//! the process runs nothing, then resumes with its old state and a clock
+//! that jumped), restarts (a new process: new incarnation, empty state) and
+//! graceful leaves (SIGTERM: `Node::leave`, then every connection closed
+//! with its last output).
+//!
+//! The checks (listed in tests/cluster_sim.rs) run after every call into a
+//! node (`Sim::op`: roles, grants kept on promotion, tokens, `E` lines),
+//! on every answer a client reads (`Sim::check_overlap`: mutual exclusion)
+//! and after every step (`Sim::check_step`: how many actives, answers in
+//! time, busy loops, the engines' invariants).
+
+#![allow(dead_code)]
+
+pub mod rng;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
+
+use ringlock::cluster::{ClusterConfig, Role, wire};
+use ringlock::engine::{ConnId, Now};
+use ringlock::io::{Flow, Session, take_final_output};
+use ringlock::node::{Node, NodeConfig};
+use ringlock::proto::{Answer, parse_answer};
+pub use rng::Rng;
+
+pub const HEARTBEAT_MS: u64 = 50;
+pub const PEER_TIMEOUT_MS: u64 = 500;
+/// One-way delay of a segment: uniform in `0..=MAX_DELAY_MS`.
+pub const MAX_DELAY_MS: u64 = 20;
+/// Wall clocks are off by at most this much either way. Two nodes differ by
+/// at most twice that (400 ms), less than the failover time by timeout
+/// (500 ms), so the fencing-token rule covers every failover (see
+/// docs/protocol.md, "Fencing tokens") and the token checks can be strict.
+pub const MAX_DRIFT_MS: u64 = 200;
+/// How long after a fault ends the cluster may still be sorting itself out:
+/// one failure timeout plus margin for heartbeats, redials and delays.
+pub const SETTLE_MS: u64 = PEER_TIMEOUT_MS + 300;
+/// Sim time starts here (ms).
+const T0: u64 = 1_000;
+const EPOCH_NS: u64 = 1_700_000_000_000_000_000;
+const DIAL_TIMEOUT_MS: u64 = ringlock::io::DIAL_TIMEOUT_MS;
+
+pub fn addr(i: usize) -> String {
+    format!("n{i}:1")
+}
+
+fn node_of_addr(a: &[u8]) -> Option<usize> {
+    let s = std::str::from_utf8(a).ok()?;
+    s.strip_prefix('n')?.strip_suffix(":1")?.parse().ok()
+}
+
+fn show(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub nodes: usize,
+    pub clients: usize,
+    pub keys: usize,
+    /// Clients act on their own (random requests).
+    pub auto_clients: bool,
+    /// Random faults until `chaos_ms` after the start; then everything is
+    /// healed and the run goes on for `settle_ms` before the final checks.
+    pub faults: bool,
+    pub chaos_ms: u64,
+    pub settle_ms: u64,
+    /// Per-node wall clock offsets, drawn in `±drift_ms`.
+    pub drift_ms: u64,
+    /// Relative weights of the fault kinds, see [`Fault`].
+    pub weights: [u64; FAULT_KINDS],
+    pub max_steps: u64,
+}
+
+pub const FAULT_KINDS: usize = 9;
+
+/// The kinds of fault the random scenario picks from, in `weights` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Steady,
+    CrashActive,
+    CrashAny,
+    Leave,
+    HangActive,
+    Partition,
+    OneWay,
+    Flap,
+    Outage,
+}
+
+const FAULTS: [Fault; FAULT_KINDS] = [
+    Fault::Steady,
+    Fault::CrashActive,
+    Fault::CrashAny,
+    Fault::Leave,
+    Fault::HangActive,
+    Fault::Partition,
+    Fault::OneWay,
+    Fault::Flap,
+    Fault::Outage,
+];
+
+impl SimConfig {
+    /// A quiet cluster for scripted scenarios.
+    pub fn scripted(nodes: usize, clients: usize) -> SimConfig {
+        SimConfig {
+            nodes,
+            clients,
+            keys: 3,
+            auto_clients: false,
+            faults: false,
+            chaos_ms: 0,
+            settle_ms: 0,
+            drift_ms: 0,
+            weights: [1, 0, 0, 0, 0, 0, 0, 0, 0],
+            max_steps: 5_000_000,
+        }
+    }
+
+    /// A random configuration drawn from the seed's PRNG.
+    pub fn random(rng: &mut Rng) -> SimConfig {
+        let nodes = [3, 3, 3, 3, 3, 2, 4][rng.below(7) as usize];
+        SimConfig {
+            nodes,
+            clients: rng.range(2, 4) as usize,
+            keys: rng.range(1, 4) as usize,
+            auto_clients: true,
+            faults: true,
+            chaos_ms: rng.range(4_000, 9_000),
+            settle_ms: 3_000,
+            drift_ms: if rng.chance(70) { MAX_DRIFT_MS } else { 0 },
+            //        steady crashA crash leave hang part oneway flap outage
+            weights: [20, 14, 6, 12, 12, 12, 6, 12, 2],
+            max_steps: 2_000_000,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The network
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Party {
+    Node(usize),
+    Client(usize),
+}
+
+#[derive(Debug)]
+enum Seg {
+    /// Bytes, and the sim time they were written at.
+    Data(Vec<u8>, u64),
+    /// Orderly close, after the bytes before it.
+    Fin,
+    /// Reset: the bytes before it were dropped.
+    Rst,
+}
+
+#[derive(Debug, Default)]
+struct Pipe {
+    segs: VecDeque<(u64, Seg)>,
+    last_at: u64,
+    /// Since when its head segment is due but cannot get through.
+    stuck_since: Option<u64>,
+}
+
+/// One TCP connection. End 0 dialed (a node's peer link or a client), end
+/// 1 is the node that accepted it. `pipes[e]` carries bytes from end `e`.
+#[derive(Debug)]
+struct SimConn {
+    parties: [Party; 2],
+    /// For node ends: the incarnation generation that owns it.
+    gens: [u64; 2],
+    /// For node ends: the node's connection id, once open there.
+    cids: [Option<ConnId>; 2],
+    open: [bool; 2],
+    /// A network-made close of end `e` due at this time (processed at the
+    /// node's next turn).
+    close_at: [Option<u64>; 2],
+    pipes: [Pipe; 2],
+    peer_link: bool,
+    /// How long stuck bytes are retransmitted before the sender gives up.
+    rto_ms: u64,
+    /// Broken by the network: nothing written from now on gets through.
+    dead: bool,
+}
+
+// ---------------------------------------------------------------------------
+// Nodes
+
+struct Inc {
+    node: Node,
+    generation: u64,
+    incarnation: u64,
+    ms_offset: u64,
+    started: u64,
+    conns: BTreeMap<ConnId, usize>,
+    sessions: BTreeMap<ConnId, Session>,
+    scan_pos: BTreeMap<ConnId, usize>,
+    next_cid: ConnId,
+    free_cids: BTreeSet<ConnId>,
+    accepts: Vec<(u64, usize)>,
+    /// Highest token in any peer line this process has read.
+    seen_max: u64,
+    role: Role,
+    wake_at: Option<u64>,
+    last_turn: u64,
+    /// Its deadline was in the past after its last turn: a real loop would
+    /// spin (poll with timeout 0) until it changes.
+    spinning_since: Option<u64>,
+}
+
+struct NodeSlot {
+    inc: Option<Inc>,
+    generation: u64,
+    drift_ns: i64,
+    hung_until: Option<u64>,
+    hung_since: u64,
+    /// Highest token any incarnation of this node issued.
+    last_token: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Dial {
+    node: usize,
+    generation: u64,
+    peer: usize,
+    due: u64,
+}
+
+// ---------------------------------------------------------------------------
+// Clients
+
+#[derive(Debug, Clone)]
+struct Req {
+    op: u8,
+    key: Vec<u8>,
+    token: u64,
+    lease_ms: u64,
+    wait_ms: u64,
+    redirects: u32,
+    /// Releases are retried on connection loss for 5 s, like the official
+    /// clients.
+    retry_until: u64,
+    /// When it was last sent.
+    sent_ms: u64,
+}
+
+impl Req {
+    fn line(&self) -> Vec<u8> {
+        let mut l = Vec::new();
+        let secs = |ms: u64| format!("{}.{:03}", ms / 1000, ms % 1000);
+        match self.op {
+            b'A' => l.extend_from_slice(
+                format!(
+                    "A {} {} {}",
+                    show(&self.key),
+                    secs(self.lease_ms),
+                    secs(self.wait_ms)
+                )
+                .as_bytes(),
+            ),
+            b'R' => l.extend_from_slice(format!("R {} {}", show(&self.key), self.token).as_bytes()),
+            b'N' => l.extend_from_slice(
+                format!(
+                    "N {} {} {}",
+                    show(&self.key),
+                    self.token,
+                    secs(self.lease_ms)
+                )
+                .as_bytes(),
+            ),
+            _ => unreachable!(),
+        }
+        l.push(b'\n');
+        l
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    token: u64,
+    node: usize,
+    belief: usize,
+    /// When the client means to let go.
+    hold_until: u64,
+}
+
+/// What a client believes: it holds `key` with `token` from `start` (the
+/// answer arrived) to `end` (lease end by the server's grant time, or when
+/// it sent the release).
+#[derive(Debug, Clone)]
+struct Belief {
+    key: Vec<u8>,
+    client: usize,
+    token: u64,
+    node: usize,
+    granted_ms: u64,
+    start: u64,
+    end: u64,
+}
+
+struct Client {
+    conns: Vec<Option<usize>>,
+    reconnect_at: Vec<Option<u64>>,
+    outstanding: BTreeMap<usize, VecDeque<(Req, usize)>>,
+    target: usize,
+    next_action: u64,
+    held: BTreeMap<Vec<u8>, Held>,
+    busy: BTreeSet<Vec<u8>>,
+    retries: Vec<(u64, Option<usize>, Req)>,
+    /// Every answer line received, with the node it came from (scripted
+    /// tests read these).
+    answers: Vec<(usize, String)>,
+}
+
+// ---------------------------------------------------------------------------
+// Faults and the record of what happened
+
+#[derive(Debug, Clone)]
+struct Window {
+    kind: &'static str,
+    start: u64,
+    /// `u64::MAX` while the fault lasts; then its end plus [`SETTLE_MS`].
+    end: u64,
+    /// For a crash: the grants (key, token) some other running node had in
+    /// its table then. A crash excuses the loss of a grant only if no
+    /// running node had it ("every grant a standby acknowledged survives a
+    /// failover").
+    survivors: Option<BTreeSet<(Vec<u8>, u64)>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Partition {
+    /// Symmetric: the side of each node and client.
+    node_side: Vec<u8>,
+    client_side: Vec<u8>,
+    /// One-way blocks between nodes: (from, to).
+    one_way: Vec<(usize, usize)>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    pub steps: u64,
+    pub node_turns: u64,
+    pub grants: u64,
+    pub client_grants: u64,
+    pub failovers: u64,
+    pub handoffs: u64,
+    pub demotions: u64,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub me_excused: u64,
+    /// Longest a node's loop would have spun (deadline in the past), ms.
+    pub spin_ms_max: u64,
+    pub sim_ms: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.steps += o.steps;
+        self.node_turns += o.node_turns;
+        self.grants += o.grants;
+        self.client_grants += o.client_grants;
+        self.failovers += o.failovers;
+        self.handoffs += o.handoffs;
+        self.demotions += o.demotions;
+        for (k, v) in &o.faults {
+            *self.faults.entry(k).or_default() += v;
+        }
+        self.me_excused += o.me_excused;
+        self.spin_ms_max = self.spin_ms_max.max(o.spin_ms_max);
+        self.sim_ms += o.sim_ms;
+    }
+}
+
+pub struct Sim {
+    pub seed: u64,
+    pub cfg: SimConfig,
+    rng: Rng,
+    pub now: u64,
+    end: u64,
+    nodes: Vec<NodeSlot>,
+    conns: Vec<Option<SimConn>>,
+    dials: Vec<Dial>,
+    clients: Vec<Client>,
+    partition: Option<Partition>,
+    windows: Vec<Window>,
+    /// Last time the network or the set of nodes changed (a fault began or
+    /// ended); "healed" counts from here.
+    last_disturbance: u64,
+    /// Last time exactly one node was active.
+    last_one_active: u64,
+    beliefs: Vec<Belief>,
+    /// Every grant by issue time: (ms, token, node).
+    issued: VecDeque<(u64, u64, usize)>,
+    /// Max token of those popped off `issued` (older than the drift bound).
+    issued_old_max: u64,
+    issued_max: u64,
+    /// Scheduled scenario events.
+    next_fault: u64,
+    restarts: Vec<(u64, usize)>,
+    heal_at: Option<u64>,
+    flaps: Vec<u64>,
+    /// After a graceful leave: (successor, deadline to be active).
+    leave_check: Option<(usize, u64, usize)>,
+    probes: Vec<Option<u64>>,
+    probe_sent: bool,
+    replicas_matched: bool,
+    log: VecDeque<String>,
+    log_all: bool,
+    /// Log every line a node reads too (RINGLOCK_SIM_LOG=wire).
+    log_wire: bool,
+    failure: Option<String>,
+    pub stats: Stats,
+    /// How long a node's loop may spin (its deadline left in the past)
+    /// before that fails the run. Any spin burns a core; short ones at a
+    /// node's start (until it hears the active) are tolerated by default.
+    pub spin_limit_ms: u64,
+    dirty: Vec<ConnId>,
+    dial_buf: Vec<(usize, String)>,
+}
+
+const LOG_KEEP: usize = 400;
+
+impl Sim {
+    pub fn new(seed: u64, cfg: SimConfig) -> Sim {
+        let mut rng = Rng::new(seed);
+        let n = cfg.nodes;
+        let mut nodes = Vec::new();
+        for _ in 0..n {
+            let drift_ms = cfg.drift_ms as i64;
+            let drift_ns = if drift_ms == 0 {
+                0
+            } else {
+                (rng.range(0, 2 * drift_ms as u64 * 1_000_000) as i64) - drift_ms * 1_000_000
+            };
+            nodes.push(NodeSlot {
+                inc: None,
+                generation: 0,
+                drift_ns,
+                hung_until: None,
+                hung_since: 0,
+                last_token: 0,
+            });
+        }
+        let end = T0 + cfg.chaos_ms + cfg.settle_ms;
+        let log_all = std::env::var_os("RINGLOCK_SIM_LOG").is_some();
+        let mut sim = Sim {
+            seed,
+            rng,
+            now: T0,
+            end,
+            nodes,
+            conns: Vec::new(),
+            dials: Vec::new(),
+            clients: Vec::new(),
+            partition: None,
+            windows: Vec::new(),
+            last_disturbance: T0,
+            last_one_active: T0,
+            beliefs: Vec::new(),
+            issued: VecDeque::new(),
+            issued_old_max: 0,
+            issued_max: 0,
+            next_fault: u64::MAX,
+            restarts: Vec::new(),
+            heal_at: None,
+            flaps: Vec::new(),
+            leave_check: None,
+            probes: vec![None; cfg.clients],
+            probe_sent: false,
+            replicas_matched: false,
+            log: VecDeque::new(),
+            log_all,
+            log_wire: std::env::var("RINGLOCK_SIM_LOG").is_ok_and(|v| v == "wire"),
+            failure: None,
+            stats: Stats::default(),
+            spin_limit_ms: 2 * HEARTBEAT_MS,
+            dirty: Vec::new(),
+            dial_buf: Vec::new(),
+            cfg,
+        };
+        let drifts: Vec<String> = sim
+            .nodes
+            .iter()
+            .map(|s| format!("{:+}ms", s.drift_ns / 1_000_000))
+            .collect();
+        let line = format!("seed {seed}: {:?}, drifts {drifts:?}", sim.cfg);
+        sim.log(line);
+        for i in 0..sim.cfg.nodes {
+            sim.start_node(i);
+        }
+        for _ in 0..sim.cfg.clients {
+            let target = sim.rng.below(sim.cfg.nodes as u64) as usize;
+            sim.clients.push(Client {
+                conns: vec![None; sim.cfg.nodes],
+                reconnect_at: vec![Some(T0); sim.cfg.nodes],
+                outstanding: BTreeMap::new(),
+                target,
+                next_action: T0 + 200 + sim.rng.range(0, 300),
+                held: BTreeMap::new(),
+                busy: BTreeSet::new(),
+                retries: Vec::new(),
+                answers: Vec::new(),
+            });
+        }
+        if sim.cfg.faults {
+            sim.next_fault = T0 + 1_000 + sim.rng.range(0, 1_000);
+        }
+        sim
+    }
+
+    // ----- logging and failing -----
+
+    fn log(&mut self, line: String) {
+        let line = format!("{:>6} {line}", self.now);
+        if self.log_all {
+            eprintln!("{line}");
+        }
+        if self.log.len() == LOG_KEEP {
+            self.log.pop_front();
+        }
+        self.log.push_back(line);
+    }
+
+    fn fail(&mut self, what: String) {
+        if self.failure.is_none() {
+            self.log(format!("VIOLATION: {what}"));
+            self.failure = Some(what);
+        }
+    }
+
+    /// The failure, with the seed and the tail of the event log.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "cluster simulation failed: seed {} at t={} ms: {}",
+            self.seed,
+            self.now,
+            self.failure.as_deref().unwrap_or("?")
+        );
+        let _ = writeln!(
+            out,
+            "replay: RINGLOCK_SIM_SEED={} cargo test --test cluster_sim random_seeds -- --nocapture \
+             (RINGLOCK_SIM_LOG=1 for the whole log)",
+            self.seed
+        );
+        let _ = writeln!(out, "last {} events:", self.log.len());
+        for l in &self.log {
+            let _ = writeln!(out, "  {l}");
+        }
+        out
+    }
+
+    pub fn failed(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    // ----- time -----
+
+    fn node_now(&self, x: usize) -> Now {
+        let slot = &self.nodes[x];
+        let inc = slot.inc.as_ref().expect("node is up");
+        Now {
+            ms: self.now + inc.ms_offset,
+            unix_ns: (EPOCH_NS as i64 + (self.now as i64) * 1_000_000 + slot.drift_ns) as u64,
+        }
+    }
+
+    fn delay(&mut self) -> u64 {
+        // Mostly short, sometimes up to the maximum.
+        if self.rng.chance(80) {
+            self.rng.range(0, 5)
+        } else {
+            self.rng.range(0, MAX_DELAY_MS)
+        }
+    }
+
+    // ----- node life -----
+
+    fn start_node(&mut self, x: usize) {
+        assert!(self.nodes[x].inc.is_none());
+        let incarnation = self.rng.next_u64() | 1;
+        let ms_offset = self.rng.range(0, 10_000_000);
+        let generation = self.nodes[x].generation + 1;
+        self.nodes[x].generation = generation;
+        let peers: Vec<String> = (0..self.cfg.nodes).map(addr).collect();
+        let now_ms = self.now + ms_offset;
+        let slot = &self.nodes[x];
+        let now = Now {
+            ms: now_ms,
+            unix_ns: (EPOCH_NS as i64 + (self.now as i64) * 1_000_000 + slot.drift_ns) as u64,
+        };
+        let node = Node::new(
+            now,
+            NodeConfig {
+                advertise: addr(x),
+                cluster: Some(ClusterConfig {
+                    peers,
+                    me: x,
+                    heartbeat_ms: HEARTBEAT_MS,
+                    peer_timeout_ms: PEER_TIMEOUT_MS,
+                    incarnation,
+                }),
+            },
+        );
+        let role = node.role();
+        self.nodes[x].inc = Some(Inc {
+            node,
+            generation,
+            incarnation,
+            ms_offset,
+            started: self.now,
+            conns: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            scan_pos: BTreeMap::new(),
+            next_cid: 0,
+            free_cids: BTreeSet::new(),
+            accepts: Vec::new(),
+            seen_max: 0,
+            role,
+            wake_at: Some(self.now),
+            last_turn: 0,
+            spinning_since: None,
+        });
+        self.nodes[x].hung_until = None;
+        self.log(format!(
+            "n{x} starts (generation {generation}, incarnation {incarnation})"
+        ));
+    }
+
+    fn up(&self, x: usize) -> bool {
+        self.nodes[x].inc.is_some()
+    }
+
+    fn runs(&self, x: usize) -> bool {
+        self.up(x) && self.nodes[x].hung_until.is_none()
+    }
+
+    fn alloc_cid(&mut self, x: usize, sc: usize) -> ConnId {
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let cid = match inc.free_cids.pop_first() {
+            Some(c) => c,
+            None => {
+                inc.next_cid += 1;
+                inc.next_cid - 1
+            }
+        };
+        inc.conns.insert(cid, sc);
+        inc.sessions.insert(cid, Session::new());
+        inc.scan_pos.insert(cid, 0);
+        cid
+    }
+
+    fn free_cid(&mut self, x: usize, cid: ConnId) {
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        inc.conns.remove(&cid);
+        inc.sessions.remove(&cid);
+        inc.scan_pos.remove(&cid);
+        inc.free_cids.insert(cid);
+    }
+
+    /// Runs one call into node `x` and then checks what it did: role
+    /// changes (and that a promoted standby kept its grants), grants issued
+    /// (tokens), `E` lines.
+    fn op<R>(&mut self, x: usize, what: &str, f: impl FnOnce(&mut Node, Now) -> R) -> R {
+        let now = self.node_now(x);
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let before = inc.role;
+        debug_assert_eq!(before, inc.node.role());
+        let grants: Option<Vec<(Vec<u8>, u64, u64)>> = (before != Role::Active).then(|| {
+            inc.node
+                .engine()
+                .grants()
+                .map(|(k, t, e)| (k.to_vec(), t, e))
+                .collect()
+        });
+        let r = f(&mut inc.node, now);
+        self.after_op(x, what, before, grants, now);
+        r
+    }
+
+    fn after_op(
+        &mut self,
+        x: usize,
+        what: &str,
+        before: Role,
+        grants_before: Option<Vec<(Vec<u8>, u64, u64)>>,
+        now: Now,
+    ) {
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let role = inc.node.role();
+        if role != before {
+            inc.role = role;
+            let mut lost = Vec::new();
+            if role == Role::Active {
+                for (k, tok, exp) in grants_before.iter().flatten() {
+                    if *exp > now.ms && inc.node.engine().holder(k).map(|h| h.0) != Some(*tok) {
+                        lost.push(format!("{} {tok}", show(k)));
+                    }
+                }
+            }
+            self.log(format!("n{x} {before:?} -> {role:?} ({what})"));
+            match (before, role) {
+                (_, Role::Active) => self.stats.failovers += 1,
+                (Role::Active, _) => self.stats.demotions += 1,
+                _ => {}
+            }
+            if !lost.is_empty() {
+                self.fail(format!(
+                    "check 3: n{x} became active ({what}) without grants it had applied: {lost:?}"
+                ));
+            }
+        }
+        self.scan_outputs(x);
+    }
+
+    /// Looks at the bytes node `x` wrote since the last scan: grants to
+    /// clients and `E` lines.
+    fn scan_outputs(&mut self, x: usize) {
+        let mut found: Vec<(bool, Vec<u8>)> = Vec::new();
+        {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let cids: Vec<(ConnId, usize)> = inc.conns.iter().map(|(&c, &s)| (c, s)).collect();
+            for (cid, sc) in cids {
+                let pos = inc.scan_pos.get(&cid).copied().unwrap_or(0);
+                let out = inc.node.output_mut(cid);
+                if out.len() <= pos {
+                    continue;
+                }
+                let Some(last_nl) = memchr_last(&out[pos..]) else {
+                    continue;
+                };
+                let peer = self.conns[sc].as_ref().is_some_and(|c| c.peer_link);
+                for line in out[pos..pos + last_nl].split(|&b| b == b'\n') {
+                    if line.starts_with(b"A ") || line.starts_with(b"E ") {
+                        found.push((peer, line.to_vec()));
+                    }
+                }
+                inc.scan_pos.insert(cid, pos + last_nl + 1);
+            }
+        }
+        // Grants made by one call on several connections: the order between
+        // connections is not observable, the order of tokens is.
+        found.sort_by_key(|(_, line)| {
+            let tok = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
+            (line.starts_with(b"A "), tok.len(), tok.to_vec())
+        });
+        for (peer, line) in found {
+            if line.starts_with(b"E ") {
+                let kind = if peer {
+                    "peer link"
+                } else {
+                    "client connection"
+                };
+                self.fail(format!("check 5: n{x} broke a {kind}: {}", show(&line)));
+            } else if !peer {
+                let mut f = line.split(|&b| b == b' ');
+                f.next();
+                let key = f.next().unwrap_or_default().to_vec();
+                let token: u64 = std::str::from_utf8(f.next().unwrap_or_default())
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                self.record_grant(x, &key, token);
+            }
+        }
+    }
+
+    /// Check 2: the tokens.
+    fn record_grant(&mut self, x: usize, key: &[u8], token: u64) {
+        self.stats.grants += 1;
+        let t = self.now;
+        let slot = &self.nodes[x];
+        let inc = slot.inc.as_ref().unwrap();
+        let (last, seen) = (slot.last_token, inc.seen_max);
+        self.log(format!("n{x} grants {} {token}", show(key)));
+        if token <= last {
+            self.fail(format!(
+                "check 2: n{x} issued token {token} after its own {last}"
+            ));
+        }
+        if token <= seen {
+            self.fail(format!(
+                "check 2: n{x} issued token {token}, not above the {seen} it had read from peers"
+            ));
+        }
+        // The wall-clock half of the rule: anything issued more than twice
+        // the drift bound ago is below.
+        let horizon = t.saturating_sub(2 * self.cfg.drift_ms + 1);
+        while self.issued.front().is_some_and(|&(ms, _, _)| ms < horizon) {
+            let (_, tok, _) = self.issued.pop_front().unwrap();
+            self.issued_old_max = self.issued_old_max.max(tok);
+        }
+        if token <= self.issued_old_max {
+            let old = self.issued_old_max;
+            self.fail(format!(
+                "check 2: n{x} issued token {token}, below {old} issued more than {} ms ago",
+                2 * self.cfg.drift_ms
+            ));
+        }
+        // Healed and settled: above everything ever issued.
+        if self.healed_for() > SETTLE_MS && token <= self.issued_max {
+            let max = self.issued_max;
+            self.fail(format!(
+                "check 2: n{x} issued token {token} in a settled cluster, below {max} issued before"
+            ));
+        }
+        self.issued.push_back((t, token, x));
+        self.issued_max = self.issued_max.max(token);
+        self.nodes[x].last_token = self.nodes[x].last_token.max(token);
+    }
+
+    // ----- connections -----
+
+    fn new_conn(&mut self, parties: [Party; 2], peer_link: bool) -> usize {
+        let gen_of = |p: Party, nodes: &[NodeSlot]| match p {
+            Party::Node(x) => nodes[x].generation,
+            Party::Client(_) => 0,
+        };
+        let gens = [
+            gen_of(parties[0], &self.nodes),
+            gen_of(parties[1], &self.nodes),
+        ];
+        let rto_ms = self.rng.range(300, 2_000);
+        self.conns.push(Some(SimConn {
+            parties,
+            gens,
+            cids: [None, None],
+            open: [true, true],
+            close_at: [None, None],
+            pipes: [Pipe::default(), Pipe::default()],
+            peer_link,
+            rto_ms,
+            dead: false,
+        }));
+        self.conns.len() - 1
+    }
+
+    /// Queues a segment from end `e` of `sc`. Bytes for an end that is
+    /// closed bounce: the sender gets a reset a round trip later.
+    fn send(&mut self, sc: usize, e: usize, seg: Seg) {
+        let at = self.now + self.delay();
+        let conn = self.conns[sc].as_ref().unwrap();
+        let through = !self.blocked(conn.parties[e], conn.parties[1 - e]);
+        if (conn.dead || !conn.open[1 - e]) && through {
+            let back = at + self.delay();
+            let conn = self.conns[sc].as_mut().unwrap();
+            if conn.open[e] && conn.close_at[e].is_none_or(|c| c > back) {
+                conn.close_at[e] = Some(back);
+            }
+            return;
+        }
+        if conn.dead {
+            return; // lost in the partition; the sender times out
+        }
+        let conn = self.conns[sc].as_mut().unwrap();
+        let pipe = &mut conn.pipes[e];
+        let at = at.max(pipe.last_at);
+        pipe.last_at = at;
+        if let Seg::Rst = seg {
+            // A reset overtakes and drops whatever was still in flight.
+            pipe.segs.clear();
+        }
+        pipe.segs.push_back((at, seg));
+    }
+
+    fn blocked(&self, from: Party, to: Party) -> bool {
+        let Some(p) = &self.partition else {
+            return false;
+        };
+        let side = |q: Party| match q {
+            Party::Node(x) => p.node_side.get(x).copied().unwrap_or(0),
+            Party::Client(c) => p.client_side.get(c).copied().unwrap_or(0),
+        };
+        if side(from) != side(to) {
+            return true;
+        }
+        match (from, to) {
+            (Party::Node(a), Party::Node(b)) => p.one_way.contains(&(a, b)),
+            _ => false,
+        }
+    }
+
+    /// Can end `1 - e` of `sc` take in a segment now?
+    fn can_receive(&self, conn: &SimConn, e: usize) -> bool {
+        let r = 1 - e;
+        if !conn.open[r] {
+            return false; // its pipe was emptied when it closed
+        }
+        if self.blocked(conn.parties[e], conn.parties[r]) {
+            return false;
+        }
+        match conn.parties[r] {
+            Party::Client(_) => true,
+            Party::Node(y) => {
+                conn.cids[r].is_some()
+                    && self.nodes[y]
+                        .inc
+                        .as_ref()
+                        .is_some_and(|i| i.generation == conn.gens[r])
+                    && self.nodes[y].hung_until.is_none()
+            }
+        }
+    }
+
+    /// The end of `sc` that belongs to node `x` (current incarnation).
+    fn end_of(&self, sc: usize, x: usize) -> usize {
+        let conn = self.conns[sc].as_ref().unwrap();
+        if conn.parties[1] == Party::Node(x) && conn.gens[1] == self.nodes[x].generation {
+            1
+        } else {
+            0
+        }
+    }
+
+    fn drop_if_done(&mut self, sc: usize) {
+        if self.conns[sc]
+            .as_ref()
+            .is_some_and(|c| !c.open[0] && !c.open[1])
+        {
+            self.conns[sc] = None;
+        }
+    }
+
+    /// Node `x` closes its end `e` of `sc` (cid `cid`). With `notify`, its
+    /// last output and a FIN go to the other end.
+    fn node_close(&mut self, x: usize, sc: usize, e: usize, notify: bool, why: &str) {
+        let cid = self.conns[sc].as_ref().unwrap().cids[e].expect("open at the node");
+        let out = self.op(x, "close", |node, now| take_final_output(node, now, cid));
+        self.free_cid(x, cid);
+        let conn = self.conns[sc].as_mut().unwrap();
+        conn.open[e] = false;
+        conn.close_at[e] = None;
+        conn.pipes[1 - e].segs.clear();
+        let other_open = conn.open[1 - e];
+        let peer_link = conn.peer_link;
+        let other = conn.parties[1 - e];
+        if notify && other_open {
+            if !out.is_empty() {
+                self.send(sc, e, Seg::Data(out, self.now));
+            }
+            self.send(sc, e, Seg::Fin);
+        }
+        if peer_link {
+            self.log(format!("n{x} closes link #{sc} with {other:?} ({why})"));
+        }
+        self.drop_if_done(sc);
+    }
+
+    // ----- faults -----
+
+    fn disturb(&mut self) {
+        self.last_disturbance = self.now;
+    }
+
+    fn open_window(&mut self, kind: &'static str) -> usize {
+        *self.stats.faults.entry(kind).or_default() += 1;
+        self.windows.push(Window {
+            kind,
+            start: self.now,
+            end: u64::MAX,
+            survivors: None,
+        });
+        self.disturb();
+        self.windows.len() - 1
+    }
+
+    fn close_window(&mut self, w: usize) {
+        self.windows[w].end = self.now + SETTLE_MS;
+        self.disturb();
+    }
+
+    /// Crashes node `x`: the kernel closes its sockets. A peer reading from
+    /// it gets the bytes in flight and then a FIN; a connection with unread
+    /// input at `x` is reset (the bytes in flight from `x` are lost).
+    pub fn crash(&mut self, x: usize) {
+        let Some(inc) = self.nodes[x].inc.take() else {
+            return;
+        };
+        let was_active = inc.role == Role::Active;
+        self.log(format!("CRASH n{x} (was {:?})", inc.role));
+        self.crash_window(x, if was_active { "crash-active" } else { "crash" });
+        self.nodes[x].hung_until = None;
+        let generation = inc.generation;
+        drop(inc);
+        self.dials.retain(|d| d.node != x);
+        for sc in 0..self.conns.len() {
+            let Some(conn) = self.conns[sc].as_ref() else {
+                continue;
+            };
+            let Some(e) =
+                (0..2).find(|&e| conn.parties[e] == Party::Node(x) && conn.gens[e] == generation)
+            else {
+                continue;
+            };
+            if !conn.open[e] {
+                continue;
+            }
+            let unread = !conn.pipes[1 - e].segs.is_empty();
+            let rst = unread || self.rng.chance(20);
+            let conn = self.conns[sc].as_mut().unwrap();
+            conn.open[e] = false;
+            conn.close_at[e] = None;
+            conn.pipes[1 - e].segs.clear();
+            if conn.open[1 - e] {
+                self.send(sc, e, if rst { Seg::Rst } else { Seg::Fin });
+            }
+            self.drop_if_done(sc);
+        }
+    }
+
+    /// A window in which node `x`'s grants that no other running node has
+    /// may be lost.
+    fn crash_window(&mut self, x: usize, kind: &'static str) {
+        let w = self.open_window(kind);
+        self.close_window(w);
+        let survivors = (0..self.cfg.nodes)
+            .filter(|&y| y != x && self.runs(y))
+            .flat_map(|y| {
+                let engine = self.nodes[y].inc.as_ref().unwrap().node.engine();
+                engine
+                    .grants()
+                    .map(|(k, t, _)| (k.to_vec(), t))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        self.windows[w].survivors = Some(survivors);
+    }
+
+    pub fn restart(&mut self, x: usize) {
+        if self.up(x) {
+            return;
+        }
+        self.disturb();
+        self.log(format!("RESTART n{x}"));
+        self.start_node(x);
+    }
+
+    /// SIGSTOP for `ms`, then SIGCONT.
+    pub fn hang(&mut self, x: usize, ms: u64) {
+        if !self.runs(x) {
+            return;
+        }
+        let role = self.nodes[x].inc.as_ref().unwrap().role;
+        self.log(format!("HANG n{x} ({role:?}) for {ms} ms"));
+        self.open_window("hang");
+        self.nodes[x].hung_until = Some(self.now + ms);
+        self.nodes[x].hung_since = self.now;
+    }
+
+    fn resume(&mut self, x: usize) {
+        self.nodes[x].hung_until = None;
+        if let Some(inc) = self.nodes[x].inc.as_mut() {
+            inc.wake_at = Some(self.now);
+        }
+        self.log(format!("RESUME n{x}"));
+        if let Some(w) = self
+            .windows
+            .iter()
+            .rposition(|w| w.kind == "hang" && w.end == u64::MAX)
+        {
+            self.close_window(w);
+        }
+    }
+
+    /// SIGTERM on node `x`: it leaves (hand-off), closes every connection
+    /// with its last output, and exits. Returns the successor.
+    pub fn leave(&mut self, x: usize) -> Option<usize> {
+        if !self.runs(x) {
+            return None;
+        }
+        self.stats.handoffs += 1;
+        let was = self.nodes[x].inc.as_ref().unwrap().role;
+        let to = self.op(x, "leave", |node, now| node.leave(now));
+        let succ = to.as_deref().and_then(|a| node_of_addr(a.as_bytes()));
+        self.log(format!("LEAVE n{x} (was {was:?}): successor {to:?}"));
+        self.disturb();
+        if succ.is_none() && was == Role::Active {
+            // Nobody to hand over to: like a crash, the grants no other
+            // running node has go with it.
+            self.crash_window(x, "leave-alone");
+        }
+        let conns: Vec<(ConnId, usize)> = self.nodes[x]
+            .inc
+            .as_ref()
+            .unwrap()
+            .conns
+            .iter()
+            .map(|(&c, &s)| (c, s))
+            .collect();
+        for (_, sc) in conns {
+            let e = self.end_of(sc, x);
+            self.node_close(x, sc, e, true, "leaving");
+        }
+        // Connections not accepted yet are reset when the process exits.
+        let inc = self.nodes[x].inc.take().unwrap();
+        self.dials.retain(|d| d.node != x);
+        for (_, sc) in inc.accepts {
+            if let Some(conn) = self.conns[sc].as_mut() {
+                conn.open[1] = false;
+                conn.pipes[0].segs.clear();
+                if conn.open[0] {
+                    self.send(sc, 1, Seg::Rst);
+                }
+            }
+        }
+        if let (Some(s), Role::Active) = (succ, was) {
+            self.leave_check = Some((s, self.now + 2 * MAX_DELAY_MS + 5, x));
+        }
+        succ
+    }
+
+    /// Symmetric partition: `side[i]` for each node; clients are put on a
+    /// side at random.
+    pub fn partition(&mut self, node_side: Vec<u8>) {
+        let client_side = (0..self.cfg.clients)
+            .map(|_| self.rng.below(2) as u8)
+            .collect();
+        self.log(format!(
+            "PARTITION nodes {node_side:?} clients {client_side:?}"
+        ));
+        self.open_window("partition");
+        self.partition = Some(Partition {
+            node_side,
+            client_side,
+            one_way: Vec::new(),
+        });
+    }
+
+    /// Bytes from `from` to `to` stop getting through.
+    pub fn one_way(&mut self, from: usize, to: usize) {
+        self.log(format!("ONE-WAY block n{from} -> n{to}"));
+        self.open_window("partition");
+        let p = self.partition.get_or_insert_with(Partition::default);
+        p.one_way.push((from, to));
+    }
+
+    pub fn heal(&mut self) {
+        if self.partition.take().is_some() {
+            self.log("HEAL partition".into());
+            for w in 0..self.windows.len() {
+                if self.windows[w].kind == "partition" && self.windows[w].end == u64::MAX {
+                    self.close_window(w);
+                }
+            }
+        }
+    }
+
+    /// Breaks one connection: each side learns at its own time.
+    pub fn break_conn(&mut self, sc: usize) {
+        let Some(conn) = self.conns[sc].as_ref() else {
+            return;
+        };
+        let parties = conn.parties;
+        let rst = self.rng.chance(50);
+        self.log(format!(
+            "BREAK link #{sc} {:?} -> {:?} ({})",
+            parties[0],
+            parties[1],
+            if rst { "rst" } else { "fin" }
+        ));
+        *self.stats.faults.entry("flap").or_default() += 1;
+        self.disturb();
+        self.conns[sc].as_mut().unwrap().dead = true;
+        // Both links of a pair of nodes down at once looks like a crash to
+        // the nodes: a failover then is a network fault's, not a bug's.
+        if let [Party::Node(a), Party::Node(b)] = parties {
+            let reverse_up = self.conns.iter().flatten().any(|c| {
+                c.peer_link
+                    && c.parties == [Party::Node(b), Party::Node(a)]
+                    && c.open == [true, true]
+                    && c.close_at == [None, None]
+            });
+            if !reverse_up {
+                let w = self.open_window("flap-both");
+                self.close_window(w);
+            }
+        }
+        for e in 0..2 {
+            let delay = self.rng.range(0, 30);
+            let conn = self.conns[sc].as_mut().unwrap();
+            if conn.open[e] {
+                // End e hears of the break from the network.
+                conn.close_at[e] = Some(self.now + delay);
+                if rst {
+                    conn.pipes[1 - e].segs.clear();
+                }
+            }
+        }
+    }
+
+    fn peer_links(&self) -> Vec<usize> {
+        (0..self.conns.len())
+            .filter(|&sc| {
+                self.conns[sc]
+                    .as_ref()
+                    .is_some_and(|c| c.peer_link && c.open[0] && c.open[1])
+            })
+            .collect()
+    }
+
+    pub fn actives(&self) -> Vec<usize> {
+        (0..self.cfg.nodes)
+            .filter(|&x| {
+                self.nodes[x]
+                    .inc
+                    .as_ref()
+                    .is_some_and(|i| i.role == Role::Active)
+            })
+            .collect()
+    }
+
+    pub fn role(&self, x: usize) -> Option<Role> {
+        self.nodes[x].inc.as_ref().map(|i| i.role)
+    }
+
+    /// The grants in node `x`'s table: (key, token).
+    pub fn table(&self, x: usize) -> Vec<(String, u64)> {
+        let Some(inc) = self.nodes[x].inc.as_ref() else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, u64)> = inc
+            .node
+            .engine()
+            .grants()
+            .map(|(k, t, _)| (show(k), t))
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn highest_token(&self, x: usize) -> u64 {
+        self.nodes[x]
+            .inc
+            .as_ref()
+            .map_or(0, |i| i.node.engine().highest_token())
+    }
+
+    /// The highest token any node issued so far.
+    pub fn issued_max(&self) -> u64 {
+        self.issued_max
+    }
+
+    fn healed(&self) -> bool {
+        self.partition.is_none() && self.nodes.iter().all(|n| n.hung_until.is_none())
+    }
+
+    /// How long the network has been whole (no partition, no hang) and no
+    /// node has come or gone.
+    fn healed_for(&self) -> u64 {
+        if self.healed() {
+            self.now - self.last_disturbance
+        } else {
+            0
+        }
+    }
+
+    // ----- the random scenario -----
+
+    fn random_fault(&mut self) {
+        let kind = FAULTS[self.rng.weighted(&self.cfg.weights)];
+        let up: Vec<usize> = (0..self.cfg.nodes).filter(|&x| self.runs(x)).collect();
+        let actives: Vec<usize> = self
+            .actives()
+            .into_iter()
+            .filter(|&x| self.runs(x))
+            .collect();
+        let active = actives.first().copied();
+        match kind {
+            Fault::Steady => {}
+            Fault::CrashActive | Fault::CrashAny => {
+                let victim = if kind == Fault::CrashActive {
+                    active
+                } else {
+                    (!up.is_empty()).then(|| self.rng.pick(&up))
+                };
+                if let Some(v) = victim.filter(|_| up.len() > 1) {
+                    self.crash(v);
+                    let back = self.now + self.rng.range(100, 3_000);
+                    self.restarts.push((back, v));
+                }
+            }
+            Fault::Leave => {
+                if let Some(v) = active.filter(|_| up.len() > 1) {
+                    self.leave(v);
+                    let back = self.now + self.rng.range(200, 3_000);
+                    self.restarts.push((back, v));
+                }
+            }
+            Fault::HangActive => {
+                if let Some(v) = active.filter(|_| up.len() > 1) {
+                    let ms = if self.rng.chance(75) {
+                        self.rng.range(PEER_TIMEOUT_MS + 100, 2_500)
+                    } else {
+                        self.rng.range(50, PEER_TIMEOUT_MS - 100)
+                    };
+                    self.hang(v, ms);
+                }
+            }
+            Fault::Partition if self.partition.is_none() => {
+                let n = self.cfg.nodes;
+                let mut side: Vec<u8> = (0..n).map(|_| self.rng.below(2) as u8).collect();
+                if side.iter().all(|&s| s == side[0]) {
+                    side[self.rng.below(n as u64) as usize] ^= 1;
+                }
+                self.partition(side);
+                self.heal_at = Some(self.now + self.rng.range(200, 3_000));
+            }
+            Fault::OneWay if self.partition.is_none() => {
+                let n = self.cfg.nodes as u64;
+                let from = self.rng.below(n) as usize;
+                let to = (from + 1 + self.rng.below(n - 1) as usize) % n as usize;
+                self.one_way(from, to);
+                if self.rng.chance(40) {
+                    self.one_way(to, from);
+                }
+                self.heal_at = Some(self.now + self.rng.range(200, 3_000));
+            }
+            Fault::Partition | Fault::OneWay => {}
+            Fault::Flap => {
+                let count = self.rng.range(1, 4);
+                for i in 0..count {
+                    self.flaps.push(self.now + i * self.rng.range(0, 150));
+                }
+            }
+            Fault::Outage => {
+                self.log("OUTAGE: every node crashes".into());
+                self.open_window("outage");
+                let w = self.windows.len() - 1;
+                for x in 0..self.cfg.nodes {
+                    if self.up(x) {
+                        self.crash(x);
+                        let back = self.now + self.rng.range(100, 1_500);
+                        self.restarts.push((back, x));
+                    }
+                }
+                self.windows[w].end = self.now + 1_500 + SETTLE_MS;
+            }
+        }
+        self.next_fault = self.now + self.rng.range(200, 2_000);
+    }
+
+    fn flap_one(&mut self) {
+        let links = self.peer_links();
+        let clients: Vec<usize> = (0..self.conns.len())
+            .filter(|&sc| {
+                self.conns[sc]
+                    .as_ref()
+                    .is_some_and(|c| !c.peer_link && c.open[0] && c.open[1])
+            })
+            .collect();
+        let pool = if !links.is_empty() && (clients.is_empty() || self.rng.chance(75)) {
+            links
+        } else {
+            clients
+        };
+        if !pool.is_empty() {
+            let sc = self.rng.pick(&pool);
+            self.break_conn(sc);
+        }
+    }
+
+    /// The end of the chaos: everything heals, every node comes back.
+    fn heal_all(&mut self) {
+        self.log("HEAL ALL".into());
+        self.heal();
+        self.heal_at = None;
+        self.flaps.clear();
+        for x in 0..self.cfg.nodes {
+            if self.nodes[x].hung_until.is_some() {
+                self.resume(x);
+            }
+        }
+        self.restarts.clear();
+        for x in 0..self.cfg.nodes {
+            if !self.up(x) {
+                self.restart(x);
+            }
+        }
+    }
+
+    // ----- the main loop -----
+
+    fn node_deadline(&self, x: usize) -> Option<u64> {
+        let slot = &self.nodes[x];
+        let inc = slot.inc.as_ref()?;
+        if slot.hung_until.is_some() {
+            return None;
+        }
+        let mut next = inc
+            .node
+            .next_deadline()
+            .map(|d| d.saturating_sub(inc.ms_offset));
+        if inc.spinning_since.is_some() {
+            // Do not spin the simulation: one turn per millisecond.
+            next = next.map(|d| d.max(inc.last_turn + 1));
+        }
+        let wake = inc.wake_at;
+        let accept = inc.accepts.iter().map(|&(at, _)| at).min();
+        [next, wake, accept].into_iter().flatten().min()
+    }
+
+    fn next_event(&self) -> u64 {
+        self.next_event_why(&mut Vec::new())
+    }
+
+    /// The next time something happens; `why` gets what happens then.
+    fn next_event_why(&self, why: &mut Vec<String>) -> u64 {
+        let mut next = self.end;
+        let mut what = String::new();
+        let mut consider = |t: u64, w: &dyn Fn() -> String| {
+            if t < next {
+                next = t;
+                what = w();
+            }
+        };
+        for x in 0..self.cfg.nodes {
+            if let Some(d) = self.node_deadline(x) {
+                consider(d, &|| format!("n{x} deadline"));
+            }
+            if let Some(h) = self.nodes[x].hung_until {
+                consider(h, &|| format!("n{x} resumes"));
+            }
+        }
+        for d in self.dials.iter().filter(|d| self.runs(d.node)) {
+            consider(d.due, &|| format!("dial {d:?}"));
+        }
+        for conn in self.conns.iter().flatten() {
+            for e in 0..2 {
+                // (A node end not accepted yet closes when it would be.)
+                let runs = match conn.parties[e] {
+                    Party::Node(x) => self.runs(x) && conn.cids[e].is_some(),
+                    Party::Client(_) => true,
+                };
+                if let Some(at) = conn.close_at[e].filter(|_| runs) {
+                    consider(at, &|| format!("close {conn:?} end {e}"));
+                }
+                let pipe = &conn.pipes[e];
+                if let Some(&(at, _)) = pipe.segs.front() {
+                    if self.can_receive(conn, e) {
+                        consider(at, &|| {
+                            format!("deliver {:?} -> {:?}", conn.parties[e], conn.parties[1 - e])
+                        });
+                    } else if self.blocked(conn.parties[e], conn.parties[1 - e])
+                        && conn.open[e]
+                        && conn.open[1 - e]
+                        && conn.close_at[e].is_none()
+                    {
+                        // Stuck in a partition: the sender gives up later.
+                        match pipe.stuck_since {
+                            Some(since) => {
+                                consider(since + conn.rto_ms, &|| format!("rto {conn:?}"))
+                            }
+                            None => consider(at, &|| format!("stuck {conn:?}")),
+                        }
+                    }
+                }
+            }
+        }
+        for c in &self.clients {
+            if self.cfg.auto_clients {
+                consider(c.next_action, &|| "client action".into());
+            }
+            for &(at, _, _) in &c.retries {
+                consider(at, &|| "client retry".into());
+            }
+            for at in c.reconnect_at.iter().flatten() {
+                consider(*at, &|| "client reconnect".into());
+            }
+        }
+        consider(self.next_fault, &|| "fault".into());
+        for &(at, _) in &self.restarts {
+            consider(at, &|| "restart".into());
+        }
+        if let Some(h) = self.heal_at {
+            consider(h, &|| "heal".into());
+        }
+        for &f in &self.flaps {
+            consider(f, &|| "flap".into());
+        }
+        if let Some((_, d, _)) = self.leave_check {
+            consider(d, &|| "leave check".into());
+        }
+        why.push(what);
+        next.max(self.now)
+    }
+
+    /// Runs until sim time `until` (or a failure). Returns false on failure.
+    pub fn run_until(&mut self, until: u64) -> bool {
+        let saved_end = self.end;
+        self.end = until.min(saved_end.max(until));
+        while self.failure.is_none() {
+            let t = self.next_event();
+            if t >= until {
+                self.now = until;
+                break;
+            }
+            self.step(t);
+        }
+        self.end = saved_end;
+        self.failure.is_none()
+    }
+
+    pub fn run_for(&mut self, ms: u64) -> bool {
+        self.run_until(self.now + ms)
+    }
+
+    /// The whole random run: chaos, heal, settle, final checks.
+    pub fn run(&mut self) -> Result<Stats, String> {
+        let chaos_end = T0 + self.cfg.chaos_ms;
+        let end = self.end;
+        if self.run_until(chaos_end) {
+            self.next_fault = u64::MAX;
+            self.heal_all();
+            if self.run_until(end - 1_000) {
+                self.send_probes();
+                if self.run_until(end) {
+                    self.final_checks();
+                }
+            }
+        }
+        self.stats.sim_ms = self.now - T0;
+        match &self.failure {
+            None => Ok(self.stats.clone()),
+            Some(_) => Err(self.report()),
+        }
+    }
+
+    fn step(&mut self, t: u64) {
+        self.now = t;
+        self.stats.steps += 1;
+        if self.stats.steps > self.cfg.max_steps {
+            let mut why = Vec::new();
+            self.next_event_why(&mut why);
+            self.fail(format!(
+                "runaway: more than {} steps; next: {why:?}",
+                self.cfg.max_steps
+            ));
+            return;
+        }
+        self.scenario_events();
+        self.network_events();
+        let mut order: Vec<usize> = (0..self.cfg.nodes).collect();
+        for i in (1..order.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            order.swap(i, j);
+        }
+        for x in order {
+            if self.node_deadline(x).is_some_and(|d| d <= t) || self.has_input(x) {
+                self.node_turn(x);
+            }
+        }
+        self.client_events();
+        self.check_step();
+    }
+
+    fn scenario_events(&mut self) {
+        let t = self.now;
+        for x in 0..self.cfg.nodes {
+            if self.nodes[x].hung_until.is_some_and(|h| h <= t) {
+                self.resume(x);
+            }
+        }
+        let due: Vec<usize> = self
+            .restarts
+            .iter()
+            .filter(|&&(at, _)| at <= t)
+            .map(|&(_, x)| x)
+            .collect();
+        self.restarts.retain(|&(at, _)| at > t);
+        for x in due {
+            self.restart(x);
+        }
+        if self.heal_at.is_some_and(|h| h <= t) {
+            self.heal_at = None;
+            self.heal();
+        }
+        let flaps = self.flaps.iter().filter(|&&f| f <= t).count();
+        self.flaps.retain(|&f| f > t);
+        for _ in 0..flaps {
+            self.flap_one();
+        }
+        if self.next_fault <= t {
+            self.random_fault();
+        }
+    }
+
+    /// Stuck bytes: a sender that cannot get its bytes through gives up
+    /// after its retransmission timeout, and the connection breaks.
+    fn network_events(&mut self) {
+        let t = self.now;
+        for sc in 0..self.conns.len() {
+            if self.conns[sc].is_none() {
+                continue;
+            }
+            for e in 0..2 {
+                let conn = self.conns[sc].as_ref().unwrap();
+                let due = conn.pipes[e].segs.front().is_some_and(|&(at, _)| at <= t);
+                let stuck =
+                    due && conn.open[1 - e] && self.blocked(conn.parties[e], conn.parties[1 - e]);
+                let conn = self.conns[sc].as_mut().unwrap();
+                if !stuck {
+                    conn.pipes[e].stuck_since = None;
+                    continue;
+                }
+                let since = *conn.pipes[e].stuck_since.get_or_insert(t);
+                if t >= since + conn.rto_ms && conn.open[e] && conn.close_at[e].is_none() {
+                    // The sender times out now; the receiver learns when
+                    // its own bytes bounce, later.
+                    conn.close_at[e] = Some(t);
+                    conn.dead = true;
+                    let later = t + self.rng.range(0, 1_500);
+                    let conn = self.conns[sc].as_mut().unwrap();
+                    if conn.close_at[1 - e].is_none() && conn.open[1 - e] {
+                        conn.close_at[1 - e] = Some(later);
+                    }
+                    let parties = conn.parties;
+                    self.log(format!(
+                        "link #{sc} {:?} -> {:?} times out",
+                        parties[0], parties[1]
+                    ));
+                }
+            }
+        }
+        // Network-made closes of client ends happen here; node ends at the
+        // node's turn.
+        for sc in 0..self.conns.len() {
+            let Some(conn) = self.conns[sc].as_ref() else {
+                continue;
+            };
+            if let (Party::Client(c), Some(at)) = (conn.parties[0], conn.close_at[0])
+                && at <= t
+            {
+                self.client_close(c, sc);
+            }
+        }
+    }
+
+    fn has_input(&self, x: usize) -> bool {
+        let Some(inc) = self.nodes[x].inc.as_ref() else {
+            return false;
+        };
+        if self.nodes[x].hung_until.is_some() {
+            return false;
+        }
+        let t = self.now;
+        if self
+            .dials
+            .iter()
+            .any(|d| d.node == x && d.generation == inc.generation && d.due <= t)
+        {
+            return true;
+        }
+        inc.conns.values().any(|&sc| {
+            let conn = self.conns[sc].as_ref().unwrap();
+            let e = self.end_of(sc, x);
+            conn.close_at[e].is_some_and(|at| at <= t)
+                || conn.pipes[1 - e]
+                    .segs
+                    .front()
+                    .is_some_and(|&(at, _)| at <= t && self.can_receive(conn, 1 - e))
+        })
+    }
+
+    fn node_turn(&mut self, x: usize) {
+        let t = self.now;
+        self.stats.node_turns += 1;
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        inc.wake_at = None;
+        inc.last_turn = t;
+        self.op(x, "tick", |node, now| node.tick(now));
+        // Closes the network made.
+        let conns: Vec<usize> = self.nodes[x]
+            .inc
+            .as_ref()
+            .unwrap()
+            .conns
+            .values()
+            .copied()
+            .collect();
+        for sc in conns {
+            let e = self.end_of(sc, x);
+            if self.conns[sc]
+                .as_ref()
+                .is_some_and(|c| c.open[e] && c.close_at[e].is_some_and(|at| at <= t))
+            {
+                self.node_close(x, sc, e, false, "broken by the network");
+            }
+        }
+        // Connections broken before they were accepted.
+        let pending: Vec<usize> = self.nodes[x]
+            .inc
+            .as_ref()
+            .unwrap()
+            .accepts
+            .iter()
+            .map(|&(_, sc)| sc)
+            .collect();
+        for sc in pending {
+            let conn = self.conns[sc].as_mut().unwrap();
+            if conn.close_at[1].is_some_and(|at| at <= t) {
+                conn.open[1] = false;
+                conn.close_at[1] = None;
+                conn.pipes[0].segs.clear();
+                self.nodes[x]
+                    .inc
+                    .as_mut()
+                    .unwrap()
+                    .accepts
+                    .retain(|&(_, s)| s != sc);
+                self.drop_if_done(sc);
+            }
+        }
+        // Accepts.
+        let accepts: Vec<usize> = {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let (due, later): (Vec<_>, Vec<_>) =
+                inc.accepts.drain(..).partition(|&(at, _)| at <= t);
+            inc.accepts = later;
+            due.into_iter().map(|(_, sc)| sc).collect()
+        };
+        for sc in accepts {
+            if self.conns[sc].as_ref().is_none_or(|c| !c.open[1]) {
+                continue;
+            }
+            let cid = self.alloc_cid(x, sc);
+            self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
+            self.op(x, "accept", |node, _| node.open(cid));
+        }
+        // Dial results.
+        let generation = self.nodes[x].generation;
+        let (due, rest): (Vec<Dial>, Vec<Dial>) = self
+            .dials
+            .drain(..)
+            .partition(|d| d.node == x && d.due <= t);
+        self.dials = rest;
+        for d in due.into_iter().filter(|d| d.generation == generation) {
+            self.resolve_dial(d);
+        }
+        // Input, in arrival order.
+        while self.failure.is_none() {
+            let mut best: Option<(u64, ConnId, usize, usize)> = None;
+            for (&cid, &sc) in &self.nodes[x].inc.as_ref().unwrap().conns {
+                let conn = self.conns[sc].as_ref().unwrap();
+                let e = self.end_of(sc, x);
+                if let Some(&(at, _)) = conn.pipes[1 - e].segs.front()
+                    && at <= t
+                    && self.can_receive(conn, 1 - e)
+                    && best.is_none_or(|b| (at, cid) < (b.0, b.1))
+                {
+                    best = Some((at, cid, sc, e));
+                }
+            }
+            let Some((_, cid, sc, e)) = best else { break };
+            let (_, seg) = self.conns[sc].as_mut().unwrap().pipes[1 - e]
+                .segs
+                .pop_front()
+                .unwrap();
+            match seg {
+                Seg::Data(bytes, _) => self.node_input(x, sc, e, cid, bytes),
+                Seg::Fin => self.node_close(x, sc, e, false, "closed by the other side"),
+                Seg::Rst => self.node_close(x, sc, e, false, "reset by the other side"),
+            }
+        }
+        if self.failure.is_some() {
+            return;
+        }
+        self.flush_node(x);
+        // Dials.
+        let mut dials = std::mem::take(&mut self.dial_buf);
+        dials.clear();
+        let now = self.node_now(x);
+        self.nodes[x]
+            .inc
+            .as_mut()
+            .unwrap()
+            .node
+            .take_dials(now, &mut dials);
+        for (peer, a) in dials.drain(..) {
+            assert_eq!(a, addr(peer));
+            let reachable = self.up(peer)
+                && !self.blocked(Party::Node(x), Party::Node(peer))
+                && !self.blocked(Party::Node(peer), Party::Node(x));
+            let due = if reachable || !self.up(peer) {
+                t + 2 * self.delay()
+            } else {
+                t + DIAL_TIMEOUT_MS
+            };
+            self.dials.push(Dial {
+                node: x,
+                generation,
+                peer,
+                due,
+            });
+        }
+        self.dial_buf = dials;
+        // A loop whose deadline is already past spins.
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let past = inc
+            .node
+            .next_deadline()
+            .is_some_and(|d| d.saturating_sub(inc.ms_offset) <= t);
+        let role = inc.role;
+        match (past, inc.spinning_since) {
+            (true, None) => {
+                inc.spinning_since = Some(t);
+                self.log(format!(
+                    "n{x} ({role:?}): deadline in the past, its loop spins"
+                ));
+            }
+            (false, Some(since)) => {
+                inc.spinning_since = None;
+                self.stats.spin_ms_max = self.stats.spin_ms_max.max(t - since);
+                self.log(format!(
+                    "n{x} ({role:?}): stops spinning after {} ms",
+                    t - since
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    fn resolve_dial(&mut self, d: Dial) {
+        let x = d.node;
+        let reachable = self.up(d.peer)
+            && !self.blocked(Party::Node(x), Party::Node(d.peer))
+            && !self.blocked(Party::Node(d.peer), Party::Node(x));
+        if !reachable {
+            self.op(x, "dial failed", |node, now| node.dial_failed(now, d.peer));
+            return;
+        }
+        let sc = self.new_conn([Party::Node(x), Party::Node(d.peer)], true);
+        let cid = self.alloc_cid(x, sc);
+        self.conns[sc].as_mut().unwrap().cids[0] = Some(cid);
+        self.op(x, "dialed", |node, _| node.outbound_open(cid, d.peer));
+        let at = self.now + self.delay();
+        self.nodes[d.peer]
+            .inc
+            .as_mut()
+            .unwrap()
+            .accepts
+            .push((at, sc));
+        self.log(format!("n{x} dialed n{} (link #{sc})", d.peer));
+    }
+
+    /// Feeds one segment to node `x`, a line at a time (sometimes a line in
+    /// two pieces), checking after each.
+    fn node_input(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, bytes: Vec<u8>) {
+        let mut rest = &bytes[..];
+        while !rest.is_empty() && self.failure.is_none() {
+            let len = memchr_first(rest).map_or(rest.len(), |i| i + 1);
+            let (line, tail) = rest.split_at(len);
+            rest = tail;
+            let mut pieces: Vec<&[u8]> = vec![line];
+            if line.len() > 2 && self.rng.chance(10) {
+                let cut = self.rng.range(1, line.len() as u64 - 1) as usize;
+                pieces = vec![&line[..cut], &line[cut..]];
+            }
+            let peer_msg = line
+                .strip_suffix(b"\n")
+                .filter(|l| wire::is_peer_line(l))
+                .and_then(|l| wire::parse(l).ok());
+            if self.log_wire {
+                let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
+                self.log(format!("n{x} <- {from:?} #{sc}: {}", show(line).trim_end()));
+            }
+            let handoff_from_standby = matches!(peer_msg, Some(wire::PeerMsg::Handoff { .. }))
+                && matches!(self.role(x), Some(Role::Standby { .. }));
+            let mut flow = Flow::Open;
+            for piece in pieces {
+                let Some(mut session) = self.nodes[x].inc.as_mut().unwrap().sessions.remove(&cid)
+                else {
+                    return;
+                };
+                flow = self.op(x, "peer line", |node, now| {
+                    session.feed(node, now, cid, piece)
+                });
+                self.nodes[x]
+                    .inc
+                    .as_mut()
+                    .unwrap()
+                    .sessions
+                    .insert(cid, session);
+                if flow == Flow::Broken {
+                    break;
+                }
+            }
+            assert_ne!(flow, Flow::Paused, "the simulation never piles up 64 KiB");
+            if let Some(msg) = peer_msg {
+                let tok = match msg {
+                    wire::PeerMsg::Heartbeat { highest, .. }
+                    | wire::PeerMsg::Snapshot { highest }
+                    | wire::PeerMsg::Handoff { highest } => highest,
+                    wire::PeerMsg::Grant { token, .. } | wire::PeerMsg::Release { token, .. } => {
+                        token
+                    }
+                    _ => 0,
+                };
+                let inc = self.nodes[x].inc.as_mut().unwrap();
+                inc.seen_max = inc.seen_max.max(tok);
+                if handoff_from_standby {
+                    let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
+                    let role = inc.role;
+                    self.log(format!("n{x} read HANDOFF from {from:?}: now {role:?}"));
+                    // It takes the role, unless it knows of another active
+                    // node of higher priority (after a split brain, whose
+                    // news may be stale while a fault settles).
+                    let other_active = match role {
+                        Role::Standby { following: Some(f) } => {
+                            Party::Node(f) != from
+                                && (self.role(f) == Some(Role::Active)
+                                    || self.windows.iter().any(|w| w.end >= self.now))
+                        }
+                        _ => false,
+                    };
+                    if role != Role::Active && !other_active {
+                        self.fail(format!(
+                            "hand-off: n{x} read HANDOFF from {from:?} as a standby and is {role:?} right after"
+                        ));
+                    }
+                }
+            }
+            if flow == Flow::Broken {
+                self.node_close(x, sc, e, true, "broken");
+                return;
+            }
+        }
+    }
+
+    fn flush_node(&mut self, x: usize) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        self.op(x, "flush", |node, now| node.take_dirty(now, &mut dirty));
+        for &cid in &dirty {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(&sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            let bytes = std::mem::take(inc.node.output_mut(cid));
+            inc.scan_pos.insert(cid, 0);
+            let e = self.end_of(sc, x);
+            if self.conns[sc].as_ref().unwrap().open[1 - e] {
+                self.send(sc, e, Seg::Data(bytes, self.now));
+            }
+        }
+        self.dirty = dirty;
+    }
+
+    // ----- clients -----
+
+    fn client_events(&mut self) {
+        let t = self.now;
+        for c in 0..self.clients.len() {
+            // Reconnects.
+            for n in 0..self.cfg.nodes {
+                if self.clients[c].reconnect_at[n].is_some_and(|at| at <= t) {
+                    self.clients[c].reconnect_at[n] = None;
+                    if self.up(n) && !self.blocked(Party::Client(c), Party::Node(n)) {
+                        let sc = self.new_conn([Party::Client(c), Party::Node(n)], false);
+                        let at = t + self.delay();
+                        self.nodes[n].inc.as_mut().unwrap().accepts.push((at, sc));
+                        self.clients[c].conns[n] = Some(sc);
+                    } else {
+                        let again = t + self.rng.range(100, 500);
+                        self.clients[c].reconnect_at[n] = Some(again);
+                    }
+                }
+            }
+            // Answers.
+            let conns: Vec<usize> = self.clients[c].conns.iter().flatten().copied().collect();
+            for sc in conns {
+                while let Some(conn) = self.conns[sc].as_ref() {
+                    let Some(&(at, _)) = conn.pipes[1].segs.front() else {
+                        break;
+                    };
+                    if at > t || !self.can_receive(conn, 1) {
+                        break;
+                    }
+                    let (_, seg) = self.conns[sc].as_mut().unwrap().pipes[1]
+                        .segs
+                        .pop_front()
+                        .unwrap();
+                    match seg {
+                        Seg::Data(bytes, sent) => self.client_input(c, sc, &bytes, sent),
+                        Seg::Fin | Seg::Rst => {
+                            self.client_close(c, sc);
+                            break;
+                        }
+                    }
+                }
+            }
+            // Retries.
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.clients[c].retries)
+                .into_iter()
+                .partition(|&(at, _, _)| at <= t);
+            self.clients[c].retries = later;
+            for (_, node, req) in due {
+                let node = node.unwrap_or_else(|| self.rng.below(self.cfg.nodes as u64) as usize);
+                self.client_send(c, node, req);
+            }
+            // Beliefs run out with their lease.
+            let expired: Vec<Vec<u8>> = self.clients[c]
+                .held
+                .iter()
+                .filter(|(_, h)| self.beliefs[h.belief].end <= t)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in expired {
+                self.clients[c].held.remove(&k);
+            }
+            if self.cfg.auto_clients && self.clients[c].next_action <= t {
+                self.client_action(c);
+                self.clients[c].next_action = t + self.rng.range(10, 250);
+            }
+        }
+    }
+
+    fn client_action(&mut self, c: usize) {
+        let t = self.now;
+        if self.probe_sent {
+            return;
+        }
+        let due: Vec<Vec<u8>> = self.clients[c]
+            .held
+            .iter()
+            .filter(|(k, h)| h.hold_until <= t && !self.clients[c].busy.contains(*k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if let Some(key) = due.first().cloned() {
+            let held = self.clients[c].held[&key].clone();
+            let target = self.clients[c].target;
+            if self.rng.chance(25) {
+                // A renewal that only extends: N sets the lease to now +
+                // lease, so a shorter one would cut the client's belief.
+                let left = self.beliefs[held.belief].end.saturating_sub(t);
+                let lease_ms = left + self.rng.range(100, 2_000);
+                let req = Req {
+                    op: b'N',
+                    key: key.clone(),
+                    token: held.token,
+                    lease_ms,
+                    wait_ms: 0,
+                    redirects: 0,
+                    retry_until: 0,
+                    sent_ms: 0,
+                };
+                self.clients[c].held.get_mut(&key).unwrap().hold_until =
+                    t + self.rng.range(50, 800);
+                self.client_send(c, target, req);
+            } else {
+                self.client_release(c, &key);
+            }
+            return;
+        }
+        let key = format!("k{}", self.rng.below(self.cfg.keys as u64)).into_bytes();
+        if self.clients[c].held.contains_key(&key) || self.clients[c].busy.contains(&key) {
+            return;
+        }
+        let wait_ms = if self.rng.chance(30) {
+            0
+        } else {
+            self.rng.range(50, 1_500)
+        };
+        let req = Req {
+            op: b'A',
+            key,
+            token: 0,
+            lease_ms: self.rng.range(200, 3_000),
+            wait_ms,
+            redirects: 0,
+            retry_until: 0,
+            sent_ms: 0,
+        };
+        let target = self.clients[c].target;
+        self.client_send(c, target, req);
+    }
+
+    fn client_release(&mut self, c: usize, key: &[u8]) {
+        let Some(held) = self.clients[c].held.remove(key) else {
+            return;
+        };
+        // The client stops relying on the lock when it sends the release.
+        let b = &mut self.beliefs[held.belief];
+        b.end = b.end.min(self.now);
+        let req = Req {
+            op: b'R',
+            key: key.to_vec(),
+            token: held.token,
+            lease_ms: 0,
+            wait_ms: 0,
+            redirects: 0,
+            retry_until: self.now + 5_000,
+            sent_ms: 0,
+        };
+        let target = self.clients[c].target;
+        self.client_send(c, target, req);
+    }
+
+    fn client_send(&mut self, c: usize, node: usize, mut req: Req) {
+        req.sent_ms = self.now;
+        self.clients[c].busy.insert(req.key.clone());
+        let sc = match self.clients[c].conns[node] {
+            Some(sc) => Some(sc),
+            None => {
+                // Any other connection; the answer will redirect.
+                let open: Vec<usize> = self.clients[c].conns.iter().flatten().copied().collect();
+                (!open.is_empty()).then(|| self.rng.pick(&open))
+            }
+        };
+        let Some(sc) = sc else {
+            let at = self.now + self.rng.range(50, 300);
+            self.clients[c].retries.push((at, None, req));
+            return;
+        };
+        let n = match self.conns[sc].as_ref().unwrap().parties[1] {
+            Party::Node(n) => n,
+            Party::Client(_) => unreachable!(),
+        };
+        let line = req.line();
+        self.log(format!(
+            "client {c} -> n{n}: {}",
+            show(&line[..line.len() - 1])
+        ));
+        self.send(sc, 0, Seg::Data(line, self.now));
+        self.clients[c]
+            .outstanding
+            .entry(sc)
+            .or_default()
+            .push_back((req, n));
+    }
+
+    fn client_close(&mut self, c: usize, sc: usize) {
+        let Some(conn) = self.conns[sc].as_mut() else {
+            return;
+        };
+        if !conn.open[0] {
+            return;
+        }
+        conn.open[0] = false;
+        conn.close_at[0] = None;
+        conn.pipes[1].segs.clear();
+        let node_end_open = conn.open[1];
+        let n = match conn.parties[1] {
+            Party::Node(n) => n,
+            Party::Client(_) => unreachable!(),
+        };
+        if node_end_open {
+            self.send(sc, 0, Seg::Fin);
+        }
+        self.drop_if_done(sc);
+        let client = &mut self.clients[c];
+        if client.conns[n] == Some(sc) {
+            client.conns[n] = None;
+            client.reconnect_at[n] = Some(self.now + 100 + (self.now % 400));
+        }
+        let lost = client.outstanding.remove(&sc).unwrap_or_default();
+        for (mut req, _) in lost {
+            self.clients[c].busy.remove(&req.key);
+            if req.op == b'A' && req.redirects < 30 {
+                // Like the official clients: sent again on another
+                // connection.
+                req.redirects += 1;
+                let at = self.now + 50;
+                let target = self.clients[c].target;
+                self.clients[c].busy.insert(req.key.clone());
+                self.clients[c].retries.push((at, Some(target), req));
+                continue;
+            }
+            if req.op == b'R' && self.now < req.retry_until {
+                let at = self.now + 200;
+                let target = self.clients[c].target;
+                self.clients[c].busy.insert(req.key.clone());
+                self.clients[c].retries.push((at, Some(target), req));
+            }
+        }
+    }
+
+    fn client_input(&mut self, c: usize, sc: usize, bytes: &[u8], sent: u64) {
+        let n = match self.conns[sc].as_ref().unwrap().parties[1] {
+            Party::Node(n) => n,
+            Party::Client(_) => unreachable!(),
+        };
+        for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            self.clients[c].answers.push((n, show(line)));
+            self.log(format!("client {c} <- n{n}: {}", show(line)));
+            let answer = match parse_answer(line) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.fail(format!("client {c} got a malformed answer from n{n}: {e}"));
+                    return;
+                }
+            };
+            let (key, ops): (&[u8], &[u8]) = match answer {
+                Answer::Granted { key, .. } | Answer::TimedOut { key } => (key, b"A"),
+                Answer::Moved { key, .. } => (key, b"ARN"),
+                Answer::Released { key, .. } => (key, b"R"),
+                Answer::Renewed { key, .. } => (key, b"N"),
+                Answer::Status { .. } => (b"", b"S"),
+                Answer::Error { reason } => {
+                    self.fail(format!(
+                        "check 5: client {c} got E from n{n}: {}",
+                        show(reason)
+                    ));
+                    return;
+                }
+            };
+            let queue = self.clients[c].outstanding.entry(sc).or_default();
+            let Some(i) = queue
+                .iter()
+                .position(|(r, _)| r.key == key && ops.contains(&r.op))
+            else {
+                self.fail(format!(
+                    "client {c}: answer \"{}\" from n{n} matches no request",
+                    show(line)
+                ));
+                return;
+            };
+            let (req, _) = queue.remove(i).unwrap();
+            self.clients[c].busy.remove(&req.key);
+            match answer {
+                Answer::Granted { key, token } => self.client_granted(c, n, key, token, sent, &req),
+                Answer::TimedOut { .. } => {}
+                Answer::Moved { addr, .. } => {
+                    let mut req = req;
+                    req.redirects += 1;
+                    let to = addr.and_then(node_of_addr);
+                    if let Some(to) = to {
+                        self.clients[c].target = to;
+                    }
+                    if req.redirects > 30 {
+                        continue; // give up on this one
+                    }
+                    let delay = if to.is_some() && req.redirects < 5 {
+                        0
+                    } else {
+                        self.rng.range(20, 200)
+                    };
+                    self.clients[c].busy.insert(req.key.clone());
+                    self.clients[c].retries.push((self.now + delay, to, req));
+                }
+                Answer::Released { .. } => {}
+                Answer::Renewed { ok, .. } => {
+                    let held = self.clients[c].held.get(&req.key).cloned();
+                    match held {
+                        Some(h) if h.token == req.token && ok => {
+                            let b = h.belief;
+                            let end = sent + req.lease_ms;
+                            if end > self.beliefs[b].end {
+                                self.beliefs[b].end = end;
+                                self.check_overlap(b);
+                            }
+                        }
+                        Some(h) if h.token == req.token => {
+                            // The server does not know the grant any more.
+                            self.clients[c].held.remove(&req.key);
+                            let b = &mut self.beliefs[h.belief];
+                            b.end = b.end.min(self.now);
+                            self.log(format!(
+                                "client {c}: renew of {} {} refused by n{n}",
+                                show(&req.key),
+                                req.token
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                Answer::Status { .. } | Answer::Error { .. } => {}
+            }
+            if self.failure.is_some() {
+                return;
+            }
+        }
+    }
+
+    fn client_granted(&mut self, c: usize, n: usize, key: &[u8], token: u64, sent: u64, req: &Req) {
+        self.stats.client_grants += 1;
+        if let Some(p) = self.probes.get_mut(c)
+            && key == format!("probe{c}").as_bytes()
+        {
+            *p = Some(token);
+        }
+        let b = Belief {
+            key: key.to_vec(),
+            client: c,
+            token,
+            node: n,
+            granted_ms: sent,
+            start: self.now,
+            end: sent + req.lease_ms,
+        };
+        self.beliefs.push(b);
+        let idx = self.beliefs.len() - 1;
+        let hold_until = self.now + self.rng.range(0, req.lease_ms + 300);
+        self.clients[c].held.insert(
+            key.to_vec(),
+            Held {
+                token,
+                node: n,
+                belief: idx,
+                hold_until,
+            },
+        );
+        self.check_overlap(idx);
+    }
+
+    /// Check 4: no two clients believe they hold one key at once, outside
+    /// a failover or partition window.
+    fn check_overlap(&mut self, b: usize) {
+        let new = self.beliefs[b].clone();
+        let now = self.now;
+        for (i, other) in self.beliefs.iter().enumerate() {
+            if i == b || other.key != new.key || other.end <= new.start.max(other.start) {
+                continue;
+            }
+            if other.start >= new.end {
+                continue;
+            }
+            let from = new.granted_ms.min(other.granted_ms);
+            let older = if new.granted_ms < other.granted_ms {
+                &new
+            } else {
+                other
+            };
+            let lost = (older.key.clone(), older.token);
+            let excuse = self
+                .windows
+                .iter()
+                .find(|w| {
+                    w.start <= now
+                        && w.end >= from
+                        && w.survivors.as_ref().is_none_or(|s| !s.contains(&lost))
+                })
+                .map(|w| w.kind);
+            let what = format!(
+                "client {} holds {} {} (from n{} at {}, until {}) while client {} got {} {} from n{} at {}",
+                other.client,
+                show(&other.key),
+                other.token,
+                other.node,
+                other.granted_ms,
+                other.end,
+                new.client,
+                show(&new.key),
+                new.token,
+                new.node,
+                new.granted_ms
+            );
+            match excuse {
+                Some(kind) => {
+                    self.stats.me_excused += 1;
+                    let line = format!("mutual exclusion broken in a {kind} window: {what}");
+                    self.log(line);
+                }
+                None => {
+                    self.fail(format!("check 4: mutual exclusion: {what}"));
+                }
+            }
+            return;
+        }
+    }
+
+    // ----- checks -----
+
+    fn check_step(&mut self) {
+        if self.failure.is_some() {
+            return;
+        }
+        let t = self.now;
+        for x in 0..self.cfg.nodes {
+            if let Some(inc) = self.nodes[x].inc.as_ref() {
+                inc.node.engine().check_invariants();
+                debug_assert_eq!(inc.role, inc.node.role());
+            }
+        }
+        let actives = self.actives();
+        if actives.len() == 1 {
+            self.last_one_active = t;
+        }
+        // A node whose next deadline stays in the past after its turn makes
+        // its I/O loop spin (poll with a zero timeout).
+        for x in 0..self.cfg.nodes {
+            let since = self.nodes[x].inc.as_ref().and_then(|i| i.spinning_since);
+            if let Some(since) = since.filter(|&s| t > s + self.spin_limit_ms) {
+                let role = self.role(x);
+                self.fail(format!(
+                    "busy loop: n{x} ({role:?}) has had a deadline in the past since {since}"
+                ));
+            }
+        }
+        let healed = self.healed_for();
+        // Check 1: at most one active once healed for longer than the
+        // failure timeout (plus margin).
+        if healed > SETTLE_MS && actives.len() > 1 {
+            self.fail(format!(
+                "check 1: {} actives {actives:?} after {healed} ms healed",
+                actives.len()
+            ));
+        }
+        // ... and not none for long: a hand-off leaves a gap of one delivery.
+        let any_up = (0..self.cfg.nodes).any(|x| self.up(x));
+        if healed > SETTLE_MS + PEER_TIMEOUT_MS
+            && any_up
+            && t - self.last_one_active > 2 * MAX_DELAY_MS + 10
+            && t - self.last_disturbance > SETTLE_MS + PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 10
+        {
+            let roles: Vec<Option<Role>> = (0..self.cfg.nodes).map(|x| self.role(x)).collect();
+            self.fail(format!(
+                "check 1: no active since {} ({} ms) in a healed cluster: {roles:?}",
+                self.last_one_active,
+                t - self.last_one_active
+            ));
+        }
+        // In the last 500 ms of a run (healed for long), the replicas must
+        // match the active's table at least once (bytes may be in flight at
+        // any one moment).
+        if self.probe_sent && t + 500 >= self.end && !self.replicas_matched {
+            self.replicas_matched = self.replica_diff().is_none();
+        }
+        // Every request is answered in time: releases, renewals and acquires
+        // with a wait, unless a fault came in between.
+        let mut unanswered = None;
+        if self.healed() {
+            for (c, client) in self.clients.iter().enumerate() {
+                for (req, n) in client.outstanding.values().flatten() {
+                    if req.op == b'A' && req.wait_ms == 0 {
+                        continue;
+                    }
+                    let due = req.sent_ms + req.wait_ms + 2 * MAX_DELAY_MS + 10;
+                    if t > due && self.last_disturbance < req.sent_ms {
+                        let line = req.line();
+                        let what = format!(
+                            "client {c}: no answer from n{n} to \"{}\" sent at {}",
+                            show(&line[..line.len() - 1]),
+                            req.sent_ms
+                        );
+                        unanswered.get_or_insert(what);
+                    }
+                }
+            }
+        }
+        if let Some(what) = unanswered {
+            self.fail(what);
+        }
+        // A graceful leave: an active within one round trip, normally the
+        // successor (a higher-priority node that saw the leaver go may take
+        // the role first, with the same state).
+        if let Some((s, deadline, from)) = self.leave_check
+            && t >= deadline
+        {
+            self.leave_check = None;
+            let fault_since = self.windows.iter().any(|w| w.end >= deadline - 50);
+            let actives: Vec<usize> = actives.iter().copied().filter(|&x| self.runs(x)).collect();
+            if self.runs(s) && actives.is_empty() && !fault_since {
+                let role = self.role(s);
+                self.fail(format!(
+                    "graceful leave of n{from}: no active {} ms later (successor n{s} is {role:?})",
+                    2 * MAX_DELAY_MS + 5
+                ));
+            }
+        }
+    }
+
+    fn send_probes(&mut self) {
+        self.probe_sent = true;
+        for c in 0..self.clients.len() {
+            let req = Req {
+                op: b'A',
+                key: format!("probe{c}").into_bytes(),
+                token: 0,
+                lease_ms: 60_000,
+                wait_ms: 0,
+                redirects: 0,
+                retry_until: 0,
+                sent_ms: 0,
+            };
+            let target = self.clients[c].target;
+            self.client_send(c, target, req);
+        }
+    }
+
+    /// After the final settle: one active (the first node), every other node
+    /// follows it with the same grants, every probe granted.
+    fn final_checks(&mut self) {
+        if self.failure.is_some() {
+            return;
+        }
+        let actives = self.actives();
+        if actives != [0] {
+            let roles: Vec<Option<Role>> = (0..self.cfg.nodes).map(|x| self.role(x)).collect();
+            self.fail(format!(
+                "final: actives {actives:?}, want [0] (failback): roles {roles:?}"
+            ));
+            return;
+        }
+        for x in 1..self.cfg.nodes {
+            let role = self.role(x);
+            if role != Some(Role::Standby { following: Some(0) }) {
+                self.fail(format!(
+                    "final: n{x} is {role:?}, want a standby following n0"
+                ));
+                return;
+            }
+        }
+        if !self.replicas_matched {
+            let diff = self.replica_diff().unwrap_or_default();
+            self.fail(format!(
+                "final: the replicas never matched the active's table in the last 500 ms: {diff}"
+            ));
+            return;
+        }
+        for c in 0..self.clients.len() {
+            if self.probes[c].is_none() {
+                let answers: Vec<&(usize, String)> =
+                    self.clients[c].answers.iter().rev().take(5).collect();
+                self.fail(format!(
+                    "final: client {c}'s probe acquire was not granted within 1 s (last answers {answers:?})"
+                ));
+                return;
+            }
+        }
+    }
+
+    /// How every standby's table differs from the single active's, if it
+    /// does. Grants a hair from expiry are left out (a standby's copy
+    /// expires a delivery later than the active's).
+    pub fn replica_diff(&self) -> Option<String> {
+        let actives = self.actives();
+        let [a] = actives[..] else {
+            return Some(format!("actives {actives:?}"));
+        };
+        let grants = |x: usize| {
+            let now = self.node_now(x);
+            let engine = self.nodes[x].inc.as_ref().unwrap().node.engine();
+            let all: BTreeSet<(Vec<u8>, u64)> =
+                engine.grants().map(|(k, t, _)| (k.to_vec(), t)).collect();
+            let firm: BTreeSet<(Vec<u8>, u64)> = engine
+                .grants()
+                .filter(|&(_, _, e)| e > now.ms + 200)
+                .map(|(k, t, _)| (k.to_vec(), t))
+                .collect();
+            (all, firm)
+        };
+        let (want_all, want_firm) = grants(a);
+        let mut diff = String::new();
+        for x in (0..self.cfg.nodes).filter(|&x| x != a && self.runs(x)) {
+            let (have_all, have_firm) = grants(x);
+            let missing: Vec<String> = want_firm
+                .difference(&have_all)
+                .map(|(k, t)| format!("{} {t}", show(k)))
+                .collect();
+            let extra: Vec<String> = have_firm
+                .difference(&want_all)
+                .map(|(k, t)| format!("{} {t}", show(k)))
+                .collect();
+            if !missing.is_empty() || !extra.is_empty() {
+                let _ = write!(
+                    diff,
+                    "n{x} vs active n{a}: missing {missing:?}, extra {extra:?}; "
+                );
+            }
+        }
+        (!diff.is_empty()).then_some(diff)
+    }
+
+    // ----- scripted use -----
+
+    /// Sends `A key lease 0` from client `c` to the node it believes active
+    /// and runs until it is granted (following `M`). Returns the token.
+    pub fn acquire(&mut self, c: usize, key: &str, lease_ms: u64) -> Result<u64, String> {
+        let req = Req {
+            op: b'A',
+            key: key.as_bytes().to_vec(),
+            token: 0,
+            lease_ms,
+            wait_ms: 0,
+            redirects: 0,
+            retry_until: 0,
+            sent_ms: 0,
+        };
+        let target = self.clients[c].target;
+        self.client_send(c, target, req);
+        let deadline = self.now + 3_000;
+        while self.now < deadline && self.failure.is_none() {
+            if let Some(h) = self.clients[c].held.get(key.as_bytes())
+                && !self.clients[c].busy.contains(key.as_bytes())
+            {
+                return Ok(h.token);
+            }
+            if !self.clients[c].busy.contains(key.as_bytes()) {
+                return Err(format!("client {c}: acquire {key} not granted"));
+            }
+            self.run_for(1);
+        }
+        Err(self
+            .failure
+            .clone()
+            .unwrap_or_else(|| format!("client {c}: acquire {key} timed out")))
+    }
+
+    /// Pins node `x`'s wall clock offset (before it issues tokens).
+    pub fn set_drift_ms(&mut self, x: usize, ms: i64) {
+        assert!(ms.unsigned_abs() <= MAX_DRIFT_MS);
+        self.nodes[x].drift_ns = ms * 1_000_000;
+        self.cfg.drift_ms = self.cfg.drift_ms.max(ms.unsigned_abs());
+    }
+
+    /// The node client `c` sends to first.
+    pub fn set_target(&mut self, c: usize, node: usize) {
+        self.clients[c].target = node;
+    }
+
+    /// Every answer client `c` received: (node, line).
+    pub fn answers(&self, c: usize) -> &[(usize, String)] {
+        &self.clients[c].answers
+    }
+
+    /// Sends `A key lease wait` from client `c` to `node` without waiting
+    /// for the answer (it follows `M` like any request).
+    pub fn send_acquire(&mut self, c: usize, node: usize, key: &str, lease_ms: u64, wait_ms: u64) {
+        let req = Req {
+            op: b'A',
+            key: key.as_bytes().to_vec(),
+            token: 0,
+            lease_ms,
+            wait_ms,
+            redirects: 0,
+            retry_until: 0,
+            sent_ms: 0,
+        };
+        self.client_send(c, node, req);
+    }
+
+    /// Breaks the peer link node `from` dialed to node `to`.
+    pub fn break_link(&mut self, from: usize, to: usize) {
+        let sc = self.peer_links().into_iter().find(|&sc| {
+            self.conns[sc].as_ref().unwrap().parties == [Party::Node(from), Party::Node(to)]
+        });
+        self.break_conn(sc.expect("no such link"));
+    }
+
+    /// Sends `R key token` from client `c` to node `node` and returns the
+    /// answer line.
+    pub fn release_at(&mut self, c: usize, node: usize, key: &str, token: u64) -> String {
+        let before = self.clients[c].answers.len();
+        if let Some(h) = self.clients[c].held.remove(key.as_bytes()) {
+            let b = &mut self.beliefs[h.belief];
+            b.end = b.end.min(self.now);
+        }
+        let req = Req {
+            op: b'R',
+            key: key.as_bytes().to_vec(),
+            token,
+            lease_ms: 0,
+            wait_ms: 0,
+            redirects: 100, // no redirects: we want this node's answer
+            retry_until: 0,
+            sent_ms: 0,
+        };
+        self.client_send(c, node, req);
+        for _ in 0..1_000 {
+            if self.clients[c].answers.len() > before {
+                return self.clients[c].answers[before].1.clone();
+            }
+            self.run_for(1);
+        }
+        "no answer".into()
+    }
+}
+
+fn memchr_first(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+fn memchr_last(b: &[u8]) -> Option<usize> {
+    b.iter().rposition(|&c| c == b'\n')
+}
