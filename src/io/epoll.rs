@@ -200,7 +200,7 @@ impl Loop {
 
     fn accept(&mut self, listener: &TcpListener, poll: &Poll, node: &mut Node) -> io::Result<()> {
         loop {
-            let (mut stream, _) = match listener.accept() {
+            let (stream, _) = match listener.accept() {
                 Ok(pair) => pair,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -216,35 +216,14 @@ impl Loop {
                 continue;
             }
             stream.set_nodelay(true)?;
-            let entry = self.conns.vacant_entry();
-            let id = entry.key();
-            poll.registry().register(
-                &mut stream,
-                Token(id),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
-            entry.insert(Conn {
-                stream,
-                session: Session::new(),
-                phase: Phase::Open,
-                readable: true,
-                eof: false,
-                final_out: Vec::new(),
-            });
-            node.open(id as ConnId);
-            self.ready.push(id as ConnId);
+            let id = self.insert(stream, poll)?;
+            node.open(id);
         }
     }
 
-    /// Takes a dialed peer link into the loop.
-    fn adopt_peer_link(
-        &mut self,
-        stream: std::net::TcpStream,
-        peer: usize,
-        poll: &Poll,
-        node: &mut Node,
-    ) -> io::Result<()> {
-        let mut stream = TcpStream::from_std(stream);
+    /// Registers a new connection's socket and gives it a slot; it is read
+    /// this turn.
+    fn insert(&mut self, mut stream: TcpStream, poll: &Poll) -> io::Result<ConnId> {
         let entry = self.conns.vacant_entry();
         let id = entry.key();
         poll.registry().register(
@@ -260,8 +239,20 @@ impl Loop {
             eof: false,
             final_out: Vec::new(),
         });
-        node.outbound_open(id as ConnId, peer);
         self.ready.push(id as ConnId);
+        Ok(id as ConnId)
+    }
+
+    /// Takes a dialed peer link into the loop.
+    fn adopt_peer_link(
+        &mut self,
+        stream: std::net::TcpStream,
+        peer: usize,
+        poll: &Poll,
+        node: &mut Node,
+    ) -> io::Result<()> {
+        let id = self.insert(TcpStream::from_std(stream), poll)?;
+        node.outbound_open(id, peer);
         Ok(())
     }
 
