@@ -420,14 +420,7 @@ impl Cluster {
                 }
                 continue;
             }
-            let body = snapshot.get_or_insert_with(|| {
-                let mut out = Vec::new();
-                let highest = engine.highest_token();
-                wire::encode(&mut out, &PeerMsg::Snapshot { highest });
-                engine.snapshot(now, &mut out);
-                wire::encode(&mut out, &PeerMsg::Synced);
-                out
-            });
+            let body = snapshot.get_or_insert_with(|| encode_snapshot(now, engine));
             engine.write_to(conn, body);
             self.peers[i].snapshot_sent = true;
         }
@@ -544,12 +537,8 @@ impl Cluster {
         if !self.peers[to].snapshot_sent {
             // It has not got our state on this link yet: send it first, so
             // that it has everything before HANDOFF.
-            let mut out = Vec::new();
-            let highest = engine.highest_token();
-            wire::encode(&mut out, &PeerMsg::Snapshot { highest });
-            engine.snapshot(now, &mut out);
-            wire::encode(&mut out, &PeerMsg::Synced);
-            engine.write_to(conn, &out);
+            let snapshot = encode_snapshot(now, engine);
+            engine.write_to(conn, &snapshot);
             self.peers[to].snapshot_sent = true;
         }
         self.follow(Some(to), engine);
@@ -574,4 +563,15 @@ impl Cluster {
             },
         );
     }
+}
+
+/// A whole snapshot of the engine's grants: `SNAP`, one `G` per grant,
+/// `SYNCED`.
+fn encode_snapshot(now: Now, engine: &Engine) -> Vec<u8> {
+    let mut out = Vec::new();
+    let highest = engine.highest_token();
+    wire::encode(&mut out, &PeerMsg::Snapshot { highest });
+    engine.snapshot(now, &mut out);
+    wire::encode(&mut out, &PeerMsg::Synced);
+    out
 }
