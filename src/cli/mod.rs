@@ -418,10 +418,13 @@ async fn run_command(args: RunArgs) -> u8 {
     let pid = child.id().map(|p| p as libc::pid_t);
     let forward = |sig: libc::c_int| {
         if let Some(pid) = pid {
-            // SAFETY: kill(2) has no memory effects; the child is not reaped
-            // before `child.wait()` returns, so the pid is still its.
-            unsafe {
-                libc::kill(pid, sig);
+            // The child is not reaped before `child.wait()` returns, so the
+            // pid is still its.
+            if let (Some(pid), Some(sig)) = (
+                rustix::process::Pid::from_raw(pid),
+                rustix::process::Signal::from_named_raw(sig),
+            ) {
+                let _ = rustix::process::kill_process(pid, sig);
             }
         }
     };

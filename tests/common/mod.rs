@@ -97,11 +97,13 @@ impl Server {
 
     /// Sends a signal (e.g. `libc::SIGTERM`) without waiting.
     pub fn signal(&self, sig: i32) {
-        if let Some(child) = &self.child {
-            // SAFETY: kill(2) on our own child's pid has no memory effects.
-            unsafe {
-                libc::kill(child.id() as i32, sig);
-            }
+        if let Some(child) = &self.child
+            && let (Some(pid), Some(sig)) = (
+                rustix::process::Pid::from_raw(child.id() as i32),
+                rustix::process::Signal::from_named_raw(sig),
+            )
+        {
+            let _ = rustix::process::kill_process(pid, sig);
         }
     }
 
@@ -374,8 +376,7 @@ impl Server {
         let rest = &stat[stat.rfind(')')? + 2..];
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let hz = rustix::param::clock_ticks_per_second().max(1);
         Some(Duration::from_millis(ticks * 1000 / hz))
     }
 }

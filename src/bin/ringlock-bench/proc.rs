@@ -5,9 +5,10 @@ use std::fs;
 
 /// Clock ticks per second of `utime`/`stime` in `/proc/<pid>/stat`.
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions; it only reads a constant.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 { ticks as f64 } else { 100.0 }
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100.0,
+        ticks => ticks as f64,
+    }
 }
 
 /// User + system CPU seconds used so far by `pid` (all its threads), or by
