@@ -39,6 +39,19 @@ fn spin_mode(io: &str) {
     assert_eq!(a.call(&format!("R k {t1}")), "R k 1");
     let t2 = Conn::token_of(&b.recv());
     assert!(t2 > t1);
+
+    // Spinning is for the moments after work: a server with nothing to do
+    // sleeps. A loop that spun forever would use most of a core here even
+    // on a busy machine; an idle one uses a few milliseconds.
+    let before = s.cpu_time().expect("server CPU time");
+    let window = Instant::now();
+    thread::sleep(Duration::from_secs(1));
+    let used = s.cpu_time().expect("server CPU time") - before;
+    let elapsed = window.elapsed();
+    assert!(
+        used < Duration::from_millis(100),
+        "idle --spin-us server used {used:?} of CPU in {elapsed:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------

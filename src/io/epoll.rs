@@ -434,25 +434,30 @@ fn write_some(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
 }
 
 /// Waits for events, at most `timeout_ms` (forever if `None`). With
-/// `spin_us` (`--spin-us`), polls without sleeping for up to that long first.
+/// `spin_us` (`--spin-us`), polls without sleeping for up to that long
+/// first, then sleeps for the rest of the timeout like the plain wait: an
+/// idle server does not keep its core busy.
 fn wait(
     poll: &mut Poll,
     events: &mut Events,
     timeout_ms: Option<u64>,
     spin_us: u64,
 ) -> io::Result<()> {
+    let timeout = timeout_ms.map(Duration::from_millis);
     if spin_us > 0 {
-        let limit = Duration::from_micros(spin_us).min(Duration::from_millis(
-            timeout_ms.unwrap_or(u64::MAX / 2_000_000),
-        ));
+        let limit = Duration::from_micros(spin_us).min(timeout.unwrap_or(Duration::MAX));
         let start = std::time::Instant::now();
         loop {
             poll.poll(events, Some(Duration::ZERO))?;
-            if !events.is_empty() || start.elapsed() >= limit {
+            if !events.is_empty() {
                 return Ok(());
+            }
+            let spun = start.elapsed();
+            if spun >= limit {
+                return poll.poll(events, timeout.map(|t| t.saturating_sub(spun)));
             }
             std::hint::spin_loop();
         }
     }
-    poll.poll(events, timeout_ms.map(Duration::from_millis))
+    poll.poll(events, timeout)
 }
