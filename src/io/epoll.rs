@@ -54,6 +54,9 @@ struct Conn {
     phase: Phase,
     /// The kernel may have input we have not read.
     readable: bool,
+    /// An event said the client's FIN (or an error) is in: read on to the
+    /// end even after a short read, since no further edge will announce it.
+    read_closed: bool,
     /// The client closed its sending side.
     eof: bool,
     final_out: Vec<u8>,
@@ -144,6 +147,7 @@ pub fn run(
                     if let Some(conn) = state.conns.get_mut(c) {
                         if event.is_readable() || event.is_read_closed() {
                             conn.readable = true;
+                            conn.read_closed |= event.is_read_closed() || event.is_error();
                             state.ready.push(c as ConnId);
                         }
                         if event.is_writable() && !matches!(conn.phase, Phase::Lingering { .. }) {
@@ -236,6 +240,7 @@ impl Loop {
             session: Session::new(),
             phase: Phase::Open,
             readable: true,
+            read_closed: false,
             eof: false,
             final_out: Vec::new(),
         });
@@ -290,6 +295,13 @@ impl Loop {
                             conn.readable = false;
                         }
                         Ok(n) if conn.phase == Phase::Open => {
+                            // A short read emptied the socket: whatever
+                            // arrives next raises a new edge, so asking
+                            // again would only hear WouldBlock (one wasted
+                            // syscall per request in ping-pong).
+                            if n < self.buf.len() && !conn.read_closed {
+                                conn.readable = false;
+                            }
                             flow = conn.session.feed(node, now, id, &self.buf[..n]);
                         }
                         Ok(_) => {} // closing: input is discarded
