@@ -47,6 +47,9 @@ const RECV_BUFS: u16 = 512;
 const RECV_BUF_SIZE: u32 = 8 * 1024;
 /// The provided buffer group id of the receive buffers.
 const RECV_GROUP: u16 = 0;
+/// `IORING_RECVSEND_POLL_FIRST` (linux/io_uring.h, 5.19+; older kernels
+/// ignore it): a receive arms its poll before trying to read.
+const RECVSEND_POLL_FIRST: u16 = 1;
 
 /// What a completion is for: the operation kind in the top byte of
 /// `user_data`, the connection id in the low 32 bits.
@@ -276,6 +279,10 @@ struct Conn {
     session: Session,
     phase: Phase,
     recv_in_flight: bool,
+    /// The last receive said more input was waiting in the socket
+    /// (`IORING_CQE_F_SOCK_NONEMPTY`): the next one reads at once instead
+    /// of arming a poll first.
+    input_waiting: bool,
     send_in_flight: bool,
     cancel_sent: bool,
     /// The client closed its sending side.
@@ -534,6 +541,7 @@ impl Uring {
             session: Session::new(),
             phase: Phase::Open,
             recv_in_flight: false,
+            input_waiting: true,
             send_in_flight: false,
             cancel_sent: false,
             eof: false,
@@ -547,8 +555,18 @@ impl Uring {
         let conn = &mut self.conns[id as usize];
         debug_assert!(!conn.recv_in_flight);
         conn.recv_in_flight = true;
+        // Usually the client is still waiting for our answer, so the socket
+        // is empty: a receive tried at once would fail, then arm a poll and
+        // be tried again when data comes. Arming the poll first saves that
+        // wasted attempt.
+        let ioprio = if conn.input_waiting {
+            0
+        } else {
+            RECVSEND_POLL_FIRST
+        };
         let entry = opcode::Recv::new(Fd(conn.fd.as_raw_fd()), std::ptr::null_mut(), RECV_BUF_SIZE)
             .buf_group(RECV_GROUP)
+            .ioprio(ioprio)
             .build()
             .flags(squeue::Flags::BUFFER_SELECT)
             .user_data(user_data(Op::Recv, id));
@@ -605,6 +623,7 @@ impl Uring {
     fn received(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32, flags: u32) {
         let conn = &mut self.conns[id as usize];
         conn.recv_in_flight = false;
+        conn.input_waiting = cqueue::sock_nonempty(flags);
         self.touched.push(id);
         if let Some(bid) = cqueue::buffer_select(flags) {
             if res > 0 && conn.phase == Phase::Open {
