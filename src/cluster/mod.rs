@@ -295,7 +295,7 @@ impl Cluster {
             }
             PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),
             PeerMsg::Synced if following_sender => self.synced = true,
-            PeerMsg::Handoff { highest } => {
+            PeerMsg::Handoff { highest } if following_sender => {
                 engine.observe_token(highest);
                 // The sender gave the role up and follows us now, without
                 // our snapshot: what its last heartbeat said is stale.
@@ -303,9 +303,17 @@ impl Cluster {
                 p.claims_active = false;
                 p.following = Some(self.cfg.me);
                 p.synced = false;
-                if !self.leaving && matches!(self.role, Role::Standby { .. }) {
+                if !self.leaving {
                     self.become_active(engine);
                 }
+            }
+            PeerMsg::Handoff { highest } => {
+                // From a node we do not follow: we do not have its state
+                // (its snapshot was not replication to us), so taking the
+                // role could grant a lock it granted. It is leaving all the
+                // same: the normal rule picks the next active.
+                engine.observe_token(highest);
+                self.peers[from].claims_active = false;
             }
             // Replication from a node we do not follow (any more): ignored.
             PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
@@ -434,12 +442,18 @@ impl Cluster {
         if self.role != Role::Active {
             return None;
         }
-        // A follower with the whole state first; any linked peer otherwise.
+        // A follower with the whole state first; any linked follower
+        // otherwise (it gets a snapshot before HANDOFF). A peer that does
+        // not follow us would ignore that snapshot (it is not replication
+        // from its active) and take over with whatever state it had: no
+        // hand-off then, the peers fail over as if we had crashed.
         let me = self.cfg.me;
-        let linked = |p: usize| self.alive(p) && self.peers[p].out.is_some();
+        let linked = |p: usize| {
+            self.alive(p) && self.peers[p].out.is_some() && self.peers[p].following == Some(me)
+        };
         let synced = |p: usize| {
             let peer = &self.peers[p];
-            linked(p) && peer.following == Some(me) && peer.synced && peer.snapshot_sent
+            linked(p) && peer.synced && peer.snapshot_sent
         };
         let n = self.peers.len();
         let successor = (0..n)
@@ -575,3 +589,6 @@ fn encode_snapshot(now: Now, engine: &Engine) -> Vec<u8> {
     wire::encode(&mut out, &PeerMsg::Synced);
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -1883,8 +1883,11 @@ impl Sim {
                 let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
                 self.log(format!("n{x} <- {from:?} #{sc}: {}", show(line).trim_end()));
             }
+            // The role before the line: a standby honours HANDOFF only from
+            // the node it follows (whose state it has).
+            let role_before = self.role(x);
             let handoff_from_standby = matches!(peer_msg, Some(wire::PeerMsg::Handoff { .. }))
-                && matches!(self.role(x), Some(Role::Standby { .. }));
+                && matches!(role_before, Some(Role::Standby { .. }));
             let mut flow = Flow::Open;
             for piece in pieces {
                 let Some(mut session) = self.nodes[x].inc.as_mut().unwrap().sessions.remove(&cid)
@@ -1921,9 +1924,17 @@ impl Sim {
                     let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
                     let role = inc.role;
                     self.log(format!("n{x} read HANDOFF from {from:?}: now {role:?}"));
-                    // It takes the role, unless it knows of another active
-                    // node of higher priority (after a split brain, whose
-                    // news may be stale while a fault settles).
+                    // It takes the role if it followed the sender: it has the
+                    // sender's state. From any other node the hand-off is
+                    // refused (taking the role without that state could
+                    // grant a lock the sender granted).
+                    let followed_sender = matches!(
+                        role_before,
+                        Some(Role::Standby { following: Some(f) }) if Party::Node(f) == from
+                    );
+                    // Having taken it, it steps down at once if it knows of
+                    // another active node of higher priority (after a split
+                    // brain, whose news may be stale while a fault settles).
                     let other_active = match role {
                         Role::Standby { following: Some(f) } => {
                             Party::Node(f) != from
@@ -1932,7 +1943,7 @@ impl Sim {
                         }
                         _ => false,
                     };
-                    if role != Role::Active && !other_active {
+                    if followed_sender && role != Role::Active && !other_active {
                         self.fail(format!(
                             "hand-off: n{x} read HANDOFF from {from:?} as a standby and is {role:?} right after"
                         ));
