@@ -34,18 +34,33 @@ pub fn is_valid_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= MAX_KEY && key.iter().all(|&b| is_key_byte(b))
 }
 
-/// Appends the decimal form of `n` (no leading zeros) to `out`.
+/// "00" to "99": two digits per division when writing numbers.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
+
+/// Appends the decimal form of `n` (no leading zeros) to `out`. Two digits
+/// per step: a 19-digit token takes 10 steps, not 19 divisions.
 #[inline]
 pub fn write_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[i] = b'0' + n as u8;
     }
     out.extend_from_slice(&buf[i..]);
 }
@@ -77,40 +92,59 @@ pub fn write_seconds(out: &mut Vec<u8>, ms: u64) {
 /// leading zeros allowed, into milliseconds. `None` if the form is wrong; the
 /// range is the caller's to check (the result saturates at `u64::MAX`).
 pub fn parse_seconds(field: &[u8]) -> Option<u64> {
-    let (int, frac) = match memchr::memchr(b'.', field) {
-        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
-        None => (field, None),
-    };
-    let mut ms = parse_digits(int)?.saturating_mul(1000);
-    if let Some(frac) = frac {
-        if frac.is_empty() || frac.len() > 3 {
+    // One pass: the whole seconds up to a '.', then at most three decimals.
+    let mut ms: u64 = 0;
+    let mut i = 0;
+    while let Some(&b) = field.get(i) {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            break;
+        }
+        ms = ms.saturating_mul(10).saturating_add(u64::from(digit));
+        i += 1;
+    }
+    if i == 0 {
+        return None;
+    }
+    ms = ms.saturating_mul(1000);
+    if i == field.len() {
+        return Some(ms);
+    }
+    if field[i] != b'.' {
+        return None;
+    }
+    let frac = &field[i + 1..];
+    if frac.is_empty() || frac.len() > 3 {
+        return None;
+    }
+    let mut scale = 100;
+    for &b in frac {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
             return None;
         }
-        let mut scale = 100;
-        for &b in frac {
-            if !b.is_ascii_digit() {
-                return None;
-            }
-            ms = ms.saturating_add(u64::from(b - b'0') * scale);
-            scale /= 10;
-        }
+        ms = ms.saturating_add(u64::from(digit) * scale);
+        scale /= 10;
     }
     Some(ms)
 }
 
-/// Parses one or more ASCII digits, saturating at `u64::MAX`.
-fn parse_digits(field: &[u8]) -> Option<u64> {
-    if field.is_empty() {
+/// The value of eight ASCII digits, or `None` if any byte is not one
+/// (the SWAR method: validate all eight, then combine pairs, quads, halves).
+#[inline(always)]
+fn eight_digits(chunk: &[u8]) -> Option<u64> {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    const HIGH_NIBBLES: u64 = 0xf0f0_f0f0_f0f0_f0f0;
+    let w = u64::from_le_bytes(chunk.try_into().ok()?);
+    // Each byte 0x30..=0x39: high nibble 3, and adding 6 keeps it 3.
+    if w & HIGH_NIBBLES != ZEROS || w.wrapping_add(0x0606_0606_0606_0606) & HIGH_NIBBLES != ZEROS {
         return None;
     }
-    let mut n: u64 = 0;
-    for &b in field {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        n = n.saturating_mul(10).saturating_add(u64::from(b - b'0'));
-    }
-    Some(n)
+    // Little-endian: the first digit is the lowest byte.
+    let w = w - ZEROS;
+    let w = (w * 10 + (w >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let w = (w * 100 + (w >> 16)) & 0x0000_ffff_0000_ffff;
+    Some((w * 10_000 + (w >> 32)) & 0xffff_ffff)
 }
 
 /// Parses a decimal u64 exactly (leading zeros allowed); `None` on a wrong
@@ -118,6 +152,24 @@ fn parse_digits(field: &[u8]) -> Option<u64> {
 pub fn parse_u64(field: &[u8]) -> Option<u64> {
     if field.is_empty() {
         return None;
+    }
+    // Up to 19 digits cannot overflow (10^19 - 1 < 2^64): no checks on the
+    // way. Tokens are 19 digits in this century: two steps of eight digits
+    // at once, then one at a time.
+    if field.len() <= 19 {
+        let mut n: u64 = 0;
+        let mut chunks = field.chunks_exact(8);
+        for chunk in &mut chunks {
+            n = n * 100_000_000 + eight_digits(chunk)?;
+        }
+        for &b in chunks.remainder() {
+            let digit = b.wrapping_sub(b'0');
+            if digit > 9 {
+                return None;
+            }
+            n = n * 10 + u64::from(digit);
+        }
+        return Some(n);
     }
     let mut n: u64 = 0;
     for &b in field {
@@ -173,3 +225,5 @@ mod tests {
 
 #[cfg(test)]
 mod parser_tests;
+#[cfg(test)]
+mod reference;

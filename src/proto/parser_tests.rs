@@ -888,6 +888,14 @@ fn check_invariants(data: &[u8], enc: &mut Vec<u8>) {
     let mut rest = data;
     loop {
         let parsed: Parsed<'_> = parse_request(rest);
+        // The optimised parser agrees with the plain model in everything:
+        // request, bytes used, and which error.
+        assert_eq!(
+            parsed,
+            super::reference::parse_request(rest),
+            "on {:?}",
+            esc(&rest[..rest.len().min(80)])
+        );
         let window = &rest[..rest.len().min(MAX_LINE)];
         match parsed {
             Ok(Some((req, used))) => {
@@ -1065,4 +1073,77 @@ fn generated_inputs_keep_invariants() {
     }
     // The generator must reach all three outcomes in fair numbers.
     assert!(parsed.iter().all(|&n| n > 10_000), "{parsed:?}");
+}
+
+// ------------------------------------------------------- number codecs
+
+/// Digit strings around every boundary: lengths 0 to 22, leading zeros,
+/// `u64::MAX` and one more, dots in every place, bytes just outside '0'..='9'.
+fn number_fields() -> Vec<Vec<u8>> {
+    let mut fields: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b".".to_vec(),
+        b"0".to_vec(),
+        b"18446744073709551615".to_vec(),
+        b"18446744073709551616".to_vec(),
+        b"99999999999999999999".to_vec(),
+        b"000000000000000000000000001".to_vec(),
+    ];
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let alphabet = b"0123456789./: ";
+    for len in 0..=22 {
+        for _ in 0..400 {
+            let field: Vec<u8> = (0..len)
+                .map(|_| {
+                    if rng.below(10) < 8 {
+                        b'0' + rng.below(10) as u8
+                    } else {
+                        *rng.pick(alphabet)
+                    }
+                })
+                .collect();
+            fields.push(field);
+        }
+    }
+    fields
+}
+
+#[test]
+fn number_parsers_agree_with_the_model() {
+    for field in number_fields() {
+        assert_eq!(
+            parse_u64(&field),
+            super::reference::parse_u64(&field),
+            "parse_u64 {:?}",
+            esc(&field)
+        );
+        assert_eq!(
+            parse_seconds(&field),
+            super::reference::parse_seconds(&field),
+            "parse_seconds {:?}",
+            esc(&field)
+        );
+    }
+}
+
+#[test]
+fn write_u64_is_the_decimal_form() {
+    let mut rng = XorShift(0x853c_49e6_748f_ea9b);
+    let mut values = vec![0, u64::MAX, u64::MAX - 1];
+    let mut p = 1u64;
+    for _ in 0..20 {
+        values.extend([p - 1, p, p + 1]);
+        p = p.saturating_mul(10);
+    }
+    for _ in 0..100_000 {
+        // Every magnitude, not only the huge values a uniform u64 gives.
+        values.push(rng.next() >> rng.below(64));
+    }
+    let mut out = Vec::new();
+    for n in values {
+        out.clear();
+        out.extend_from_slice(b"x");
+        write_u64(&mut out, n);
+        assert_eq!(out, format!("x{n}").into_bytes());
+    }
 }

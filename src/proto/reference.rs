@@ -1,0 +1,141 @@
+//! The first, plain version of the request parser and number codecs, kept
+//! as the model the optimised ones are tested against (`parser_tests.rs`):
+//! same results, same errors, on every generated input. Test builds only.
+
+use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, ParseError, Request, is_key_byte};
+
+pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
+    let window = &buf[..buf.len().min(MAX_LINE)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
+        return if buf.len() >= MAX_LINE {
+            Err(ParseError::LineTooLong)
+        } else {
+            Ok(None)
+        };
+    };
+    let mut line = &buf[..nl];
+    if let [rest @ .., b'\r'] = line {
+        line = rest;
+    }
+    parse_line(line).map(|req| Some((req, nl + 1)))
+}
+
+fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
+    let mut fields: [&[u8]; 5] = [&[]; 5];
+    let mut count = 0;
+    for field in line.split(|&b| b == b' ') {
+        if field.is_empty() {
+            return Err(ParseError::EmptyField);
+        }
+        if count < fields.len() {
+            fields[count] = field;
+        }
+        count += 1;
+    }
+    let (op, want) = match fields[0] {
+        b"A" => (b'A', 4),
+        b"R" => (b'R', 3),
+        b"N" => (b'N', 4),
+        b"S" => (b'S', 1),
+        other => return Err(ParseError::UnknownOp(other)),
+    };
+    if count != want {
+        return Err(ParseError::FieldCount {
+            op,
+            got: count,
+            want,
+        });
+    }
+    let request = match op {
+        b'A' => Request::Acquire {
+            key: key(fields[1])?,
+            lease_ms: lease(fields[2])?,
+            wait_ms: parse_seconds(fields[3])
+                .filter(|&ms| ms <= MAX_DURATION_MS)
+                .ok_or(ParseError::Wait(fields[3]))?,
+        },
+        b'R' => Request::Release {
+            key: key(fields[1])?,
+            token: token(fields[2])?,
+        },
+        b'N' => Request::Renew {
+            key: key(fields[1])?,
+            token: token(fields[2])?,
+            lease_ms: lease(fields[3])?,
+        },
+        _ => Request::Status,
+    };
+    Ok(request)
+}
+
+fn key(field: &[u8]) -> Result<&[u8], ParseError<'_>> {
+    if field.len() > MAX_KEY {
+        return Err(ParseError::KeyTooLong(field.len()));
+    }
+    match field.iter().find(|&&b| !is_key_byte(b)) {
+        Some(&b) => Err(ParseError::KeyByte(b)),
+        None => Ok(field),
+    }
+}
+
+fn lease(field: &[u8]) -> Result<u64, ParseError<'_>> {
+    parse_seconds(field)
+        .filter(|&ms| ms > 0 && ms <= MAX_DURATION_MS)
+        .ok_or(ParseError::Lease(field))
+}
+
+fn token(field: &[u8]) -> Result<u64, ParseError<'_>> {
+    parse_u64(field)
+        .filter(|&t| t > 0)
+        .ok_or(ParseError::Token(field))
+}
+
+pub fn parse_seconds(field: &[u8]) -> Option<u64> {
+    let (int, frac) = match field.iter().position(|&b| b == b'.') {
+        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
+        None => (field, None),
+    };
+    let mut ms = parse_digits(int)?.saturating_mul(1000);
+    if let Some(frac) = frac {
+        if frac.is_empty() || frac.len() > 3 {
+            return None;
+        }
+        let mut scale = 100;
+        for &b in frac {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            ms = ms.saturating_add(u64::from(b - b'0') * scale);
+            scale /= 10;
+        }
+    }
+    Some(ms)
+}
+
+fn parse_digits(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.saturating_mul(10).saturating_add(u64::from(b - b'0'));
+    }
+    Some(n)
+}
+
+pub fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
