@@ -4,7 +4,9 @@
 #   scripts/bench.sh            full run, a few minutes; results in bench-results/
 #   scripts/bench.sh --quick    smoke run (~30 s); results in target/bench-quick/
 #
-# Options: --rounds N, --warmup S, --duration S, --locks N, --spin-us N,
+# Options: --rounds N, --warmup S, --duration S, --locks N,
+#          --spin-us N (100: the spinning servers' and, in the
+#          spinning-client scenario, the load generator's busy-poll),
 #          --server-core C, --client-core C, --out DIR,
 #          --max-other CORES (0.25), --retries N (0): a run during which the
 #          rest of the machine used more than CORES is reported as disturbed,
@@ -227,6 +229,7 @@ done
 # name | generator arguments | which labels
 SCENARIOS=(
     "conns-1|--conns 1|all+pingpong"
+    "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
     "conns-4|--conns 4|all"
     "conns-16|--conns 16|all"
     "conns-50|--conns 50|all"

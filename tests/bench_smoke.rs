@@ -119,6 +119,23 @@ fn load_generator_report_and_compare() {
     assert!(f(&r, &["server_cpu", "cpu_s"]) >= 0.0);
     runs.push(r);
 
+    // The generator spinning (--spin-us): same work, recorded as such.
+    let r = run(&[
+        "--addr",
+        &server.addr,
+        "--spin-us",
+        "100",
+        "--scenario",
+        "spinning-client",
+        "--label",
+        "ringlock-x",
+    ]);
+    assert!(f(&r, &["cycles"]) > 0.0);
+    assert_eq!(f(&r, &["errors"]), 0.0);
+    assert_eq!(f(&r, &["spin_us"]), 100.0);
+    assert_eq!(r["drained"], true);
+    runs.push(r);
+
     // ringlock, contended: hand-offs measured, FIFO shares the lock evenly.
     let r = run(&[
         "--addr",
@@ -190,6 +207,7 @@ fn load_generator_report_and_compare() {
     let md = std::fs::read_to_string(dir.join("result.md")).unwrap();
     assert!(md.contains("## contended"), "{md}");
     assert!(md.contains("ringlock-x"), "{md}");
+    assert!(md.contains("generator spinning 100 µs"), "{md}");
     let json = dir.join("result.json");
     let out = Command::new(GEN)
         .arg("compare")

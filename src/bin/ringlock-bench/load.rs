@@ -94,6 +94,12 @@ pub struct RunArgs {
     /// Generator threads; connections are split among them.
     #[arg(long, default_value_t = 1)]
     pub threads: u32,
+    /// Busy-poll this many microseconds (zero-timeout polls) before each
+    /// sleeping wait: a client that trades a core for latency. With it,
+    /// ping-pong shows what a server's own wake-up costs, since the
+    /// client's is gone.
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
     /// The server's pid: its CPU time per cycle (and RSS in memory mode) is
     /// read from /proc.
     #[arg(long)]
@@ -331,6 +337,8 @@ struct Plan {
     /// Uncontended: keys per connection; contended: keys in all.
     keys: u64,
     record_round_trip_acquire: bool,
+    /// `--spin-us`.
+    spin: Duration,
 }
 
 struct Worker<'a> {
@@ -393,7 +401,7 @@ impl<'a> Worker<'a> {
                 break;
             }
             let timeout = Duration::from_nanos((limit - now).min(100_000_000));
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout))
+            if let Err(e) = wait(&mut self.poll, &mut events, timeout, self.plan.spin)
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 self.shared.fail(format!("epoll: {e}"));
@@ -888,6 +896,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         pipeline: p,
         keys,
         record_round_trip_acquire: args.mode == Mode::Uncontended,
+        spin: Duration::from_micros(args.spin_us),
     };
 
     // Connect everything before the clock starts.
@@ -1041,6 +1050,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         pipeline: p,
         keys: keys as u32,
         threads,
+        spin_us: args.spin_us,
         lease_s: args.lease,
         warmup_s: args.warmup,
         duration_s: args.duration,
@@ -1239,4 +1249,25 @@ fn watch(
         eprintln!();
     }
     marks
+}
+
+/// Waits for events, at most `timeout`; with `spin` (`--spin-us`), polls
+/// without sleeping for up to that long first.
+fn wait(poll: &mut Poll, events: &mut Events, timeout: Duration, spin: Duration) -> io::Result<()> {
+    if !spin.is_zero() {
+        let start = Instant::now();
+        let limit = spin.min(timeout);
+        loop {
+            poll.poll(events, Some(Duration::ZERO))?;
+            if !events.is_empty() {
+                return Ok(());
+            }
+            let spun = start.elapsed();
+            if spun >= limit {
+                return poll.poll(events, Some(timeout.saturating_sub(spun)));
+            }
+            std::hint::spin_loop();
+        }
+    }
+    poll.poll(events, Some(timeout))
 }

@@ -93,6 +93,9 @@ pub struct Group {
     pub conns: u32,
     pub pipeline: u32,
     pub keys: u32,
+    /// The generator's `--spin-us`.
+    #[serde(default)]
+    pub client_spin_us: u64,
     pub rounds: usize,
     pub figures: BTreeMap<String, Stat>,
 }
@@ -206,6 +209,7 @@ pub fn aggregate(runs: &[RunResult]) -> Vec<Group> {
                     conns: run.conns,
                     pipeline: run.pipeline,
                     keys: run.keys,
+                    client_spin_us: run.spin_us,
                     ..Group::default()
                 });
                 samples.push(BTreeMap::new());
@@ -239,6 +243,9 @@ fn ringlock_labels(groups: &[Group]) -> Vec<String> {
 
 /// Scenario names bench.sh uses.
 pub const PINGPONG: &str = "conns-1";
+/// Ping-pong with the generator spinning too (`--spin-us`): what is left
+/// of a round trip is the server's side.
+pub const PINGPONG_SPINNING_CLIENT: &str = "spinning-client";
 pub const CONNS50: &str = "conns-50";
 pub const PIPELINED: &str = "pipelined";
 pub const CONTENDED: &str = "contended";
@@ -304,6 +311,21 @@ pub fn check_targets(r: &Results) -> Vec<TargetCheck> {
                 _ => "server has no --spin-us yet".into(),
             },
             spin.zip(p50).map(|(s, a)| s / a),
+            0.4,
+            true,
+        );
+        // 1c. The same with the generator spinning as well: the client's
+        // wake-up, which no server can save, is out of the round trip.
+        let client_spin = |l: &str| fig(PINGPONG_SPINNING_CLIENT, l, "cycle_p50_us");
+        let (without, with) = (client_spin(label), client_spin(&format!("{label}-spin")));
+        push(
+            "1 conn ping-pong, --spin-us, spinning client",
+            "cycle p50 <= 0.4 x without spin (generator --spin-us too)",
+            match (with, without) {
+                (Some(s), Some(a)) => format!("{s:.1} µs vs {a:.1} µs"),
+                _ => "-".into(),
+            },
+            with.zip(without).map(|(s, a)| s / a),
             0.4,
             true,
         );
@@ -568,9 +590,14 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
             let _ = writeln!(md);
             continue;
         }
+        let spinning = if first.client_spin_us > 0 {
+            format!(", generator spinning {} µs", first.client_spin_us)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             md,
-            "## {scenario}: {} conns x {} in flight, {} ({} keys)\n",
+            "## {scenario}: {} conns x {} in flight, {} ({} keys{spinning})\n",
             first.conns, first.pipeline, first.mode, first.keys
         );
         let contended = first.mode == "contended";

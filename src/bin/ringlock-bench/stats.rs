@@ -157,6 +157,9 @@ pub struct RunResult {
     pub pipeline: u32,
     pub keys: u32,
     pub threads: u32,
+    /// `--spin-us` of the generator (0: it sleeps in every wait).
+    #[serde(default)]
+    pub spin_us: u64,
     pub lease_s: f64,
     pub warmup_s: f64,
     pub duration_s: f64,
