@@ -89,9 +89,9 @@ fn decode(user_data: u64) -> (Option<Op>, ConnId) {
 /// the shared submission-queue flags when deferred work is waiting: the spin
 /// watches that word and enters the kernel only to run the work. A
 /// socket's wake-up then costs the sender an atomic store, not an
-/// inter-processor interrupt to the spinning core (which a plain ring would
-/// send to run the completion as task work, as slow on a VM as waking a
-/// halted core).
+/// interrupt of the spinning core (which a plain ring sends to run the
+/// completion as task work; on the development VM a spin on a plain ring
+/// bought nothing, see docs/performance.md).
 fn build_ring(spin: bool) -> io::Result<IoUring> {
     let mut deferred = IoUring::builder();
     deferred
