@@ -99,8 +99,12 @@ pub fn run(
     loop {
         let now = clock.now();
         let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
-        if let Err(e) = wait(&mut poll, &mut events, timeout, config.spin_us)
-            && e.kind() != io::ErrorKind::Interrupted
+        if let Err(e) = wait(
+            &mut poll,
+            &mut events,
+            timeout.map(Duration::from_millis),
+            Duration::from_micros(config.spin_us),
+        ) && e.kind() != io::ErrorKind::Interrupted
         {
             return Err(e);
         }
@@ -445,19 +449,19 @@ fn write_some(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits for events, at most `timeout_ms` (forever if `None`). With
-/// `spin_us` (`--spin-us`), polls without sleeping for up to that long
-/// first, then sleeps for the rest of the timeout like the plain wait: an
-/// idle server does not keep its core busy.
-fn wait(
+/// Waits for events, at most `timeout` (forever if `None`). With a `spin`
+/// (`--spin-us`), polls without sleeping for up to that long first, then
+/// sleeps for the rest of the timeout like the plain wait: an idle process
+/// does not keep its core busy. Public for the load generator, whose
+/// `--spin-us` is the same.
+pub fn wait(
     poll: &mut Poll,
     events: &mut Events,
-    timeout_ms: Option<u64>,
-    spin_us: u64,
+    timeout: Option<Duration>,
+    spin: Duration,
 ) -> io::Result<()> {
-    let timeout = timeout_ms.map(Duration::from_millis);
-    if spin_us > 0 {
-        let limit = Duration::from_micros(spin_us).min(timeout.unwrap_or(Duration::MAX));
+    if !spin.is_zero() {
+        let limit = spin.min(timeout.unwrap_or(Duration::MAX));
         let start = std::time::Instant::now();
         loop {
             poll.poll(events, Some(Duration::ZERO))?;

@@ -401,8 +401,12 @@ impl<'a> Worker<'a> {
                 break;
             }
             let timeout = Duration::from_nanos((limit - now).min(100_000_000));
-            if let Err(e) = wait(&mut self.poll, &mut events, timeout, self.plan.spin)
-                && e.kind() != io::ErrorKind::Interrupted
+            if let Err(e) = ringlock::io::epoll::wait(
+                &mut self.poll,
+                &mut events,
+                Some(timeout),
+                self.plan.spin,
+            ) && e.kind() != io::ErrorKind::Interrupted
             {
                 self.shared.fail(format!("epoll: {e}"));
                 break;
@@ -1249,25 +1253,4 @@ fn watch(
         eprintln!();
     }
     marks
-}
-
-/// Waits for events, at most `timeout`; with `spin` (`--spin-us`), polls
-/// without sleeping for up to that long first.
-fn wait(poll: &mut Poll, events: &mut Events, timeout: Duration, spin: Duration) -> io::Result<()> {
-    if !spin.is_zero() {
-        let start = Instant::now();
-        let limit = spin.min(timeout);
-        loop {
-            poll.poll(events, Some(Duration::ZERO))?;
-            if !events.is_empty() {
-                return Ok(());
-            }
-            let spun = start.elapsed();
-            if spun >= limit {
-                return poll.poll(events, Some(timeout.saturating_sub(spun)));
-            }
-            std::hint::spin_loop();
-        }
-    }
-    poll.poll(events, Some(timeout))
 }
