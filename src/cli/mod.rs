@@ -250,14 +250,19 @@ fn key_bytes(key: OsString) -> Result<Vec<u8>, u8> {
     Ok(key)
 }
 
+/// What every single-key command starts with: the key checked (before any
+/// connection is tried) and a client. `Err` is the exit code, the reason
+/// already printed.
+async fn key_and_client(key: OsString, server: &ServerArg) -> Result<(Vec<u8>, Client), u8> {
+    let key = key_bytes(key)?;
+    let client = connect(server).await.map_err(|e| fail(&e))?;
+    Ok((key, client))
+}
+
 async fn acquire(args: AcquireArgs) -> u8 {
-    let key = match key_bytes(args.key) {
-        Ok(key) => key,
+    let (key, client) = match key_and_client(args.key, &args.server).await {
+        Ok(pair) => pair,
         Err(code) => return code,
-    };
-    let client = match connect(&args.server).await {
-        Ok(client) => client,
-        Err(e) => return fail(&e),
     };
     let wait = (args.wait > 0).then(|| Duration::from_millis(args.wait));
     match client
@@ -281,13 +286,9 @@ async fn acquire(args: AcquireArgs) -> u8 {
 }
 
 async fn release(args: ReleaseArgs) -> u8 {
-    let key = match key_bytes(args.key) {
-        Ok(key) => key,
+    let (key, client) = match key_and_client(args.key, &args.server).await {
+        Ok(pair) => pair,
         Err(code) => return code,
-    };
-    let client = match connect(&args.server).await {
-        Ok(client) => client,
-        Err(e) => return fail(&e),
     };
     match client.release(&key, args.token).await {
         Ok(true) => 0,
@@ -304,13 +305,9 @@ async fn release(args: ReleaseArgs) -> u8 {
 }
 
 async fn renew(args: RenewArgs) -> u8 {
-    let key = match key_bytes(args.key) {
-        Ok(key) => key,
+    let (key, client) = match key_and_client(args.key, &args.server).await {
+        Ok(pair) => pair,
         Err(code) => return code,
-    };
-    let client = match connect(&args.server).await {
-        Ok(client) => client,
-        Err(e) => return fail(&e),
     };
     match client
         .renew(&key, args.token, Duration::from_millis(args.lease))
@@ -339,13 +336,9 @@ fn seconds(ms: u64) -> String {
 type Renewal<'a> = Pin<Box<dyn Future<Output = Result<bool, Error>> + 'a>>;
 
 async fn run_command(args: RunArgs) -> u8 {
-    let key = match key_bytes(args.key) {
-        Ok(key) => key,
+    let (key, client) = match key_and_client(args.key, &args.server).await {
+        Ok(pair) => pair,
         Err(code) => return code,
-    };
-    let client = match connect(&args.server).await {
-        Ok(client) => client,
-        Err(e) => return fail(&e),
     };
     let lease = Duration::from_millis(args.lease);
     let wait = (args.wait > 0).then(|| Duration::from_millis(args.wait));
