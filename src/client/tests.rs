@@ -80,6 +80,24 @@ async fn accept(conns: &mut mpsc::UnboundedReceiver<FakeConn>) -> FakeConn {
         .expect("listener alive")
 }
 
+/// A client built by `setup` against a fake server, with its two
+/// connections accepted (clients open two per address), and the listener's
+/// channel for any later ones.
+async fn two_conns(
+    setup: impl FnOnce(ClientBuilder) -> ClientBuilder,
+) -> (
+    Client,
+    FakeConn,
+    FakeConn,
+    mpsc::UnboundedReceiver<FakeConn>,
+) {
+    let (addr, mut conns) = fake().await;
+    let client = setup(Client::builder([addr])).connect().await.unwrap();
+    let a = accept(&mut conns).await;
+    let b = accept(&mut conns).await;
+    (client, a, b, conns)
+}
+
 /// Reads the next request on either of two connections.
 async fn line_on_either(a: &mut FakeConn, b: &mut FakeConn) -> (usize, String) {
     tokio::select! {
@@ -250,14 +268,8 @@ async fn m_answers_the_oldest_request_of_its_key_and_is_followed() {
 #[tokio::test]
 async fn m_without_active_is_retried_then_gives_up() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::builder([addr])
-            .no_active_timeout(Duration::from_millis(600))
-            .connect()
-            .await
-            .unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let no_active = Duration::from_millis(600);
+        let (client, mut a, mut b, _conns) = two_conns(|b| b.no_active_timeout(no_active)).await;
         let c = client.clone();
         let started = std::time::Instant::now();
         let acquire = tokio::spawn(async move { c.acquire("k", Duration::from_secs(5), None).await });
@@ -287,10 +299,7 @@ async fn m_without_active_is_retried_then_gives_up() {
 async fn e_answer_and_malformed_lines_are_protocol_errors() {
     bounded(async move {
         for bad in ["E bad lease \"x\" in line 1", "A k zero", "Q what", "A k"] {
-            let (addr, mut conns) = fake().await;
-            let client = Client::connect([addr]).await.unwrap();
-            let mut a = accept(&mut conns).await;
-            let mut b = accept(&mut conns).await;
+            let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
             let c = client.clone();
             let acquire =
                 tokio::spawn(async move { c.acquire("k", Duration::from_secs(1), None).await });
@@ -311,10 +320,7 @@ async fn e_answer_and_malformed_lines_are_protocol_errors() {
 #[tokio::test]
 async fn an_answer_for_nothing_pending_is_a_protocol_error() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr]).await.unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
         let c = client.clone();
         let release = tokio::spawn(async move { c.release("k", 3).await });
         let (which, line) = line_on_either(&mut a, &mut b).await;
@@ -330,10 +336,7 @@ async fn an_answer_for_nothing_pending_is_a_protocol_error() {
 #[tokio::test]
 async fn bad_arguments_are_refused_before_sending() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr]).await.unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
         let lease = Duration::from_secs(1);
         let long_key = "x".repeat(251);
         for key in ["", "a b", "a\nb", long_key.as_str()] {
@@ -374,10 +377,7 @@ async fn bad_arguments_are_refused_before_sending() {
 #[tokio::test]
 async fn binary_keys_and_sub_millisecond_waits() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr]).await.unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
         let c = client.clone();
         let acquire = tokio::spawn(async move {
             c.acquire(
@@ -439,14 +439,7 @@ async fn connect_fails_fast_when_nothing_listens_and_not_when_one_node_is_down()
 #[tokio::test]
 async fn waiting_acquires_queue_locally_and_releases_do_not_wait_behind_them() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::builder([addr])
-            .max_waiting_acquires(2)
-            .connect()
-            .await
-            .unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b.max_waiting_acquires(2)).await;
         let mut acquires = Vec::new();
         for _ in 0..7 {
             let c = client.clone();
@@ -484,14 +477,7 @@ async fn waiting_acquires_queue_locally_and_releases_do_not_wait_behind_them() {
 #[tokio::test]
 async fn an_acquire_queued_in_the_client_still_keeps_to_its_wait() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::builder([addr])
-            .max_waiting_acquires(1)
-            .connect()
-            .await
-            .unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b.max_waiting_acquires(1)).await;
         let mut waiting = Vec::new();
         for _ in 0..2 {
             let c = client.clone();
@@ -525,10 +511,7 @@ async fn an_acquire_queued_in_the_client_still_keeps_to_its_wait() {
 #[tokio::test]
 async fn a_grant_for_a_dropped_acquire_is_released() {
     bounded(async move {
-        let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr]).await.unwrap();
-        let mut a = accept(&mut conns).await;
-        let mut b = accept(&mut conns).await;
+        let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
         let c = client.clone();
         let acquire =
             tokio::spawn(async move { c.acquire("k", Duration::from_secs(3), None).await });
