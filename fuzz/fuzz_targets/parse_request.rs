@@ -9,49 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringlock::proto::{
-    is_valid_key, parse_answer, parse_request, write_seconds, write_u64, ParseError, Request,
-    MAX_LINE,
-};
-
-/// Appends the canonical form of `req` (no leading zeros, shortest
-/// seconds) with its `\n`.
-fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
-    match *req {
-        Request::Acquire {
-            key,
-            lease_ms,
-            wait_ms,
-        } => {
-            out.extend_from_slice(b"A ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_seconds(out, lease_ms);
-            out.push(b' ');
-            write_seconds(out, wait_ms);
-        }
-        Request::Release { key, token } => {
-            out.extend_from_slice(b"R ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_u64(out, token);
-        }
-        Request::Renew {
-            key,
-            token,
-            lease_ms,
-        } => {
-            out.extend_from_slice(b"N ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_u64(out, token);
-            out.push(b' ');
-            write_seconds(out, lease_ms);
-        }
-        Request::Status => out.push(b'S'),
-    }
-    out.push(b'\n');
-}
+use ringlock::proto::{is_valid_key, parse_answer, parse_request, ParseError, Request, MAX_LINE};
 
 /// The reason goes out as `E <reason> in line N`: one short line of
 /// printable ASCII.
@@ -94,7 +52,7 @@ fn check(data: &[u8]) {
                     Request::Status => {}
                 }
                 enc.clear();
-                encode_request(&req, &mut enc);
+                req.encode(&mut enc);
                 assert!(enc.len() <= MAX_LINE);
                 assert_eq!(parse_request(&enc), Ok(Some((req, enc.len()))));
                 rest = &rest[used..];

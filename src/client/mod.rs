@@ -61,7 +61,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 
 pub use crate::proto::Role;
-use crate::proto::{Answer, MAX_DURATION_MS, is_valid_key, parse_answer, write_seconds, write_u64};
+use crate::proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
 use conn::{Conn, Op, Reply, Request, Shared, Slot, lock};
 pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
@@ -345,13 +345,12 @@ impl Client {
                 ceil_ms(total - elapsed)
             };
             let mut line = Vec::with_capacity(key.len() + 32);
-            line.extend_from_slice(b"A ");
-            line.extend_from_slice(key);
-            line.push(b' ');
-            write_seconds(&mut line, lease_ms);
-            line.push(b' ');
-            write_seconds(&mut line, wait_now);
-            line.push(b'\n');
+            Line::Acquire {
+                key,
+                lease_ms,
+                wait_ms: wait_now,
+            }
+            .encode(&mut line);
             let sent = Instant::now();
             let reply = conn.call(Op::Acquire, key, line, Some(permit)).await;
             drop(conn);
@@ -408,11 +407,7 @@ impl Client {
         check_key(key)?;
         check_token(token)?;
         let mut line = Vec::with_capacity(key.len() + 24);
-        line.extend_from_slice(b"R ");
-        line.extend_from_slice(key);
-        line.push(b' ');
-        write_u64(&mut line, token);
-        line.push(b'\n');
+        Line::Release { key, token }.encode(&mut line);
         self.retrying(Op::Release, key, line)
             .await
             .map(|(held, _)| held)
@@ -459,13 +454,12 @@ impl Client {
         check_token(token)?;
         let lease_ms = lease_ms(lease)?;
         let mut line = Vec::with_capacity(key.len() + 32);
-        line.extend_from_slice(b"N ");
-        line.extend_from_slice(key);
-        line.push(b' ');
-        write_u64(&mut line, token);
-        line.push(b' ');
-        write_seconds(&mut line, lease_ms);
-        line.push(b'\n');
+        Line::Renew {
+            key,
+            token,
+            lease_ms,
+        }
+        .encode(&mut line);
         self.retrying(Op::Renew, key, line).await
     }
 

@@ -30,44 +30,6 @@ fn acquire(key: &[u8], lease_ms: u64, wait_ms: u64) -> Request<'_> {
     }
 }
 
-/// Appends the canonical form of `req` with its `\n`.
-fn encode_request(req: &Request<'_>, out: &mut Vec<u8>) {
-    match *req {
-        Request::Acquire {
-            key,
-            lease_ms,
-            wait_ms,
-        } => {
-            out.extend_from_slice(b"A ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_seconds(out, lease_ms);
-            out.push(b' ');
-            write_seconds(out, wait_ms);
-        }
-        Request::Release { key, token } => {
-            out.extend_from_slice(b"R ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_u64(out, token);
-        }
-        Request::Renew {
-            key,
-            token,
-            lease_ms,
-        } => {
-            out.extend_from_slice(b"N ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            write_u64(out, token);
-            out.push(b' ');
-            write_seconds(out, lease_ms);
-        }
-        Request::Status => out.push(b'S'),
-    }
-    out.push(b'\n');
-}
-
 /// The reason text goes out as `E <reason> in line N`: one line, printable
 /// ASCII only, short.
 fn assert_reason_ok(err: &ParseError<'_>) {
@@ -170,7 +132,7 @@ fn every_valid_request_form() {
         assert_eq!(one(line), Ok(*want), "{}", esc(line));
         // The canonical form parses to the same request.
         let mut enc = Vec::new();
-        encode_request(want, &mut enc);
+        want.encode(&mut enc);
         assert_eq!(one(&enc), Ok(*want), "{}", esc(&enc));
     }
 }
@@ -906,7 +868,7 @@ fn check_invariants(data: &[u8], enc: &mut Vec<u8>) {
                     assert!(is_valid_key(key));
                 }
                 enc.clear();
-                encode_request(&req, enc);
+                req.encode(enc);
                 assert!(enc.len() <= MAX_LINE);
                 assert_eq!(parse_request(enc), Ok(Some((req, enc.len()))));
                 rest = &rest[used..];

@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, is_key_byte, parse_seconds, parse_u64};
+use super::{
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, is_key_byte, parse_seconds, parse_u64, write_seconds,
+    write_u64,
+};
 
 /// One request, borrowing its key from the buffer it was parsed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +29,46 @@ pub enum Request<'a> {
 }
 
 impl<'a> Request<'a> {
+    /// Appends the request's canonical line, `\n` included: numbers without
+    /// leading zeros, durations in their shortest exact seconds. What the
+    /// official client sends, and what parses back to this same request.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match *self {
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            } => {
+                out.extend_from_slice(b"A ");
+                out.extend_from_slice(key);
+                out.push(b' ');
+                write_seconds(out, lease_ms);
+                out.push(b' ');
+                write_seconds(out, wait_ms);
+            }
+            Request::Release { key, token } => {
+                out.extend_from_slice(b"R ");
+                out.extend_from_slice(key);
+                out.push(b' ');
+                write_u64(out, token);
+            }
+            Request::Renew {
+                key,
+                token,
+                lease_ms,
+            } => {
+                out.extend_from_slice(b"N ");
+                out.extend_from_slice(key);
+                out.push(b' ');
+                write_u64(out, token);
+                out.push(b' ');
+                write_seconds(out, lease_ms);
+            }
+            Request::Status => out.push(b'S'),
+        }
+        out.push(b'\n');
+    }
+
     /// The request's key, if it has one.
     pub fn key(&self) -> Option<&'a [u8]> {
         match *self {
