@@ -85,9 +85,12 @@ ADDR=("127.0.0.1:${PORTS[0]}" "127.0.0.1:${PORTS[1]}" "127.0.0.1:${PORTS[2]}")
 PEERS=$(IFS=,; echo "${ADDR[*]}")
 IO=
 
+"$NODE" keygen "$WORK/secret" 2>/dev/null
+
 start_node() {
     local i=$1
     "$NODE" serve --listen "${ADDR[$i]}" --peers "$PEERS" --io "$IO" \
+        --cluster-secret-file "$WORK/secret" \
         --heartbeat-ms "$HEARTBEAT_MS" --peer-timeout-ms "$PEER_TIMEOUT_MS" \
         2>>"$WORK/node$i-$IO.log" &
     PID[$i]=$!

@@ -11,6 +11,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 enum Command {
     /// Run a ringlock node.
     Serve(ringlock::server::ServeArgs),
+    /// Write a fresh cluster secret (256 random bits, as hex) to a new file
+    /// readable by its owner only, for --cluster-secret-file. Copy the same
+    /// file to every node of the cluster. Never overwrites a file.
+    Keygen {
+        /// Where to write it (must not exist).
+        path: std::path::PathBuf,
+    },
     #[command(flatten)]
     Client(ringlock::cli::ClientCommand),
 }
@@ -21,6 +28,21 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("ringlock: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Keygen { path } => match ringlock::cluster::auth::Secret::generate_file(&path) {
+            Ok(()) => {
+                eprintln!(
+                    "ringlock: wrote a new cluster secret to {} (mode 600); copy it to every \
+                         node and start each with --cluster-secret-file {}",
+                    path.display(),
+                    path.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("ringlock: cannot write {}: {err}", path.display());
                 ExitCode::FAILURE
             }
         },

@@ -5,12 +5,69 @@
 //! connection's input [`crate::io::Session::feed`] (which calls
 //! [`Node::handle_request`] and [`Node::handle_peer_line`]); then
 //! [`Node::take_dirty`] and [`Node::output_mut`] to send; then
-//! [`Node::take_dials`] to start dials; then sleep until
+//! [`Node::take_doomed`] to close the connections the node gave up on;
+//! then [`Node::take_dials`] to start dials; then sleep until
 //! [`Node::next_deadline`].
+//!
+//! The loops ask [`Node::admit`] before taking a connection: peer links do
+//! not count against `--max-conns`, so a node full of clients still takes
+//! its peers' links (a connection taken beyond the limit must become an
+//! authenticated peer link in time, and any client request on it is
+//! refused).
+
+use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::Request;
+
+/// What a loop does with a connection it just accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Below `--max-conns`: a client (or a peer) like any other.
+    Client,
+    /// Beyond `--max-conns`, within the peers' reserve: it may only become
+    /// a peer link ([`Node::open_peer_only`]).
+    PeerOnly,
+    /// Closed at once.
+    Refuse,
+}
+
+/// At most [`LogLimiter::BURST`] lines per [`LogLimiter::WINDOW_MS`]; the
+/// rest are counted and the count is logged when the window ends, so that a
+/// flood of bad links cannot fill the log.
+#[derive(Debug, Default)]
+struct LogLimiter {
+    window_start_ms: u64,
+    logged: u32,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    const BURST: u32 = 5;
+    const WINDOW_MS: u64 = 10_000;
+
+    fn log(&mut self, now: Now, what: &str, line: impl FnOnce() -> String) {
+        if now.ms >= self.window_start_ms + Self::WINDOW_MS {
+            if self.suppressed > 0 {
+                eprintln!(
+                    "ringlock: {} more {what} in the last {} s not shown",
+                    self.suppressed,
+                    Self::WINDOW_MS / 1000
+                );
+            }
+            self.window_start_ms = now.ms;
+            self.logged = 0;
+            self.suppressed = 0;
+        }
+        if self.logged < Self::BURST {
+            self.logged += 1;
+            eprintln!("ringlock: {}", line());
+        } else {
+            self.suppressed += 1;
+        }
+    }
+}
 
 /// How the node was configured at start.
 #[derive(Debug, Clone)]
@@ -24,6 +81,14 @@ pub struct NodeConfig {
 pub struct Node {
     engine: Engine,
     cluster: Option<Cluster>,
+    /// Remote addresses of connections, when the loop told us (for logs).
+    remotes: Vec<Option<SocketAddr>>,
+    /// Connections taken beyond `--max-conns` for peers: each must be an
+    /// authenticated peer link by its deadline.
+    peer_only: Vec<(ConnId, u64)>,
+    /// Connections to close, for the loop ([`Node::take_doomed`]).
+    doomed: Vec<(ConnId, String)>,
+    peer_log: LogLimiter,
 }
 
 impl Node {
@@ -32,7 +97,97 @@ impl Node {
         let cluster = config
             .cluster
             .map(|cfg| Cluster::new(cfg, now, &mut engine));
-        Node { engine, cluster }
+        Node {
+            engine,
+            cluster,
+            remotes: Vec::new(),
+            peer_only: Vec::new(),
+            doomed: Vec::new(),
+            peer_log: LogLimiter::default(),
+        }
+    }
+
+    /// The cluster state machine, if this node has peers.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    /// Asserts the engine's and the cluster's invariants.
+    pub fn check_invariants(&self, now: Now) {
+        self.engine.check_invariants();
+        if let Some(cluster) = &self.cluster {
+            cluster.check_invariants(now, &self.engine);
+        }
+        for &(conn, _) in &self.peer_only {
+            assert!(self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1);
+        }
+    }
+
+    /// A configuration problem this node has now (a peer with another
+    /// `--peers` list), if any.
+    pub fn problem(&self, now: Now) -> Option<&str> {
+        self.cluster.as_ref().and_then(|c| c.problem(now))
+    }
+
+    /// Whether to take a connection just accepted when `open_conns`
+    /// connections (clients, peer links, closing ones) are open.
+    pub fn admit(&self, open_conns: usize, max_conns: usize) -> Admission {
+        let (links, reserve) = self
+            .cluster
+            .as_ref()
+            .map_or((0, 0), |c| (c.link_count(), c.link_reserve()));
+        if open_conns.saturating_sub(links) < max_conns {
+            Admission::Client
+        } else if open_conns < max_conns + reserve {
+            Admission::PeerOnly
+        } else {
+            Admission::Refuse
+        }
+    }
+
+    /// Opens a connection taken beyond `--max-conns` ([`Admission::PeerOnly`]):
+    /// unless it is an authenticated peer link within a peer timeout, it is
+    /// closed, and a client request on it is refused.
+    pub fn open_peer_only(&mut self, now: Now, conn: ConnId) {
+        self.engine.open(conn);
+        let timeout = self
+            .cluster
+            .as_ref()
+            .map_or(0, |c| c.handshake_timeout_ms());
+        self.peer_only.push((conn, now.ms + timeout));
+    }
+
+    /// Remembers where `conn` comes from, for the log lines about it.
+    pub fn set_remote(&mut self, conn: ConnId, remote: SocketAddr) {
+        let i = conn as usize;
+        if self.remotes.len() <= i {
+            self.remotes.resize(i + 1, None);
+        }
+        self.remotes[i] = Some(remote);
+    }
+
+    fn remote(&self, conn: ConnId) -> String {
+        match self.remotes.get(conn as usize).copied().flatten() {
+            Some(addr) => addr.to_string(),
+            None => format!("connection {conn}"),
+        }
+    }
+
+    /// Moves the connections the node gave up on (a peer handshake that did
+    /// not finish, a follower that does not keep up, a peer-only connection
+    /// that is not a peer) into `into`. Each has its `E` line at the end of
+    /// its output: the loop closes it as one that broke the protocol.
+    pub fn take_doomed(&mut self, now: Now, into: &mut Vec<ConnId>) {
+        into.clear();
+        if let Some(cluster) = &mut self.cluster {
+            cluster.take_doomed(&mut self.doomed);
+        }
+        for (conn, reason) in std::mem::take(&mut self.doomed) {
+            let remote = self.remote(conn);
+            self.peer_log
+                .log(now, "peer link errors", || format!("{remote}: {reason}"));
+            into.push(conn);
+        }
     }
 
     /// The engine, for inspection (tests, status).
@@ -56,6 +211,12 @@ impl Node {
     /// Forgets a connection (client or peer link).
     pub fn close(&mut self, now: Now, conn: ConnId) {
         self.engine.close(conn);
+        if let Some(remote) = self.remotes.get_mut(conn as usize) {
+            *remote = None;
+        }
+        if !self.peer_only.is_empty() {
+            self.peer_only.retain(|&(c, _)| c != conn);
+        }
         if let Some(cluster) = &mut self.cluster {
             cluster.on_close(now, conn, &mut self.engine);
         }
@@ -66,28 +227,83 @@ impl Node {
         if let Some(cluster) = &mut self.cluster {
             cluster.tick(now, &mut self.engine);
         }
+        if !self.peer_only.is_empty() {
+            self.expire_peer_only(now);
+        }
     }
 
-    /// A client request. On a peer link it breaks the link.
+    /// Peer-only connections past their deadline: kept if they became
+    /// authenticated peer links, closed otherwise.
+    fn expire_peer_only(&mut self, now: Now) {
+        let cluster = self.cluster.as_ref();
+        let mut expired = Vec::new();
+        self.peer_only.retain(|&(conn, deadline_ms)| {
+            if now.ms < deadline_ms {
+                return true;
+            }
+            if !cluster.is_some_and(|c| c.is_authenticated_in(conn)) {
+                expired.push(conn);
+            }
+            false
+        });
+        for conn in expired {
+            let reason = "too many connections: a connection beyond --max-conns must be a peer";
+            self.refuse_peer_only(conn, reason);
+        }
+    }
+
+    fn refuse_peer_only(&mut self, conn: ConnId, reason: &str) {
+        crate::proto::Answer::Error {
+            reason: reason.as_bytes(),
+        }
+        .encode(self.engine.output_mut(conn));
+        self.doomed.push((conn, reason.into()));
+    }
+
+    /// The earliest peer-only deadline.
+    fn peer_only_deadline(&self) -> Option<u64> {
+        self.peer_only.iter().map(|&(_, d)| d).min()
+    }
+
+    /// A client request. On a connection taken beyond `--max-conns` it
+    /// breaks the connection.
     pub fn handle_request(
         &mut self,
         now: Now,
         conn: ConnId,
         request: Request<'_>,
     ) -> Result<(), Refusal> {
+        if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
+            return Err(Refusal::TooManyConns);
+        }
         self.engine.handle(now, conn, request)
     }
 
-    /// A peer line (`P ...`). `Err` breaks the connection with that reason.
+    /// True if `conn` is a peer link (either way, authenticated or not): a
+    /// line that starts with `E ` on it is the peer giving it up, not a
+    /// client request.
+    pub fn is_peer_link(&self, conn: ConnId) -> bool {
+        self.cluster.as_ref().is_some_and(|c| c.is_peer_link(conn))
+    }
+
+    /// A peer line (`P ...`), or an `E` line on our link to a peer. `Err`
+    /// breaks the connection with that reason (logged, rate-limited).
     pub fn handle_peer_line(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
         let Some(cluster) = &mut self.cluster else {
             return Err("peer message to a node started without --peers".into());
         };
-        let result =
-            wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine));
+        let result = if line.starts_with(b"E ") {
+            cluster.on_refusal(conn, line)
+        } else {
+            wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
+        };
         if let Err(reason) = &result {
-            // Loud: between nodes this means a misconfigured cluster.
-            eprintln!("ringlock: peer link broken: {reason}");
+            // Loud: between nodes this means a misconfigured cluster or a
+            // stranger; rate-limited, so a flood cannot fill the log.
+            let remote = self.remote(conn);
+            self.peer_log.log(now, "peer link errors", || {
+                format!("peer link from {remote} broken: {reason}")
+            });
         }
         result
     }
@@ -108,7 +324,11 @@ impl Node {
     pub fn next_deadline(&self) -> Option<u64> {
         let engine = self.engine.next_deadline();
         let cluster = self.cluster.as_ref().map(Cluster::next_deadline);
-        engine.into_iter().chain(cluster).min()
+        engine
+            .into_iter()
+            .chain(cluster)
+            .chain(self.peer_only_deadline())
+            .min()
     }
 
     /// Peers to dial now, `(index, address)`.
@@ -125,10 +345,10 @@ impl Node {
     }
 
     /// A dial to `peer` succeeded as connection `conn` (not yet opened).
-    pub fn outbound_open(&mut self, conn: ConnId, peer: usize) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize) {
         self.engine.open(conn);
         if let Some(cluster) = &mut self.cluster {
-            cluster.outbound_open(conn, peer, &mut self.engine);
+            cluster.outbound_open(now, conn, peer, &mut self.engine);
         }
     }
 

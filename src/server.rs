@@ -3,7 +3,8 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 
-use crate::cluster::ClusterConfig;
+use crate::cluster::auth::{self, Secret};
+use crate::cluster::{ClusterConfig, wire};
 use crate::io::{self, Clock, IoChoice};
 use crate::node::{Node, NodeConfig};
 
@@ -37,6 +38,11 @@ pub struct ServeArgs {
     /// failover after a hang; a crash is seen at once (its links close).
     #[arg(long, default_value_t = 500)]
     pub peer_timeout_ms: u64,
+    /// Cluster: a file holding the secret every node shares (required with
+    /// --peers; make one with `ringlock keygen PATH` and copy it to every
+    /// node). Peer links prove it both ways before anything else.
+    #[arg(long, value_name = "PATH")]
+    pub cluster_secret_file: Option<std::path::PathBuf>,
 }
 
 /// What the event loops need to know besides the engine.
@@ -136,14 +142,23 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
             args.peers.join(",")
         ))
     })?;
+    if args.peers.len() > wire::MAX_PEERS {
+        return Err(ServeError::Config(format!(
+            "--peers lists {} nodes; a cluster has at most {}",
+            args.peers.len(),
+            wire::MAX_PEERS
+        )));
+    }
     for (i, peer) in args.peers.iter().enumerate() {
         if args.peers[..i].contains(peer) {
             return Err(ServeError::Config(format!(
                 "{peer} is listed twice in --peers"
             )));
         }
-        if peer.contains(char::is_whitespace) || peer == "-" {
-            return Err(ServeError::Config(format!("bad peer address {peer:?}")));
+        if !crate::proto::is_valid_key(peer.as_bytes()) || peer == "-" {
+            return Err(ServeError::Config(format!(
+                "bad peer address {peer:?} (1 to 250 printable characters, no spaces)"
+            )));
         }
     }
     if args.heartbeat_ms == 0 || args.peer_timeout_ms <= args.heartbeat_ms {
@@ -152,16 +167,27 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
                 .into(),
         ));
     }
-    let incarnation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-        ^ (u64::from(std::process::id()) << 32);
+    let Some(path) = &args.cluster_secret_file else {
+        return Err(ServeError::Config(
+            "--peers needs --cluster-secret-file PATH: the secret every node shares, so that \
+             no stranger can pose as a peer. Make one with `ringlock keygen PATH` and copy it \
+             to every node"
+                .into(),
+        ));
+    };
+    let (secret, warning) = Secret::from_file(path).map_err(ServeError::Config)?;
+    if let Some(warning) = warning {
+        eprintln!("ringlock: warning: {warning}");
+    }
+    let incarnation = auth::random_u64()
+        .map_err(|e| ServeError::Config(format!("no random numbers from the OS: {e}")))?;
     Ok(Some(ClusterConfig {
         peers: args.peers.clone(),
         me,
         heartbeat_ms: args.heartbeat_ms,
         peer_timeout_ms: args.peer_timeout_ms,
         incarnation,
+        secret,
     }))
 }
 

@@ -753,9 +753,26 @@ async fn the_client_follows_the_cluster_through_a_failover() {
         let (a, b) = (free_addr(), free_addr());
         let peers = format!("{a},{b}");
         let io = backend();
-        let mut first =
-            common::Server::start_with(&["--listen", &a, "--peers", &peers, "--io", &io]);
-        let _second = common::Server::start_with(&["--listen", &b, "--peers", &peers, "--io", &io]);
+        let mut first = common::Server::start_with(&[
+            "--listen",
+            &a,
+            "--peers",
+            &peers,
+            "--io",
+            &io,
+            "--cluster-secret-file",
+            common::secret_file(),
+        ]);
+        let _second = common::Server::start_with(&[
+            "--listen",
+            &b,
+            "--peers",
+            &peers,
+            "--io",
+            &io,
+            "--cluster-secret-file",
+            common::secret_file(),
+        ]);
         // The standby first: the client is sent to the active by M.
         let client = Client::connect([b.clone(), a.clone()]).await.unwrap();
         let grant = client

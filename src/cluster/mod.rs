@@ -21,16 +21,43 @@
 //!   has heard of.
 //!
 //! Links are one-directional: each node dials every other node and only
-//! sends on the connection it dialed, so "what I hear from p" and "what I
-//! send to p" are separate connections with separate lives.
+//! sends its state on the connection it dialed, so "what I hear from p" and
+//! "what I send to p" are separate connections with separate lives.
+//!
+//! Every link is authenticated before anything on it is believed or sent
+//! ([`auth`]): until the dialer has checked the acceptor's `CHALLENGE` it
+//! sends nothing but its `HELLO`; until the acceptor has checked the
+//! dialer's `AUTH` it believes nothing the link says and sends nothing but
+//! its `CHALLENGE`. A link whose handshake does not finish within
+//! `peer_timeout_ms` is closed. An authenticated peer whose configuration
+//! differs (another peer list, order or index) is a *conflict*: its link is
+//! refused on both sides, it counts for nothing in role decisions, and while
+//! the conflict lasts a node whose fingerprint is not the lowest of the two
+//! does not serve, so two nodes with different lists are never both active.
 
+pub mod auth;
 pub mod wire;
 
+use std::collections::HashMap;
+
 use crate::engine::{ConnId, Engine, Now};
+use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use wire::PeerMsg;
 
 /// Unsent bytes on a link past which heartbeats are not queued on it.
 const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
+
+/// Replication a follower may have unread beyond the last snapshot queued
+/// for it. Past it the link is closed: the follower resyncs from a fresh
+/// snapshot once it is redialled, and the active's memory stays bounded.
+pub const REPLICATION_BACKLOG_BYTES: usize = 32 * 1024 * 1024;
+
+/// Inbound handshakes in progress at once; one more `HELLO` is refused, so
+/// strangers cannot make a node keep state for every connection.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// Configuration conflicts remembered at once (the newest are kept).
+const MAX_CONFLICTS: usize = 16;
 
 /// How soon a failed dial is retried.
 pub const DIAL_RETRY_MS: u64 = 100;
@@ -46,6 +73,8 @@ pub struct ClusterConfig {
     pub peer_timeout_ms: u64,
     /// Random per process start: lets peers tell a restart from a reconnect.
     pub incarnation: u64,
+    /// The cluster's shared secret: every peer link proves it both ways.
+    pub secret: Secret,
 }
 
 /// This node's role.
@@ -63,11 +92,20 @@ pub enum Role {
 struct Peer {
     /// Our link to it (we send on it), once dialed.
     out: Option<ConnId>,
+    /// Our link has checked the peer's `CHALLENGE`: heartbeats and
+    /// replication may go on it.
+    out_authed: bool,
+    /// Until then: the nonce of our `HELLO`, and when we give up waiting.
+    out_nonce: Nonce,
+    out_deadline_ms: u64,
+    /// The size of the last snapshot queued on our link: what it may have
+    /// unread beyond [`REPLICATION_BACKLOG_BYTES`].
+    snapshot_bytes: usize,
     dialing: bool,
     next_dial_ms: u64,
     /// Our link carries a snapshot from us (sent while we were active).
     snapshot_sent: bool,
-    /// Its links to us that are open.
+    /// Its authenticated links to us that are open.
     links_in: u32,
     incarnation: u64,
     /// When we last heard from it; None: dead.
@@ -78,11 +116,41 @@ struct Peer {
     synced: bool,
 }
 
+/// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
+#[derive(Debug, Clone)]
+struct Claim {
+    fingerprint: Fingerprint,
+    from: usize,
+    addr: Box<[u8]>,
+    incarnation: u64,
+    nonce: Nonce,
+}
+
+/// An inbound link that sent `HELLO` and was sent our `CHALLENGE`.
+#[derive(Debug, Clone)]
+struct Pending {
+    claim: Claim,
+    nonce: Nonce,
+    deadline_ms: u64,
+}
+
+/// An authenticated peer whose configuration differs from ours.
+#[derive(Debug, Clone)]
+struct Conflict {
+    fingerprint: Fingerprint,
+    until_ms: u64,
+    reason: String,
+}
+
 /// The cluster state machine of one node. It acts on the engine (roles,
 /// replicated grants, tokens) and writes peer lines into the engine's
 /// per-connection output.
 pub struct Cluster {
     cfg: ClusterConfig,
+    /// Of our ordered peer list: what every peer's must equal.
+    fingerprint: Fingerprint,
+    /// Nonces handed out so far (each handshake takes a fresh one).
+    nonces: u64,
     peers: Vec<Peer>,
     role: Role,
     /// As a standby: a complete snapshot from `following` has arrived.
@@ -91,8 +159,14 @@ pub struct Cluster {
     /// When `tick` last ran.
     last_tick_ms: u64,
     next_heartbeat_ms: u64,
-    /// Inbound links: connection → peer index.
+    /// Authenticated inbound links: connection → peer index.
     links_in: Vec<(ConnId, usize)>,
+    /// Inbound links in their handshake.
+    pending: HashMap<ConnId, Pending>,
+    conflicts: Vec<Conflict>,
+    /// Links to close (with the reason), for the loop: see
+    /// [`Cluster::take_doomed`].
+    doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
     scratch: Vec<u8>,
@@ -102,11 +176,14 @@ impl Cluster {
     /// A node that starts as a standby knowing no active; the engine is told.
     pub fn new(cfg: ClusterConfig, now: Now, engine: &mut Engine) -> Cluster {
         assert!(cfg.me < cfg.peers.len(), "this node is not in --peers");
+        assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
         engine.enable_replication();
         engine.step_down(None);
         let peers = vec![Peer::default(); cfg.peers.len()];
         Cluster {
+            fingerprint: auth::fingerprint(wire::VERSION, &cfg.peers),
+            nonces: 0,
             cfg,
             peers,
             role: Role::Standby { following: None },
@@ -115,28 +192,166 @@ impl Cluster {
             last_tick_ms: now.ms,
             next_heartbeat_ms: now.ms,
             links_in: Vec::new(),
+            pending: HashMap::new(),
+            conflicts: Vec::new(),
+            doomed: Vec::new(),
             leaving: false,
             scratch: Vec::new(),
         }
+    }
+
+    /// This node's peer-list fingerprint.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// Peer links open now (authenticated or in their handshake), both
+    /// ways: what the loop does not count against `--max-conns`.
+    pub fn link_count(&self) -> usize {
+        self.links_in.len()
+            + self.pending.len()
+            + self.peers.iter().filter(|p| p.out.is_some()).count()
+    }
+
+    /// How many connections beyond `--max-conns` are kept for peers: one
+    /// inbound and one outbound link per peer, twice over for links being
+    /// replaced, and the handshakes in progress.
+    pub fn link_reserve(&self) -> usize {
+        4 * (self.peers.len() - 1) + MAX_PENDING_HANDSHAKES
+    }
+
+    /// How long a peer link may take to authenticate.
+    pub fn handshake_timeout_ms(&self) -> u64 {
+        self.cfg.peer_timeout_ms
+    }
+
+    /// True if `conn` is an authenticated link from a peer.
+    pub fn is_authenticated_in(&self, conn: ConnId) -> bool {
+        self.links_in.iter().any(|&(c, _)| c == conn)
+    }
+
+    /// True if `conn` is a peer link: ours, or one from a peer that sent
+    /// `HELLO` (authenticated or not).
+    pub fn is_peer_link(&self, conn: ConnId) -> bool {
+        self.peers.iter().any(|p| p.out == Some(conn))
+            || self.pending.contains_key(&conn)
+            || self.links_in.iter().any(|&(c, _)| c == conn)
+    }
+
+    /// Moves the links this node wants closed into `into`, each with an `E`
+    /// line already at the end of its output; the loop closes them as it
+    /// closes a connection that broke the protocol.
+    pub fn take_doomed(&mut self, into: &mut Vec<(ConnId, String)>) {
+        into.append(&mut self.doomed);
+    }
+
+    /// A configuration problem with a peer, while it lasts: for `status`.
+    pub fn problem(&self, now: Now) -> Option<&str> {
+        self.conflicts
+            .iter()
+            .filter(|c| c.until_ms > now.ms)
+            .max_by_key(|c| c.until_ms)
+            .map(|c| c.reason.as_str())
+    }
+
+    /// False while an authenticated peer with another configuration, whose
+    /// fingerprint is not above ours, has been heard of lately: then the
+    /// other configuration may serve and this one must not.
+    fn eligible(&self, now: Now) -> bool {
+        !self
+            .conflicts
+            .iter()
+            .any(|c| c.until_ms > now.ms && c.fingerprint <= self.fingerprint)
+    }
+
+    fn next_nonce(&mut self) -> Nonce {
+        self.nonces += 1;
+        self.cfg.secret.nonce(self.cfg.incarnation, self.nonces)
+    }
+
+    fn my_identity(&self, nonce: Nonce) -> Identity<'_> {
+        Identity {
+            fingerprint: self.fingerprint,
+            index: self.cfg.me as u64,
+            addr: self.cfg.peers[self.cfg.me].as_bytes(),
+            nonce,
+        }
+    }
+
+    /// Closes `conn` with `reason` (an `E` line, then the loop closes it).
+    fn doom(&mut self, conn: ConnId, reason: String, engine: &mut Engine) {
+        let mut line = Vec::with_capacity(reason.len() + 3);
+        crate::proto::Answer::Error {
+            reason: reason.as_bytes(),
+        }
+        .encode(&mut line);
+        engine.write_to(conn, &line);
+        self.doomed.push((conn, reason));
+    }
+
+    /// What differs between our configuration and what an authenticated
+    /// peer says of itself (`None`: nothing).
+    fn difference(&self, fingerprint: Fingerprint, index: usize, addr: &[u8]) -> Option<String> {
+        let n = self.peers.len();
+        let shown = String::from_utf8_lossy(addr);
+        let ours = self.cfg.peers.join(",");
+        if index >= n {
+            return Some(format!(
+                "{shown} says it is node {index} of its --peers, but this node's list has {n} \
+                 nodes ({ours}): --peers must be the same list on every node"
+            ));
+        }
+        if addr != self.cfg.peers[index].as_bytes() {
+            let here = match self.cfg.peers.iter().position(|p| p.as_bytes() == addr) {
+                Some(i) => format!("node {i}"),
+                None => "not in the list".into(),
+            };
+            return Some(format!(
+                "{shown} is node {index} of its --peers but {here} of this node's ({ours}): \
+                 --peers must be the same list, in the same order, on every node"
+            ));
+        }
+        if index == self.cfg.me {
+            return Some(format!(
+                "{shown} says it is node {index} of --peers, which is this node: \
+                 two nodes with the same --advertise?"
+            ));
+        }
+        if fingerprint != self.fingerprint {
+            return Some(format!(
+                "{shown} has another --peers list than this node's ({ours}; fingerprint \
+                 {:016x}, its {fingerprint:016x}): --peers must be the same list, in the same \
+                 order, on every node",
+                self.fingerprint
+            ));
+        }
+        None
+    }
+
+    /// Records a conflict with an authenticated peer and re-decides the
+    /// role at once (this node may have to stop serving).
+    fn conflict(&mut self, now: Now, fingerprint: Fingerprint, reason: &str, engine: &mut Engine) {
+        let until_ms = now.ms + 2 * self.cfg.peer_timeout_ms;
+        self.conflicts
+            .retain(|c| c.until_ms > now.ms && c.reason != reason);
+        if self.conflicts.len() == MAX_CONFLICTS {
+            self.conflicts.remove(0);
+        }
+        self.conflicts.push(Conflict {
+            fingerprint,
+            until_ms,
+            reason: reason.to_string(),
+        });
+        self.evaluate(now, engine);
     }
 
     pub fn role(&self) -> Role {
         self.role
     }
 
-    pub fn me(&self) -> usize {
-        self.cfg.me
-    }
-
     /// The address of peer `i` as listed in `--peers`.
     pub fn peer_addr(&self, i: usize) -> &str {
         &self.cfg.peers[i]
-    }
-
-    /// True if `conn` is a link to or from a peer.
-    pub fn is_peer_conn(&self, conn: ConnId) -> bool {
-        self.links_in.iter().any(|&(c, _)| c == conn)
-            || self.peers.iter().any(|p| p.out == Some(conn))
     }
 
     fn alive(&self, p: usize) -> bool {
@@ -156,6 +371,17 @@ impl Cluster {
             }
             if let Some(heard) = p.heard_ms {
                 next = next.min(heard + self.cfg.peer_timeout_ms);
+            }
+            if p.out.is_some() && !p.out_authed {
+                next = next.min(p.out_deadline_ms);
+            }
+        }
+        for pending in self.pending.values() {
+            next = next.min(pending.deadline_ms);
+        }
+        for c in &self.conflicts {
+            if c.until_ms > self.last_tick_ms {
+                next = next.min(c.until_ms);
             }
         }
         // The start-up grace, until a tick has seen it end (not after: a
@@ -185,24 +411,29 @@ impl Cluster {
     }
 
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
-    /// engine already): introduce ourselves and send a heartbeat.
-    pub fn outbound_open(&mut self, conn: ConnId, peer: usize, engine: &mut Engine) {
+    /// engine already): introduce ourselves with a fresh nonce. Nothing else
+    /// goes on the link until the peer's `CHALLENGE` proves it.
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize, engine: &mut Engine) {
+        debug_assert!(self.peers[peer].out.is_none());
+        let nonce = self.next_nonce();
         let p = &mut self.peers[peer];
-        debug_assert!(p.out.is_none());
         p.out = Some(conn);
+        p.out_authed = false;
+        p.out_nonce = nonce;
+        p.out_deadline_ms = now.ms + self.cfg.peer_timeout_ms;
         p.dialing = false;
         p.snapshot_sent = false;
         self.scratch.clear();
-        let addr = self.cfg.peers[self.cfg.me].as_bytes();
         wire::encode(
             &mut self.scratch,
             &PeerMsg::Hello {
+                fingerprint: self.fingerprint,
                 from: self.cfg.me,
-                addr,
+                addr: self.cfg.peers[self.cfg.me].as_bytes(),
                 incarnation: self.cfg.incarnation,
+                nonce,
             },
         );
-        self.encode_heartbeat(engine);
         engine.write_to(conn, &self.scratch);
     }
 
@@ -216,10 +447,12 @@ impl Cluster {
         if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
             let p = &mut self.peers[i];
             p.out = None;
+            p.out_authed = false;
             p.snapshot_sent = false;
             p.next_dial_ms = now.ms + DIAL_RETRY_MS;
             touched = Some(i);
         }
+        self.pending.remove(&conn);
         if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
             let (_, peer) = self.links_in.swap_remove(i);
             self.peers[peer].links_in -= 1;
@@ -237,7 +470,8 @@ impl Cluster {
         }
     }
 
-    /// Handles one peer line received on `conn`.
+    /// Handles one peer line received on `conn`. `Err` breaks the link
+    /// with that reason.
     pub fn on_message(
         &mut self,
         now: Now,
@@ -245,30 +479,253 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), String> {
-        if let PeerMsg::Hello {
-            from,
-            addr,
-            incarnation,
-        } = msg
-        {
-            return self.on_hello(now, conn, from, addr, incarnation);
+        if let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) {
+            // Our own link: the peer only ever answers our HELLO.
+            return match msg {
+                PeerMsg::Challenge {
+                    fingerprint,
+                    index,
+                    addr,
+                    nonce,
+                    mac,
+                } if !self.peers[peer].out_authed => {
+                    let claimed = Identity {
+                        fingerprint,
+                        index: index as u64,
+                        addr,
+                        nonce,
+                    };
+                    self.on_challenge(now, peer, conn, claimed, &mac, engine)
+                }
+                _ => Err(format!(
+                    "unexpected peer line from {} on the link this node dialed",
+                    self.cfg.peers[peer]
+                )),
+            };
         }
-        let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) else {
-            return Err("peer message before HELLO".into());
+        if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
+            return self.on_peer_message(now, from, msg, engine);
+        }
+        match msg {
+            PeerMsg::Hello {
+                fingerprint,
+                from,
+                addr,
+                incarnation,
+                nonce,
+            } if !self.pending.contains_key(&conn) => {
+                let claim = Claim {
+                    fingerprint,
+                    from,
+                    addr: addr.into(),
+                    incarnation,
+                    nonce,
+                };
+                self.on_hello(now, conn, claim, engine)
+            }
+            PeerMsg::Auth { mac } => match self.pending.remove(&conn) {
+                Some(pending) => self.on_auth(now, conn, pending, &mac, engine),
+                None => Err("peer AUTH before HELLO".into()),
+            },
+            PeerMsg::Hello { .. } => Err("second HELLO on one link".into()),
+            _ if self.pending.contains_key(&conn) => Err("peer message before AUTH".into()),
+            _ => Err("peer message before HELLO".into()),
+        }
+    }
+
+    /// An `E` line on a peer link: the other side gave the link up (it
+    /// refused our handshake, or timed out waiting for it). The link is
+    /// closed with the reason, which is all that is believed of it.
+    pub fn on_refusal(&self, conn: ConnId, line: &[u8]) -> Result<(), String> {
+        let shown = String::from_utf8_lossy(&line[..line.len().min(300)]);
+        let who = match self.peers.iter().position(|p| p.out == Some(conn)) {
+            Some(p) => self.cfg.peers[p].as_str(),
+            None => "a peer",
         };
+        Err(format!("{who} gave the link up: {shown}"))
+    }
+
+    /// A stranger or a peer dialed us and said who it is: answer with our
+    /// identity, a fresh nonce and our MAC over both (proving that we hold
+    /// the secret), and believe nothing of it until its `AUTH`.
+    fn on_hello(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        claim: Claim,
+        engine: &mut Engine,
+    ) -> Result<(), String> {
+        if self.pending.len() >= MAX_PENDING_HANDSHAKES {
+            return Err(format!(
+                "more than {MAX_PENDING_HANDSHAKES} peer handshakes in progress"
+            ));
+        }
+        let nonce = self.next_nonce();
+        let transcript = Transcript {
+            dialer: Identity {
+                fingerprint: claim.fingerprint,
+                index: claim.from as u64,
+                addr: &claim.addr,
+                nonce: claim.nonce,
+            },
+            dialer_incarnation: claim.incarnation,
+            acceptor: self.my_identity(nonce),
+        };
+        let mac = self.cfg.secret.sign(Side::Acceptor, &transcript);
+        self.scratch.clear();
+        wire::encode(
+            &mut self.scratch,
+            &PeerMsg::Challenge {
+                fingerprint: self.fingerprint,
+                index: self.cfg.me,
+                addr: self.cfg.peers[self.cfg.me].as_bytes(),
+                nonce,
+                mac,
+            },
+        );
+        engine.write_to(conn, &self.scratch);
+        self.pending.insert(
+            conn,
+            Pending {
+                claim,
+                nonce,
+                deadline_ms: now.ms + self.cfg.peer_timeout_ms,
+            },
+        );
+        Ok(())
+    }
+
+    /// The dialer proved it holds the secret: if its configuration is ours,
+    /// the link is a peer's.
+    fn on_auth(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        pending: Pending,
+        mac: &auth::MacBytes,
+        engine: &mut Engine,
+    ) -> Result<(), String> {
+        let claim = &pending.claim;
+        let transcript = Transcript {
+            dialer: Identity {
+                fingerprint: claim.fingerprint,
+                index: claim.from as u64,
+                addr: &claim.addr,
+                nonce: claim.nonce,
+            },
+            dialer_incarnation: claim.incarnation,
+            acceptor: self.my_identity(pending.nonce),
+        };
+        if !self.cfg.secret.verify(Side::Dialer, &transcript, mac) {
+            return Err(format!(
+                "peer authentication failed (a link claiming to be {}): wrong MAC; is \
+                 --cluster-secret-file the same on every node?",
+                String::from_utf8_lossy(&claim.addr)
+            ));
+        }
+        if let Some(reason) = self.difference(claim.fingerprint, claim.from, &claim.addr) {
+            self.conflict(now, claim.fingerprint, &reason, engine);
+            return Err(reason);
+        }
+        let from = claim.from;
+        self.links_in.push((conn, from));
+        let p = &mut self.peers[from];
+        p.links_in += 1;
+        if p.incarnation != claim.incarnation {
+            // A new process: what we knew of the old one is void. Only an
+            // authenticated link gets here, so no stranger can reset a live
+            // peer's state.
+            p.incarnation = claim.incarnation;
+            p.claims_active = false;
+            p.following = None;
+            p.synced = false;
+            p.snapshot_sent = false;
+        }
+        p.heard_ms = Some(now.ms);
+        self.evaluate(now, engine);
+        Ok(())
+    }
+
+    /// The peer we dialed answered our `HELLO`: check its MAC, prove
+    /// ourselves with `AUTH`, and start sending if its configuration is ours.
+    fn on_challenge(
+        &mut self,
+        now: Now,
+        peer: usize,
+        conn: ConnId,
+        claimed: Identity<'_>,
+        mac: &auth::MacBytes,
+        engine: &mut Engine,
+    ) -> Result<(), String> {
+        let transcript = Transcript {
+            dialer: self.my_identity(self.peers[peer].out_nonce),
+            dialer_incarnation: self.cfg.incarnation,
+            acceptor: claimed,
+        };
+        if !self.cfg.secret.verify(Side::Acceptor, &transcript, mac) {
+            return Err(format!(
+                "peer authentication failed: {} answered with a wrong MAC; is \
+                 --cluster-secret-file the same on every node?",
+                self.cfg.peers[peer]
+            ));
+        }
+        // It holds the secret: prove that we do too, so that it learns of
+        // a conflict as surely as we do.
+        let mac = self.cfg.secret.sign(Side::Dialer, &transcript);
+        self.scratch.clear();
+        wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
+        engine.write_to(conn, &self.scratch);
+        let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
+        let dialed_other = index != peer && index < self.peers.len();
+        let reason = if dialed_other {
+            Some(format!(
+                "{} answers as node {index} of --peers, which is {} here: --peers must be the \
+                 same list, in the same order, on every node",
+                self.cfg.peers[peer], self.cfg.peers[index]
+            ))
+        } else {
+            self.difference(claimed.fingerprint, index, claimed.addr)
+        };
+        if let Some(reason) = reason {
+            self.conflict(now, claimed.fingerprint, &reason, engine);
+            return Err(reason);
+        }
+        self.peers[peer].out_authed = true;
+        // Our state, at once: the peer learns our role and token now.
+        self.scratch.clear();
+        self.encode_heartbeat(engine);
+        engine.write_to(conn, &self.scratch);
+        Ok(())
+    }
+
+    /// A message on an authenticated link from peer `from`.
+    fn on_peer_message(
+        &mut self,
+        now: Now,
+        from: usize,
+        msg: PeerMsg<'_>,
+        engine: &mut Engine,
+    ) -> Result<(), String> {
         self.peers[from].heard_ms = Some(now.ms);
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
             };
         match msg {
-            PeerMsg::Hello { .. } => unreachable!(),
+            PeerMsg::Hello { .. } | PeerMsg::Challenge { .. } | PeerMsg::Auth { .. } => {
+                return Err("handshake message on an authenticated link".into());
+            }
             PeerMsg::Heartbeat {
                 active,
                 following,
                 highest,
                 synced,
             } => {
+                if following.is_some_and(|f| f >= self.peers.len()) {
+                    return Err(format!(
+                        "heartbeat follows node {following:?}, beyond --peers"
+                    ));
+                }
                 engine.observe_token(highest);
                 let p = &mut self.peers[from];
                 if p.following != following {
@@ -322,42 +779,6 @@ impl Cluster {
         Ok(())
     }
 
-    fn on_hello(
-        &mut self,
-        now: Now,
-        conn: ConnId,
-        from: usize,
-        addr: &[u8],
-        incarnation: u64,
-    ) -> Result<(), String> {
-        if from >= self.peers.len() || from == self.cfg.me {
-            return Err(format!("HELLO from unknown peer index {from}"));
-        }
-        if addr != self.cfg.peers[from].as_bytes() {
-            return Err(format!(
-                "HELLO from \"{}\" as peer {from}, which is {} here: are --peers the same on every node?",
-                String::from_utf8_lossy(addr),
-                self.cfg.peers[from]
-            ));
-        }
-        if self.links_in.iter().any(|&(c, _)| c == conn) {
-            return Err("second HELLO on one link".into());
-        }
-        self.links_in.push((conn, from));
-        let p = &mut self.peers[from];
-        p.links_in += 1;
-        if p.incarnation != incarnation {
-            // A new process: what we knew of the old one is void.
-            p.incarnation = incarnation;
-            p.claims_active = false;
-            p.following = None;
-            p.synced = false;
-            p.snapshot_sent = false;
-        }
-        p.heard_ms = Some(now.ms);
-        Ok(())
-    }
-
     /// Liveness, role decisions and heartbeats due at `now`.
     pub fn tick(&mut self, now: Now, engine: &mut Engine) {
         // The loop ticks at least once per heartbeat (`next_deadline`). A
@@ -389,6 +810,8 @@ impl Cluster {
                 p.claims_active = false;
             }
         }
+        self.expire_handshakes(now, engine);
+        self.conflicts.retain(|c| c.until_ms > now.ms);
         self.evaluate(now, engine);
         if now.ms >= self.next_heartbeat_ms {
             self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
@@ -398,6 +821,7 @@ impl Cluster {
                 // A peer that stopped reading (hung) gets no more heartbeats
                 // once a backlog builds: they would only pile up in memory.
                 if let Some(conn) = self.peers[i].out
+                    && self.peers[i].out_authed
                     && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
                 {
                     engine.write_to(conn, &self.scratch);
@@ -419,18 +843,67 @@ impl Cluster {
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let Some(conn) = p.out else { continue };
-            if i == me || p.heard_ms.is_none() || p.following != Some(me) {
+            if i == me || !p.out_authed || p.heard_ms.is_none() || p.following != Some(me) {
                 continue;
             }
             if p.snapshot_sent {
                 if !self.scratch.is_empty() {
                     engine.write_to(conn, &self.scratch);
                 }
-                continue;
+            } else {
+                let body = snapshot.get_or_insert_with(|| encode_snapshot(now, engine));
+                engine.write_to(conn, body);
+                let p = &mut self.peers[i];
+                p.snapshot_sent = true;
+                p.snapshot_bytes = body.len();
             }
-            let body = snapshot.get_or_insert_with(|| encode_snapshot(now, engine));
-            engine.write_to(conn, body);
-            self.peers[i].snapshot_sent = true;
+            let p = &mut self.peers[i];
+            let unsent = engine.output_mut(conn).len();
+            if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
+                // It does not keep up: stop queueing for it. It resyncs from
+                // a snapshot on the next link.
+                p.out_authed = false;
+                p.snapshot_sent = false;
+                let reason = format!(
+                    "follower {} has {unsent} bytes of replication unread; closing the link \
+                     (it resyncs from a snapshot)",
+                    self.cfg.peers[i]
+                );
+                self.doom(conn, reason, engine);
+            }
+        }
+    }
+
+    /// Closes the links whose handshake did not finish in time.
+    fn expire_handshakes(&mut self, now: Now, engine: &mut Engine) {
+        let mut expired: Vec<ConnId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.ms >= p.deadline_ms)
+            .map(|(&conn, _)| conn)
+            .collect();
+        expired.sort_unstable();
+        for conn in expired {
+            self.pending.remove(&conn);
+            let reason = format!(
+                "peer handshake not finished within {} ms",
+                self.cfg.peer_timeout_ms
+            );
+            self.doom(conn, reason, engine);
+        }
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if let Some(conn) = p.out
+                && !p.out_authed
+                && now.ms >= p.out_deadline_ms
+            {
+                p.out_deadline_ms = u64::MAX; // doomed once
+                let reason = format!(
+                    "{} did not answer this node's HELLO within {} ms",
+                    self.cfg.peers[i], self.cfg.peer_timeout_ms
+                );
+                self.doom(conn, reason, engine);
+            }
         }
     }
 
@@ -449,7 +922,10 @@ impl Cluster {
         // hand-off then, the peers fail over as if we had crashed.
         let me = self.cfg.me;
         let linked = |p: usize| {
-            self.alive(p) && self.peers[p].out.is_some() && self.peers[p].following == Some(me)
+            self.alive(p)
+                && self.peers[p].out.is_some()
+                && self.peers[p].out_authed
+                && self.peers[p].following == Some(me)
         };
         let synced = |p: usize| {
             let peer = &self.peers[p];
@@ -471,7 +947,13 @@ impl Cluster {
         let me = self.cfg.me;
         let n = self.peers.len();
         let active_peer = (0..n).find(|&p| self.alive(p) && self.peers[p].claims_active);
+        let eligible = self.eligible(now);
         match self.role {
+            Role::Active if !eligible => {
+                // A peer with another configuration may be active: of two
+                // configurations only the lower fingerprint serves.
+                self.follow(active_peer, engine);
+            }
             Role::Active => {
                 if let Some(higher) = active_peer.filter(|&p| p < me) {
                     // Two actives: the lower priority steps down.
@@ -507,7 +989,7 @@ impl Cluster {
                         !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
                     let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
                     let higher_alive = (0..me).any(blocks);
-                    if grace_over && (!me_empty || !any_state) && !higher_alive {
+                    if eligible && grace_over && (!me_empty || !any_state) && !higher_alive {
                         self.become_active(engine);
                     }
                 }
@@ -545,7 +1027,7 @@ impl Cluster {
     /// has everything before it starts serving.
     fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
         self.flush_replication(now, engine);
-        let Some(conn) = self.peers[to].out else {
+        let Some(conn) = self.peers[to].out.filter(|_| self.peers[to].out_authed) else {
             return;
         };
         if !self.peers[to].snapshot_sent {
@@ -576,6 +1058,64 @@ impl Cluster {
                 synced: self.synced,
             },
         );
+    }
+}
+
+impl Cluster {
+    /// Asserts the state machine's invariants (tests, fuzzing, simulation).
+    pub fn check_invariants(&self, now: Now, engine: &Engine) {
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        assert_eq!(
+            self.role == Role::Active,
+            engine.is_active(),
+            "the engine serves exactly when the node is active"
+        );
+        if let Role::Standby { following: Some(f) } = self.role {
+            assert!(f < n && f != me, "follows a real other node");
+        }
+        if self.role == Role::Active && !self.leaving {
+            assert!(
+                self.eligible(now),
+                "active despite a configuration conflict"
+            );
+        }
+        let mine = &self.peers[me];
+        assert!(mine.out.is_none() && mine.links_in == 0 && mine.heard_ms.is_none());
+        for (i, p) in self.peers.iter().enumerate() {
+            let links = self.links_in.iter().filter(|&&(_, peer)| peer == i).count();
+            assert_eq!(p.links_in as usize, links, "link count of peer {i}");
+            assert!(
+                !p.out_authed || p.out.is_some(),
+                "authenticated link without a link"
+            );
+            assert!(
+                !p.snapshot_sent || p.out_authed,
+                "snapshot on an unauthenticated link"
+            );
+            assert!(
+                !p.claims_active || p.heard_ms.is_some(),
+                "a dead peer claims the role"
+            );
+            assert!(p.following.is_none_or(|f| f < n));
+            assert!(!(p.dialing && p.out.is_some()), "dialing a linked peer");
+        }
+        assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
+        assert!(self.conflicts.len() <= MAX_CONFLICTS);
+        for &(conn, peer) in &self.links_in {
+            assert!(peer < n && peer != me);
+            assert!(
+                !self.pending.contains_key(&conn),
+                "link both pending and authenticated"
+            );
+            assert!(
+                self.peers.iter().all(|p| p.out != Some(conn)),
+                "link both ways"
+            );
+        }
+        for conn in self.pending.keys() {
+            assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+        }
     }
 }
 

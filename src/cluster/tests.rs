@@ -2,6 +2,7 @@
 //! chosen as successor, and from whom `HANDOFF` is taken.
 
 use super::*;
+use auth::{Identity, Nonce, Secret, Side, Transcript};
 
 const TIMEOUT_MS: u64 = 500;
 
@@ -12,9 +13,18 @@ fn at(ms: u64) -> Now {
     }
 }
 
+const SECRET: &[u8] = b"a secret of at least thirty-two bytes";
+
+fn peers() -> Vec<String> {
+    (0..3).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect()
+}
+
 /// Node `me` of three, with an engine.
 fn node(me: usize) -> (Cluster, Engine) {
-    let peers: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect();
+    node_with(me, peers(), SECRET)
+}
+
+fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) {
     let mut engine = Engine::new(at(0), &peers[me]);
     let cfg = ClusterConfig {
         peers,
@@ -22,26 +32,141 @@ fn node(me: usize) -> (Cluster, Engine) {
         heartbeat_ms: 50,
         peer_timeout_ms: TIMEOUT_MS,
         incarnation: 1,
+        secret: Secret::from_bytes(secret),
     };
     let cluster = Cluster::new(cfg, at(0), &mut engine);
     (cluster, engine)
 }
 
-/// Peer `from` links to the node (inbound conn `conn`) and says who it is.
-fn link_in(c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId, from: usize) {
-    e.open(conn);
-    let addr = c.cfg.peers[from].clone();
-    c.on_message(
-        now,
-        conn,
-        PeerMsg::Hello {
-            from,
-            addr: addr.as_bytes(),
+/// Takes the output of `conn` as text lines.
+fn lines_of(e: &mut Engine, conn: ConnId) -> Vec<String> {
+    let out = std::mem::take(e.output_mut(conn));
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A peer as seen from outside: its own configuration and secret, enough
+/// to speak the handshake to a node under test.
+struct Remote {
+    peers: Vec<String>,
+    index: usize,
+    incarnation: u64,
+    secret: Secret,
+}
+
+impl Remote {
+    fn new(index: usize) -> Remote {
+        Remote {
+            peers: peers(),
+            index,
             incarnation: 1,
-        },
-        e,
-    )
-    .unwrap();
+            secret: Secret::from_bytes(SECRET),
+        }
+    }
+
+    fn identity(&self, nonce: Nonce) -> Identity<'_> {
+        Identity {
+            fingerprint: auth::fingerprint(wire::VERSION, &self.peers),
+            index: self.index as u64,
+            addr: self.peers[self.index].as_bytes(),
+            nonce,
+        }
+    }
+
+    /// Dials the node as `conn`: HELLO, reads the CHALLENGE, answers AUTH.
+    /// Returns the result of the AUTH.
+    fn dial(&self, c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId) -> Result<(), String> {
+        e.open(conn);
+        let nonce = [9u8; auth::NONCE_LEN];
+        let me = self.identity(nonce);
+        let hello = PeerMsg::Hello {
+            fingerprint: me.fingerprint,
+            from: self.index,
+            addr: me.addr,
+            incarnation: self.incarnation,
+            nonce,
+        };
+        c.on_message(now, conn, hello, e)?;
+        let out = lines_of(e, conn);
+        assert_eq!(out.len(), 1, "only the CHALLENGE: {out:?}");
+        let PeerMsg::Challenge {
+            fingerprint,
+            index,
+            addr,
+            nonce: their_nonce,
+            mac,
+        } = wire::parse(out[0].as_bytes()).unwrap()
+        else {
+            panic!("not a CHALLENGE: {}", out[0]);
+        };
+        let transcript = Transcript {
+            dialer: me,
+            dialer_incarnation: self.incarnation,
+            acceptor: Identity {
+                fingerprint,
+                index: index as u64,
+                addr,
+                nonce: their_nonce,
+            },
+        };
+        // (The node's MAC is checked by the node's own dialer code: see
+        // `our_link_sends_nothing_before_the_peer_proves_itself`.)
+        let _ = mac;
+        let mac = self.secret.sign(Side::Dialer, &transcript);
+        c.on_message(now, conn, PeerMsg::Auth { mac }, e)
+    }
+
+    /// Answers the node's HELLO on its outbound link `conn` with a valid
+    /// CHALLENGE; returns the node's answer lines.
+    fn accept(
+        &self,
+        c: &mut Cluster,
+        e: &mut Engine,
+        now: Now,
+        conn: ConnId,
+    ) -> Result<Vec<String>, String> {
+        let out = lines_of(e, conn);
+        let PeerMsg::Hello {
+            fingerprint,
+            from,
+            addr,
+            incarnation,
+            nonce,
+        } = wire::parse(out[0].as_bytes()).unwrap()
+        else {
+            panic!("not a HELLO: {}", out[0]);
+        };
+        let their_nonce = [7u8; auth::NONCE_LEN];
+        let transcript = Transcript {
+            dialer: Identity {
+                fingerprint,
+                index: from as u64,
+                addr,
+                nonce,
+            },
+            dialer_incarnation: incarnation,
+            acceptor: self.identity(their_nonce),
+        };
+        let mac = self.secret.sign(Side::Acceptor, &transcript);
+        let me = self.identity(their_nonce);
+        let challenge = PeerMsg::Challenge {
+            fingerprint: me.fingerprint,
+            index: self.index,
+            addr: me.addr,
+            nonce: their_nonce,
+            mac,
+        };
+        c.on_message(now, conn, challenge, e)?;
+        Ok(lines_of(e, conn))
+    }
+}
+
+/// Peer `from` links to the node (inbound conn `conn`) and proves who it is.
+fn link_in(c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId, from: usize) {
+    Remote::new(from).dial(c, e, now, conn).unwrap();
 }
 
 fn heartbeat(
@@ -91,7 +216,10 @@ fn active_node0() -> (Cluster, Engine) {
     let (mut c, mut e) = node(0);
     for (conn, peer) in [(20, 1), (21, 2)] {
         e.open(conn);
-        c.outbound_open(conn, peer, &mut e);
+        c.outbound_open(at(0), conn, peer, &mut e);
+        Remote::new(peer)
+            .accept(&mut c, &mut e, at(0), conn)
+            .unwrap();
     }
     link_in(&mut c, &mut e, at(1), 10, 1);
     link_in(&mut c, &mut e, at(1), 11, 2);
@@ -122,4 +250,286 @@ fn a_leaving_active_hands_off_only_to_a_follower() {
     heartbeat(&mut c, &mut e, now, 10, false, None);
     heartbeat(&mut c, &mut e, now, 11, false, Some(0));
     assert_eq!(c.leave(now, &mut e), Some(2));
+}
+
+#[test]
+fn nothing_is_believed_before_auth() {
+    let (mut c, mut e) = node(2);
+    e.open(5);
+    let hello = PeerMsg::Hello {
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation: 9,
+        nonce: [1; auth::NONCE_LEN],
+    };
+    c.on_message(at(1), 5, hello, &mut e).unwrap();
+    // The challenge is all that goes out: no token, no role.
+    let out = lines_of(&mut e, 5);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].starts_with("P CHALLENGE "), "{out:?}");
+    // A heartbeat claiming the role, or a huge token, before AUTH: refused.
+    let hb = PeerMsg::Heartbeat {
+        active: true,
+        following: None,
+        highest: 1 << 62,
+        synced: true,
+    };
+    let err = c.on_message(at(2), 5, hb, &mut e).unwrap_err();
+    assert!(err.contains("before AUTH"), "{err}");
+    assert_eq!(e.highest_token(), 0);
+    assert!(c.peers[0].heard_ms.is_none());
+    // Without HELLO at all.
+    e.open(6);
+    let err = c.on_message(at(2), 6, hb, &mut e).unwrap_err();
+    assert!(err.contains("before HELLO"), "{err}");
+    c.check_invariants(at(2), &e);
+}
+
+#[test]
+fn a_wrong_secret_or_a_replayed_auth_is_refused() {
+    let (mut c, mut e) = node(2);
+    let mut stranger = Remote::new(0);
+    stranger.secret = Secret::from_bytes(b"another secret of thirty-two bytes!!");
+    let err = stranger.dial(&mut c, &mut e, at(1), 5).unwrap_err();
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(c.peers[0].heard_ms.is_none() && c.links_in.is_empty());
+    assert!(
+        c.problem(at(1)).is_none(),
+        "a stranger is no configuration conflict"
+    );
+
+    // A genuine AUTH, recorded, replayed on a new connection: the node's
+    // nonce is new, so the MAC does not fit.
+    let (mut c, mut e) = node(2);
+    e.open(5);
+    let peer = Remote::new(0);
+    let nonce = [9u8; auth::NONCE_LEN];
+    let me = peer.identity(nonce);
+    let hello = PeerMsg::Hello {
+        fingerprint: me.fingerprint,
+        from: 0,
+        addr: me.addr,
+        incarnation: 1,
+        nonce,
+    };
+    c.on_message(at(1), 5, hello, &mut e).unwrap();
+    let challenge = lines_of(&mut e, 5).remove(0);
+    let Ok(PeerMsg::Challenge {
+        fingerprint,
+        index,
+        addr,
+        nonce: n,
+        ..
+    }) = wire::parse(challenge.as_bytes())
+    else {
+        panic!("{challenge}")
+    };
+    let transcript = Transcript {
+        dialer: me,
+        dialer_incarnation: 1,
+        acceptor: Identity {
+            fingerprint,
+            index: index as u64,
+            addr,
+            nonce: n,
+        },
+    };
+    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    c.on_message(at(1), 5, PeerMsg::Auth { mac }, &mut e)
+        .unwrap();
+    e.open(6);
+    c.on_message(at(2), 6, hello, &mut e).unwrap();
+    let err = c
+        .on_message(at(2), 6, PeerMsg::Auth { mac }, &mut e)
+        .unwrap_err();
+    assert!(err.contains("authentication failed"), "{err}");
+    assert_eq!(c.peers[0].links_in, 1, "only the genuine link counts");
+    c.check_invariants(at(2), &e);
+}
+
+#[test]
+fn a_second_hello_never_resets_a_live_peer() {
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 5, 0);
+    heartbeat(&mut c, &mut e, at(2), 5, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    let hello = PeerMsg::Hello {
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation: 12345,
+        nonce: [3; auth::NONCE_LEN],
+    };
+    // On the authenticated link itself.
+    assert!(c.on_message(at(3), 5, hello, &mut e).is_err());
+    // On a new connection, from a stranger who cannot finish the handshake.
+    e.open(6);
+    c.on_message(at(3), 6, hello, &mut e).unwrap();
+    assert!(c.peers[0].claims_active, "still the active");
+    assert_eq!(c.peers[0].incarnation, 1);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    c.check_invariants(at(3), &e);
+}
+
+#[test]
+fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
+    let (mut c, mut e) = node(2);
+    e.open(5);
+    let hello = PeerMsg::Hello {
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation: 9,
+        nonce: [1; auth::NONCE_LEN],
+    };
+    c.on_message(at(1), 5, hello, &mut e).unwrap();
+    // Our own dial to node 1 gets no CHALLENGE.
+    e.open(6);
+    c.outbound_open(at(1), 6, 1, &mut e);
+    assert!(c.next_deadline() <= 1 + TIMEOUT_MS);
+    let mut doomed = Vec::new();
+    c.tick(at(TIMEOUT_MS), &mut e);
+    c.take_doomed(&mut doomed);
+    assert!(doomed.is_empty(), "not yet: {doomed:?}");
+    c.tick(at(TIMEOUT_MS + 1), &mut e);
+    c.take_doomed(&mut doomed);
+    let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+    assert_eq!(conns, [5, 6]);
+    // Each ends with an E line saying why.
+    assert!(
+        lines_of(&mut e, 5)
+            .last()
+            .unwrap()
+            .starts_with("E peer handshake")
+    );
+    assert!(
+        lines_of(&mut e, 6)
+            .last()
+            .unwrap()
+            .contains("did not answer")
+    );
+    // And the node kept no state for them once the loop closes them.
+    c.on_close(at(TIMEOUT_MS + 1), 5, &mut e);
+    c.on_close(at(TIMEOUT_MS + 1), 6, &mut e);
+    assert!(c.pending.is_empty() && c.peers[1].out.is_none());
+    c.check_invariants(at(TIMEOUT_MS + 1), &e);
+}
+
+#[test]
+fn pending_handshakes_are_bounded() {
+    let (mut c, mut e) = node(2);
+    let hello = PeerMsg::Hello {
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation: 9,
+        nonce: [1; auth::NONCE_LEN],
+    };
+    for conn in 0..MAX_PENDING_HANDSHAKES as ConnId {
+        e.open(conn);
+        c.on_message(at(1), conn, hello, &mut e).unwrap();
+    }
+    let conn = MAX_PENDING_HANDSHAKES as ConnId;
+    e.open(conn);
+    let err = c.on_message(at(1), conn, hello, &mut e).unwrap_err();
+    assert!(err.contains("handshakes in progress"), "{err}");
+    c.check_invariants(at(1), &e);
+}
+
+#[test]
+fn our_link_sends_nothing_before_the_peer_proves_itself() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    // Heartbeat time: only the HELLO is queued on the unproven link.
+    c.tick(at(60), &mut e);
+    let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("P HELLO 2 "));
+    // A CHALLENGE made with another secret: refused, no AUTH sent.
+    let mut impostor = Remote::new(1);
+    impostor.secret = Secret::from_bytes(b"not the cluster's secret, 32 bytes.");
+    let err = impostor.accept(&mut c, &mut e, at(61), 20).unwrap_err();
+    assert!(err.contains("authentication failed"), "{err}");
+    assert!(e.output_mut(20).is_empty(), "no AUTH for an impostor");
+    assert!(!c.peers[1].out_authed);
+
+    // The genuine peer: AUTH, then our heartbeat at once.
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    let answer = Remote::new(1).accept(&mut c, &mut e, at(1), 20).unwrap();
+    assert!(answer[0].starts_with("P AUTH "), "{answer:?}");
+    assert!(answer[1].starts_with("P HB "), "{answer:?}");
+    c.check_invariants(at(1), &e);
+}
+
+#[test]
+fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
+    // Node 1 of a list in another order: [b, a, c] against our [a, b, c].
+    let mut theirs = peers();
+    theirs.swap(0, 1);
+    let mut other = Remote::new(0);
+    other.peers = theirs.clone();
+    let ours = peers();
+    let mine = auth::fingerprint(wire::VERSION, &ours);
+    let their_fp = auth::fingerprint(wire::VERSION, &theirs);
+
+    // Node 0 of ours ([a, ...]), active; node "b" of theirs dials it.
+    let (mut c, mut e) = active_node0();
+    let err = other.dial(&mut c, &mut e, at(600), 30).unwrap_err();
+    assert!(err.contains("same list, in the same order"), "{err}");
+    assert!(c.problem(at(600)).is_some());
+    // Exactly one of the two configurations may serve.
+    assert_eq!(c.role() == Role::Active, mine < their_fp);
+    c.check_invariants(at(600), &e);
+    // The conflict ends when it is no longer heard of.
+    for ms in (650..=600 + 3 * TIMEOUT_MS).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e);
+    }
+    assert!(c.problem(at(600 + 3 * TIMEOUT_MS)).is_none());
+    assert_eq!(c.role(), Role::Active);
+
+    // The dialer side: our link to a node that answers with another list.
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    let mut b = Remote::new(1);
+    b.peers = theirs;
+    b.index = 0; // "b" is node 0 in its list
+    let err = b.accept(&mut c, &mut e, at(1), 20).unwrap_err();
+    assert!(err.contains("answers as node 0"), "{err}");
+    // It got our AUTH, so it learns of the conflict as surely as we did.
+    assert!(e.output_mut(20).starts_with(b"P AUTH "));
+    assert!(!c.peers[1].out_authed);
+    assert!(c.problem(at(1)).is_some());
+}
+
+#[test]
+fn a_follower_that_does_not_read_is_dropped_and_resynced() {
+    let (mut c, mut e) = active_node0();
+    let now = at(TIMEOUT_MS + 60);
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, now, 11, false, None);
+    c.flush_replication(now, &mut e);
+    assert!(c.peers[1].snapshot_sent);
+    // Deltas pile up unread on the link to node 1 (the loop never takes
+    // its output): past the bound the link is given up.
+    let line = format!("P G {} 5 1000\n", "k".repeat(200));
+    let mut doomed = Vec::new();
+    let mut written = 0;
+    while doomed.is_empty() {
+        assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
+        e.write_to(20, line.as_bytes());
+        written += line.len();
+        c.flush_replication(now, &mut e);
+        c.take_doomed(&mut doomed);
+    }
+    assert_eq!(doomed[0].0, 20);
+    assert!(doomed[0].1.contains("resyncs"), "{}", doomed[0].1);
+    assert!(!c.peers[1].snapshot_sent && !c.peers[1].out_authed);
+    c.check_invariants(now, &e);
 }

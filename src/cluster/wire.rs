@@ -1,11 +1,17 @@
 //! The peer protocol: lines that start with `P `, on the same port as
 //! clients (a client line never starts with `P`).
 //!
-//! Each node dials every other node and only sends on the connection it
-//! dialed; the first line names the sender. See docs/cluster.md.
+//! Each node dials every other node and sends its state only on the
+//! connection it dialed. A link is authenticated first (see [`super::auth`]):
+//! the dialer's `HELLO`, the acceptor's `CHALLENGE` (the only line an
+//! acceptor ever sends on a link, besides an `E` line that refuses it), the
+//! dialer's `AUTH`; then the dialer's heartbeats and replication. See
+//! docs/cluster.md.
 //!
 //! ```text
-//! P HELLO 1 <from-index> <from-addr> <incarnation>   first line of a link
+//! P HELLO 2 <fingerprint> <from-index> <from-addr> <incarnation> <nonce>
+//! P CHALLENGE <fingerprint> <index> <addr> <nonce> <mac>
+//! P AUTH <mac>
 //! P HB <A|S> <active-index|-> <highest-token> <0|1>   heartbeat: role, the
 //!                                                     node it follows, its
 //!                                                     token, synced to it
@@ -15,19 +21,46 @@
 //! P SYNCED                                            snapshot complete
 //! P HANDOFF <highest-token>                           you are active now
 //! ```
+//!
+//! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
+//! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
+//! lease at most [`MAX_REMAINING_MS`], fingerprints, nonces and MACs exactly
+//! their length in lowercase hex. Anything else is a protocol error that
+//! breaks the link.
 
+use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
+use crate::engine::token::MAX_TOKEN;
 use crate::proto::{is_valid_key, parse_u64, write_u64};
 
 /// The peer protocol's version, sent in `HELLO`.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
+
+/// The most nodes a cluster may have (indexes are below this).
+pub const MAX_PEERS: usize = 16;
+
+/// The longest remaining lease a replicated grant may carry: the longest
+/// lease a client may ask for (86,400 s).
+pub const MAX_REMAINING_MS: u64 = 86_400_000;
 
 /// One peer message, borrowing from the line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerMsg<'a> {
     Hello {
+        fingerprint: Fingerprint,
         from: usize,
         addr: &'a [u8],
         incarnation: u64,
+        nonce: Nonce,
+    },
+    Challenge {
+        fingerprint: Fingerprint,
+        index: usize,
+        addr: &'a [u8],
+        nonce: Nonce,
+        mac: MacBytes,
+    },
+    Auth {
+        mac: MacBytes,
     },
     Heartbeat {
         active: bool,
@@ -58,35 +91,98 @@ pub fn is_peer_line(line: &[u8]) -> bool {
     line.starts_with(b"P ")
 }
 
-/// Parses a peer line (without its `\n`).
+/// Parses a peer line (without its `\n`). Every field is checked against
+/// its bound (module docs); the error says which field was wrong.
 pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let bad = || format!("bad peer line \"{}\"", String::from_utf8_lossy(line));
+    let shown = || String::from_utf8_lossy(&line[..line.len().min(80)]).into_owned();
+    let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", shown());
     let mut fields = line.split(|&b| b == b' ');
     if fields.next() != Some(b"P") {
-        return Err(bad());
+        return Err(bad("not a peer line"));
     }
-    let kind = fields.next().ok_or_else(bad)?;
-    let f: Vec<&[u8]> = fields.collect();
-    let num = |i: usize| f.get(i).and_then(|v| parse_u64(v)).ok_or_else(bad);
-    let key = |i: usize| {
-        f.get(i)
-            .copied()
-            .filter(|k| is_valid_key(k))
-            .ok_or_else(bad)
+    let kind = fields.next().ok_or_else(|| bad("no message kind"))?;
+    // At most 6 fields follow the kind in any message: a 7th is an error,
+    // so nothing here grows with the input.
+    let mut f: [&[u8]; 7] = [b""; 7];
+    let mut count = 0;
+    for field in fields {
+        if count == f.len() {
+            return Err(bad("too many fields"));
+        }
+        f[count] = field;
+        count += 1;
+    }
+    let want = |n: usize| {
+        if count == n {
+            Ok(())
+        } else {
+            Err(bad("wrong number of fields"))
+        }
     };
-    let want = |n: usize| if f.len() == n { Ok(()) } else { Err(bad()) };
+    let token = |v: &[u8]| {
+        parse_u64(v)
+            .filter(|&t| t <= MAX_TOKEN)
+            .ok_or_else(|| bad("token out of range"))
+    };
+    let index = |v: &[u8]| {
+        parse_u64(v)
+            .filter(|&i| i < MAX_PEERS as u64)
+            .map(|i| i as usize)
+            .ok_or_else(|| bad("peer index out of range"))
+    };
+    let key = |v: &'_ [u8]| {
+        if is_valid_key(v) {
+            Ok(())
+        } else {
+            Err(bad("bad key or address"))
+        }
+    };
+    let fingerprint = |v: &[u8]| {
+        auth::unhex::<8>(v)
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| bad("bad fingerprint"))
+    };
+    let nonce = |v: &[u8]| auth::unhex::<NONCE_LEN>(v).ok_or_else(|| bad("bad nonce"));
+    let mac = |v: &[u8]| auth::unhex::<MAC_LEN>(v).ok_or_else(|| bad("bad MAC"));
+    let flag = |v: &[u8]| match v {
+        b"0" => Ok(false),
+        b"1" => Ok(true),
+        _ => Err(bad("flag not 0 or 1")),
+    };
     let msg = match kind {
         b"HELLO" => {
-            want(4)?;
-            if num(0)? != VERSION {
-                return Err(format!("peer protocol version {} unsupported", num(0)?));
+            if count == 0 || parse_u64(f[0]) != Some(VERSION) {
+                return Err(format!(
+                    "peer protocol version \"{}\" unsupported (this node speaks {VERSION}): \
+                     run the same ringlock release on every node",
+                    String::from_utf8_lossy(&f[0][..f[0].len().min(20)])
+                ));
             }
+            want(6)?;
+            key(f[3])?;
             PeerMsg::Hello {
-                from: num(1)? as usize,
-                addr: f[2],
-                incarnation: num(3)?,
+                fingerprint: fingerprint(f[1])?,
+                from: index(f[2])?,
+                addr: f[3],
+                incarnation: parse_u64(f[4]).ok_or_else(|| bad("bad incarnation"))?,
+                nonce: nonce(f[5])?,
             }
+        }
+        b"CHALLENGE" => {
+            want(5)?;
+            key(f[2])?;
+            PeerMsg::Challenge {
+                fingerprint: fingerprint(f[0])?,
+                index: index(f[1])?,
+                addr: f[2],
+                nonce: nonce(f[3])?,
+                mac: mac(f[4])?,
+            }
+        }
+        b"AUTH" => {
+            want(1)?;
+            PeerMsg::Auth { mac: mac(f[0])? }
         }
         b"HB" => {
             want(4)?;
@@ -94,34 +190,40 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
                 active: match f[0] {
                     b"A" => true,
                     b"S" => false,
-                    _ => return Err(bad()),
+                    _ => return Err(bad("role not A or S")),
                 },
                 following: if f[1] == b"-" {
                     None
                 } else {
-                    Some(num(1)? as usize)
+                    Some(index(f[1])?)
                 },
-                highest: num(2)?,
-                synced: num(3)? == 1,
+                highest: token(f[2])?,
+                synced: flag(f[3])?,
             }
         }
         b"SNAP" => {
             want(1)?;
-            PeerMsg::Snapshot { highest: num(0)? }
+            PeerMsg::Snapshot {
+                highest: token(f[0])?,
+            }
         }
         b"G" => {
             want(3)?;
+            key(f[0])?;
             PeerMsg::Grant {
-                key: key(0)?,
-                token: num(1)?,
-                remaining_ms: num(2)?,
+                key: f[0],
+                token: token(f[1])?,
+                remaining_ms: parse_u64(f[2])
+                    .filter(|&ms| ms <= MAX_REMAINING_MS)
+                    .ok_or_else(|| bad("remaining lease out of range"))?,
             }
         }
         b"X" => {
             want(2)?;
+            key(f[0])?;
             PeerMsg::Release {
-                key: key(0)?,
-                token: num(1)?,
+                key: f[0],
+                token: token(f[1])?,
             }
         }
         b"SYNCED" => {
@@ -130,9 +232,11 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
         }
         b"HANDOFF" => {
             want(1)?;
-            PeerMsg::Handoff { highest: num(0)? }
+            PeerMsg::Handoff {
+                highest: token(f[0])?,
+            }
         }
-        _ => return Err(bad()),
+        _ => return Err(bad("unknown message kind")),
     };
     Ok(msg)
 }
@@ -141,18 +245,46 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
 pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
     match *msg {
         PeerMsg::Hello {
+            fingerprint,
             from,
             addr,
             incarnation,
+            nonce,
         } => {
             out.extend_from_slice(b"P HELLO ");
             write_u64(out, VERSION);
+            out.push(b' ');
+            out.extend_from_slice(auth::hex(&fingerprint.to_be_bytes()).as_bytes());
             out.push(b' ');
             write_u64(out, from as u64);
             out.push(b' ');
             out.extend_from_slice(addr);
             out.push(b' ');
             write_u64(out, incarnation);
+            out.push(b' ');
+            out.extend_from_slice(auth::hex(&nonce).as_bytes());
+        }
+        PeerMsg::Challenge {
+            fingerprint,
+            index,
+            addr,
+            nonce,
+            mac,
+        } => {
+            out.extend_from_slice(b"P CHALLENGE ");
+            out.extend_from_slice(auth::hex(&fingerprint.to_be_bytes()).as_bytes());
+            out.push(b' ');
+            write_u64(out, index as u64);
+            out.push(b' ');
+            out.extend_from_slice(addr);
+            out.push(b' ');
+            out.extend_from_slice(auth::hex(&nonce).as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(auth::hex(&mac).as_bytes());
+        }
+        PeerMsg::Auth { mac } => {
+            out.extend_from_slice(b"P AUTH ");
+            out.extend_from_slice(auth::hex(&mac).as_bytes());
         }
         PeerMsg::Heartbeat {
             active,
@@ -218,18 +350,27 @@ pub fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_message_round_trips() {
-        let msgs = [
+    fn all_kinds() -> Vec<PeerMsg<'static>> {
+        vec![
             PeerMsg::Hello {
+                fingerprint: 0x0123_4567_89ab_cdef,
                 from: 2,
                 addr: b"127.0.0.1:7173",
-                incarnation: 99,
+                incarnation: u64::MAX,
+                nonce: [0xa5; NONCE_LEN],
             },
+            PeerMsg::Challenge {
+                fingerprint: 0,
+                index: MAX_PEERS - 1,
+                addr: b"db1.example:7171",
+                nonce: [0; NONCE_LEN],
+                mac: [0xff; MAC_LEN],
+            },
+            PeerMsg::Auth { mac: [7; MAC_LEN] },
             PeerMsg::Heartbeat {
                 active: true,
                 following: None,
-                highest: u64::MAX,
+                highest: MAX_TOKEN,
                 synced: false,
             },
             PeerMsg::Heartbeat {
@@ -242,7 +383,7 @@ mod tests {
             PeerMsg::Grant {
                 key: b"k\xff",
                 token: 3,
-                remaining_ms: 1500,
+                remaining_ms: MAX_REMAINING_MS,
             },
             PeerMsg::Release {
                 key: b"k",
@@ -250,30 +391,83 @@ mod tests {
             },
             PeerMsg::Synced,
             PeerMsg::Handoff { highest: 11 },
-        ];
-        for msg in msgs {
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for msg in all_kinds() {
             let mut out = Vec::new();
             encode(&mut out, &msg);
             assert_eq!(out.last(), Some(&b'\n'));
             let line = &out[..out.len() - 1];
             assert!(is_peer_line(line));
+            assert!(line.len() < crate::proto::MAX_LINE, "{}", line.len());
             assert_eq!(parse(line), Ok(msg));
         }
     }
 
     #[test]
     fn malformed_peer_lines_are_errors() {
-        for line in [
-            &b"P"[..],
-            b"P HB A - 1",
-            b"P HB Q - 1 0",
-            b"P HELLO 2 0 a 1",
-            b"P G k 1",
-            b"P G bad\x01key 1 1",
-            b"P NOPE",
-            b"A k 1 0",
-        ] {
-            assert!(parse(line).is_err(), "{}", String::from_utf8_lossy(line));
+        let nonce = "ab".repeat(NONCE_LEN);
+        let mac = "cd".repeat(MAC_LEN);
+        let lines = [
+            "P".to_string(),
+            "P HB A - 1".into(),
+            "P HB Q - 1 0".into(),
+            "P HB S 0 1 2".into(),
+            "P HB S 16 1 1".into(),
+            "P HB S 0 9223372036854775808 1".into(),
+            "P HB S 0 18446744073709551615 1".into(),
+            "P HB S 0 1 1 extra".into(),
+            "P HB S 0 1 1 a b c d e f g h i j".into(),
+            "P SNAP 18446744073709551615".into(),
+            "P HANDOFF 18446744073709551615".into(),
+            "P G k 1".into(),
+            "P G k 1 86400001".into(),
+            "P G k 9223372036854775808 5".into(),
+            "P G bad\x01key 1 1".into(),
+            "P X k 18446744073709551615".into(),
+            "P HELLO 1 0 a 1".into(),
+            format!("P HELLO 2 0123456789abcdef 0 a:1 1 {}", &nonce[1..]),
+            format!("P HELLO 2 0123456789ABCDEF 0 a:1 1 {nonce}"),
+            format!("P HELLO 2 0123456789abcdef 16 a:1 1 {nonce}"),
+            format!("P HELLO 2 0123456789abcdef 99999999999999999999 a:1 1 {nonce}"),
+            format!("P HELLO 2 0123456789abcdef 0 a:1 x {nonce}"),
+            format!("P CHALLENGE 0123456789abcdef 0 a:1 {nonce} {}", &mac[2..]),
+            format!("P AUTH {mac}0"),
+            "P AUTH".into(),
+            "P NOPE".into(),
+            "A k 1 0".into(),
+        ];
+        for line in lines {
+            assert!(parse(line.as_bytes()).is_err(), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_wrong_version_says_so() {
+        let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5").unwrap_err();
+        assert!(err.contains("version \"1\" unsupported"), "{err}");
+    }
+
+    #[test]
+    fn lines_cut_or_mangled_anywhere_never_panic() {
+        // Every prefix and every single-byte change of every message kind.
+        for msg in all_kinds() {
+            let mut out = Vec::new();
+            encode(&mut out, &msg);
+            out.pop();
+            for cut in 0..=out.len() {
+                let _ = parse(&out[..cut]);
+            }
+            for i in 0..out.len() {
+                for b in [b' ', b'0', b'9', b'a', b'-', 0, 0xff] {
+                    let mut changed = out.clone();
+                    changed[i] = b;
+                    let _ = parse(&changed);
+                }
+            }
         }
     }
 }

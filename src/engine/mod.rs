@@ -46,6 +46,9 @@ pub struct Now {
 pub enum Refusal {
     /// One more than [`MAX_WAITING_PER_CONN`] waiting acquires.
     TooManyWaiting,
+    /// A client request on a connection taken beyond `--max-conns` for the
+    /// node's peers.
+    TooManyConns,
 }
 
 impl std::fmt::Display for Refusal {
@@ -54,6 +57,9 @@ impl std::fmt::Display for Refusal {
             Refusal::TooManyWaiting => write!(
                 f,
                 "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
+            ),
+            Refusal::TooManyConns => f.write_str(
+                "too many connections: this one was taken beyond --max-conns for a peer",
             ),
         }
     }

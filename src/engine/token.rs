@@ -10,6 +10,10 @@
 //!
 //! [`observe`]: TokenClock::observe
 
+/// The highest token a node issues or accepts from a peer: 2^63 - 1, the
+/// Unix time in nanoseconds of the year 2262, and far from `u64::MAX`.
+pub const MAX_TOKEN: u64 = (1 << 63) - 1;
+
 /// Issues fencing tokens; see the module docs for the rule.
 #[derive(Debug, Default, Clone)]
 pub struct TokenClock {

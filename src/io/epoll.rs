@@ -22,7 +22,7 @@ use super::{
     Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
 };
 use crate::engine::{ConnId, Now};
-use crate::node::Node;
+use crate::node::{Admission, Node};
 use crate::server::LoopConfig;
 
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -114,7 +114,7 @@ pub fn run(
             match event.token() {
                 LISTENER => {
                     if let Some(l) = &listener {
-                        state.accept(l, &poll, &mut node)?;
+                        state.accept(l, &poll, &mut node, now)?;
                     }
                 }
                 SIGNALS => {
@@ -140,7 +140,7 @@ pub fn run(
                     for (peer, result) in dialer.results() {
                         match result {
                             Ok(stream) if shutting_down_until.is_none() => {
-                                state.adopt_peer_link(stream, peer, &poll, &mut node)?;
+                                state.adopt_peer_link(stream, peer, &poll, &mut node, now)?;
                             }
                             Ok(_) => {}
                             Err(_) => node.dial_failed(now, peer),
@@ -206,9 +206,15 @@ impl Loop {
             .map(|deadline| deadline.saturating_sub(now_ms))
     }
 
-    fn accept(&mut self, listener: &TcpListener, poll: &Poll, node: &mut Node) -> io::Result<()> {
+    fn accept(
+        &mut self,
+        listener: &TcpListener,
+        poll: &Poll,
+        node: &mut Node,
+        now: Now,
+    ) -> io::Result<()> {
         loop {
-            let (stream, _) = match listener.accept() {
+            let (stream, remote) = match listener.accept() {
                 Ok(pair) => pair,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -219,13 +225,19 @@ impl Loop {
                     return Ok(());
                 }
             };
-            if self.conns.len() >= self.max_conns {
+            let admission = node.admit(self.conns.len(), self.max_conns);
+            if admission == Admission::Refuse {
                 drop(stream);
                 continue;
             }
             stream.set_nodelay(true)?;
             let id = self.insert(stream, poll)?;
-            node.open(id);
+            if admission == Admission::PeerOnly {
+                node.open_peer_only(now, id);
+            } else {
+                node.open(id);
+            }
+            node.set_remote(id, remote);
         }
     }
 
@@ -259,9 +271,10 @@ impl Loop {
         peer: usize,
         poll: &Poll,
         node: &mut Node,
+        now: Now,
     ) -> io::Result<()> {
         let id = self.insert(TcpStream::from_std(stream), poll)?;
-        node.outbound_open(id, peer);
+        node.outbound_open(now, id, peer);
         Ok(())
     }
 
@@ -356,6 +369,17 @@ impl Loop {
         let mut dirty = std::mem::take(&mut self.dirty);
         node.take_dirty(now, &mut self.from_engine);
         dirty.extend_from_slice(&self.from_engine);
+        // Connections the node gave up on: closed like a protocol break.
+        node.take_doomed(now, &mut self.from_engine);
+        for &id in &self.from_engine {
+            if let Some(conn) = self.conns.get_mut(id as usize)
+                && conn.phase == Phase::Open
+            {
+                conn.final_out = take_final_output(node, now, id);
+                conn.phase = Phase::Closing;
+                dirty.push(id);
+            }
+        }
         for id in dirty.drain(..) {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;

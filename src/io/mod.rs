@@ -246,8 +246,10 @@ impl Session {
                 self.stash.extend_from_slice(data);
                 return Flow::Paused;
             }
-            if data.starts_with(b"P ") {
-                // A peer line: the cluster's, not the client protocol's.
+            let refusal = data.starts_with(b"E ") && node.is_peer_link(conn);
+            if data.starts_with(b"P ") || refusal {
+                // A peer line: the cluster's, not the client protocol's (an
+                // `E` line on a peer link is the peer giving the link up).
                 let window = &data[..data.len().min(MAX_LINE)];
                 let Some(nl) = memchr::memchr(b'\n', window) else {
                     if data.len() >= MAX_LINE {
@@ -259,6 +261,10 @@ impl Session {
                 };
                 self.lines += 1;
                 if let Err(reason) = node.handle_peer_line(now, conn, &data[..nl]) {
+                    if refusal {
+                        // No `E` answers an `E`: the other side is gone.
+                        return Flow::Broken;
+                    }
                     return broken(node, conn, self.lines, reason);
                 }
                 data = &data[nl + 1..];

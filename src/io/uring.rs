@@ -37,7 +37,7 @@ use super::{
     Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
 };
 use crate::engine::{ConnId, Now};
-use crate::node::Node;
+use crate::node::{Admission, Node};
 use crate::server::LoopConfig;
 
 /// Submission queue entries; the completion queue has four times as many.
@@ -367,6 +367,7 @@ pub fn run(
         lp.bufs.publish();
         node.take_dirty(now, &mut dirty);
         lp.to_send.extend_from_slice(&dirty);
+        lp.close_doomed(&mut node, now, &mut dirty);
         lp.send_all(&mut node);
         lp.after_turn(&mut node, now);
         if lp.shutdown_until.is_none() {
@@ -526,7 +527,7 @@ impl Uring {
             match result {
                 Ok(stream) if self.shutdown_until.is_none() => {
                     let id = self.insert_conn(OwnedFd::from(stream));
-                    node.outbound_open(id, peer);
+                    node.outbound_open(now, id, peer);
                     self.arm_recv(id);
                 }
                 Ok(_) => {}
@@ -587,7 +588,7 @@ impl Uring {
     fn complete(&mut self, node: &mut Node, now: Now, data: u64, res: i32, flags: u32) {
         let (op, id) = decode(data);
         match op {
-            Some(Op::Accept) => self.accepted(node, res, flags),
+            Some(Op::Accept) => self.accepted(node, now, res, flags),
             Some(Op::Recv) => self.received(node, now, id, res, flags),
             Some(Op::Send) => self.sent(node, now, id, res),
             Some(Op::Signal) => self.signalled(node, now, res),
@@ -596,7 +597,7 @@ impl Uring {
         }
     }
 
-    fn accepted(&mut self, node: &mut Node, res: i32, flags: u32) {
+    fn accepted(&mut self, node: &mut Node, now: Now, res: i32, flags: u32) {
         if !cqueue::more(flags) && self.shutdown_until.is_none() {
             self.arm_accept();
         }
@@ -611,13 +612,42 @@ impl Uring {
         // SAFETY: a successful accept completion's result is a new file
         // descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
-        if self.conns.len() >= self.max_conns || self.shutdown_until.is_some() {
+        let admission = node.admit(self.conns.len(), self.max_conns);
+        if admission == Admission::Refuse || self.shutdown_until.is_some() {
             return; // dropped: closed at once
         }
-        let _ = socket2::SockRef::from(&fd.as_fd()).set_nodelay(true);
+        let borrowed = fd.as_fd();
+        let socket = socket2::SockRef::from(&borrowed);
+        let _ = socket.set_nodelay(true);
+        let remote = socket.peer_addr().ok().and_then(|a| a.as_socket());
         let id = self.insert_conn(fd);
-        node.open(id);
+        if admission == Admission::PeerOnly {
+            node.open_peer_only(now, id);
+        } else {
+            node.open(id);
+        }
+        if let Some(remote) = remote {
+            node.set_remote(id, remote);
+        }
         self.arm_recv(id);
+    }
+
+    /// Closes the connections the node gave up on, like a protocol break:
+    /// their output (ending with the `E` line) goes out, then they close.
+    fn close_doomed(&mut self, node: &mut Node, now: Now, scratch: &mut Vec<ConnId>) {
+        node.take_doomed(now, scratch);
+        for &id in scratch.iter() {
+            if let Some(conn) = self.conns.get_mut(id as usize)
+                && conn.phase == Phase::Open
+            {
+                conn.final_out = take_final_output(node, now, id);
+                conn.phase = Phase::Closing;
+                self.to_send.push(id);
+            }
+        }
+        if !scratch.is_empty() {
+            self.send_all(node);
+        }
     }
 
     fn received(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32, flags: u32) {

@@ -469,6 +469,25 @@ pub struct Cluster {
     extra: Vec<String>,
 }
 
+/// A cluster secret file for this test process (made once, mode 600),
+/// for `--cluster-secret-file`.
+pub fn secret_file() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("ringlock-test-secret-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let status = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .arg("keygen")
+            .arg(&path)
+            .stderr(Stdio::null())
+            .status()
+            .expect("run ringlock keygen");
+        assert!(status.success(), "ringlock keygen {}", path.display());
+        path.to_string_lossy().into_owned()
+    })
+}
+
 impl Cluster {
     /// The cluster settings the tests run with (the server's defaults,
     /// spelled out): heartbeats every 50 ms, a peer dead after 500 ms.
@@ -525,6 +544,8 @@ impl Cluster {
             self.heartbeat_ms.to_string(),
             "--peer-timeout-ms".to_string(),
             self.peer_timeout_ms.to_string(),
+            "--cluster-secret-file".to_string(),
+            secret_file().to_string(),
         ]
         .into();
         args.extend(self.extra.iter().cloned());
