@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
-use crate::proto::Request;
+use crate::proto::{Answer, Request};
 
 /// What a loop does with a connection it just accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,6 +275,12 @@ impl Node {
     ) -> Result<(), Refusal> {
         if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
             return Err(Refusal::TooManyConns);
+        }
+        if let (Request::Health, Some(problem)) = (request, self.problem(now)) {
+            let problem = problem.as_bytes().to_vec();
+            let problem = Some(&problem[..]);
+            self.engine.answer(conn, Answer::Health { problem });
+            return Ok(());
         }
         self.engine.handle(now, conn, request)
     }

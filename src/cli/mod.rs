@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Acquired, Client, Error, check_key, node_status};
+use crate::client::{Acquired, Client, Error, check_key, node_problem, node_status};
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 
 /// Exit status: `release`/`renew` found no grant with that token.
@@ -510,7 +510,10 @@ async fn status(args: StatusArgs) -> u8 {
     for addr in &addrs {
         let addr = addr.clone();
         tasks.push(tokio::spawn(async move {
-            node_status(&addr, Duration::from_secs(3)).await
+            let limit = Duration::from_secs(3);
+            let (status, problem) =
+                tokio::join!(node_status(&addr, limit), node_problem(&addr, limit));
+            status.map(|st| (st, problem.ok().flatten()))
         }));
     }
     let mut rows = vec![[
@@ -520,13 +523,17 @@ async fn status(args: StatusArgs) -> u8 {
         "TOKEN".to_string(),
     ]];
     let mut reachable = 0;
+    let mut problems = Vec::new();
     for (addr, task) in addrs.iter().zip(tasks) {
         let result = task
             .await
             .unwrap_or_else(|e| Err(Error::Connection(e.to_string())));
         rows.push(match result {
-            Ok(st) => {
+            Ok((st, problem)) => {
                 reachable += 1;
+                if let Some(problem) = problem {
+                    problems.push(format!("{addr}: {problem}"));
+                }
                 [
                     addr.clone(),
                     st.role.to_string(),
@@ -556,6 +563,9 @@ async fn status(args: StatusArgs) -> u8 {
             w1 = widths[1],
             w2 = widths[2]
         );
+    }
+    for problem in &problems {
+        println!("problem: {problem}");
     }
     if reachable == 0 { EXIT_UNAVAILABLE } else { 0 }
 }

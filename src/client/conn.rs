@@ -469,6 +469,8 @@ fn dispatch(
                 token,
             });
         }
+        // This client never sends `H` on its pooled connections.
+        Answer::Health { .. } => return Err(unmatched()),
     }
     Ok(())
 }

@@ -761,16 +761,16 @@ impl Moves {
     }
 }
 
-/// Asks one node for its status on a one-off connection, with `timeout` for
-/// the whole exchange.
-pub async fn node_status(addr: &str, timeout: Duration) -> Result<NodeStatus, Error> {
+/// Sends one request line to `addr` on a one-off connection and reads one
+/// answer line (without its `\n`), with `timeout` for the whole exchange.
+async fn one_off(addr: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8>, Error> {
     let exchange = async {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| Error::Connection(format!("connect to {addr}: {e}")))?;
         let _ = stream.set_nodelay(true);
         let (rd, mut wr) = stream.into_split();
-        wr.write_all(b"S\n")
+        wr.write_all(request)
             .await
             .map_err(|e| Error::Connection(format!("write to {addr}: {e}")))?;
         let mut line = Vec::new();
@@ -781,28 +781,52 @@ pub async fn node_status(addr: &str, timeout: Duration) -> Result<NodeStatus, Er
         if line.pop() != Some(b'\n') {
             return Err(Error::Connection(format!("{addr} closed the connection")));
         }
-        match parse_answer(&line) {
-            Ok(Answer::Status { role, addr, token }) => Ok(NodeStatus {
-                role,
-                active: addr.map(|a| String::from_utf8_lossy(a).into_owned()),
-                token,
-            }),
-            Ok(Answer::Error { reason }) => Err(Error::Protocol(format!(
-                "{addr} says: E {}",
-                String::from_utf8_lossy(reason)
-            ))),
-            Ok(_) => Err(Error::Protocol(format!(
-                "{addr} answered S with {:?}",
-                String::from_utf8_lossy(&line)
-            ))),
-            Err(e) => Err(Error::Protocol(format!("{addr}: {e}"))),
-        }
+        Ok(line)
     };
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(Error::Connection(format!(
             "{addr}: no answer within {timeout:?}"
         ))),
+    }
+}
+
+/// Asks one node whether it knows of a problem in its cluster (`H`), on a
+/// one-off connection with `timeout` for the whole exchange: `None` when it
+/// knows of none. A server that does not know `H` counts as knowing none.
+pub async fn node_problem(addr: &str, timeout: Duration) -> Result<Option<String>, Error> {
+    let line = one_off(addr, b"H\n", timeout).await?;
+    match parse_answer(&line) {
+        Ok(Answer::Health { problem }) => {
+            Ok(problem.map(|p| String::from_utf8_lossy(p).into_owned()))
+        }
+        Ok(Answer::Error { .. }) => Ok(None),
+        _ => Err(Error::Protocol(format!(
+            "{addr} answered H with {:?}",
+            String::from_utf8_lossy(&line)
+        ))),
+    }
+}
+
+/// Asks one node for its status on a one-off connection, with `timeout` for
+/// the whole exchange.
+pub async fn node_status(addr: &str, timeout: Duration) -> Result<NodeStatus, Error> {
+    let line = one_off(addr, b"S\n", timeout).await?;
+    match parse_answer(&line) {
+        Ok(Answer::Status { role, addr, token }) => Ok(NodeStatus {
+            role,
+            active: addr.map(|a| String::from_utf8_lossy(a).into_owned()),
+            token,
+        }),
+        Ok(Answer::Error { reason }) => Err(Error::Protocol(format!(
+            "{addr} says: E {}",
+            String::from_utf8_lossy(reason)
+        ))),
+        Ok(_) => Err(Error::Protocol(format!(
+            "{addr} answered S with {:?}",
+            String::from_utf8_lossy(&line)
+        ))),
+        Err(e) => Err(Error::Protocol(format!("{addr}: {e}"))),
     }
 }
 

@@ -274,6 +274,10 @@ impl Engine {
                     Answer::Renewed { key, ok },
                 );
             }
+            Request::Health => {
+                let answer = Answer::Health { problem: None };
+                emit(&mut self.conns, &mut self.dirty, conn, answer);
+            }
             Request::Status => {
                 let (role, addr) = match &self.serving {
                     Serving::Active => (Role::Active, Some(&*self.advertise)),
@@ -552,6 +556,11 @@ impl Engine {
             let removed = self.table.remove_if_idle(lock);
             assert!(removed, "lock with held-back waiters on a standby");
         }
+    }
+
+    /// Appends an answer the node decided (not the engine) to `conn`'s output.
+    pub fn answer(&mut self, conn: ConnId, answer: Answer<'_>) {
+        emit(&mut self.conns, &mut self.dirty, conn, answer);
     }
 
     /// Records a token seen elsewhere (a peer's heartbeat, a hand-off), so

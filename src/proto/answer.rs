@@ -50,6 +50,9 @@ pub enum Answer<'a> {
     },
     /// `E <reason...>`: the connection broke the protocol and is closed.
     Error { reason: &'a [u8] },
+    /// `H ok`, or `H <problem...>`: what this node knows to be wrong in its
+    /// cluster (`None`: nothing).
+    Health { problem: Option<&'a [u8]> },
 }
 
 impl Answer<'_> {
@@ -84,6 +87,7 @@ impl Answer<'_> {
                 write_u64(out, token);
             }
             Answer::Error { reason } => line_start(out, b'E', reason),
+            Answer::Health { problem } => line_start(out, b'H', problem.unwrap_or(b"ok")),
         }
         out.push(b'\n');
     }
@@ -119,6 +123,10 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
     let bad = || AnswerError(String::from_utf8_lossy(line).into_owned());
     if let Some(reason) = line.strip_prefix(b"E ") {
         return Ok(Answer::Error { reason });
+    }
+    if let Some(text) = line.strip_prefix(b"H ") {
+        let problem = (text != b"ok").then_some(text);
+        return Ok(Answer::Health { problem });
     }
     let mut fields = line.split(|&b| b == b' ');
     let op = fields.next().ok_or_else(bad)?;
@@ -203,6 +211,10 @@ mod tests {
             },
             Answer::Error {
                 reason: b"bad lease \"x\" in line 3",
+            },
+            Answer::Health { problem: None },
+            Answer::Health {
+                problem: Some(b"127.0.0.1:7172 has another --peers list"),
             },
         ];
         for answer in answers {

@@ -111,6 +111,8 @@ fn every_valid_request_form() {
         ),
         (b"S\n", Request::Status),
         (b"S\r\n", Request::Status),
+        (b"H\n", Request::Health),
+        (b"H\r\n", Request::Health),
         (b"A k 30 0\r\n", acquire(b"k", 30_000, 0)),
         (
             b"R k 5\r\n",
@@ -271,6 +273,7 @@ fn wrong_number_of_fields_for_each_op() {
         (b"N k 1 1 1\n", b'N', 5, 4),
         (b"S x\n", b'S', 2, 1),
         (b"S x y z w v\n", b'S', 6, 1),
+        (b"H ok\n", b'H', 2, 1),
         // A space inside a key is impossible: it splits the key.
         (b"A my key 1 0\n", b'A', 5, 4),
         (b"R my key 1\n", b'R', 4, 3),

@@ -37,6 +37,7 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"R" => (b'R', 3),
         b"N" => (b'N', 4),
         b"S" => (b'S', 1),
+        b"H" => (b'H', 1),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -63,7 +64,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
             token: token(fields[2])?,
             lease_ms: lease(fields[3])?,
         },
-        _ => Request::Status,
+        b'S' => Request::Status,
+        _ => Request::Health,
     };
     Ok(request)
 }

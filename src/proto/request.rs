@@ -26,6 +26,8 @@ pub enum Request<'a> {
     },
     /// `S`
     Status,
+    /// `H`: does this node know of a problem in its cluster?
+    Health,
 }
 
 impl<'a> Request<'a> {
@@ -65,6 +67,7 @@ impl<'a> Request<'a> {
                 write_seconds(out, lease_ms);
             }
             Request::Status => out.push(b'S'),
+            Request::Health => out.push(b'H'),
         }
         out.push(b'\n');
     }
@@ -75,7 +78,7 @@ impl<'a> Request<'a> {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::Renew { key, .. } => Some(key),
-            Request::Status => None,
+            Request::Status | Request::Health => None,
         }
     }
 }
@@ -196,6 +199,7 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"R" => (b'R', 3),
         b"N" => (b'N', 4),
         b"S" => (b'S', 1),
+        b"H" => (b'H', 1),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -222,7 +226,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
             token: token(fields[2])?,
             lease_ms: lease(fields[3])?,
         },
-        _ => Request::Status,
+        b'S' => Request::Status,
+        _ => Request::Health,
     };
     Ok(request)
 }

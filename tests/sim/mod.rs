@@ -2244,6 +2244,7 @@ impl Sim {
                 Answer::Released { key, .. } => (key, b"R"),
                 Answer::Renewed { key, .. } => (key, b"N"),
                 Answer::Status { .. } => (b"", b"S"),
+                Answer::Health { .. } => (b"", b"H"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2312,7 +2313,7 @@ impl Sim {
                         _ => {}
                     }
                 }
-                Answer::Status { .. } | Answer::Error { .. } => {}
+                Answer::Status { .. } | Answer::Health { .. } | Answer::Error { .. } => {}
             }
             if self.failure.is_some() {
                 return;
