@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instruction-count gate for the engine's hot paths (issue 5).
+# Instruction-count gate for the engine's hot paths.
 #
 #   scripts/instructions.sh check    count, compare with the committed baseline,
 #                                    fail if a case grew by more than 3%

@@ -276,7 +276,9 @@ impl Node {
         if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
             return Err(Refusal::TooManyConns);
         }
-        if let (Request::Health, Some(problem)) = (request, self.problem(now)) {
+        if matches!(request, Request::Health)
+            && let Some(problem) = self.problem(now)
+        {
             let problem = problem.as_bytes().to_vec();
             let problem = Some(&problem[..]);
             self.engine.answer(conn, Answer::Health { problem });
@@ -308,7 +310,7 @@ impl Node {
             // stranger; rate-limited, so a flood cannot fill the log.
             let remote = self.remote(conn);
             self.peer_log.log(now, "peer link errors", || {
-                format!("peer link from {remote} broken: {reason}")
+                format!("peer link with {remote} broken: {reason}")
             });
         }
         result

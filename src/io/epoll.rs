@@ -273,8 +273,12 @@ impl Loop {
         node: &mut Node,
         now: Now,
     ) -> io::Result<()> {
+        let remote = stream.peer_addr().ok();
         let id = self.insert(TcpStream::from_std(stream), poll)?;
         node.outbound_open(now, id, peer);
+        if let Some(remote) = remote {
+            node.set_remote(id, remote);
+        }
         Ok(())
     }
 

@@ -526,8 +526,12 @@ impl Uring {
         for (peer, result) in self.dialer.results() {
             match result {
                 Ok(stream) if self.shutdown_until.is_none() => {
+                    let remote = stream.peer_addr().ok();
                     let id = self.insert_conn(OwnedFd::from(stream));
                     node.outbound_open(now, id, peer);
+                    if let Some(remote) = remote {
+                        node.set_remote(id, remote);
+                    }
                     self.arm_recv(id);
                 }
                 Ok(_) => {}
