@@ -669,24 +669,27 @@ impl Cluster {
                 self.cfg.peers[peer]
             ));
         }
-        // It holds the secret: prove that we do too, so that it learns of
-        // a conflict as surely as we do.
+        // It holds the secret. But is it the node we dialed? A node that
+        // answers with another address is not (a relay, or something else
+        // listening there): no AUTH for it, which could be relayed on to
+        // that node as ours, and no conflict either, which would let
+        // whoever holds a dead node's address stop us serving.
+        if claimed.addr != self.cfg.peers[peer].as_bytes() {
+            return Err(format!(
+                "{} answered as {}: not the node this node dialed; is something else \
+                 listening at that address?",
+                self.cfg.peers[peer],
+                String::from_utf8_lossy(claimed.addr)
+            ));
+        }
+        // It is: prove that we hold the secret too, so that it learns of a
+        // conflict as surely as we do.
         let mac = self.cfg.secret.sign(Side::Dialer, &transcript);
         self.scratch.clear();
         wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
         engine.write_to(conn, &self.scratch);
         let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
-        let dialed_other = index != peer && index < self.peers.len();
-        let reason = if dialed_other {
-            Some(format!(
-                "{} answers as node {index} of --peers, which is {} here: --peers must be the \
-                 same list, in the same order, on every node",
-                self.cfg.peers[peer], self.cfg.peers[index]
-            ))
-        } else {
-            self.difference(claimed.fingerprint, index, claimed.addr)
-        };
-        if let Some(reason) = reason {
+        if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
             self.conflict(now, claimed.fingerprint, &reason, engine);
             return Err(reason);
         }

@@ -501,7 +501,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     b.peers = theirs;
     b.index = 0; // "b" is node 0 in its list
     let err = b.accept(&mut c, &mut e, at(1), 20).unwrap_err();
-    assert!(err.contains("answers as node 0"), "{err}");
+    assert!(err.contains("is node 0 of its --peers"), "{err}");
     // It got our AUTH, so it learns of the conflict as surely as we did.
     assert!(e.output_mut(20).starts_with(b"P AUTH "));
     assert!(!c.peers[1].out_authed);
@@ -532,4 +532,25 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     assert!(doomed[0].1.contains("resyncs"), "{}", doomed[0].1);
     assert!(!c.peers[1].snapshot_sent && !c.peers[1].out_authed);
     c.check_invariants(now, &e);
+}
+
+#[test]
+fn a_relayed_challenge_gets_no_auth_and_is_no_conflict() {
+    // Node 1 is down and a stranger holds its address. Node 0 dials it; the
+    // stranger relays node 0's HELLO to node 2, which answers with a valid
+    // CHALLENGE (it holds the secret) naming itself.
+    let (mut c, mut e) = active_node0();
+    c.on_close(at(600), 20, &mut e);
+    e.close(20);
+    e.open(40);
+    c.outbound_open(at(600), 40, 1, &mut e);
+    let relay = Remote::new(2);
+    let err = relay.accept(&mut c, &mut e, at(601), 40).unwrap_err();
+    assert!(err.contains("not the node this node dialed"), "{err}");
+    // No AUTH that the stranger could carry on to node 2 as node 0's, and
+    // no conflict that would stop node 0 serving.
+    assert!(e.output_mut(40).is_empty());
+    assert!(c.problem(at(601)).is_none());
+    assert_eq!(c.role(), Role::Active);
+    c.check_invariants(at(601), &e);
 }
