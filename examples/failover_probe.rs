@@ -1,4 +1,4 @@
-//! Measures a ringlock cluster's failover with the real binary (issue 4;
+//! Measures a ringlock cluster's failover with the real binary (it is
 //! driven by `scripts/failover.sh`, which starts the nodes). Each mode does
 //! one measurement and prints one JSON line on stdout.
 //!

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ringlock beside Redis and the loopback floor (issue 5; docs/performance.md).
+# ringlock beside Redis and the loopback floor (docs/performance.md).
 #
 #   scripts/bench.sh            full run, a few minutes; results in bench-results/
 #   scripts/bench.sh --quick    smoke run (~30 s); results in target/bench-quick/
@@ -208,7 +208,7 @@ start_echo echo-spin --spin-us "$SPIN_US"
 LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
 ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
 PINGPONG_EXTRA=(echo-spin)
-# ---- spin variants (issue 5: `ringlock serve --spin-us N`) -------------
+# ---- spin variants (`ringlock serve --spin-us N`) ----------------------
 # Started as soon as the server has the option. Their label must be
 # "<label>-spin": the report compares it with <label> for the spin target.
 # They run in the ping-pong scenario only (add them to ALL_LABELS to run

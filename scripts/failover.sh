@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Failover timings of a three-node ringlock cluster, with the real binary
-# (issue 4; docs/cluster.md).
+# (docs/cluster.md).
 #
 #   scripts/failover.sh             5 runs of each measurement, both backends
 #   scripts/failover.sh --runs 20 --io epoll

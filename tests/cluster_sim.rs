@@ -1,4 +1,4 @@
-//! A deterministic, seeded simulation of the cluster (issue 4), in the
+//! A deterministic, seeded simulation of the cluster, in the
 //! manner of TigerBeetle's VOPR: the real `ringlock::node::Node`s, driven as
 //! the I/O loops drive them, over a fake network and clock. The simulator is
 //! in tests/sim/; this file has the random runs and scripted scenarios.

@@ -1,4 +1,4 @@
-//! Integration tests of the single-node server (issue 2) against the real
+//! Integration tests of the single-node server against the real
 //! binary, each scenario under `--io uring` and `--io epoll`.
 //!
 //! Every expected line follows `../shared/PROTOCOL.md`. No sleep stands in for

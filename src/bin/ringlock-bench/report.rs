@@ -1,5 +1,5 @@
 //! From the runs of one `scripts/bench.sh` run to its results: the JSON
-//! figures (median and range over rounds), the issue 5 targets, a markdown
+//! figures (median and range over rounds), the performance targets, a markdown
 //! table and the plots; and `compare` of two such results.
 
 use std::collections::BTreeMap;
@@ -106,7 +106,7 @@ impl Group {
     }
 }
 
-/// An issue 5 target, checked against this run.
+/// A performance target, checked against this run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TargetCheck {
     pub target: String,
@@ -535,7 +535,7 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     );
 
     if !r.targets.is_empty() {
-        let _ = writeln!(md, "## Issue 5 targets\n");
+        let _ = writeln!(md, "## Performance targets\n");
         let _ = writeln!(
             md,
             "| target | server | goal | measured | ratio (limit) | verdict |"
