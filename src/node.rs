@@ -21,6 +21,10 @@ use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::{Answer, Request};
 
+/// The longest problem text an `H` answer carries (more is cut, with
+/// `...`): the answer stays one short line for any client.
+pub const MAX_PROBLEM_BYTES: usize = 400;
+
 /// What a loop does with a connection it just accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -279,8 +283,10 @@ impl Node {
         if matches!(request, Request::Health)
             && let Some(problem) = self.problem(now)
         {
-            let problem = problem.as_bytes().to_vec();
-            let problem = Some(&problem[..]);
+            // One short line of printable text whatever the problem says
+            // (addresses may hold any byte a key may).
+            let problem = crate::proto::quoted(problem.as_bytes(), MAX_PROBLEM_BYTES);
+            let problem = Some(problem.as_bytes());
             self.engine.answer(conn, Answer::Health { problem });
             return Ok(());
         }

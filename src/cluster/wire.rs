@@ -30,7 +30,7 @@
 
 use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
 use crate::engine::token::MAX_TOKEN;
-use crate::proto::{is_valid_key, parse_u64, write_u64};
+use crate::proto::{Quoted, is_valid_key, parse_u64, write_u64};
 
 /// The peer protocol's version, sent in `HELLO`.
 pub const VERSION: u64 = 2;
@@ -95,8 +95,7 @@ pub fn is_peer_line(line: &[u8]) -> bool {
 /// its bound (module docs); the error says which field was wrong.
 pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let shown = || String::from_utf8_lossy(&line[..line.len().min(80)]).into_owned();
-    let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", shown());
+    let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", Quoted(line));
     let mut fields = line.split(|&b| b == b' ');
     if fields.next() != Some(b"P") {
         return Err(bad("not a peer line"));
@@ -156,7 +155,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
                 return Err(format!(
                     "peer protocol version \"{}\" unsupported (this node speaks {VERSION}): \
                      run the same ringlock release on every node",
-                    String::from_utf8_lossy(&f[0][..f[0].len().min(20)])
+                    Quoted(f[0])
                 ));
             }
             want(6)?;
@@ -443,6 +442,16 @@ mod tests {
         for line in lines {
             assert!(parse(line.as_bytes()).is_err(), "{line}");
         }
+    }
+
+    #[test]
+    fn error_reasons_are_printable_and_short() {
+        let mut line = b"P G \x01\x7f\xff\r".to_vec();
+        line.extend(std::iter::repeat_n(b'k', 400));
+        let err = parse(&line).unwrap_err();
+        assert!(err.bytes().all(|b| (0x20..0x7f).contains(&b)), "{err}");
+        assert!(err.len() < 120, "{err}");
+        assert!(err.contains("\\x01\\x7f\\xff"), "{err}");
     }
 
     #[test]

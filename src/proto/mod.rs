@@ -14,7 +14,7 @@ mod answer;
 mod request;
 
 pub use answer::{Answer, AnswerError, Role, parse_answer};
-pub use request::{ParseError, Request, parse_request};
+pub use request::{ParseError, Quoted, Request, parse_request, quoted};
 
 /// Longest request line, counting its `\n` and any `\r`.
 pub const MAX_LINE: usize = 512;

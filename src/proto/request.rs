@@ -130,23 +130,38 @@ impl fmt::Display for ParseError<'_> {
 
 /// Shows a field in an error line: printable ASCII as is, anything else as
 /// `\xNN`, cut after 40 bytes so that the `E` line stays short.
-struct Quoted<'a>(&'a [u8]);
+pub struct Quoted<'a>(pub &'a [u8]);
 
 impl fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const SHOWN: usize = 40;
-        for &b in self.0.iter().take(SHOWN) {
-            if (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\' {
-                write!(f, "{}", b as char)?;
-            } else {
-                write!(f, "\\x{b:02x}")?;
-            }
-        }
-        if self.0.len() > SHOWN {
-            write!(f, "...")?;
-        }
-        Ok(())
+        write_quoted(f, self.0, 40)
     }
+}
+
+/// `bytes` as one line of printable ASCII (anything else, `"` and `\` as
+/// `\xNN`), cut after `limit` bytes with `...`.
+pub fn quoted(bytes: &[u8], limit: usize) -> String {
+    struct Up<'a>(&'a [u8], usize);
+    impl fmt::Display for Up<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write_quoted(f, self.0, self.1)
+        }
+    }
+    Up(bytes, limit).to_string()
+}
+
+fn write_quoted(f: &mut fmt::Formatter<'_>, bytes: &[u8], limit: usize) -> fmt::Result {
+    for &b in bytes.iter().take(limit) {
+        if (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\' {
+            write!(f, "{}", b as char)?;
+        } else {
+            write!(f, "\\x{b:02x}")?;
+        }
+    }
+    if bytes.len() > limit {
+        write!(f, "...")?;
+    }
+    Ok(())
 }
 
 /// Parses the first line of `buf`.
