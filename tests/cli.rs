@@ -311,3 +311,44 @@ fn status_shows_each_node_and_unreachable_ones() {
     let out = output(ringlock(&server).args(["status", "--server", &dead]));
     assert_eq!(out.status.code(), Some(69));
 }
+
+#[test]
+fn status_shows_a_node_whose_peer_list_differs() {
+    // Two nodes, each given the other's list in another order: both hold
+    // the secret, so each sees the other's configuration and refuses it.
+    let addrs = common::free_addrs(common::loopback_ip(), 2);
+    let (a, b) = (addrs[0].to_string(), addrs[1].to_string());
+    let ab = format!("{a},{b}");
+    let ba = format!("{b},{a}");
+    let secret = common::secret_file();
+    let io = backend();
+    let start = |listen: &str, peers: &str| {
+        common::Server::start_with(&[
+            "--listen",
+            listen,
+            "--peers",
+            peers,
+            "--io",
+            &io,
+            "--cluster-secret-file",
+            secret,
+        ])
+    };
+    let node_a = start(&a, &ab);
+    let _node_b = start(&b, &ba);
+    let both = format!("{a},{b}");
+    let (_, text) = common::poll_until(
+        "a problem line for each node",
+        Duration::from_secs(10),
+        || {
+            let out = output(ringlock(&node_a).args(["status", "--server", &both]));
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            stdout(&out)
+        },
+        |text| text.matches("problem: ").count() == 2,
+    );
+    assert!(text.contains("same order"), "{text}");
+    // And at most one of them serves.
+    let actives = text.lines().filter(|l| l.contains(" active ")).count();
+    assert!(actives <= 1, "{text}");
+}
