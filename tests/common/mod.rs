@@ -688,3 +688,135 @@ impl Drop for Cluster {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Additions for tests/hostile_peers.rs: a server's stderr, collected while it
+// runs (the functions above keep their behaviour).
+
+/// Every line a server wrote to stderr so far, collected by a thread of its
+/// own (and still echoed to the test's output, shown on failure).
+#[derive(Clone, Default)]
+pub struct StderrLog(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl StderrLog {
+    /// Everything collected so far.
+    pub fn text(&self) -> String {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The collected lines that contain `needle`.
+    pub fn lines_with(&self, needle: &str) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until a collected line contains `needle` and returns it; panics
+    /// with the whole log after `within`.
+    pub fn wait_for(&self, needle: &str, within: Duration) -> String {
+        let (_, found) = poll_until(
+            &format!("a server stderr line with {needle:?}"),
+            within,
+            || self.lines_with(needle).into_iter().next(),
+            Option::is_some,
+        );
+        found.unwrap()
+    }
+
+    fn push(&self, line: &str) {
+        self.0.lock().unwrap().push_str(line);
+    }
+}
+
+impl Server {
+    /// Like [`Server::start_with`], and collects the server's stderr (its
+    /// start-up lines included) into the returned [`StderrLog`].
+    pub fn start_logged(args: &[&str]) -> (Server, StderrLog) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ringlock serve");
+        let log = StderrLog::default();
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr piped"));
+        let (addr, io) = loop {
+            let mut line = String::new();
+            let n = lines.read_line(&mut line).expect("read server stderr");
+            if n == 0 {
+                let status = child.wait().expect("wait for ringlock");
+                panic!(
+                    "ringlock serve {args:?} exited ({status}) before listening:\n{}",
+                    log.text()
+                );
+            }
+            log.push(&line);
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let addr: SocketAddr = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or_else(|| panic!("bad listening line: {line}"));
+                let io = rest
+                    .split("(io: ")
+                    .nth(1)
+                    .and_then(|s| s.split([';', ')']).next())
+                    .unwrap_or_else(|| panic!("no io in listening line: {line}"))
+                    .to_string();
+                break (addr, io);
+            }
+        };
+        let wanted = args.windows(2).find(|w| w[0] == "--io").map(|w| w[1]);
+        if let Some(wanted) = wanted.filter(|&w| w != "auto") {
+            assert_eq!(io, wanted, "asked for --io {wanted}, server runs {io}");
+        }
+        let collected = log.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+                eprint!("{line}");
+                collected.push(&line);
+                line.clear();
+            }
+        });
+        let server = Server {
+            child: Some(child),
+            addr,
+            io,
+            args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        (server, log)
+    }
+}
+
+impl Cluster {
+    /// Like [`Cluster::start_with`], with every node's stderr collected
+    /// (`logs[i]` is node `i`'s).
+    pub fn start_logged(n: usize, io: &str, extra: &[&str]) -> (Cluster, Vec<StderrLog>) {
+        let mut cluster = Cluster::configure(n, io, extra);
+        let logs = (0..n).map(|i| cluster.start_node_logged(i)).collect();
+        cluster.wait_settled(0, Duration::from_secs(10));
+        (cluster, logs)
+    }
+
+    /// Like [`Cluster::start_node`], with the node's stderr collected.
+    pub fn start_node_logged(&mut self, i: usize) -> StderrLog {
+        let args = self.node_args(i);
+        self.start_node_args(i, &args)
+    }
+
+    /// Starts node `i` with `args` instead of [`Cluster::node_args`] (say,
+    /// another secret file), its stderr collected.
+    pub fn start_node_args(&mut self, i: usize, args: &[String]) -> StderrLog {
+        assert!(self.nodes[i].is_none(), "node {i} is running already");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (server, log) = Server::start_logged(&args);
+        assert_eq!(server.addr, self.addrs[i], "node {i} listens elsewhere");
+        self.nodes[i] = Some(server);
+        log
+    }
+}
