@@ -671,8 +671,8 @@ fn forged_snapshot_and_grant_leave_the_standby_copy_intact(io: &str) {
 /// an old HELLO claiming node 0, a new HELLO claiming node 0) and sends
 /// `P HB A - 1 1` on every one of them every 0.25 s, opening new ones as
 /// well, before and after node 0 is killed: node 1 still takes over at once
-/// and grants every acquire, and node 2 sends clients to node 1, never to
-/// the dead node 0.
+/// and grants every acquire, and node 2 follows node 1 and never sends
+/// clients to the dead node 0.
 fn forged_heartbeats_do_not_keep_a_dead_active_alive(io: &str) {
     let mut c = Cluster::start(3, io);
     let fp = fingerprint(&c);
@@ -724,9 +724,23 @@ fn forged_heartbeats_do_not_keep_a_dead_active_alive(io: &str) {
                 |s| s.as_ref().is_some_and(|s| s.is_active()),
             );
             eprintln!("{io}: kill -9 -> node 1 active in {took:?} under forged heartbeats");
+            // Node 2 follows node 1 once it hears node 1's first heartbeat
+            // as the active (until then it may answer `M key -`, as in any
+            // failover); never does it send clients to the dead node 0.
+            let mut n2 = c.connect(2);
+            let to_dead = format!("M h5/x {a0}");
+            poll_until(
+                "node 2 follows node 1, under forged heartbeats",
+                CRASH_FAILOVER_LIMIT,
+                || {
+                    let redirect = n2.call("A h5/x 60 0");
+                    assert_ne!(redirect, to_dead, "node 2 sends clients to the dead node 0");
+                    (redirect, c.statuses())
+                },
+                |(redirect, st)| *redirect == format!("M h5/x {a1}") && c.is_settled_on(st, 1),
+            );
             // For four forged heartbeat periods, every acquire is granted.
             let mut n1 = c.connect(1);
-            let mut n2 = c.connect(2);
             let mut i = 0;
             while crashed.elapsed() < Duration::from_secs(2) + took {
                 let answer = n1.call(&format!("A h5/k{i} 60 0"));
