@@ -52,6 +52,17 @@ impl LogLimiter {
     const WINDOW_MS: u64 = 10_000;
 
     fn log(&mut self, now: Now, what: &str, line: impl FnOnce() -> String) {
+        self.roll(now, what);
+        if self.logged < Self::BURST {
+            self.logged += 1;
+            eprintln!("ringlock: {}", line());
+        } else {
+            self.suppressed += 1;
+        }
+    }
+
+    /// Ends the window if it is over, logging how many lines it held back.
+    fn roll(&mut self, now: Now, what: &str) {
         if now.ms >= self.window_start_ms + Self::WINDOW_MS {
             if self.suppressed > 0 {
                 eprintln!(
@@ -63,12 +74,6 @@ impl LogLimiter {
             self.window_start_ms = now.ms;
             self.logged = 0;
             self.suppressed = 0;
-        }
-        if self.logged < Self::BURST {
-            self.logged += 1;
-            eprintln!("ringlock: {}", line());
-        } else {
-            self.suppressed += 1;
         }
     }
 }
@@ -233,6 +238,10 @@ impl Node {
         }
         if !self.peer_only.is_empty() {
             self.expire_peer_only(now);
+        }
+        // A flood that stopped still gets its count logged.
+        if self.peer_log.suppressed > 0 {
+            self.peer_log.roll(now, "peer link errors");
         }
     }
 

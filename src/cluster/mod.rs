@@ -164,6 +164,12 @@ pub struct Cluster {
     /// Inbound links in their handshake.
     pending: HashMap<ConnId, Pending>,
     conflicts: Vec<Conflict>,
+    /// Some link, either way, has authenticated since this process started:
+    /// our secret is the cluster's.
+    authenticated_any: bool,
+    /// The last time a peer we dialed answered with a wrong MAC, and what
+    /// we told the log: see [`Cluster::eligible`].
+    auth_failure: Option<(u64, String)>,
     /// Links to close (with the reason), for the loop: see
     /// [`Cluster::take_doomed`].
     doomed: Vec<(ConnId, String)>,
@@ -194,6 +200,8 @@ impl Cluster {
             links_in: Vec::new(),
             pending: HashMap::new(),
             conflicts: Vec::new(),
+            authenticated_any: false,
+            auth_failure: None,
             doomed: Vec::new(),
             leaving: false,
             scratch: Vec::new(),
@@ -247,21 +255,42 @@ impl Cluster {
 
     /// A configuration problem with a peer, while it lasts: for `status`.
     pub fn problem(&self, now: Now) -> Option<&str> {
-        self.conflicts
+        let conflict = self
+            .conflicts
             .iter()
             .filter(|c| c.until_ms > now.ms)
             .max_by_key(|c| c.until_ms)
-            .map(|c| c.reason.as_str())
+            .map(|c| c.reason.as_str());
+        let auth = self
+            .auth_failure
+            .as_ref()
+            .filter(|(until, _)| *until > now.ms)
+            .map(|(_, why)| why.as_str());
+        conflict.or(auth)
     }
 
-    /// False while an authenticated peer with another configuration, whose
-    /// fingerprint is not above ours, has been heard of lately: then the
-    /// other configuration may serve and this one must not.
+    /// Whether this node may be active now. Not while an authenticated peer
+    /// with another configuration, whose fingerprint is not above ours, has
+    /// been heard of lately: then the other configuration may serve and
+    /// this one must not. And not while this node has authenticated no
+    /// peer since it started and a peer it dialed lately answered with a
+    /// wrong MAC: then the likeliest cause is that *our* secret is not the
+    /// cluster's, and our peers, which we cannot hear, may be serving. (A
+    /// peer that does not answer at all, as in a partition, does not count:
+    /// only a live process answering with the wrong secret does. The price:
+    /// whoever can bind a dead peer's address can keep a node that has
+    /// never met a peer since its start from serving.)
     fn eligible(&self, now: Now) -> bool {
-        !self
+        let conflict = self
             .conflicts
             .iter()
-            .any(|c| c.until_ms > now.ms && c.fingerprint <= self.fingerprint)
+            .any(|c| c.until_ms > now.ms && c.fingerprint <= self.fingerprint);
+        let secret_suspect = !self.authenticated_any
+            && self
+                .auth_failure
+                .as_ref()
+                .is_some_and(|(until, _)| *until > now.ms);
+        !conflict && !secret_suspect
     }
 
     fn next_nonce(&mut self) -> Nonce {
@@ -379,9 +408,11 @@ impl Cluster {
         for pending in self.pending.values() {
             next = next.min(pending.deadline_ms);
         }
-        for c in &self.conflicts {
-            if c.until_ms > self.last_tick_ms {
-                next = next.min(c.until_ms);
+        let conflict_ends = self.conflicts.iter().map(|c| c.until_ms);
+        let auth_failure_ends = self.auth_failure.iter().map(|(until, _)| *until);
+        for until in conflict_ends.chain(auth_failure_ends) {
+            if until > self.last_tick_ms {
+                next = next.min(until);
             }
         }
         // The start-up grace, until a tick has seen it end (not after: a
@@ -556,9 +587,22 @@ impl Cluster {
         engine: &mut Engine,
     ) -> Result<(), String> {
         if self.pending.len() >= MAX_PENDING_HANDSHAKES {
-            return Err(format!(
-                "more than {MAX_PENDING_HANDSHAKES} peer handshakes in progress"
-            ));
+            // Full: the oldest handshake gives way. A real peer answers in
+            // one round trip, so strangers who hold every slot cannot keep
+            // one out unless they open more than the table within it.
+            let oldest = self
+                .pending
+                .iter()
+                .min_by_key(|&(&c, p)| (p.deadline_ms, c))
+                .map(|(&c, _)| c);
+            if let Some(oldest) = oldest {
+                self.pending.remove(&oldest);
+                let reason = format!(
+                    "more than {MAX_PENDING_HANDSHAKES} peer handshakes in progress; the oldest \
+                     gives way"
+                );
+                self.doom(oldest, reason, engine);
+            }
         }
         let nonce = self.next_nonce();
         let transcript = Transcript {
@@ -628,6 +672,7 @@ impl Cluster {
             return Err(reason);
         }
         let from = claim.from;
+        self.authenticated_any = true;
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
@@ -663,11 +708,14 @@ impl Cluster {
             acceptor: claimed,
         };
         if !self.cfg.secret.verify(Side::Acceptor, &transcript, mac) {
-            return Err(format!(
+            let reason = format!(
                 "peer authentication failed: {} answered with a wrong MAC; is \
                  --cluster-secret-file the same on every node?",
                 self.cfg.peers[peer]
-            ));
+            );
+            self.auth_failure = Some((now.ms + 2 * self.cfg.peer_timeout_ms, reason.clone()));
+            self.evaluate(now, engine);
+            return Err(reason);
         }
         // It holds the secret. But is it the node we dialed? A node that
         // answers with another address is not (a relay, or something else
@@ -694,6 +742,7 @@ impl Cluster {
             return Err(reason);
         }
         self.peers[peer].out_authed = true;
+        self.authenticated_any = true;
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);

@@ -430,11 +430,75 @@ fn pending_handshakes_are_bounded() {
         e.open(conn);
         c.on_message(at(1), conn, hello, &mut e).unwrap();
     }
+    // One more: the oldest gives way (a stranger holding every slot cannot
+    // keep a real peer out), and is closed with the reason.
     let conn = MAX_PENDING_HANDSHAKES as ConnId;
     e.open(conn);
-    let err = c.on_message(at(1), conn, hello, &mut e).unwrap_err();
-    assert!(err.contains("handshakes in progress"), "{err}");
-    c.check_invariants(at(1), &e);
+    c.on_message(at(2), conn, hello, &mut e).unwrap();
+    assert_eq!(c.pending.len(), MAX_PENDING_HANDSHAKES);
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert_eq!(doomed.len(), 1);
+    assert_eq!(doomed[0].0, 0, "the oldest");
+    assert!(doomed[0].1.contains("gives way"), "{}", doomed[0].1);
+    assert!(c.pending.contains_key(&conn));
+    c.check_invariants(at(2), &e);
+}
+
+#[test]
+fn a_node_that_meets_only_wrong_macs_does_not_serve() {
+    // Node 2 of three, alone: its dials are answered by live processes
+    // with another secret. It never takes the role.
+    let (mut c, mut e) = node(2);
+    let odd = Secret::from_bytes(b"the others' secret, not this node's!!");
+    let mut next_conn = 20;
+    let mut dials = Vec::new();
+    // Each dial (retried as the loop does) meets a wrong MAC.
+    for ms in (1..=3 * TIMEOUT_MS).step_by(50) {
+        c.tick(at(ms), &mut e);
+        dials.clear();
+        c.take_dials(at(ms), &mut dials);
+        for &(peer, _) in &dials {
+            let conn = next_conn;
+            next_conn += 1;
+            e.open(conn);
+            c.outbound_open(at(ms), conn, peer, &mut e);
+            let mut answer = Remote::new(peer);
+            answer.secret = odd.clone();
+            assert!(answer.accept(&mut c, &mut e, at(ms), conn).is_err());
+            c.on_close(at(ms), conn, &mut e);
+            e.close(conn);
+        }
+        c.check_invariants(at(ms), &e);
+        assert_eq!(c.role(), Role::Standby { following: None }, "at {ms} ms");
+    }
+    let now = at(3 * TIMEOUT_MS);
+    assert!(c.problem(now).is_some_and(|p| p.contains("wrong MAC")));
+
+    // Once the failures stop (the odd processes went away: dials fail), it
+    // may serve alone, as after any crash.
+    let end = 3 * TIMEOUT_MS + 2 * TIMEOUT_MS + 50;
+    for ms in (3 * TIMEOUT_MS + 1..=end).step_by(50) {
+        c.tick(at(ms), &mut e);
+        dials.clear();
+        c.take_dials(at(ms), &mut dials);
+        for &(peer, _) in &dials {
+            c.dial_failed(peer, at(ms));
+        }
+    }
+    assert!(c.problem(at(end)).is_none(), "the failure is old now");
+    assert_eq!(c.role(), Role::Active);
+
+    // A node that has met a real peer since its start is not held back by
+    // one odd peer: its own secret is right.
+    let (mut c, mut e) = active_node0();
+    e.open(40);
+    c.on_close(at(600), 21, &mut e);
+    c.outbound_open(at(600), 40, 2, &mut e);
+    let mut bad = Remote::new(2);
+    bad.secret = Secret::from_bytes(b"a third secret, for the odd node only");
+    assert!(bad.accept(&mut c, &mut e, at(601), 40).is_err());
+    assert_eq!(c.role(), Role::Active);
 }
 
 #[test]
