@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringlock::proto::{is_valid_key, parse_answer, parse_request, ParseError, Request, MAX_LINE};
+use ringlock::proto::{MAX_LINE, ParseError, Request, is_valid_key, parse_answer, parse_request};
 
 /// The reason goes out as `E <reason> in line N`: one short line of
 /// printable ASCII.
