@@ -166,6 +166,16 @@ impl Node {
         self.peer_only.push((conn, now.ms + timeout));
     }
 
+    /// How long a peer link may leave data unacknowledged before it counts
+    /// as failed: the peer timeout (a node without peers dials nothing).
+    pub fn link_timeout(&self) -> std::time::Duration {
+        let ms = self
+            .cluster
+            .as_ref()
+            .map_or(500, |c| c.handshake_timeout_ms());
+        std::time::Duration::from_millis(ms)
+    }
+
     /// Remembers where `conn` comes from, for the log lines about it.
     pub fn set_remote(&mut self, conn: ConnId, remote: SocketAddr) {
         let i = conn as usize;
@@ -316,7 +326,7 @@ impl Node {
             return Err("peer message to a node started without --peers".into());
         };
         let result = if line.starts_with(b"E ") {
-            cluster.on_refusal(conn, line)
+            cluster.on_refusal(now, conn, line)
         } else {
             wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
         };

@@ -170,6 +170,9 @@ pub struct Cluster {
     /// The last time a peer we dialed answered with a wrong MAC, and what
     /// we told the log: see [`Cluster::eligible`].
     auth_failure: Option<(u64, String)>,
+    /// Authenticated links the peer gave up with an `E` line, not yet
+    /// closed: their close is no sign of a crash.
+    given_up: Vec<ConnId>,
     /// Links to close (with the reason), for the loop: see
     /// [`Cluster::take_doomed`].
     doomed: Vec<(ConnId, String)>,
@@ -202,6 +205,7 @@ impl Cluster {
             conflicts: Vec::new(),
             authenticated_any: false,
             auth_failure: None,
+            given_up: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
             scratch: Vec::new(),
@@ -490,8 +494,13 @@ impl Cluster {
             touched = Some(peer);
         }
         // Dead at once only when every link, both ways, is gone (a crashed
-        // process's sockets all close); one broken link is not a crash.
-        if let Some(i) = touched {
+        // process's sockets all close); one broken link is not a crash, and
+        // neither is a link the peer gave up with an `E` line.
+        let given_up = self.given_up.iter().position(|&c| c == conn);
+        if let Some(k) = given_up {
+            self.given_up.swap_remove(k);
+        }
+        if let Some(i) = touched.filter(|_| given_up.is_none()) {
             let p = &mut self.peers[i];
             if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
                 p.heard_ms = None;
@@ -565,10 +574,26 @@ impl Cluster {
     }
 
     /// An `E` line on a peer link: the other side gave the link up (it
-    /// refused our handshake, or timed out waiting for it). The link is
-    /// closed with the reason, which is all that is believed of it.
-    pub fn on_refusal(&self, conn: ConnId, line: &[u8]) -> Result<(), String> {
+    /// refused our handshake, timed out waiting for it, or found us silent).
+    /// The link is closed with the reason. On an authenticated link, the
+    /// peer has just proved it is alive: the close that follows is not a
+    /// crash, so it does not make the peer dead at once (see
+    /// [`Cluster::on_close`]); its heartbeats decide, as after any pause.
+    pub fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
         let shown = String::from_utf8_lossy(&line[..line.len().min(300)]);
+        let out = self
+            .peers
+            .iter()
+            .position(|p| p.out == Some(conn) && p.out_authed);
+        let inbound = self
+            .links_in
+            .iter()
+            .find(|&&(c, _)| c == conn)
+            .map(|&(_, p)| p);
+        if let Some(peer) = out.or(inbound) {
+            self.peers[peer].heard_ms = Some(now.ms);
+            self.given_up.push(conn);
+        }
         let who = match self.peers.iter().position(|p| p.out == Some(conn)) {
             Some(p) => self.cfg.peers[p].as_str(),
             None => "a peer",
@@ -854,12 +879,14 @@ impl Cluster {
             }
         }
         self.last_tick_ms = now.ms;
-        for p in &mut self.peers {
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
             if p.heard_ms
                 .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
             {
                 p.heard_ms = None;
                 p.claims_active = false;
+                self.drop_silent_links(i, engine);
             }
         }
         self.expire_handshakes(now, engine);
@@ -923,6 +950,38 @@ impl Cluster {
                 );
                 self.doom(conn, reason, engine);
             }
+        }
+    }
+
+    /// Peer `i` went silent for a whole peer timeout: its links, both ways,
+    /// are closed and ours is dialed afresh. TCP would otherwise sit in its
+    /// retransmission back-off (0.2 s, 0.6 s, 1.4 s, ... 25 s) after a
+    /// partition heals, and each side would hear the other only when its
+    /// next retransmission happened to come: two actives for about as long
+    /// as the partition lasted. A new connection is tried every
+    /// [`DIAL_RETRY_MS`] plus the dial timeout, whatever the partition's
+    /// length.
+    fn drop_silent_links(&mut self, i: usize, engine: &mut Engine) {
+        let silent = format!(
+            "{} silent for {} ms: closing its links, dialing afresh",
+            self.cfg.peers[i], self.cfg.peer_timeout_ms
+        );
+        let p = &mut self.peers[i];
+        if let Some(conn) = p.out {
+            // Nothing more goes on it; `on_close` forgets it.
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.out_deadline_ms = u64::MAX;
+            self.doom(conn, silent.clone(), engine);
+        }
+        let inbound: Vec<ConnId> = self
+            .links_in
+            .iter()
+            .filter(|&&(_, peer)| peer == i)
+            .map(|&(c, _)| c)
+            .collect();
+        for conn in inbound {
+            self.doom(conn, silent.clone(), engine);
         }
     }
 
@@ -1167,6 +1226,12 @@ impl Cluster {
         }
         for conn in self.pending.keys() {
             assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+        }
+        for &conn in &self.given_up {
+            assert!(
+                self.is_peer_link(conn) && !self.pending.contains_key(&conn),
+                "a given-up link is an authenticated one, until it closes"
+            );
         }
     }
 }

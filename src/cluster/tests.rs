@@ -618,3 +618,60 @@ fn a_relayed_challenge_gets_no_auth_and_is_no_conflict() {
     assert_eq!(c.role(), Role::Active);
     c.check_invariants(at(601), &e);
 }
+
+#[test]
+fn a_silent_peer_s_links_are_closed_and_dialed_afresh() {
+    let (mut c, mut e) = active_node0();
+    let t0 = TIMEOUT_MS + 50;
+    // Node 2 keeps talking; node 1 falls silent (a partition).
+    let mut doomed = Vec::new();
+    for ms in (t0..=t0 + TIMEOUT_MS + 50).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+        c.tick(at(ms), &mut e);
+        c.take_doomed(&mut doomed);
+    }
+    let mut conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+    conns.sort_unstable();
+    assert_eq!(conns, [10, 20], "node 1's links, both ways: {doomed:?}");
+    assert!(doomed.iter().all(|d| d.1.contains("silent for")));
+    // The loop closes them; a fresh dial follows.
+    let now = at(t0 + TIMEOUT_MS + 60);
+    for conn in [10, 20] {
+        c.on_close(now, conn, &mut e);
+        e.close(conn);
+    }
+    let mut dials = Vec::new();
+    c.take_dials(at(now.ms + DIAL_RETRY_MS), &mut dials);
+    assert_eq!(dials.iter().map(|d| d.0).collect::<Vec<_>>(), [1]);
+    c.check_invariants(now, &e);
+}
+
+#[test]
+fn a_link_the_peer_gave_up_is_no_crash() {
+    // Node 2 follows node 0, which paused: node 0 gave up node 2's links
+    // as silent, with E lines. When node 2 reads them and its links close,
+    // node 0 is alive (it just said so), so node 2 must not promote itself.
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    e.open(20);
+    c.outbound_open(at(1), 20, 0, &mut e);
+    Remote::new(0).accept(&mut c, &mut e, at(1), 20).unwrap();
+    heartbeat(&mut c, &mut e, at(2), 10, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    for ms in (50..=TIMEOUT_MS).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 10, true, None);
+        c.tick(at(ms), &mut e);
+    }
+    let now = at(TIMEOUT_MS + 10);
+    for conn in [10, 20] {
+        let err = c
+            .on_refusal(now, conn, b"E 127.0.0.1:7002 silent for 500 ms")
+            .unwrap_err();
+        assert!(err.contains("gave the link up"), "{err}");
+        c.on_close(now, conn, &mut e);
+        e.close(conn);
+    }
+    assert!(c.peers[0].heard_ms.is_some(), "alive: it just spoke");
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    c.check_invariants(now, &e);
+}

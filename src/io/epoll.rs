@@ -79,7 +79,7 @@ pub fn run(
     let mut signals = UnixStream::from_std(signals);
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
-    let dialer = Dialer::spawn()?;
+    let dialer = Dialer::spawn(node.link_timeout())?;
     let wake_fd = dialer.wake().as_raw_fd();
     poll.registry()
         .register(&mut SourceFd(&wake_fd), DIALER, Interest::READABLE)?;

@@ -37,7 +37,11 @@ pub struct Dialer {
 pub const DIAL_TIMEOUT_MS: u64 = 500;
 
 impl Dialer {
-    pub fn spawn() -> std::io::Result<Dialer> {
+    /// Starts the dial thread. Each connected link gets `TCP_USER_TIMEOUT`
+    /// and keepalive of `link_timeout` (the peer timeout): data the peer
+    /// has not acknowledged for that long fails the socket, instead of TCP
+    /// retransmitting into a partition with an ever longer back-off.
+    pub fn spawn(link_timeout: std::time::Duration) -> std::io::Result<Dialer> {
         use std::net::ToSocketAddrs;
         let (wake, wake_writer) = std::os::unix::net::UnixStream::pair()?;
         wake.set_nonblocking(true)?;
@@ -56,6 +60,15 @@ impl Dialer {
                         let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
                         stream.set_nodelay(true)?;
                         stream.set_nonblocking(true)?;
+                        let socket = socket2::SockRef::from(&stream);
+                        socket.set_tcp_user_timeout(Some(link_timeout))?;
+                        // Keepalive counts in whole seconds: at least 1.
+                        let second = std::time::Duration::from_secs(1);
+                        let probes = socket2::TcpKeepalive::new()
+                            .with_time(link_timeout.max(second))
+                            .with_interval(second)
+                            .with_retries(3);
+                        socket.set_tcp_keepalive(&probes)?;
                         Ok(stream)
                     });
                     if result_tx.send((peer, result)).is_err() {

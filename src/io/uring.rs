@@ -335,7 +335,7 @@ pub fn run(
         listener: Some(listener),
         signals,
         signal_buf: Box::new([0u8; 16]),
-        dialer: Dialer::spawn()?,
+        dialer: Dialer::spawn(node.link_timeout())?,
         dialer_buf: Box::new([0u8; 64]),
         max_conns: config.max_conns,
         spin_us: config.spin_us,

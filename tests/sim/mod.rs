@@ -767,11 +767,17 @@ impl Sim {
             (line.starts_with(b"A "), tok.len(), tok.to_vec())
         });
         for (peer, line) in found {
-            // A handshake that did not finish within the peer timeout
-            // (a fault cut it) is given up with an E line: not an error.
-            let timeout = line.starts_with(b"E peer handshake not finished")
-                || line.windows(25).any(|w| w == b"did not answer this node'");
-            if line.starts_with(b"E ") && !(peer && timeout) {
+            // A link the node gave up on (a handshake that a fault cut, a
+            // peer silent for a whole timeout) ends with an E line saying
+            // so: not a protocol error.
+            let given_up = [
+                &b"peer handshake not finished"[..],
+                b"did not answer this node's HELLO",
+                b"silent for",
+            ]
+            .iter()
+            .any(|why| line.windows(why.len()).any(|w| w == *why));
+            if line.starts_with(b"E ") && !(peer && given_up) {
                 let kind = if peer {
                     "peer link"
                 } else {
