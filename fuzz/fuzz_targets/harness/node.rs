@@ -9,7 +9,9 @@
 //! (HELLO, then AUTH with the MAC computed from the node's CHALLENGE), or one
 //! with a wrong MAC, index, fingerprint or address, then heartbeats, SNAP,
 //! G, X, SYNCED and HANDOFF with fuzzed fields; ticks, time moving by fuzzed
-//! amounts and jumps, the wall clock stepping; the node's dials
+//! amounts and jumps, the wall clock stepping (each tick after the links
+//! doomed since the last one are closed, as a loop turn ends with
+//! `take_doomed`); the node's dials
 //! (`take_dials`), failed or opened, its HELLO answered with a valid or a
 //! wrong CHALLENGE; output taken (`take_dirty`, whole or in part) and links
 //! the node gave up on closed (`take_doomed`, then `io::take_final_output`,
@@ -329,6 +331,8 @@ pub struct Harness {
     /// A grant (key, token) the harness replicated as the followed active.
     last_replicated: Option<(Vec<u8>, u64)>,
     left: bool,
+    /// `Node::tick` ran since the last `take_doomed`.
+    ticked: bool,
     /// The last line of the last connection broken, for messages.
     last_break: Vec<u8>,
     lenience: Lenience,
@@ -397,6 +401,7 @@ impl Harness {
             tokens: Vec::new(),
             last_replicated: None,
             left: false,
+            ticked: false,
             last_break: Vec::new(),
             lenience,
             stats: Stats::default(),
@@ -1010,8 +1015,19 @@ impl Harness {
             _ => u64::from(input.u32()),
         };
         self.advance(ms);
+        self.tick_node();
+    }
+
+    /// `Node::tick`, as a loop turn begins. A loop ends every turn with
+    /// `take_doomed`, so the links doomed since the last tick are closed
+    /// first if the steps did not close them.
+    fn tick_node(&mut self) {
+        if self.ticked {
+            self.take_doomed();
+        }
         let now = self.now();
         self.node.tick(now);
+        self.ticked = true;
     }
 
     fn take_dials(&mut self) {
@@ -1190,12 +1206,12 @@ impl Harness {
             self.close_final(ci);
         }
         self.free.append(&mut self.quarantine);
+        self.ticked = false;
     }
 
     /// One loop turn: tick, send, close the doomed, dial.
     fn turn(&mut self) {
-        let now = self.now();
-        self.node.tick(now);
+        self.tick_node();
         for ci in self.take_dirty() {
             self.scan(ci);
             self.node.output_mut(self.conns[ci].id).clear();
@@ -1245,8 +1261,7 @@ impl Harness {
                 };
                 for _ in 0..turns {
                     self.advance(HEARTBEAT_MS);
-                    let now = self.now();
-                    self.node.tick(now);
+                    self.tick_node();
                 }
             }
             _ => {
@@ -1364,6 +1379,16 @@ impl Harness {
             self.check_line(ci, line, offset, before_highest, highest_now);
             offset += line.len();
         }
+        // At most one answer (or CHALLENGE) per line received, plus the E
+        // lines (a break, a handshake timeout, a peer-only refusal).
+        let conn = &self.conns[ci];
+        assert!(
+            conn.lines_out <= conn.lines_in + 3,
+            "{} lines to {id} for {} received; its output: {:?}",
+            conn.lines_out,
+            conn.lines_in,
+            esc(&out[out.len().saturating_sub(2000)..])
+        );
         self.conns[ci].scanned = out.len();
         *self.node.output_mut(id) = out;
     }
@@ -1430,16 +1455,7 @@ impl Harness {
                 _ => {}
             }
         }
-        // At most one answer (or CHALLENGE) per line received, plus the E
-        // lines (a break, a handshake timeout, a peer-only refusal).
-        let conn = &mut self.conns[ci];
-        conn.lines_out += 1;
-        assert!(
-            conn.lines_out <= conn.lines_in + 3,
-            "{} lines to {id} for {} received",
-            conn.lines_out,
-            conn.lines_in
-        );
+        self.conns[ci].lines_out += 1;
     }
 
     /// A peer line on a link the node dialed.
