@@ -180,6 +180,26 @@ struct Pipe {
     last_at: u64,
     /// Since when its head segment is due but cannot get through.
     stuck_since: Option<u64>,
+    /// After being stuck: nothing gets through before the sender's next
+    /// retransmission, which TCP's back-off spaces ever wider (see
+    /// [`next_retransmission`]).
+    resume_at: Option<u64>,
+}
+
+/// TCP's first retransmission timeout on a quiet loopback or LAN path.
+const RTO_MIN_MS: u64 = 200;
+
+/// The first retransmission at or after `now` of a segment first lost at
+/// `since`: retransmissions come at `since` + 200, 600, 1400, 3000, ... ms
+/// (the timeout doubles each time).
+fn next_retransmission(since: u64, now: u64) -> u64 {
+    let mut rto = RTO_MIN_MS;
+    let mut at = since + rto;
+    while at < now {
+        rto *= 2;
+        at += rto;
+    }
+    at
 }
 
 /// One TCP connection. End 0 dialed (a node's peer link or a client), end
@@ -418,6 +438,8 @@ pub struct Sim {
     next_fault: u64,
     restarts: Vec<(u64, usize)>,
     heal_at: Option<u64>,
+    /// A one-way block that heals before the rest: `(when, from, to)`.
+    staggered: Option<(u64, usize, usize)>,
     flaps: Vec<u64>,
     /// After a graceful leave: (successor, deadline to be active).
     leave_check: Option<(usize, u64, usize)>,
@@ -483,6 +505,7 @@ impl Sim {
             next_fault: u64::MAX,
             restarts: Vec::new(),
             heal_at: None,
+            staggered: None,
             flaps: Vec::new(),
             leave_check: None,
             probes: vec![None; cfg.clients],
@@ -921,6 +944,9 @@ impl Sim {
         if self.blocked(conn.parties[e], conn.parties[r]) {
             return false;
         }
+        if conn.pipes[e].resume_at.is_some_and(|at| at > self.now) {
+            return false; // waiting for the sender's next retransmission
+        }
         match conn.parties[r] {
             Party::Client(_) => true,
             Party::Node(y) => {
@@ -1166,6 +1192,24 @@ impl Sim {
         p.one_way.push((from, to));
     }
 
+    /// How long a partition lasts: mostly short, sometimes long enough for
+    /// TCP's back-off to grow past a second.
+    fn partition_ms(&mut self) -> u64 {
+        if self.rng.chance(25) {
+            self.rng.range(3_000, 15_000)
+        } else {
+            self.rng.range(200, 3_000)
+        }
+    }
+
+    /// Bytes from `from` to `to` get through again; other blocks stay.
+    pub fn heal_one_way(&mut self, from: usize, to: usize) {
+        if let Some(p) = self.partition.as_mut() {
+            p.one_way.retain(|&pair| pair != (from, to));
+            self.log(format!("HEAL one way n{from} -> n{to}"));
+        }
+    }
+
     pub fn heal(&mut self) {
         if self.partition.take().is_some() {
             self.log("HEAL partition".into());
@@ -1335,17 +1379,23 @@ impl Sim {
                     side[self.rng.below(n as u64) as usize] ^= 1;
                 }
                 self.partition(side);
-                self.heal_at = Some(self.now + self.rng.range(200, 3_000));
+                self.heal_at = Some(self.now + self.partition_ms());
             }
             Fault::OneWay if self.partition.is_none() => {
                 let n = self.cfg.nodes as u64;
                 let from = self.rng.below(n) as usize;
                 let to = (from + 1 + self.rng.below(n - 1) as usize) % n as usize;
                 self.one_way(from, to);
+                let lasts = self.partition_ms();
                 if self.rng.chance(40) {
                     self.one_way(to, from);
+                    // A staggered heal: one direction comes back first.
+                    if self.rng.chance(50) {
+                        let first = self.now + self.rng.range(100, lasts.max(101));
+                        self.staggered = Some((first, to, from));
+                    }
                 }
-                self.heal_at = Some(self.now + self.rng.range(200, 3_000));
+                self.heal_at = Some(self.now + lasts);
             }
             Fault::Partition | Fault::OneWay => {}
             Fault::Flap => {
@@ -1472,6 +1522,8 @@ impl Sim {
                         consider(at, &|| {
                             format!("deliver {:?} -> {:?}", conn.parties[e], conn.parties[1 - e])
                         });
+                    } else if let Some(resume) = pipe.resume_at.filter(|&r| r > self.now) {
+                        consider(resume, &|| format!("retransmission {conn:?}"));
                     } else if self.blocked(conn.parties[e], conn.parties[1 - e])
                         && conn.open[e]
                         && conn.open[1 - e]
@@ -1505,6 +1557,9 @@ impl Sim {
         }
         if let Some(h) = self.heal_at {
             consider(h, &|| "heal".into());
+        }
+        if let Some((at, ..)) = self.staggered {
+            consider(at, &|| "staggered heal".into());
         }
         for &f in &self.flaps {
             consider(f, &|| "flap".into());
@@ -1602,8 +1657,13 @@ impl Sim {
         for x in due {
             self.restart(x);
         }
+        if let Some((_, from, to)) = self.staggered.filter(|&(at, ..)| at <= t) {
+            self.staggered = None;
+            self.heal_one_way(from, to);
+        }
         if self.heal_at.is_some_and(|h| h <= t) {
             self.heal_at = None;
+            self.staggered = None;
             self.heal();
         }
         let flaps = self.flaps.iter().filter(|&&f| f <= t).count();
@@ -1631,7 +1691,20 @@ impl Sim {
                     due && conn.open[1 - e] && self.blocked(conn.parties[e], conn.parties[1 - e]);
                 let conn = self.conns[sc].as_mut().unwrap();
                 if !stuck {
-                    conn.pipes[e].stuck_since = None;
+                    let peer_link = conn.peer_link;
+                    let pipe = &mut conn.pipes[e];
+                    if let Some(since) = pipe.stuck_since.take()
+                        && peer_link
+                    {
+                        // The path is back; the bytes come with the
+                        // sender's next retransmission. (Only on peer
+                        // links: clients' own liveness is not simulated,
+                        // so their bytes flow again at once.)
+                        pipe.resume_at = Some(next_retransmission(since, t));
+                    }
+                    if pipe.resume_at.is_some_and(|at| at <= t) {
+                        pipe.resume_at = None;
+                    }
                     continue;
                 }
                 let since = *conn.pipes[e].stuck_since.get_or_insert(t);
