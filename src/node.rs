@@ -329,7 +329,8 @@ impl Node {
             cluster.on_refusal(now, conn, line)
         } else {
             wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
-        };
+        }
+        .map_err(crate::cluster::shorten);
         if let Err(reason) = &result {
             // Loud: between nodes this means a misconfigured cluster or a
             // stranger; rate-limited, so a flood cannot fill the log.

@@ -41,11 +41,12 @@ pub mod wire;
 use std::collections::HashMap;
 
 use crate::engine::{ConnId, Engine, Now};
+use crate::proto::Quoted;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use wire::PeerMsg;
 
 /// Unsent bytes on a link past which heartbeats are not queued on it.
-const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
+pub const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
 
 /// Replication a follower may have unread beyond the last snapshot queued
 /// for it. Past it the link is closed: the follower resyncs from a fresh
@@ -313,6 +314,7 @@ impl Cluster {
 
     /// Closes `conn` with `reason` (an `E` line, then the loop closes it).
     fn doom(&mut self, conn: ConnId, reason: String, engine: &mut Engine) {
+        let reason = shorten(reason);
         let mut line = Vec::with_capacity(reason.len() + 3);
         crate::proto::Answer::Error {
             reason: reason.as_bytes(),
@@ -326,8 +328,8 @@ impl Cluster {
     /// peer says of itself (`None`: nothing).
     fn difference(&self, fingerprint: Fingerprint, index: usize, addr: &[u8]) -> Option<String> {
         let n = self.peers.len();
-        let shown = String::from_utf8_lossy(addr);
-        let ours = self.cfg.peers.join(",");
+        let shown = Quoted(addr);
+        let ours = crate::proto::quoted(self.cfg.peers.join(",").as_bytes(), 160);
         if index >= n {
             return Some(format!(
                 "{shown} says it is node {index} of its --peers, but this node's list has {n} \
@@ -580,7 +582,7 @@ impl Cluster {
     /// crash, so it does not make the peer dead at once (see
     /// [`Cluster::on_close`]); its heartbeats decide, as after any pause.
     pub fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
-        let shown = String::from_utf8_lossy(&line[..line.len().min(300)]);
+        let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
         let out = self
             .peers
             .iter()
@@ -689,7 +691,7 @@ impl Cluster {
             return Err(format!(
                 "peer authentication failed (a link claiming to be {}): wrong MAC; is \
                  --cluster-secret-file the same on every node?",
-                String::from_utf8_lossy(&claim.addr)
+                Quoted(&claim.addr)
             ));
         }
         if let Some(reason) = self.difference(claim.fingerprint, claim.from, &claim.addr) {
@@ -752,7 +754,7 @@ impl Cluster {
                 "{} answered as {}: not the node this node dialed; is something else \
                  listening at that address?",
                 self.cfg.peers[peer],
-                String::from_utf8_lossy(claimed.addr)
+                Quoted(claimed.addr)
             ));
         }
         // It is: prove that we hold the secret too, so that it learns of a
@@ -1045,7 +1047,14 @@ impl Cluster {
         let n = self.peers.len();
         let successor = (0..n)
             .find(|&p| synced(p))
-            .or_else(|| (0..n).find(|&p| linked(p)))?;
+            .or_else(|| (0..n).find(|&p| linked(p)));
+        let Some(successor) = successor else {
+            // Nobody to hand over to: this node stops serving all the same
+            // (the caller steps the engine down), and the peers fail over
+            // as after a crash.
+            self.role = Role::Standby { following: None };
+            return None;
+        };
         self.hand_off(now, successor, engine);
         Some(successor)
     }
@@ -1234,6 +1243,24 @@ impl Cluster {
             );
         }
     }
+}
+
+/// The longest reason a peer link is closed with: its `E` line stays well
+/// within a line's 512 bytes.
+pub const MAX_REASON_BYTES: usize = 400;
+
+/// `reason`, cut to [`MAX_REASON_BYTES`] (at a character boundary) with
+/// `...`.
+pub fn shorten(mut reason: String) -> String {
+    if reason.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES - 3;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+        reason.push_str("...");
+    }
+    reason
 }
 
 /// A whole snapshot of the engine's grants: `SNAP`, one `G` per grant,

@@ -77,16 +77,11 @@ pub struct Lenience {
     /// node that heard a token within this margin of it issues tokens past
     /// it (`TokenClock::next` has no ceiling below `u64::MAX`).
     pub token_margin: u64,
-    /// The longest `E` line. Every other line the node writes fits in
-    /// `MAX_LINE` (the other side's limit), but the reasons of a wrong AUTH
-    /// and of a configuration conflict quote the address the dialer claimed
-    /// (each byte >= 0x80 shown as 3), a conflict's also this node's whole
-    /// `--peers` list, and can be longer: the other side then drops the line
-    /// as longer than 512 bytes.
+    /// The longest `E` line: `MAX_LINE` (the other side's limit) since the
+    /// reasons of peer links are quoted and cut.
     pub e_line_max: usize,
-    /// `Node::check_invariants` after `Node::leave`: an active node that
-    /// leaves with nobody to hand over to keeps `Role::Active` in its
-    /// cluster while its engine has stepped down, which the check refuses.
+    /// `Node::check_invariants` after `Node::leave` too (it holds since a
+    /// node leaving alone steps its cluster down with its engine).
     pub invariants_after_leave: bool,
 }
 
@@ -94,8 +89,8 @@ pub struct Lenience {
 /// run with.
 pub const KNOWN: Lenience = Lenience {
     token_margin: 1 << 32,
-    e_line_max: 2048,
-    invariants_after_leave: false,
+    e_line_max: MAX_LINE,
+    invariants_after_leave: true,
 };
 
 /// Nothing tolerated: the product as documented.
