@@ -1,31 +1,71 @@
-//! One connection slot: a background task that dials an address, runs the
-//! connection (writer and reader side by side), and redials when it drops.
+//! One connection slot: a background task that dials an address, checks
+//! that the node answers (the hello), runs the connection (writer, reader
+//! and liveness watch side by side), and redials when it ends.
 //!
 //! Requests reach the connection through an unbounded channel. The writer
 //! takes everything queued, registers each request as pending (per key, in
 //! send order, with its op), and writes the whole batch with one
-//! `write_all`. The reader splits answer lines with a `BufReader` and hands
-//! each to the oldest pending request it answers, as PROTOCOL.md says:
-//! `A`/`T` the oldest `A` of the key, `R` the oldest `R`, `N` the oldest `N`,
-//! `S` the oldest `S`, `M` the oldest request of the key whatever its op.
+//! `write_all`. The reader splits answer lines (each at most
+//! [`MAX_ANSWER_LINE`] bytes) and hands each to the oldest pending request it
+//! answers, as PROTOCOL.md says: `A`/`T` the oldest `A` of the key, `R` the
+//! oldest `R`, `N` the oldest `N`, `S` the oldest `S`, `M` the oldest request
+//! of the key whatever its op.
+//!
+//! Liveness: a connection is only put in the rotation once its node has
+//! answered an `S` (the hello) within the probe timeout, so a node that
+//! accepts connections but is hung never gets a request. While requests are
+//! outstanding, a connection that has received nothing for the probe
+//! interval sends an `S` (the probe); if nothing at all arrives within the
+//! probe timeout after it, the connection counts as dead: it is closed, its
+//! pending requests fail with [`Reply::Lost`] (acquires move to the next
+//! connection), and the slot redials as for any dropped connection.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::proto::{Answer, Role, parse_answer};
 
-/// Longest answer line the client accepts (the longest legal one is about
-/// 280 bytes; anything past this is a broken server).
-const MAX_ANSWER_LINE: usize = 4096;
+/// Longest answer line the client accepts on its pooled connections (the
+/// longest legal one is about 500 bytes; anything past this is a broken
+/// server).
+pub(crate) const MAX_ANSWER_LINE: usize = 4096;
 /// The writer stops coalescing once a batch holds this many bytes.
 const MAX_BATCH: usize = 64 * 1024;
+
+/// The reading half of a connection.
+pub(crate) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a connection.
+pub(crate) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+/// What a dial gives: both halves of a fresh connection.
+pub(crate) type DialFuture =
+    Pin<Box<dyn Future<Output = io::Result<(ReadHalf, WriteHalf)>> + Send>>;
+/// Opens a connection to an address (TCP; tests dial in-memory streams).
+pub(crate) type Dialer = Arc<dyn Fn(&str) -> DialFuture + Send + Sync>;
+
+/// The dialer of real clients: TCP, `TCP_NODELAY`.
+pub(crate) fn tcp_dialer() -> Dialer {
+    Arc::new(|addr: &str| {
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let stream = TcpStream::connect(&addr).await?;
+            let _ = stream.set_nodelay(true);
+            let (rd, wr) = stream.into_split();
+            Ok((Box::new(rd) as ReadHalf, Box::new(wr) as WriteHalf))
+        })
+    })
+}
 
 /// The op of a request, for matching answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +90,9 @@ pub(crate) enum Reply {
         active: Option<String>,
         token: u64,
     },
-    /// The connection closed (or was never there) before the answer.
-    Lost,
+    /// The connection closed, failed or went silent (or was never there)
+    /// before the answer; the text says which.
+    Lost(String),
     /// The server sent `E` or a line that breaks the protocol.
     Protocol(String),
 }
@@ -80,7 +121,7 @@ pub(crate) struct Request {
     pub key: Vec<u8>,
     /// The whole line, with its `\n`.
     pub line: Vec<u8>,
-    /// `None`: nobody waits for the answer (a background release).
+    /// `None`: nobody waits for the answer (a background release, a probe).
     pub reply: Option<oneshot::Sender<Reply>>,
     /// An acquire holds one of its connection's waiting-acquire permits until
     /// it is answered, so that no connection ever has more than the server's
@@ -90,6 +131,8 @@ pub(crate) struct Request {
     /// Set by the writer when it takes the request.
     #[allow(dead_code)] // held for its Drop
     pub in_flight: Option<InFlight>,
+    /// A liveness probe: not counted as outstanding, nor as in flight.
+    pub probe: bool,
 }
 
 impl Request {
@@ -102,6 +145,18 @@ impl Request {
             None => Ok(()),
         }
     }
+
+    fn probe() -> Request {
+        Request {
+            op: Op::Status,
+            key: Vec::new(),
+            line: b"S\n".to_vec(),
+            reply: None,
+            permit: None,
+            in_flight: None,
+            probe: true,
+        }
+    }
 }
 
 /// A live connection: where requests go.
@@ -109,6 +164,8 @@ pub(crate) struct Conn {
     tx: mpsc::UnboundedSender<Request>,
     /// Permits for acquires waiting on this connection.
     pub acquires: Arc<Semaphore>,
+    /// The address it was dialled at.
+    pub addr: String,
 }
 
 impl Conn {
@@ -119,7 +176,9 @@ impl Conn {
     }
 
     /// Sends a request and waits for its answer ([`Reply::Lost`] if the
-    /// connection closes first).
+    /// connection closes or goes silent first). Not bounded by itself:
+    /// callers bound it (acquires by their wait, the rest by the request
+    /// timeout), and the liveness watch ends a silent connection.
     pub(crate) async fn call(
         &self,
         op: Op,
@@ -135,11 +194,13 @@ impl Conn {
             reply: Some(tx),
             permit,
             in_flight: None,
+            probe: false,
         };
         if self.submit(req).is_err() {
-            return Reply::Lost;
+            return Reply::Lost(format!("{}: the connection had closed", self.addr));
         }
-        rx.await.unwrap_or(Reply::Lost)
+        rx.await
+            .unwrap_or_else(|_| Reply::Lost(format!("{}: the connection closed", self.addr)))
     }
 }
 
@@ -148,7 +209,8 @@ impl Conn {
 pub(crate) struct Slot {
     pub addr: String,
     live: Mutex<Option<Arc<Conn>>>,
-    /// Dial attempts that failed since the slot was created.
+    /// Dial attempts that failed (no connection, or no answer to the hello)
+    /// since the slot was created.
     pub failures: AtomicUsize,
     pub ever_connected: AtomicBool,
     last_error: Mutex<Option<String>>,
@@ -179,14 +241,28 @@ impl Slot {
     }
 }
 
+/// Every timing the client keeps to (see `ClientBuilder`).
+#[derive(Debug, Clone)]
+pub(crate) struct Timing {
+    pub connect_timeout: Duration,
+    pub redial: Duration,
+    pub probe_interval: Duration,
+    pub probe_timeout: Duration,
+    pub request_timeout: Duration,
+    pub acquire_grace: Duration,
+    pub retry_every: Duration,
+    pub retry_for: Duration,
+    pub no_active_timeout: Duration,
+}
+
 /// What every slot task shares with the client.
 pub(crate) struct Shared {
     /// Bumped whenever a connection comes up or goes down.
     pub changed: watch::Sender<u64>,
     pub in_flight: Arc<AtomicUsize>,
-    pub redial: Duration,
-    pub connect_timeout: Duration,
+    pub timing: Timing,
     pub max_waiting_acquires: usize,
+    pub dialer: Dialer,
 }
 
 impl Shared {
@@ -201,10 +277,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The slot's background task: dial, serve, redial every `redial` (measured
-/// from the previous dial, so a connection that lived long is redialled at
-/// once and a flapping one at most once per period). Ends when the client is
-/// dropped (`shutdown`'s sender is gone).
+/// The slot's background task: dial, hello, serve, redial every `redial`
+/// (measured from the previous dial, so a connection that lived long is
+/// redialled at once and a flapping one at most once per period). Ends when
+/// the client is dropped (`shutdown`'s sender is gone).
 pub(crate) async fn run_slot(
     slot: Arc<Slot>,
     shared: Arc<Shared>,
@@ -213,47 +289,149 @@ pub(crate) async fn run_slot(
 ) {
     loop {
         let dialed_at = Instant::now();
-        let dial = tokio::time::timeout(shared.connect_timeout, TcpStream::connect(&slot.addr));
         let dialed = tokio::select! {
-            r = dial => r,
+            r = dial(&slot.addr, &shared) => r,
             _ = shutdown.changed() => return,
         };
         match dialed {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
+            Ok((rd, wr)) => {
                 slot.ever_connected.store(true, Ordering::Relaxed);
-                let why = serve(&slot, &shared, &client, stream, &mut shutdown).await;
+                let why = serve(&slot, &shared, &client, rd, wr, &mut shutdown).await;
                 match why {
                     None => return,
                     Some(why) => slot.set_error(why),
                 }
             }
-            Ok(Err(e)) => {
-                slot.set_error(format!("connect to {}: {e}", slot.addr));
-                slot.failures.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => {
-                slot.set_error(format!("connect to {}: timed out", slot.addr));
+            Err(why) => {
+                slot.set_error(why);
                 slot.failures.fetch_add(1, Ordering::Relaxed);
             }
         }
         shared.bump();
         tokio::select! {
-            _ = tokio::time::sleep_until(dialed_at + shared.redial) => {}
+            _ = tokio::time::sleep_until(dialed_at + shared.timing.redial) => {}
             _ = shutdown.changed() => return,
         }
     }
 }
 
-/// Pending requests of one connection, in send order.
-#[derive(Default)]
-struct Pending {
-    by_key: HashMap<Vec<u8>, VecDeque<Request>>,
-    status: VecDeque<Request>,
+/// Dials `addr` (within the connect timeout) and checks that the node
+/// answers: it sends `S` and wants an `S` answer within the probe timeout.
+/// A node that accepts connections but is hung (stopped, overloaded beyond
+/// help, or not a ringlock node at all) fails here, and never gets a
+/// request.
+async fn dial(addr: &str, shared: &Shared) -> Result<(BufReader<ReadHalf>, WriteHalf), String> {
+    let timing = &shared.timing;
+    let (rd, mut wr) =
+        match tokio::time::timeout(timing.connect_timeout, (shared.dialer)(addr)).await {
+            Ok(Ok(halves)) => halves,
+            Ok(Err(e)) => return Err(format!("connect to {addr}: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "connect to {addr}: timed out after {:?}",
+                    timing.connect_timeout
+                ));
+            }
+        };
+    let mut rd = BufReader::with_capacity(16 * 1024, rd);
+    let hello = async {
+        wr.write_all(b"S\n")
+            .await
+            .map_err(|e| format!("write to {addr}: {e}"))?;
+        let mut line = Vec::with_capacity(128);
+        read_line(&mut rd, &mut line, MAX_ANSWER_LINE, addr)
+            .await
+            .map_err(|end| match end {
+                End::Closed(why) | End::Protocol(why) => why,
+            })?;
+        match parse_answer(&line) {
+            Ok(Answer::Status { .. }) => Ok(()),
+            Ok(Answer::Error { reason }) => Err(format!(
+                "{addr} refused the connection: E {}",
+                String::from_utf8_lossy(reason)
+            )),
+            _ => Err(format!(
+                "{addr} answered S with {:?}: not a ringlock node?",
+                String::from_utf8_lossy(&line)
+            )),
+        }
+    };
+    match tokio::time::timeout(timing.probe_timeout, hello).await {
+        Ok(Ok(())) => Ok((rd, wr)),
+        Ok(Err(why)) => Err(why),
+        Err(_) => Err(format!(
+            "{addr} accepted the connection but did not answer S within {:?} (hung?)",
+            timing.probe_timeout
+        )),
+    }
 }
 
-impl Pending {
-    fn push(&mut self, req: Request) {
+/// Reads one line of at most `max` bytes into `line` (without its `\n`).
+async fn read_line<R: AsyncBufRead + Unpin>(
+    rd: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+    addr: &str,
+) -> Result<(), End> {
+    line.clear();
+    let read = (&mut *rd).take(max as u64).read_until(b'\n', line).await;
+    match read {
+        Err(e) => return Err(End::Closed(format!("read from {addr}: {e}"))),
+        Ok(0) => return Err(End::Closed(format!("{addr} closed the connection"))),
+        Ok(_) => {}
+    }
+    if line.last() != Some(&b'\n') {
+        if line.len() >= max {
+            return Err(End::Protocol(format!(
+                "answer line from {addr} longer than {max} bytes"
+            )));
+        }
+        return Err(End::Closed(format!(
+            "{addr} closed the connection mid-line"
+        )));
+    }
+    line.pop();
+    Ok(())
+}
+
+/// Pending requests of one connection, in send order, and what the
+/// liveness watch needs to know.
+struct ConnState {
+    by_key: HashMap<Vec<u8>, VecDeque<Request>>,
+    status: VecDeque<Request>,
+    /// Requests written and not answered, probes not counted.
+    outstanding: usize,
+    /// When `outstanding` last went from 0 to 1.
+    busy_since: Instant,
+    /// When the last answer line arrived.
+    last_rx: Instant,
+    /// When the probe now outstanding was handed to the writer.
+    probe_at: Option<Instant>,
+}
+
+impl ConnState {
+    fn new(now: Instant) -> ConnState {
+        ConnState {
+            by_key: HashMap::new(),
+            status: VecDeque::new(),
+            outstanding: 0,
+            busy_since: now,
+            last_rx: now,
+            probe_at: None,
+        }
+    }
+
+    /// Registers a request the writer took. True if the connection just
+    /// became busy.
+    fn push(&mut self, req: Request, now: Instant) -> bool {
+        let mut became_busy = false;
+        if !req.probe {
+            if self.outstanding == 0 {
+                self.busy_since = now;
+                became_busy = true;
+            }
+            self.outstanding += 1;
+        }
         if req.op == Op::Status {
             self.status.push_back(req);
         } else {
@@ -262,6 +440,16 @@ impl Pending {
                 .or_default()
                 .push_back(req);
         }
+        became_busy
+    }
+
+    fn taken(&mut self, req: Option<Request>) -> Option<Request> {
+        if let Some(r) = &req
+            && !r.probe
+        {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        req
     }
 
     /// Removes the oldest pending request of `key` with op `op` (any op if
@@ -276,22 +464,39 @@ impl Pending {
         if queue.is_empty() {
             self.by_key.remove(key);
         }
-        req
+        self.taken(req)
     }
 
-    fn drain(&mut self) -> impl Iterator<Item = Request> + '_ {
+    fn take_status(&mut self) -> Option<Request> {
+        let req = self.status.pop_front();
+        self.taken(req)
+    }
+
+    fn drain(&mut self) -> Vec<Request> {
+        self.outstanding = 0;
         self.status
             .drain(..)
             .chain(self.by_key.drain().flat_map(|(_, q)| q))
+            .collect()
     }
 }
 
 /// How a connection ended.
 enum End {
-    /// Closed or failed: pending requests may be retried elsewhere.
+    /// Closed, failed or silent: pending requests may be retried elsewhere.
     Closed(String),
     /// The server broke the protocol (or sent `E`): pending requests fail.
     Protocol(String),
+}
+
+/// What the liveness watch does next.
+enum Watch {
+    /// Nothing outstanding: wait until the connection gets busy.
+    Idle,
+    /// Look again at this time.
+    At(Instant),
+    /// The connection is dead.
+    Dead(String),
 }
 
 /// Runs one connection until it ends. Returns why it ended, or `None` if the
@@ -300,18 +505,21 @@ async fn serve(
     slot: &Arc<Slot>,
     shared: &Arc<Shared>,
     client: &Weak<super::Inner>,
-    stream: TcpStream,
+    mut rd: BufReader<ReadHalf>,
+    mut wr: WriteHalf,
     shutdown: &mut watch::Receiver<()>,
 ) -> Option<String> {
-    let (rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
     let conn = Arc::new(Conn {
         tx,
         acquires: Arc::new(Semaphore::new(shared.max_waiting_acquires)),
+        addr: slot.addr.clone(),
     });
-    let pending = Mutex::new(Pending::default());
+    let state = Mutex::new(ConnState::new(Instant::now()));
+    let busy = Notify::new();
     *lock(&slot.live) = Some(conn.clone());
     shared.bump();
+    let timing = &shared.timing;
 
     let writer = async {
         let mut buf = Vec::with_capacity(16 * 1024);
@@ -319,8 +527,10 @@ async fn serve(
             let Some(first) = rx.recv().await else {
                 return End::Closed("request channel closed".into());
             };
+            let mut became_busy = false;
             {
-                let mut pending = lock(&pending);
+                let mut state = lock(&state);
+                let now = Instant::now();
                 let mut next = Some(first);
                 while let Some(req) = next {
                     // An acquire whose caller is gone is not worth queueing.
@@ -328,9 +538,11 @@ async fn serve(
                         && req.reply.as_ref().is_some_and(|tx| tx.is_closed());
                     if !abandoned {
                         let mut req = req;
-                        req.in_flight = Some(InFlight::new(&shared.in_flight));
+                        if !req.probe {
+                            req.in_flight = Some(InFlight::new(&shared.in_flight));
+                        }
                         buf.extend_from_slice(&req.line);
-                        pending.push(req);
+                        became_busy |= state.push(req, now);
                     }
                     next = if buf.len() < MAX_BATCH {
                         rx.try_recv().ok()
@@ -338,6 +550,9 @@ async fn serve(
                         None
                     };
                 }
+            }
+            if became_busy {
+                busy.notify_one();
             }
             if buf.is_empty() {
                 continue;
@@ -350,38 +565,63 @@ async fn serve(
     };
 
     let reader = async {
-        let mut rd = BufReader::with_capacity(16 * 1024, rd);
         let mut line = Vec::with_capacity(256);
         loop {
-            line.clear();
-            let read = (&mut rd)
-                .take(MAX_ANSWER_LINE as u64)
-                .read_until(b'\n', &mut line)
-                .await;
-            match read {
-                Err(e) => return End::Closed(format!("read from {}: {e}", slot.addr)),
-                Ok(0) => return End::Closed(format!("{} closed the connection", slot.addr)),
-                Ok(_) => {}
+            if let Err(end) = read_line(&mut rd, &mut line, MAX_ANSWER_LINE, &slot.addr).await {
+                return end;
             }
-            if line.last() != Some(&b'\n') {
-                if line.len() >= MAX_ANSWER_LINE {
-                    return End::Protocol(format!(
-                        "answer line from {} longer than {MAX_ANSWER_LINE} bytes",
-                        slot.addr
-                    ));
-                }
-                return End::Closed(format!("{} closed the connection mid-line", slot.addr));
-            }
-            line.pop();
-            if let Err(end) = dispatch(&line, &pending, client, &slot.addr) {
+            if let Err(end) = dispatch(&line, &state, client, &slot.addr) {
                 return end;
             }
         }
     };
 
+    let liveness = async {
+        loop {
+            let next = {
+                let mut st = lock(&state);
+                let now = Instant::now();
+                if let Some(probed) = st.probe_at {
+                    let dead_at = probed + timing.probe_timeout;
+                    if now >= dead_at {
+                        Watch::Dead(format!(
+                            "{} stopped answering: no answer to a probe within {:?}",
+                            slot.addr, timing.probe_timeout
+                        ))
+                    } else {
+                        Watch::At(dead_at)
+                    }
+                } else if st.outstanding == 0 {
+                    Watch::Idle
+                } else {
+                    let quiet_from = st.last_rx.max(st.busy_since);
+                    let probe_at = quiet_from + timing.probe_interval;
+                    if now >= probe_at {
+                        st.probe_at = Some(now);
+                        // The writer is ours: the send fails only once the
+                        // connection is ending anyway.
+                        let _ = conn.submit(Request::probe());
+                        Watch::At(now + timing.probe_timeout)
+                    } else {
+                        Watch::At(probe_at)
+                    }
+                }
+            };
+            match next {
+                Watch::Idle => busy.notified().await,
+                Watch::At(at) => tokio::time::sleep_until(at).await,
+                Watch::Dead(why) => return End::Closed(why),
+            }
+        }
+    };
+
+    // The reader first: answers already received count before the liveness
+    // watch judges the connection.
     let end = tokio::select! {
-        end = writer => Some(end),
+        biased;
         end = reader => Some(end),
+        end = writer => Some(end),
+        end = liveness => Some(end),
         _ = shutdown.changed() => None,
     };
 
@@ -393,28 +633,41 @@ async fn serve(
     drop(conn);
     let (reply, why) = match end {
         Some(End::Protocol(why)) => (Reply::Protocol(why.clone()), Some(why)),
-        Some(End::Closed(why)) => (Reply::Lost, Some(why)),
-        None => (Reply::Lost, None),
+        Some(End::Closed(why)) => (Reply::Lost(why.clone()), Some(why)),
+        None => (Reply::Lost("the client was dropped".into()), None),
     };
     // Requests never written are simply lost (they may be retried).
     while let Ok(req) = rx.try_recv() {
-        let _ = req.answer(Reply::Lost);
+        let _ = req.answer(reply_lost(&reply));
     }
-    let drained: Vec<Request> = lock(&pending).drain().collect();
+    let drained = lock(&state).drain();
     for req in drained {
         let _ = req.answer(reply.clone());
     }
     why
 }
 
+/// The answer for a request that was never written: lost, whatever ended
+/// the connection (a protocol error was not about it).
+fn reply_lost(reply: &Reply) -> Reply {
+    match reply {
+        Reply::Protocol(why) => Reply::Lost(why.clone()),
+        other => other.clone(),
+    }
+}
+
 /// Hands one answer line to the request it answers. An answer that matches
 /// nothing, or a malformed line, ends the connection as a protocol error.
 fn dispatch(
     line: &[u8],
-    pending: &Mutex<Pending>,
+    state: &Mutex<ConnState>,
     client: &Weak<super::Inner>,
     addr: &str,
 ) -> Result<(), End> {
+    let mut state = lock(state);
+    // Any line is a sign of life.
+    state.last_rx = Instant::now();
+    state.probe_at = None;
     let answer = parse_answer(line).map_err(|e| End::Protocol(format!("{addr}: {e}")))?;
     let unmatched = || {
         End::Protocol(format!(
@@ -422,7 +675,6 @@ fn dispatch(
             String::from_utf8_lossy(line)
         ))
     };
-    let mut pending = lock(pending);
     match answer {
         Answer::Error { reason } => {
             return Err(End::Protocol(format!(
@@ -431,8 +683,8 @@ fn dispatch(
             )));
         }
         Answer::Granted { key, token } => {
-            let req = pending.take(key, Some(Op::Acquire)).ok_or_else(unmatched)?;
-            drop(pending);
+            let req = state.take(key, Some(Op::Acquire)).ok_or_else(unmatched)?;
+            drop(state);
             if req.answer(Reply::Granted(token)).is_err() {
                 // Whoever asked is gone (the acquire future was dropped): do
                 // not leave the lock held until its lease runs out.
@@ -440,20 +692,20 @@ fn dispatch(
             }
         }
         Answer::TimedOut { key } => {
-            let req = pending.take(key, Some(Op::Acquire)).ok_or_else(unmatched)?;
+            let req = state.take(key, Some(Op::Acquire)).ok_or_else(unmatched)?;
             let _ = req.answer(Reply::TimedOut);
         }
         Answer::Moved { key, addr: active } => {
-            let req = pending.take(key, None).ok_or_else(unmatched)?;
+            let req = state.take(key, None).ok_or_else(unmatched)?;
             let active = active.map(|a| String::from_utf8_lossy(a).into_owned());
             let _ = req.answer(Reply::Moved(active));
         }
         Answer::Released { key, ok } => {
-            let req = pending.take(key, Some(Op::Release)).ok_or_else(unmatched)?;
+            let req = state.take(key, Some(Op::Release)).ok_or_else(unmatched)?;
             let _ = req.answer(Reply::Flag(ok));
         }
         Answer::Renewed { key, ok } => {
-            let req = pending.take(key, Some(Op::Renew)).ok_or_else(unmatched)?;
+            let req = state.take(key, Some(Op::Renew)).ok_or_else(unmatched)?;
             let _ = req.answer(Reply::Flag(ok));
         }
         Answer::Status {
@@ -461,7 +713,7 @@ fn dispatch(
             addr: active,
             token,
         } => {
-            let req = pending.status.pop_front().ok_or_else(unmatched)?;
+            let req = state.take_status().ok_or_else(unmatched)?;
             let active = active.map(|a| String::from_utf8_lossy(a).into_owned());
             let _ = req.answer(Reply::Status {
                 role,

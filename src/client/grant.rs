@@ -1,9 +1,11 @@
 //! What a client call gives back: grants, the lock guard, node status.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{Client, Error};
+use tokio::time::Instant;
+
+use super::{Client, Error, RenewingGuard};
 use crate::proto::Role;
 
 /// A lock held: the key, its fencing token, and a conservative deadline.
@@ -18,12 +20,17 @@ pub struct Grant {
 impl Grant {
     /// Builds a grant by hand, e.g. for a token that another process
     /// acquired (`ringlock acquire` printed it). `deadline` is yours to state.
-    pub fn new(key: impl AsRef<[u8]>, token: u64, lease: Duration, deadline: Instant) -> Grant {
+    pub fn new(
+        key: impl AsRef<[u8]>,
+        token: u64,
+        lease: Duration,
+        deadline: std::time::Instant,
+    ) -> Grant {
         Grant {
             key: key.as_ref().to_vec(),
             token,
             lease,
-            deadline,
+            deadline: Instant::from_std(deadline),
         }
     }
 
@@ -51,8 +58,8 @@ impl Grant {
     /// never earlier. For an acquire that waited in the queue this is
     /// pessimistic (possibly already past); a renew right after the grant
     /// gives a tight deadline again.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
+    pub fn deadline(&self) -> std::time::Instant {
+        self.deadline.into_std()
     }
 
     /// Time left before [`Grant::deadline`] (zero if it has passed).
@@ -112,8 +119,8 @@ impl LockGuard {
     }
 
     /// The conservative deadline (see [`Grant::deadline`]).
-    pub fn deadline(&self) -> Instant {
-        self.grant.deadline
+    pub fn deadline(&self) -> std::time::Instant {
+        self.grant.deadline.into_std()
     }
 
     /// The grant behind the guard.
@@ -145,6 +152,15 @@ impl LockGuard {
     pub fn into_grant(mut self) -> Grant {
         self.armed = false;
         self.grant.clone()
+    }
+
+    /// Turns the guard into one that renews the lock in the background at a
+    /// third of its lease for as long as it lives, and says when the lock
+    /// is lost (see [`RenewingGuard`]). Must be called within a tokio
+    /// runtime.
+    pub fn keep_renewed(mut self) -> RenewingGuard {
+        self.armed = false;
+        RenewingGuard::new(&self.client, self.grant.clone())
     }
 }
 

@@ -16,17 +16,24 @@
 //! ```
 //!
 //! Connection behaviour is that of every official client (PROTOCOL.md, "The
-//! official clients"):
+//! official clients"), with a deadline on everything:
 //!
 //! - One persistent connection per address of the cluster's peer list, each
 //!   run by a background task; given a single address, two connections to
-//!   it. [`Client::connect`] returns as soon as one connection is up, and
-//!   fails only if none could be made: every address refused or failed, or
-//!   nothing answered within the connect timeout (3 s by default). The others
-//!   keep being dialled in the background.
-//! - A connection that drops leaves the rotation and is redialled every 3 s
-//!   (measured from the previous dial: one that had been up for longer is
-//!   redialled at once).
+//!   it. A fresh connection enters the rotation only once its node has
+//!   answered an `S` within the probe timeout (a node that accepts
+//!   connections but is hung never gets a request). [`Client::connect`]
+//!   returns as soon as one connection is up, and fails only if none could
+//!   be made: every address refused, failed or did not answer, or nothing
+//!   answered within the connect timeout. The others keep being dialled in
+//!   the background.
+//! - Liveness: a connection with requests outstanding that has received
+//!   nothing for the probe interval (500 ms) sends `S`; if nothing arrives
+//!   within the probe timeout (500 ms) it counts as dead, like a dropped
+//!   one.
+//! - A connection that drops (or dies) leaves the rotation and is redialled
+//!   every 3 s (measured from the previous dial: one that had been up for
+//!   longer is redialled at once).
 //! - Requests go round-robin over the live connections, pipelined: many
 //!   tasks share one `Client` (it is `Clone + Send + Sync`), nothing waits for
 //!   earlier answers. Answers are matched per connection by op and key exactly
@@ -34,37 +41,53 @@
 //! - At most 4096 acquires wait on one connection; more queue inside the
 //!   client, so that the client's releases and renews never queue behind its
 //!   own waiters.
-//! - An acquire whose connection drops before its answer is sent again on the
-//!   next connection (with what is left of its wait); after as many
-//!   connections as the client has have failed it, [`Error::Connection`].
+//! - An acquire whose connection drops or dies before its answer is sent
+//!   again on the next connection (with what is left of its wait); after as
+//!   many connections as the client has have failed it,
+//!   [`Error::Connection`]. An acquire with a wait ends by its wait plus the
+//!   acquire grace (1 s) whatever happens.
 //! - An `M key addr` answer sends the request again to `addr` (dialled if it
 //!   is not one of the known addresses) and makes that node the preferred
 //!   one of the rotation. `M key -` (no active node known) is retried with a
 //!   growing delay (50 ms up to 1 s) until the no-active timeout (10 s by
 //!   default), then [`Error::NoActiveNode`].
-//! - Releases and renews whose connection fails are retried every 200 ms for
-//!   5 s, then [`Error::Connection`].
+//! - Releases and renews are retried every 200 ms for 5 s on connection
+//!   trouble, each attempt bounded by the request timeout (2 s), then
+//!   [`Error::Connection`].
+//! - [`RenewingGuard`] renews a lock at a third of its lease for as long as
+//!   it lives and says when the lock is lost.
 
 mod conn;
 mod error;
 mod grant;
+mod renew;
 #[cfg(test)]
 mod tests;
+// Tests in virtual time: they need tokio's `test-util` feature, which the
+// crate's dev-dependencies do not enable yet; see the module's head.
+#[cfg(test)]
+#[allow(unexpected_cfgs)]
+mod virtual_time {
+    #[cfg(ringlock_paused_tests)]
+    mod timer_tests;
+}
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 
 pub use crate::proto::Role;
 use crate::proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
-use conn::{Conn, Op, Reply, Request, Shared, Slot, lock};
+use conn::{Conn, Dialer, Op, Reply, Request, Shared, Slot, Timing, lock};
 pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
+pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
 
 /// The protocol's redial period for a dropped connection.
 pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);
@@ -74,14 +97,54 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(200);
 pub const RETRY_FOR: Duration = Duration::from_secs(5);
 /// The most acquires the protocol lets wait on one connection.
 pub const MAX_WAITING_ACQUIRES: usize = 4096;
+/// Default: how long one dial may take (and [`ClientBuilder::connect`] waits
+/// for a first connection).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default: silence on a connection with requests outstanding before it is
+/// probed with `S`.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Default: how long a probe (or a fresh connection's first `S`) may go
+/// unanswered before the connection counts as dead.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default: the bound on one attempt of a release, renew, status or sync.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default: how long past its wait an acquire may take before the client
+/// gives up on the node that should have answered.
+pub const DEFAULT_ACQUIRE_GRACE: Duration = Duration::from_secs(1);
+/// Default: how long requests keep retrying while no node is active.
+pub const DEFAULT_NO_ACTIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait of [`Client::try_acquire`]: the shortest the protocol allows
+/// (a wait of 0 means no limit).
+pub const TRY_WAIT: Duration = Duration::from_millis(1);
+/// The most addresses `M` answers may add to the ones given (a cluster has
+/// at most 16 nodes): a server that names ever new addresses is not
+/// followed further.
+const MAX_REDIRECT_ADDRS: usize = 16;
+/// The longest any setting may be (longer ones are cut to this).
+const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Configures and connects a [`Client`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientBuilder {
     addrs: Vec<String>,
-    connect_timeout: Duration,
-    no_active_timeout: Duration,
+    timing: Timing,
     max_waiting_acquires: usize,
+    dialer: Option<Dialer>,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("addrs", &self.addrs)
+            .field("timing", &self.timing)
+            .field("max_waiting_acquires", &self.max_waiting_acquires)
+            .finish()
+    }
+}
+
+/// A setting, kept between 1 ms and a year.
+fn setting(d: Duration) -> Duration {
+    d.clamp(Duration::from_millis(1), MAX_SETTING)
 }
 
 impl ClientBuilder {
@@ -95,9 +158,19 @@ impl ClientBuilder {
     {
         ClientBuilder {
             addrs: addrs.into_iter().map(Into::into).collect(),
-            connect_timeout: Duration::from_secs(3),
-            no_active_timeout: Duration::from_secs(10),
+            timing: Timing {
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                redial: REDIAL_INTERVAL,
+                probe_interval: DEFAULT_PROBE_INTERVAL,
+                probe_timeout: DEFAULT_PROBE_TIMEOUT,
+                request_timeout: DEFAULT_REQUEST_TIMEOUT,
+                acquire_grace: DEFAULT_ACQUIRE_GRACE,
+                retry_every: RETRY_EVERY,
+                retry_for: RETRY_FOR,
+                no_active_timeout: DEFAULT_NO_ACTIVE_TIMEOUT,
+            },
             max_waiting_acquires: MAX_WAITING_ACQUIRES,
+            dialer: None,
         }
     }
 
@@ -105,14 +178,14 @@ impl ClientBuilder {
     /// for a first connection, and how long a request waits for a live
     /// connection when none is up. Default 3 s.
     pub fn connect_timeout(mut self, timeout: Duration) -> ClientBuilder {
-        self.connect_timeout = timeout;
+        self.timing.connect_timeout = setting(timeout);
         self
     }
 
     /// How long a request keeps retrying while nodes answer `M key -` (no
     /// active node known) or keep redirecting. Default 10 s.
     pub fn no_active_timeout(mut self, timeout: Duration) -> ClientBuilder {
-        self.no_active_timeout = timeout;
+        self.timing.no_active_timeout = setting(timeout);
         self
     }
 
@@ -123,10 +196,63 @@ impl ClientBuilder {
         self
     }
 
+    /// How long a connection with requests outstanding may receive nothing
+    /// before the client probes it with `S`. Default 500 ms.
+    pub fn probe_interval(mut self, interval: Duration) -> ClientBuilder {
+        self.timing.probe_interval = setting(interval);
+        self
+    }
+
+    /// How long a probe may go unanswered (nothing at all received) before
+    /// the connection counts as dead; also how long a fresh connection's
+    /// node has to answer its first `S`. Default 500 ms.
+    pub fn probe_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.timing.probe_timeout = setting(timeout);
+        self
+    }
+
+    /// The bound on one attempt of a release or renew (retried within the
+    /// retry window), and on the answer to a status or sync. Default 2 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.timing.request_timeout = setting(timeout);
+        self
+    }
+
+    /// How long past its wait an acquire (with a wait) may take in all
+    /// before it ends with an error naming what did not answer. Default 1 s.
+    pub fn acquire_grace(mut self, grace: Duration) -> ClientBuilder {
+        self.timing.acquire_grace = grace.min(MAX_SETTING);
+        self
+    }
+
+    /// How often a release or renew is retried on connection trouble
+    /// (default 200 ms, the protocol's), and for how long in all (default
+    /// 5 s, the protocol's).
+    pub fn release_retries(mut self, every: Duration, for_: Duration) -> ClientBuilder {
+        self.timing.retry_every = setting(every);
+        self.timing.retry_for = for_.min(MAX_SETTING);
+        self
+    }
+
+    /// How often a connection that dropped is dialled again. Default 3 s,
+    /// the protocol's.
+    pub fn redial_interval(mut self, interval: Duration) -> ClientBuilder {
+        self.timing.redial = setting(interval);
+        self
+    }
+
+    /// Dials with `dialer` instead of TCP (tests: in-memory streams).
+    #[cfg(test)]
+    #[allow(dead_code)] // used by the virtual-time tests
+    pub(crate) fn dialer(mut self, dialer: Dialer) -> ClientBuilder {
+        self.dialer = Some(dialer);
+        self
+    }
+
     /// Starts the background connections and waits for the first one to be
     /// up. Fails with [`Error::Connection`] only if no connection could be
-    /// made at all: every address failed its first dial, or none connected
-    /// within the connect timeout.
+    /// made at all: every address failed its first dial (or its node did not
+    /// answer), or none connected within the connect timeout.
     pub async fn connect(self) -> Result<Client, Error> {
         let mut addrs: Vec<String> = Vec::new();
         for addr in self.addrs {
@@ -141,6 +267,7 @@ impl ClientBuilder {
         if addrs.is_empty() {
             return Err(Error::InvalidArgument("no server address given".into()));
         }
+        let given = addrs.len();
         if addrs.len() == 1 {
             // One node: two connections, so that one dropping for a moment
             // does not interrupt service.
@@ -150,24 +277,25 @@ impl ClientBuilder {
         let (changed, _) = watch::channel(0u64);
         let inner = Arc::new(Inner {
             slots: RwLock::new(Vec::new()),
+            given,
             rr: AtomicUsize::new(0),
             active: Mutex::new(None),
             shared: Arc::new(Shared {
                 changed,
                 in_flight: Arc::new(AtomicUsize::new(0)),
-                redial: REDIAL_INTERVAL,
-                connect_timeout: self.connect_timeout,
+                timing: self.timing,
                 max_waiting_acquires: self.max_waiting_acquires,
+                dialer: self.dialer.unwrap_or_else(conn::tcp_dialer),
             }),
             shutdown,
-            no_active_timeout: self.no_active_timeout,
         });
         let client = Client { inner };
         let mut changes = client.inner.shared.changed.subscribe();
         for addr in addrs {
             client.add_slot(addr);
         }
-        let until = tokio::time::Instant::now() + client.inner.shared.connect_timeout;
+        let connect_timeout = client.timing().connect_timeout;
+        let until = Instant::now() + connect_timeout;
         loop {
             changes.borrow_and_update();
             if client.connected() > 0 {
@@ -186,8 +314,7 @@ impl ClientBuilder {
                         return Ok(client);
                     }
                     return Err(Error::Connection(format!(
-                        "no connection within {:?}: {}",
-                        client.inner.shared.connect_timeout,
+                        "no connection within {connect_timeout:?}: {}",
                         client.why_no_connection()
                     )));
                 }
@@ -207,13 +334,14 @@ pub(crate) struct Inner {
     /// Every connection slot, in the order of the given addresses, then the
     /// ones `M` answers added.
     slots: RwLock<Vec<Arc<Slot>>>,
+    /// How many distinct addresses were given.
+    given: usize,
     rr: AtomicUsize,
     /// The node an `M` named: preferred by the rotation while it is up.
     active: Mutex<Option<String>>,
     shared: Arc<Shared>,
     /// Dropped with the client: tells the connection tasks to stop.
     shutdown: watch::Sender<()>,
-    no_active_timeout: Duration,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -227,6 +355,28 @@ impl fmt::Debug for Client {
             .field("connected", &self.connected())
             .finish()
     }
+}
+
+/// What an acquire was doing, for the error it ends with when its deadline
+/// (wait plus grace) passes.
+enum Doing {
+    /// Waiting for a live connection.
+    Connecting,
+    /// Waiting for room on a connection (local queueing).
+    Queueing,
+    /// Waiting for `addr` to answer.
+    Asking(String),
+    /// Following `M` answers, or waiting after `M key -`.
+    Redirected,
+}
+
+/// An acquire's progress, kept outside its future so that its deadline can
+/// say what did not answer.
+struct AcquireState {
+    doing: Doing,
+    /// The last failed attempt: what the acquire ends with if its wait runs
+    /// out before another attempt could be made.
+    failure: Option<Error>,
 }
 
 impl Client {
@@ -246,6 +396,10 @@ impl Client {
         S: Into<String>,
     {
         ClientBuilder::new(addrs)
+    }
+
+    fn timing(&self) -> &Timing {
+        &self.inner.shared.timing
     }
 
     /// The distinct addresses the client knows, given ones first, then the
@@ -275,8 +429,8 @@ impl Client {
 
     /// Requests taken by a connection's writer (being written or written)
     /// and not yet answered: a gauge for monitoring, in which waiting
-    /// acquires count. Once a request counts here, anything handed to the
-    /// same connection later is written after it.
+    /// acquires count (liveness probes do not). Once a request counts here,
+    /// anything handed to the same connection later is written after it.
     pub fn pending_requests(&self) -> usize {
         self.inner.shared.in_flight.load(Ordering::Relaxed)
     }
@@ -285,12 +439,21 @@ impl Client {
     /// no limit) in the server's FIFO queue.
     ///
     /// `Ok(Acquired::Granted(grant))`: the lock is held until released or
-    /// until the lease runs out; `Ok(Acquired::TimedOut)`: the wait ran out
-    /// and nothing is held. Errors: [`Error::InvalidArgument`] (checked
-    /// before sending: key of 1..=250 bytes in 0x21..=0x7E or >= 0x80, lease
-    /// 1 ms..=86400 s, wait <= 86400 s; millisecond resolution, the lease
-    /// rounded down and the wait up), [`Error::Connection`],
-    /// [`Error::NoActiveNode`], [`Error::Protocol`].
+    /// until the lease runs out; `Ok(Acquired::TimedOut)`: a node answered
+    /// that the wait ran out (or the request waited in the client's own
+    /// queue for all of it), and nothing is held. Errors:
+    /// [`Error::InvalidArgument`] (checked before sending: key of 1..=250
+    /// bytes in 0x21..=0x7E or >= 0x80, lease 1 ms..=86400 s, wait <= 86400
+    /// s; millisecond resolution, the lease rounded down and the wait up),
+    /// [`Error::Connection`], [`Error::NoActiveNode`], [`Error::Protocol`].
+    ///
+    /// With a wait, the call ends by the wait plus the acquire grace (1 s by
+    /// default) whatever the nodes do: if the node asked last has not
+    /// answered by then, [`Error::Connection`] names it. If the wait runs
+    /// out while the request is between attempts (its connection died, or
+    /// no node was active), the error of the last attempt is returned rather
+    /// than `TimedOut`. Without a wait, a connection that dies is still
+    /// noticed (liveness probes) and the request moves on.
     ///
     /// If the future is dropped after the request was sent, the server keeps
     /// the request queued (it belongs to the connection); should it be
@@ -306,41 +469,89 @@ impl Client {
         let lease_ms = lease_ms(lease)?;
         let wait_ms = wait_ms(wait)?;
         let started = Instant::now();
+        let mut state = AcquireState {
+            doing: Doing::Connecting,
+            failure: None,
+        };
+        if wait_ms == 0 {
+            return self
+                .acquire_loop(key, lease_ms, 0, started, &mut state)
+                .await;
+        }
+        let wait = Duration::from_millis(wait_ms);
+        let deadline = started + wait + self.timing().acquire_grace;
+        let attempt = self.acquire_loop(key, lease_ms, wait_ms, started, &mut state);
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                let within = format!(
+                    "{:?} (its wait, {wait:?}, plus {:?} of grace)",
+                    wait + self.timing().acquire_grace,
+                    self.timing().acquire_grace
+                );
+                match state.doing {
+                    Doing::Asking(addr) => Err(Error::Connection(format!(
+                        "{addr} did not answer the acquire of {} within {within}",
+                        String::from_utf8_lossy(key)
+                    ))),
+                    Doing::Connecting => Err(Error::Connection(format!(
+                        "no connection within {within}: {}",
+                        self.why_no_connection()
+                    ))),
+                    Doing::Redirected => Err(state.failure.unwrap_or(Error::NoActiveNode)),
+                    Doing::Queueing => Ok(Acquired::TimedOut),
+                }
+            }
+        }
+    }
+
+    async fn acquire_loop(
+        &self,
+        key: &[u8],
+        lease_ms: u64,
+        wait_ms: u64,
+        started: Instant,
+        state: &mut AcquireState,
+    ) -> Result<Acquired, Error> {
+        let total = Duration::from_millis(wait_ms);
+        let ran_out = |state: &mut AcquireState| match state.failure.take() {
+            Some(e) => Err(e),
+            None => Ok(Acquired::TimedOut),
+        };
         let mut failed = 0usize;
-        let mut moves = Moves::new(self.inner.no_active_timeout);
+        let mut moves = Moves::new(self.timing().no_active_timeout);
         loop {
-            let Some(conn) = self
-                .wait_live(None, self.inner.shared.connect_timeout)
-                .await
-            else {
+            state.doing = Doing::Connecting;
+            let Some(conn) = self.wait_live(None, self.timing().connect_timeout).await else {
                 return Err(Error::Connection(self.why_no_connection()));
             };
             // Local queueing: wait for room on this connection (within the
             // wait, if there is one).
+            state.doing = Doing::Queueing;
             let room = conn.acquires.clone().acquire_owned();
             let room = if wait_ms == 0 {
                 room.await
             } else {
-                let until = started + Duration::from_millis(wait_ms);
-                match tokio::time::timeout_at(until.into(), room).await {
+                match tokio::time::timeout_at(started + total, room).await {
                     Ok(room) => room,
-                    Err(_) => return Ok(Acquired::TimedOut),
+                    Err(_) => return ran_out(state),
                 }
             };
             let Ok(permit) = room else {
                 failed += 1;
+                let why = format!("{}: the connection closed", conn.addr);
                 if failed >= self.connections() {
-                    return Err(self.cut_off(failed));
+                    return Err(self.cut_off(failed, &why));
                 }
+                state.failure = Some(Error::Connection(why));
                 continue;
             };
             let wait_now = if wait_ms == 0 {
                 0
             } else {
-                let total = Duration::from_millis(wait_ms);
                 let elapsed = started.elapsed();
                 if elapsed >= total {
-                    return Ok(Acquired::TimedOut);
+                    return ran_out(state);
                 }
                 ceil_ms(total - elapsed)
             };
@@ -352,6 +563,7 @@ impl Client {
             }
             .encode(&mut line);
             let sent = Instant::now();
+            state.doing = Doing::Asking(conn.addr.clone());
             let reply = conn.call(Op::Acquire, key, line, Some(permit)).await;
             drop(conn);
             match reply {
@@ -365,12 +577,19 @@ impl Client {
                     }));
                 }
                 Reply::TimedOut => return Ok(Acquired::TimedOut),
-                Reply::Moved(to) => moves.moved(self, to).await?,
-                Reply::Lost => {
+                Reply::Moved(to) => {
+                    state.doing = Doing::Redirected;
+                    if to.is_none() {
+                        state.failure = Some(Error::NoActiveNode);
+                    }
+                    moves.moved(self, to).await?;
+                }
+                Reply::Lost(why) => {
                     failed += 1;
                     if failed >= self.connections() {
-                        return Err(self.cut_off(failed));
+                        return Err(self.cut_off(failed, &why));
                     }
+                    state.failure = Some(Error::Connection(why));
                 }
                 Reply::Protocol(why) => return Err(Error::Protocol(why)),
                 other => return Err(unexpected("A", &other)),
@@ -396,19 +615,61 @@ impl Client {
         }
     }
 
+    /// One attempt at `key`, with the shortest wait the protocol allows
+    /// ([`TRY_WAIT`], 1 ms: a wait of 0 would mean no limit), like flock's
+    /// `-n`. `Ok(Acquired::TimedOut)`: someone else holds it.
+    pub async fn try_acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+    ) -> Result<Acquired, Error> {
+        self.acquire(key, lease, Some(TRY_WAIT)).await
+    }
+
+    /// Like [`Client::try_acquire`], with a guard: `Ok(None)` if someone
+    /// else holds the lock.
+    pub async fn try_lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>, Error> {
+        match self.try_acquire(key, lease).await? {
+            Acquired::Granted(grant) => Ok(Some(LockGuard {
+                client: self.clone(),
+                grant,
+                armed: true,
+            })),
+            Acquired::TimedOut => Ok(None),
+        }
+    }
+
+    /// Like [`Client::lock`], and the lock is then renewed in the background
+    /// at a third of its lease for as long as the guard lives (see
+    /// [`RenewingGuard`]: it says when the lock is lost).
+    pub async fn lock_renewing(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<RenewingGuard, Error> {
+        Ok(self.lock(key, lease, wait).await?.keep_renewed())
+    }
+
     /// Releases the grant of `key` that carries `token`. `Ok(true)`: it was
     /// held and is released (the next waiter, if any, has it); `Ok(false)`:
     /// no grant of `key` carries `token` (released before, expired, never
     /// issued); after a connection failure and a retry, `false` can also mean
     /// the first attempt had landed. Retried every 200 ms for 5 s on
-    /// connection trouble.
+    /// connection trouble, each attempt bounded by the request timeout, then
+    /// [`Error::Connection`] (or [`Error::NoActiveNode`]).
     pub async fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, Error> {
         let key = key.as_ref();
         check_key(key)?;
         check_token(token)?;
         let mut line = Vec::with_capacity(key.len() + 24);
         Line::Release { key, token }.encode(&mut line);
-        self.retrying(Op::Release, key, line)
+        let until = Instant::now() + self.timing().retry_for;
+        self.retrying(Op::Release, key, line, until, &mut |_| {})
             .await
             .map(|(held, _)| held)
     }
@@ -428,14 +689,18 @@ impl Client {
         lease: Duration,
     ) -> Result<bool, Error> {
         let key = key.as_ref();
-        self.renew_inner(key, token, lease)
+        let until = Instant::now() + self.timing().retry_for;
+        self.renew_until(key, token, lease, until, &mut |_| {})
             .await
             .map(|(held, _)| held)
     }
 
     /// Renews `grant` for `lease` and, if it was held, moves its deadline.
     pub async fn renew_grant(&self, grant: &mut Grant, lease: Duration) -> Result<bool, Error> {
-        let (held, sent) = self.renew_inner(&grant.key, grant.token, lease).await?;
+        let until = Instant::now() + self.timing().retry_for;
+        let (held, sent) = self
+            .renew_until(&grant.key, grant.token, lease, until, &mut |_| {})
+            .await?;
         if held {
             let lease = Duration::from_millis(lease_ms(lease)?);
             grant.lease = lease;
@@ -444,11 +709,15 @@ impl Client {
         Ok(held)
     }
 
-    async fn renew_inner(
+    /// A renew retried until `until`; `trouble` hears of each failed
+    /// attempt. Gives the flag and when the attempt that got it was sent.
+    pub(crate) async fn renew_until(
         &self,
         key: &[u8],
         token: u64,
         lease: Duration,
+        until: Instant,
+        trouble: &mut (dyn FnMut(&str) + Send),
     ) -> Result<(bool, Instant), Error> {
         check_key(key)?;
         check_token(token)?;
@@ -460,12 +729,13 @@ impl Client {
             lease_ms,
         }
         .encode(&mut line);
-        self.retrying(Op::Renew, key, line).await
+        self.retrying(Op::Renew, key, line, until, trouble).await
     }
 
     /// Asks every known address for its status (`S`), on its live
     /// connection or, if it has none, on a one-off connection. Never fails
-    /// as a whole: each address has its own result.
+    /// as a whole: each address has its own result, had within the request
+    /// timeout (live connection) or the connect timeout (one-off).
     pub async fn status(&self) -> Vec<AddrStatus> {
         let mut tasks = Vec::new();
         for addr in self.addresses() {
@@ -486,32 +756,39 @@ impl Client {
 
     async fn status_of(&self, addr: &str) -> Result<NodeStatus, Error> {
         if let Some(conn) = self.pick(Some(addr)) {
-            let reply = conn.call(Op::Status, b"", b"S\n".to_vec(), None).await;
-            match reply {
-                Reply::Status {
+            let limit = self.timing().request_timeout;
+            let call = conn.call(Op::Status, b"", b"S\n".to_vec(), None);
+            match tokio::time::timeout(limit, call).await {
+                Ok(Reply::Status {
                     role,
                     active,
                     token,
-                } => {
+                }) => {
                     return Ok(NodeStatus {
                         role,
                         active,
                         token,
                     });
                 }
-                Reply::Lost => {}
-                Reply::Protocol(why) => return Err(Error::Protocol(why)),
-                other => return Err(unexpected("S", &other)),
+                Ok(Reply::Lost(_)) => {}
+                Ok(Reply::Protocol(why)) => return Err(Error::Protocol(why)),
+                Ok(other) => return Err(unexpected("S", &other)),
+                Err(_) => {
+                    return Err(Error::Connection(format!(
+                        "{addr}: no answer to S within {limit:?}"
+                    )));
+                }
             }
         }
-        node_status(addr, self.inner.shared.connect_timeout).await
+        node_status(addr, self.timing().connect_timeout).await
     }
 
     /// A barrier: sends `S` on every live connection and waits for the
     /// answers. When it returns `Ok`, every request this client had handed to
     /// a connection before the call has been read by its server (a node
     /// answers one connection's requests in order of reading). Errors if a
-    /// connection dropped meanwhile, or none is up.
+    /// connection dropped meanwhile, none is up, or an answer did not come
+    /// within the request timeout.
     pub async fn sync(&self) -> Result<(), Error> {
         let conns: Vec<Arc<Conn>> = read(&self.inner.slots)
             .iter()
@@ -530,17 +807,28 @@ impl Client {
                 reply: Some(tx),
                 permit: None,
                 in_flight: None,
+                probe: false,
             };
             if conn.submit(req).is_err() {
                 return Err(Error::Connection("a connection dropped during sync".into()));
             }
-            answers.push(rx);
+            answers.push((conn.addr.clone(), rx));
         }
-        for rx in answers {
-            match rx.await.unwrap_or(Reply::Lost) {
+        let limit = self.timing().request_timeout;
+        let until = Instant::now() + limit;
+        for (addr, rx) in answers {
+            let reply = match tokio::time::timeout_at(until, rx).await {
+                Ok(reply) => reply.unwrap_or(Reply::Lost(String::new())),
+                Err(_) => {
+                    return Err(Error::Connection(format!(
+                        "sync: {addr} did not answer S within {limit:?}"
+                    )));
+                }
+            };
+            match reply {
                 Reply::Status { .. } => {}
                 Reply::Protocol(why) => return Err(Error::Protocol(why)),
-                Reply::Lost => {
+                Reply::Lost(_) => {
                     return Err(Error::Connection("a connection dropped during sync".into()));
                 }
                 other => return Err(unexpected("S", &other)),
@@ -549,30 +837,49 @@ impl Client {
         Ok(())
     }
 
-    /// Sends a release or renew, retrying every 200 ms for 5 s when no
-    /// connection carries it, and following `M`. Returns the flag and when
-    /// the request that got it was sent.
-    async fn retrying(&self, op: Op, key: &[u8], line: Vec<u8>) -> Result<(bool, Instant), Error> {
-        let until = Instant::now() + RETRY_FOR;
+    /// Sends a release or renew, retrying every `retry_every` until `until`
+    /// when no connection carries it, and following `M`. Each attempt is
+    /// bounded by the request timeout (and by `until`). `trouble` hears of
+    /// each failed attempt. Returns the flag and when the request that got
+    /// it was sent.
+    async fn retrying(
+        &self,
+        op: Op,
+        key: &[u8],
+        line: Vec<u8>,
+        until: Instant,
+        trouble: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<(bool, Instant), Error> {
+        let timing = self.timing().clone();
         let what = if op == Op::Release {
             "release"
         } else {
             "renew"
         };
-        let mut last;
+        let mut last = String::from("no attempt could be made");
         let mut followed = false;
         let mut no_active = false;
+        let started = Instant::now();
         loop {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
             if let Some(conn) = self.pick(None) {
-                let sent = Instant::now();
-                let reply = conn.call(op, key, line.clone(), None).await;
+                let sent = now;
+                let bound = timing.request_timeout.min(until - now);
+                let call = conn.call(op, key, line.clone(), None);
+                let reply = match tokio::time::timeout(bound, call).await {
+                    Ok(reply) => reply,
+                    Err(_) => Reply::Lost(format!("{} did not answer within {bound:?}", conn.addr)),
+                };
                 drop(conn);
                 no_active = false;
                 match reply {
                     Reply::Flag(held) => return Ok((held, sent)),
                     Reply::Moved(Some(addr)) => {
                         let left = until.saturating_duration_since(Instant::now());
-                        let within = left.min(self.inner.shared.connect_timeout);
+                        let within = left.min(timing.connect_timeout);
                         last = format!("redirected to {addr}");
                         self.follow(addr, within).await;
                         if !followed {
@@ -584,7 +891,7 @@ impl Client {
                         last = "no active node".into();
                         no_active = true;
                     }
-                    Reply::Lost => last = "connection lost".into(),
+                    Reply::Lost(why) => last = why,
                     Reply::Protocol(why) => return Err(Error::Protocol(why)),
                     other => {
                         return Err(unexpected(
@@ -596,16 +903,19 @@ impl Client {
             } else {
                 last = self.why_no_connection();
             }
-            if Instant::now() + RETRY_EVERY > until {
-                if no_active {
-                    return Err(Error::NoActiveNode);
-                }
-                return Err(Error::Connection(format!(
-                    "{what} gave up after {RETRY_FOR:?}: {last}"
-                )));
+            trouble(&last);
+            if Instant::now() + timing.retry_every > until {
+                break;
             }
-            tokio::time::sleep(RETRY_EVERY).await;
+            tokio::time::sleep(timing.retry_every).await;
         }
+        if no_active {
+            return Err(Error::NoActiveNode);
+        }
+        Err(Error::Connection(format!(
+            "{what} gave up after {:?}: {last}",
+            started.elapsed()
+        )))
     }
 
     /// A live connection: round-robin over the preferred (active) node's
@@ -641,7 +951,7 @@ impl Client {
     /// Waits up to `within` for a live connection (see [`Client::pick`]).
     async fn wait_live(&self, addr: Option<&str>, within: Duration) -> Option<Arc<Conn>> {
         let mut changes = self.inner.shared.changed.subscribe();
-        let until = tokio::time::Instant::now() + within;
+        let until = Instant::now() + within;
         loop {
             changes.borrow_and_update();
             if let Some(conn) = self.pick(addr) {
@@ -658,12 +968,28 @@ impl Client {
     /// it if unknown) and waits up to `within` for it to be up. If it does
     /// not come up, the preference is dropped again.
     async fn follow(&self, addr: String, within: Duration) -> bool {
-        let (known, up) = {
+        let (known, up, added) = {
             let slots = read(&self.inner.slots);
             let mut mine = slots.iter().filter(|s| s.addr == addr).peekable();
-            (mine.peek().is_some(), mine.any(|s| s.live().is_some()))
+            let known = mine.peek().is_some();
+            let up = mine.any(|s| s.live().is_some());
+            let distinct = {
+                let mut seen: Vec<&str> = Vec::new();
+                for s in slots.iter() {
+                    if !seen.contains(&s.addr.as_str()) {
+                        seen.push(&s.addr);
+                    }
+                }
+                seen.len()
+            };
+            (known, up, distinct.saturating_sub(self.inner.given))
         };
         if !known {
+            if added >= MAX_REDIRECT_ADDRS {
+                // A cluster has at most 16 nodes: a server naming ever new
+                // addresses is not followed further.
+                return false;
+            }
             self.add_slot(addr.clone());
         } else if !up {
             // A node we know and have no connection to: most likely a stale
@@ -712,9 +1038,9 @@ impl Client {
         format!("no live connection ({})", errors.join("; "))
     }
 
-    fn cut_off(&self, failed: usize) -> Error {
+    fn cut_off(&self, failed: usize, last: &str) -> Error {
         Error::Connection(format!(
-            "the connection dropped before the answer, on {failed} connection(s) in a row"
+            "no answer on {failed} connection(s) in a row; the last: {last}"
         ))
     }
 }
@@ -754,16 +1080,28 @@ impl Moves {
         if let Some(addr) = to {
             let left = self.bound.saturating_sub(first.elapsed());
             client
-                .follow(addr, left.min(client.inner.shared.connect_timeout))
+                .follow(addr, left.min(client.timing().connect_timeout))
                 .await;
         }
         Ok(())
     }
 }
 
+/// The longest `S` answer line read on a one-off connection.
+const MAX_STATUS_LINE: usize = 4096;
+/// The longest `H` answer line read: problems quote peer addresses and whole
+/// `--peers` lists, a few KiB with 16 long addresses.
+const MAX_HEALTH_LINE: usize = 64 * 1024;
+
 /// Sends one request line to `addr` on a one-off connection and reads one
-/// answer line (without its `\n`), with `timeout` for the whole exchange.
-async fn one_off(addr: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8>, Error> {
+/// answer line (without its `\n`, at most `max` bytes), with `timeout` for
+/// the whole exchange.
+async fn one_off(
+    addr: &str,
+    request: &[u8],
+    max: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, Error> {
     let exchange = async {
         let stream = TcpStream::connect(addr)
             .await
@@ -774,15 +1112,21 @@ async fn one_off(addr: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8
             .await
             .map_err(|e| Error::Connection(format!("write to {addr}: {e}")))?;
         let mut line = Vec::new();
-        let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, 4096));
+        let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, max as u64));
         rd.read_until(b'\n', &mut line)
             .await
             .map_err(|e| Error::Connection(format!("read from {addr}: {e}")))?;
         if line.pop() != Some(b'\n') {
+            if line.len() >= max {
+                return Err(Error::Protocol(format!(
+                    "answer line from {addr} longer than {max} bytes"
+                )));
+            }
             return Err(Error::Connection(format!("{addr} closed the connection")));
         }
         Ok(line)
     };
+    let timeout = setting(timeout);
     match tokio::time::timeout(timeout, exchange).await {
         Ok(result) => result,
         Err(_) => Err(Error::Connection(format!(
@@ -795,7 +1139,7 @@ async fn one_off(addr: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8
 /// one-off connection with `timeout` for the whole exchange: `None` when it
 /// knows of none. A server that does not know `H` counts as knowing none.
 pub async fn node_problem(addr: &str, timeout: Duration) -> Result<Option<String>, Error> {
-    let line = one_off(addr, b"H\n", timeout).await?;
+    let line = one_off(addr, b"H\n", MAX_HEALTH_LINE, timeout).await?;
     match parse_answer(&line) {
         Ok(Answer::Health { problem }) => {
             Ok(problem.map(|p| String::from_utf8_lossy(p).into_owned()))
@@ -811,7 +1155,7 @@ pub async fn node_problem(addr: &str, timeout: Duration) -> Result<Option<String
 /// Asks one node for its status on a one-off connection, with `timeout` for
 /// the whole exchange.
 pub async fn node_status(addr: &str, timeout: Duration) -> Result<NodeStatus, Error> {
-    let line = one_off(addr, b"S\n", timeout).await?;
+    let line = one_off(addr, b"S\n", MAX_STATUS_LINE, timeout).await?;
     match parse_answer(&line) {
         Ok(Answer::Status { role, addr, token }) => Ok(NodeStatus {
             role,

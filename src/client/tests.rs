@@ -58,19 +58,33 @@ impl FakeConn {
     }
 }
 
-/// A listener whose connections the test drives by hand.
+/// A listener whose connections the test drives by hand, once each has
+/// answered the client's hello (`S`, which every new connection sends
+/// before it serves).
 async fn fake() -> (String, mpsc::UnboundedReceiver<FakeConn>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            if tx.send(FakeConn::new(stream)).is_err() {
+            let mut conn = FakeConn::new(stream);
+            match timeout(LONG, conn.lines.next_line()).await {
+                Ok(Ok(Some(hello))) if hello == "S" => conn.send("S active - 0").await,
+                _ => continue,
+            }
+            if tx.send(conn).is_err() {
                 return;
             }
         }
     });
     (addr, rx)
+}
+
+/// A builder for `addr` whose liveness probes never come in these tests
+/// (the fakes answer only what the test tells them to; probes are tested
+/// in virtual time, in timer_tests.rs).
+fn quiet_builder(addr: &str) -> ClientBuilder {
+    Client::builder([addr]).probe_interval(Duration::from_secs(3600))
 }
 
 async fn accept(conns: &mut mpsc::UnboundedReceiver<FakeConn>) -> FakeConn {
@@ -92,7 +106,7 @@ async fn two_conns(
     mpsc::UnboundedReceiver<FakeConn>,
 ) {
     let (addr, mut conns) = fake().await;
-    let client = setup(Client::builder([addr])).connect().await.unwrap();
+    let client = setup(quiet_builder(&addr)).connect().await.unwrap();
     let a = accept(&mut conns).await;
     let b = accept(&mut conns).await;
     (client, a, b, conns)
@@ -219,7 +233,7 @@ async fn m_answers_the_oldest_request_of_its_key_and_is_followed() {
     bounded(async move {
         let (addr1, mut conns1) = fake().await;
         let (addr2, mut conns2) = fake().await;
-        let client = Client::connect([addr1.clone()]).await.unwrap();
+        let client = quiet_builder(&addr1).connect().await.unwrap();
         let mut a = accept(&mut conns1).await;
         let b = accept(&mut conns1).await;
         // Keep only one connection to node 1, so that both requests share it.
@@ -421,7 +435,11 @@ async fn connect_fails_fast_when_nothing_listens_and_not_when_one_node_is_down()
         ));
 
         let (addr, mut conns) = fake().await;
-        let client = Client::connect([dead, addr]).await.unwrap();
+        let client = Client::builder([dead, addr])
+            .probe_interval(Duration::from_secs(3600))
+            .connect()
+            .await
+            .unwrap();
         assert_eq!(client.connections(), 2);
         let mut a = accept(&mut conns).await;
         // Every request goes to the live node.
@@ -533,7 +551,7 @@ async fn a_grant_for_a_dropped_acquire_is_released() {
 async fn an_acquire_cut_off_is_sent_again_on_the_other_connection() {
     bounded(async move {
         let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr]).await.unwrap();
+        let client = quiet_builder(&addr).connect().await.unwrap();
         let mut fakes = vec![accept(&mut conns).await, accept(&mut conns).await];
         let c = client.clone();
         let acquire = tokio::spawn(async move {
@@ -576,7 +594,7 @@ async fn an_acquire_cut_off_is_sent_again_on_the_other_connection() {
 async fn status_and_sync() {
     bounded(async move {
         let (addr, mut conns) = fake().await;
-        let client = Client::connect([addr.clone()]).await.unwrap();
+        let client = quiet_builder(&addr).connect().await.unwrap();
         let mut a = accept(&mut conns).await;
         let mut b = accept(&mut conns).await;
         let c = client.clone();
