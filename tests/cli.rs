@@ -292,10 +292,17 @@ fn status_shows_each_node_and_unreachable_ones() {
     let addr = server.addr.to_string();
     let list = format!("{addr},{dead}");
     let out = output(ringlock(&server).args(["status", "--server", &list]));
+    // One node active, every node that answered names it: healthy, with
+    // the unreachable one named.
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(
+        lines[3],
+        format!("healthy: {addr} is active; the one node that answered; unreachable: {dead}"),
+        "{text}"
+    );
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(header, ["ADDRESS", "ROLE", "ACTIVE", "TOKEN"]);
     let live: Vec<&str> = lines[1].split_whitespace().collect();
@@ -310,6 +317,11 @@ fn status_shows_each_node_and_unreachable_ones() {
 
     let out = output(ringlock(&server).args(["status", "--server", &dead]));
     assert_eq!(out.status.code(), Some(69));
+    assert!(
+        stdout(&out).ends_with(&format!("unhealthy: no node answered; unreachable: {dead}\n")),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
@@ -337,17 +349,19 @@ fn status_shows_a_node_whose_peer_list_differs() {
     let node_a = start(&a, &ab);
     let _node_b = start(&b, &ba);
     let both = format!("{a},{b}");
-    let (_, text) = common::poll_until(
-        "a problem line for each node",
+    let (_, (code, text)) = common::poll_until(
+        "a problem line for each node, and an unhealthy verdict",
         Duration::from_secs(10),
         || {
             let out = output(ringlock(&node_a).args(["status", "--server", &both]));
-            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-            stdout(&out)
+            (out.status.code(), stdout(&out))
         },
-        |text| text.matches("problem: ").count() == 2,
+        |(code, text)| text.matches("problem: ").count() == 2 && *code == Some(1),
     );
+    assert_eq!(code, Some(1));
     assert!(text.contains("same order"), "{text}");
+    let verdict = text.lines().last().unwrap();
+    assert!(verdict.starts_with("unhealthy: "), "{text}");
     // And at most one of them serves.
     let actives = text.lines().filter(|l| l.contains(" active ")).count();
     assert!(actives <= 1, "{text}");

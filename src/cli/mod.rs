@@ -6,35 +6,43 @@
 //! Durations are in the protocol's seconds form: `30`, `1.5`, `0.25` (at
 //! most three decimals).
 //!
+//! Every command ends in bounded time: the client's deadlines (see
+//! docs/client.md, "Timeouts") apply, so a node that is hung but still
+//! accepts connections costs a bounded wait, never a hang.
+//!
 //! Exit status:
 //!
 //! | code | meaning |
 //! |------|---------|
-//! | 0    | done (acquired, released, renewed, status shown) |
-//! | 1    | `release`/`renew`: no grant of KEY carries TOKEN (not held) |
+//! | 0    | done (acquired, released, renewed; `status`: the cluster is healthy) |
+//! | 1    | `release`/`renew`: no grant of KEY carries TOKEN (not held); `status`: the cluster is unhealthy (no active node, several, or nodes disagreeing on which) |
 //! | 2    | bad command line or argument (bad key, lease out of range, ...) |
-//! | 69   | no server could be reached, or no active node |
+//! | 69   | no server could be reached or answered, or no active node |
 //! | 70   | protocol error (the server sent `E` or a malformed line) |
-//! | 75   | `acquire`/`run`: the wait ran out, nothing held (CMD not run) |
+//! | 75   | `acquire`/`run`: the wait ran out (or `--no-wait` and the lock is held), nothing held (CMD not run) |
 //! | 76   | `run`: the lock was lost while CMD ran; CMD was sent SIGTERM |
 //! | 126, 127 | `run`: CMD could not be started (127: not found) |
 //! | other | `run`: CMD's own status, 128+N if it was killed by signal N |
 
 use std::ffi::{OsStr, OsString};
-use std::future::Future;
+use std::io::IsTerminal;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
-use std::pin::Pin;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{Acquired, Client, Error, check_key, node_problem, node_status};
+use crate::client::{
+    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, check_key,
+    node_problem, node_status,
+};
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 
 /// Exit status: `release`/`renew` found no grant with that token.
 pub const EXIT_NOT_HELD: u8 = 1;
+/// Exit status: `status` found the cluster unhealthy.
+pub const EXIT_UNHEALTHY: u8 = 1;
 /// Exit status: bad argument.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: no server reachable / no active node.
@@ -48,6 +56,9 @@ pub const EXIT_LOST: u8 = 76;
 
 const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 const SERVERS_ENV: &str = "RINGLOCK_SERVERS";
+/// How long a waiting `acquire`/`run` stays silent before saying, on a
+/// terminal, what it waits for.
+const WAITING_NOTICE_AFTER: Duration = Duration::from_secs(1);
 
 /// The client subcommands (`ringlock serve` is the server's).
 #[derive(clap::Subcommand)]
@@ -55,33 +66,40 @@ pub enum ClientCommand {
     /// Acquire KEY and print its fencing token.
     ///
     /// The lock stays held after this exits, until `ringlock release KEY
-    /// TOKEN` or the lease runs out. Exits 75 if the wait runs out.
+    /// TOKEN` or the lease runs out. Exits 75 if the wait runs out (at once
+    /// with --no-wait if the lock is held). Ends by the wait plus 1 s even
+    /// if a node hangs (then exits 69, naming it).
     Acquire(AcquireArgs),
     /// Release KEY's grant that carries TOKEN.
     ///
     /// Exits 1 if no grant of KEY carries TOKEN (released before, expired,
-    /// never issued).
+    /// never issued). Retries for 5 s on connection trouble, then exits 69.
     Release(ReleaseArgs),
     /// Renew KEY's grant that carries TOKEN for LEASE from now.
     ///
     /// Exits 1 if no grant of KEY carries TOKEN (released, or its lease ran
-    /// out).
+    /// out). Retries for 5 s on connection trouble, then exits 69.
     Renew(RenewArgs),
     /// Run CMD while holding KEY, like flock(1) for a whole fleet.
     ///
-    /// Acquires KEY (exits 75 without running CMD if the wait runs out), runs
-    /// CMD with RINGLOCK_TOKEN (the fencing token) and RINGLOCK_KEY in its
+    /// Acquires KEY (exits 75 without running CMD if the wait runs out, or
+    /// at once with --no-wait if the lock is held), runs CMD with
+    /// RINGLOCK_TOKEN (the fencing token) and RINGLOCK_KEY in its
     /// environment, renews the lease every third of it while CMD runs,
     /// releases when CMD ends, and exits with CMD's status (128+N if killed
-    /// by signal N). If a renewal finds the lock lost (or none succeeds
-    /// before the lease runs out), it says so on stderr, sends SIGTERM to CMD
-    /// (SIGKILL 10 s later), and exits 76. SIGTERM and SIGHUP sent to
-    /// ringlock are passed on to CMD; SIGINT is not (from a terminal, CMD gets
-    /// it directly); either way ringlock waits for CMD and then releases.
+    /// by signal N). If a renewal finds the lock lost (or none is confirmed
+    /// before the lease runs out), it says so on stderr, sends SIGTERM to
+    /// CMD (SIGKILL 10 s later), and exits 76. SIGTERM and SIGHUP sent to
+    /// ringlock are passed on to CMD; SIGINT is not (from a terminal, CMD
+    /// gets it directly); either way ringlock waits for CMD and then
+    /// releases (warning if that cannot be done within 5 s).
     Run(RunArgs),
-    /// Show each node's role, the active node it names, its highest token.
+    /// Show each node's role, the active node it names, its highest token,
+    /// and whether the cluster is healthy.
     ///
-    /// Unreachable nodes are shown as such. Exits 69 if no node answers.
+    /// Exits 0 only when exactly one node is active and every node that
+    /// answered names it; 1 when not (no active node, several, or nodes
+    /// disagreeing), 69 if no node answers. The last line says which.
     Status(StatusArgs),
 }
 
@@ -105,6 +123,10 @@ pub struct AcquireArgs {
     /// How long to wait in the queue, in seconds; 0 means no limit.
     #[arg(long, default_value = "0", value_parser = parse_wait, value_name = "SECONDS")]
     pub wait: u64,
+    /// Do not wait: one attempt, exit 75 at once if the lock is held (like
+    /// flock -n).
+    #[arg(long, short = 'n', conflicts_with = "wait")]
+    pub no_wait: bool,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -145,6 +167,10 @@ pub struct RunArgs {
     /// How long to wait for the lock, in seconds; 0 means no limit.
     #[arg(long, default_value = "0", value_parser = parse_wait, value_name = "SECONDS")]
     pub wait: u64,
+    /// Do not wait: one attempt, exit 75 at once without running CMD if the
+    /// lock is held (like flock -n).
+    #[arg(long, short = 'n', conflicts_with = "wait")]
+    pub no_wait: bool,
     #[command(flatten)]
     pub server: ServerArg,
     /// The command and its arguments, after `--`.
@@ -157,6 +183,9 @@ pub struct RunArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub server: ServerArg,
+    /// How long each node has to answer, in seconds.
+    #[arg(long, default_value = "3", value_parser = parse_lease, value_name = "SECONDS")]
+    pub timeout: u64,
 }
 
 /// Runs a client subcommand and returns the process's exit status.
@@ -194,7 +223,7 @@ fn parse_ms(s: &str) -> Result<u64, String> {
 fn parse_lease(s: &str) -> Result<u64, String> {
     let ms = parse_ms(s)?;
     if ms == 0 || ms > MAX_DURATION_MS {
-        return Err(format!("lease {s} is out of range (0.001 to 86400)"));
+        return Err(format!("{s} is out of range (0.001 to 86400)"));
     }
     Ok(ms)
 }
@@ -259,26 +288,67 @@ async fn key_and_client(key: OsString, server: &ServerArg) -> Result<(Vec<u8>, C
     Ok((key, client))
 }
 
+/// The wait to ask for: `--no-wait` is the shortest the protocol allows,
+/// `--wait 0` no limit.
+fn wait_of(wait_ms: u64, no_wait: bool) -> Option<Duration> {
+    if no_wait {
+        Some(TRY_WAIT)
+    } else {
+        (wait_ms > 0).then(|| Duration::from_millis(wait_ms))
+    }
+}
+
+/// After a second of waiting, on a terminal, says what the command waits
+/// for; never resolves.
+async fn waiting_notice(key: &[u8], wait_ms: u64, no_wait: bool) {
+    if !no_wait && std::io::stderr().is_terminal() {
+        tokio::time::sleep(WAITING_NOTICE_AFTER).await;
+        let limit = if wait_ms == 0 {
+            "no time limit; Ctrl-C to give up".to_string()
+        } else {
+            format!("for up to {} s in all", seconds(wait_ms))
+        };
+        eprintln!(
+            "ringlock: waiting for the lock on {}, held by someone else ({limit})...",
+            show_key(key)
+        );
+    }
+    std::future::pending::<()>().await
+}
+
+/// The message for an acquire whose wait ran out.
+fn timed_out(key: &[u8], wait_ms: u64, no_wait: bool) -> String {
+    if no_wait {
+        format!(
+            "ringlock: {} is held by someone else (--no-wait)",
+            show_key(key)
+        )
+    } else {
+        format!(
+            "ringlock: timed out after {} s waiting for {}",
+            seconds(wait_ms),
+            show_key(key)
+        )
+    }
+}
+
 async fn acquire(args: AcquireArgs) -> u8 {
     let (key, client) = match key_and_client(args.key, &args.server).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
-    let wait = (args.wait > 0).then(|| Duration::from_millis(args.wait));
-    match client
-        .acquire(&key, Duration::from_millis(args.lease), wait)
-        .await
-    {
+    let wait = wait_of(args.wait, args.no_wait);
+    let acquired = tokio::select! {
+        acquired = client.acquire(&key, Duration::from_millis(args.lease), wait) => acquired,
+        () = waiting_notice(&key, args.wait, args.no_wait) => unreachable!("never resolves"),
+    };
+    match acquired {
         Ok(Acquired::Granted(grant)) => {
             println!("{}", grant.token());
             0
         }
         Ok(Acquired::TimedOut) => {
-            eprintln!(
-                "ringlock: timed out after {} s waiting for {}",
-                seconds(args.wait),
-                show_key(&key)
-            );
+            eprintln!("{}", timed_out(&key, args.wait, args.no_wait));
             EXIT_TIMEOUT
         }
         Err(e) => fail(&e),
@@ -333,15 +403,13 @@ fn seconds(ms: u64) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-type Renewal<'a> = Pin<Box<dyn Future<Output = Result<bool, Error>> + 'a>>;
-
 async fn run_command(args: RunArgs) -> u8 {
     let (key, client) = match key_and_client(args.key, &args.server).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
     let lease = Duration::from_millis(args.lease);
-    let wait = (args.wait > 0).then(|| Duration::from_millis(args.wait));
+    let wait = wait_of(args.wait, args.no_wait);
     // Signals are caught from here on, so that none can end ringlock
     // between the grant and the command's start; while waiting for the lock
     // they end the wait (closing the connection withdraws the request).
@@ -350,17 +418,17 @@ async fn run_command(args: RunArgs) -> u8 {
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let acquired = tokio::select! {
         acquired = client.acquire(&key, lease, wait) => acquired,
+        () = waiting_notice(&key, args.wait, args.no_wait) => unreachable!("never resolves"),
         Some(_) = recv(&mut sigterm) => return 128 + libc::SIGTERM as u8,
         Some(_) = recv(&mut sighup) => return 128 + libc::SIGHUP as u8,
         Some(_) = recv(&mut sigint) => return 128 + libc::SIGINT as u8,
     };
-    let grant = match acquired {
+    let mut grant = match acquired {
         Ok(Acquired::Granted(grant)) => grant,
         Ok(Acquired::TimedOut) => {
             eprintln!(
-                "ringlock: timed out after {} s waiting for {}; not running the command",
-                seconds(args.wait),
-                show_key(&key)
+                "{}; not running the command",
+                timed_out(&key, args.wait, args.no_wait)
             );
             return EXIT_TIMEOUT;
         }
@@ -371,7 +439,6 @@ async fn run_command(args: RunArgs) -> u8 {
     // (the server starts it later, at the grant). If the acquire waited in
     // the queue, that leaves too little to go on: renew once before starting
     // the command, which gives a deadline measured from the renew.
-    let mut grant = grant;
     if grant.remaining() < lease * 2 / 3 {
         match client.renew_grant(&mut grant, lease).await {
             Ok(true) => {}
@@ -388,7 +455,9 @@ async fn run_command(args: RunArgs) -> u8 {
             }
         }
     }
-    let mut deadline = grant.deadline();
+    // From here on the lock renews itself every third of the lease and says
+    // when it is lost.
+    let guard = RenewingGuard::new(&client, grant);
 
     let program = &args.cmd[0];
     let mut command = tokio::process::Command::new(program);
@@ -400,7 +469,7 @@ async fn run_command(args: RunArgs) -> u8 {
         Ok(child) => child,
         Err(e) => {
             eprintln!("ringlock: cannot run {}: {e}", program.to_string_lossy());
-            let _ = client.release(&key, token).await;
+            let _ = guard.release().await;
             return if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -422,11 +491,13 @@ async fn run_command(args: RunArgs) -> u8 {
         }
     };
 
-    let every = (lease / 3).max(Duration::from_millis(1));
-    let mut next_renew = tokio::time::Instant::now() + every;
-    let mut renewal: Option<(Instant, Renewal<'_>)> = None;
-    let lost: String = loop {
+    let lost_signal = guard.watch();
+    let mut updates = guard.watch();
+    let mut updating = true;
+    let mut failing = false;
+    let lost: LockLost = loop {
         tokio::select! {
+            biased;
             status = child.wait() => {
                 let code = match status {
                     Ok(status) => match (status.code(), status.signal()) {
@@ -439,8 +510,7 @@ async fn run_command(args: RunArgs) -> u8 {
                         1
                     }
                 };
-                drop(renewal.take());
-                match client.release(&key, token).await {
+                match guard.release().await {
                     Ok(true) => {}
                     Ok(false) => eprintln!(
                         "ringlock: warning: the lock on {} (token {token}) had already ended when the command finished",
@@ -453,33 +523,35 @@ async fn run_command(args: RunArgs) -> u8 {
                 }
                 return code;
             }
-            _ = tokio::time::sleep_until(next_renew), if renewal.is_none() => {
-                let sent = Instant::now();
-                renewal = Some((sent, Box::pin(client.renew(&key, token, lease))));
+            lost = lost_signal.lost() => {
+                break lost.unwrap_or(LockLost::Expired { last_error: None });
             }
-            result = async { (&mut renewal.as_mut().unwrap().1).await }, if renewal.is_some() => {
-                let (sent, _) = renewal.take().unwrap();
-                match result {
-                    Ok(true) => {
-                        deadline = deadline.max(sent + lease);
-                        next_renew = tokio::time::Instant::now() + every;
-                    }
-                    Ok(false) => break "the server no longer has the grant (its lease ran out, or it was released with the token)".to_string(),
-                    Err(e) => {
-                        eprintln!("ringlock: warning: renewing {} failed, retrying: {e}", show_key(&key));
-                        next_renew = tokio::time::Instant::now() + (every / 4).max(Duration::from_millis(100));
-                    }
+            alive = updates.changed(), if updating => {
+                updating = alive;
+                let st = updates.status();
+                if st.lost.is_some() {
+                    continue;
                 }
-            }
-            _ = tokio::time::sleep_until(deadline.into()) => {
-                break "no renewal succeeded before the lease ran out".to_string();
+                match st.last_error {
+                    Some(e) if !failing => {
+                        failing = true;
+                        eprintln!(
+                            "ringlock: warning: renewing {} failed, retrying until the lease runs out: {e}",
+                            show_key(&key)
+                        );
+                    }
+                    None if failing => {
+                        failing = false;
+                        eprintln!("ringlock: renewed {} again", show_key(&key));
+                    }
+                    _ => {}
+                }
             }
             Some(_) = recv(&mut sigterm) => forward(libc::SIGTERM),
             Some(_) = recv(&mut sighup) => forward(libc::SIGHUP),
             Some(_) = recv(&mut sigint) => {}
         }
     };
-    drop(renewal);
     eprintln!(
         "ringlock: LOCK LOST: {} (token {token}): {lost}. Stopping the command with SIGTERM.",
         show_key(&key)
@@ -493,6 +565,11 @@ async fn run_command(args: RunArgs) -> u8 {
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
+    if matches!(lost, LockLost::Expired { .. }) {
+        // The lock may still be held on a node that could not be reached:
+        // one short try to free it for the next holder.
+        let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
+    }
     EXIT_LOST
 }
 
@@ -504,13 +581,93 @@ async fn recv(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     }
 }
 
+/// What `status` concludes from the nodes' answers: the exit status and the
+/// line that says why.
+fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
+    let reachable: Vec<(&str, &NodeStatus)> = nodes
+        .iter()
+        .filter_map(|(addr, st)| st.as_ref().map(|st| (addr.as_str(), st)))
+        .collect();
+    let unreachable: Vec<&str> = nodes
+        .iter()
+        .filter(|(_, st)| st.is_none())
+        .map(|(addr, _)| addr.as_str())
+        .collect();
+    let unreachable_note = if unreachable.is_empty() {
+        String::new()
+    } else {
+        format!("; unreachable: {}", unreachable.join(", "))
+    };
+    if reachable.is_empty() {
+        return (
+            EXIT_UNAVAILABLE,
+            format!("unhealthy: no node answered{unreachable_note}"),
+        );
+    }
+    let actives: Vec<&str> = reachable
+        .iter()
+        .filter(|(_, st)| st.role == Role::Active)
+        .map(|(addr, _)| *addr)
+        .collect();
+    let named = |st: &NodeStatus| st.active.clone().unwrap_or_else(|| "-".into());
+    let names: Vec<String> = reachable
+        .iter()
+        .map(|(addr, st)| format!("{addr} names {}", named(st)))
+        .collect();
+    if actives.is_empty() {
+        return (
+            EXIT_UNHEALTHY,
+            format!(
+                "unhealthy: no active node ({}){unreachable_note}",
+                names.join(", ")
+            ),
+        );
+    }
+    if actives.len() > 1 {
+        return (
+            EXIT_UNHEALTHY,
+            format!(
+                "unhealthy: {} active nodes: {}{unreachable_note}",
+                actives.len(),
+                actives.join(", ")
+            ),
+        );
+    }
+    let first = named(reachable[0].1);
+    if reachable.iter().any(|(_, st)| named(st) != first) {
+        return (
+            EXIT_UNHEALTHY,
+            format!(
+                "unhealthy: the nodes disagree on the active node ({}){unreachable_note}",
+                names.join(", ")
+            ),
+        );
+    }
+    let agree = if reachable.len() == 1 {
+        "the one node that answered".to_string()
+    } else {
+        format!("all {} nodes that answered agree", reachable.len())
+    };
+    if unreachable.is_empty() {
+        (0, format!("healthy: {first} is active; {agree}"))
+    } else {
+        (
+            0,
+            format!(
+                "healthy: {first} is active; {agree}; unreachable: {}",
+                unreachable.join(", ")
+            ),
+        )
+    }
+}
+
 async fn status(args: StatusArgs) -> u8 {
     let addrs = servers(&args.server);
+    let limit = Duration::from_millis(args.timeout);
     let mut tasks = Vec::new();
     for addr in &addrs {
         let addr = addr.clone();
         tasks.push(tokio::spawn(async move {
-            let limit = Duration::from_secs(3);
             let (status, problem) =
                 tokio::join!(node_status(&addr, limit), node_problem(&addr, limit));
             status.map(|st| (st, problem.ok().flatten()))
@@ -522,7 +679,7 @@ async fn status(args: StatusArgs) -> u8 {
         "ACTIVE".to_string(),
         "TOKEN".to_string(),
     ]];
-    let mut reachable = 0;
+    let mut seen = Vec::new();
     let mut problems = Vec::new();
     for (addr, task) in addrs.iter().zip(tasks) {
         let result = task
@@ -530,23 +687,27 @@ async fn status(args: StatusArgs) -> u8 {
             .unwrap_or_else(|e| Err(Error::Connection(e.to_string())));
         rows.push(match result {
             Ok((st, problem)) => {
-                reachable += 1;
                 if let Some(problem) = problem {
                     problems.push(format!("{addr}: {problem}"));
                 }
-                [
+                let row = [
                     addr.clone(),
                     st.role.to_string(),
-                    st.active.unwrap_or_else(|| "-".into()),
+                    st.active.clone().unwrap_or_else(|| "-".into()),
                     st.token.to_string(),
+                ];
+                seen.push((addr.clone(), Some(st)));
+                row
+            }
+            Err(e) => {
+                seen.push((addr.clone(), None));
+                [
+                    addr.clone(),
+                    "unreachable".into(),
+                    "-".into(),
+                    format!("- ({e})"),
                 ]
             }
-            Err(e) => [
-                addr.clone(),
-                "unreachable".into(),
-                "-".into(),
-                format!("- ({e})"),
-            ],
         });
     }
     let widths: Vec<usize> = (0..4)
@@ -567,5 +728,84 @@ async fn status(args: StatusArgs) -> u8 {
     for problem in &problems {
         println!("problem: {problem}");
     }
-    if reachable == 0 { EXIT_UNAVAILABLE } else { 0 }
+    let (code, line) = verdict(&seen);
+    println!("{line}");
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(role: Role, active: Option<&str>) -> Option<NodeStatus> {
+        Some(NodeStatus {
+            role,
+            active: active.map(str::to_string),
+            token: 1,
+        })
+    }
+
+    type Seen = Vec<(String, Option<NodeStatus>)>;
+
+    fn nodes(list: &[(&str, Option<NodeStatus>)]) -> Seen {
+        list.iter()
+            .map(|(a, s)| (a.to_string(), s.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn status_verdicts() {
+        use Role::{Active, Standby};
+        let cases: Vec<(Seen, u8, &str)> = vec![
+            (
+                nodes(&[
+                    ("a", node(Active, Some("a"))),
+                    ("b", node(Standby, Some("a"))),
+                    ("c", node(Standby, Some("a"))),
+                ]),
+                0,
+                "healthy: a is active; all 3 nodes that answered agree",
+            ),
+            (
+                nodes(&[
+                    ("a", None),
+                    ("b", node(Active, Some("b"))),
+                    ("c", node(Standby, Some("b"))),
+                ]),
+                0,
+                "healthy: b is active; all 2 nodes that answered agree; unreachable: a",
+            ),
+            (
+                nodes(&[("a", None), ("b", None)]),
+                69,
+                "unhealthy: no node answered; unreachable: a, b",
+            ),
+            (
+                nodes(&[("a", node(Standby, None)), ("b", node(Standby, None))]),
+                1,
+                "unhealthy: no active node (a names -, b names -)",
+            ),
+            (
+                nodes(&[
+                    ("a", node(Active, Some("a"))),
+                    ("b", node(Active, Some("b"))),
+                ]),
+                1,
+                "unhealthy: 2 active nodes: a, b",
+            ),
+            (
+                nodes(&[
+                    ("a", node(Active, Some("a"))),
+                    ("b", node(Standby, Some("a"))),
+                    ("c", node(Standby, None)),
+                    ("d", None),
+                ]),
+                1,
+                "unhealthy: the nodes disagree on the active node (a names a, b names a, c names -); unreachable: d",
+            ),
+        ];
+        for (seen, code, line) in cases {
+            assert_eq!(verdict(&seen), (code, line.to_string()), "{seen:?}");
+        }
+    }
 }
