@@ -48,9 +48,10 @@
 //!   acquire grace (1 s) whatever happens.
 //! - An `M key addr` answer sends the request again to `addr` (dialled if it
 //!   is not one of the known addresses) and makes that node the preferred
-//!   one of the rotation. `M key -` (no active node known) is retried with a
-//!   growing delay (50 ms up to 1 s) until the no-active timeout (10 s by
-//!   default), then [`Error::NoActiveNode`].
+//!   one of the rotation, at once if no earlier `M` for that request named
+//!   it. `M key -` (no active node known), and an `M` naming a node named
+//!   before, are retried with a growing delay (50 ms up to 1 s) until the
+//!   no-active timeout (10 s by default), then [`Error::NoActiveNode`].
 //! - Releases and renews are retried every 200 ms for 5 s on connection
 //!   trouble, each attempt bounded by the request timeout (2 s), then
 //!   [`Error::Connection`].
@@ -1048,7 +1049,8 @@ impl Client {
 /// Bounds the time spent following `M` answers.
 struct Moves {
     first: Option<Instant>,
-    count: u32,
+    /// The nodes `M` answers named so far for this request.
+    named: Vec<String>,
     bound: Duration,
     backoff: Duration,
 }
@@ -1057,22 +1059,32 @@ impl Moves {
     fn new(bound: Duration) -> Moves {
         Moves {
             first: None,
-            count: 0,
+            named: Vec::new(),
             bound,
             backoff: Duration::from_millis(50),
         }
     }
 
-    /// Handles one `M`: the first one to a named node is followed at once;
-    /// later ones (and every `M key -`) wait a growing delay first. Gives up
-    /// with [`Error::NoActiveNode`] once the bound has passed.
+    /// Handles one `M`: one that names a node no earlier `M` for this
+    /// request named is followed at once (news: a failover happened);
+    /// every `M key -`, and an `M` naming a node named before (a stale
+    /// answer, or nodes sending the request around), waits a growing delay
+    /// first. Gives up with [`Error::NoActiveNode`] once the bound has
+    /// passed.
     async fn moved(&mut self, client: &Client, to: Option<String>) -> Result<(), Error> {
         let first = *self.first.get_or_insert_with(Instant::now);
-        self.count += 1;
         if first.elapsed() >= self.bound {
             return Err(Error::NoActiveNode);
         }
-        if to.is_none() || self.count > 1 {
+        // (A server naming ever new nodes is news only so many times.)
+        let news = match &to {
+            Some(addr) if !self.named.contains(addr) && self.named.len() <= MAX_REDIRECT_ADDRS => {
+                self.named.push(addr.clone());
+                true
+            }
+            _ => false,
+        };
+        if !news {
             let left = self.bound.saturating_sub(first.elapsed());
             tokio::time::sleep(self.backoff.min(left)).await;
             self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
