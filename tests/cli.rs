@@ -318,7 +318,9 @@ fn status_shows_each_node_and_unreachable_ones() {
     let out = output(ringlock(&server).args(["status", "--server", &dead]));
     assert_eq!(out.status.code(), Some(69));
     assert!(
-        stdout(&out).ends_with(&format!("unhealthy: no node answered; unreachable: {dead}\n")),
+        stdout(&out).ends_with(&format!(
+            "unhealthy: no node answered; unreachable: {dead}\n"
+        )),
         "{}",
         stdout(&out)
     );
@@ -365,4 +367,280 @@ fn status_shows_a_node_whose_peer_list_differs() {
     // And at most one of them serves.
     let actives = text.lines().filter(|l| l.contains(" active ")).count();
     assert!(actives <= 1, "{text}");
+}
+
+// ---------------------------------------------------------------- hung nodes
+
+/// Runs `args` against `server` (an address list) and checks that it ends
+/// within `within` with exit status `code` and a stderr line naming `addr`.
+fn fails_fast(server: &str, args: &[&str], code: i32, within: Duration, addr: &str) -> String {
+    let started = Instant::now();
+    // `--server` right after the subcommand (`run` takes CMD last).
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .arg(args[0])
+            .args(["--server", server])
+            .args(&args[1..])
+            .stdin(Stdio::null()),
+    );
+    let took = started.elapsed();
+    let err = stderr(&out);
+    eprintln!(
+        "{args:?}: exit {:?} after {took:?}: {err}",
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(took < within, "{args:?} took {took:?}");
+    assert!(err.contains(addr), "{args:?}: {err}");
+    err
+}
+
+/// What every command does against `addr`, a node that accepts connections
+/// and never answers: it ends soon, with 69 and a line naming the node.
+fn every_command_gives_up_on(addr: &str, marker: &std::path::Path) {
+    let three = Duration::from_secs(3);
+    let err = fails_fast(addr, &["acquire", "hung/k", "--wait", "1"], 69, three, addr);
+    assert!(err.contains("did not answer"), "{err}");
+    fails_fast(
+        addr,
+        &[
+            "run",
+            "hung/k",
+            "--wait",
+            "2",
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+        69,
+        three,
+        addr,
+    );
+    assert!(!marker.exists(), "the command ran without the lock");
+    fails_fast(addr, &["acquire", "hung/k"], 69, three, addr);
+    fails_fast(addr, &["release", "hung/k", "123"], 69, three, addr);
+    fails_fast(addr, &["renew", "hung/k", "123"], 69, three, addr);
+    // status gives each node 3 s.
+    let started = Instant::now();
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["status", "--server", addr])
+            .stdin(Stdio::null()),
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", stdout(&out));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        stdout(&out).contains("unhealthy: no node answered"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn commands_give_up_on_a_stopped_node_with_exit_69() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("stopped");
+    server.signal(libc::SIGSTOP);
+    every_command_gives_up_on(&server.addr.to_string(), &dir.join("ran"));
+    server.signal(libc::SIGCONT);
+    let out = output(ringlock(&server).args(["acquire", "hung/after", "--wait", "5"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn commands_give_up_on_a_listener_that_never_answers() {
+    // Bound and listening, never accepted: the kernel accepts for it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = scratch("silent");
+    every_command_gives_up_on(&silent.local_addr().unwrap().to_string(), &dir.join("ran"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn run_warns_and_returns_when_its_release_cannot_reach_the_node() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("release-hang");
+    let marker = dir.join("started");
+    let script = format!("touch {}; sleep 1; exit 3", marker.display());
+    let child = ringlock(&server)
+        .args(["run", "rel/k", "--lease", "30", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::poll_until(
+        "the command started",
+        Duration::from_secs(20),
+        || marker.exists(),
+        |&b| b,
+    );
+    server.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    let out = wait_output(child, Duration::from_secs(30));
+    let took = stopped.elapsed();
+    eprintln!(
+        "run with the node stopped under it: exit {:?} after {took:?}",
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(3), "CMD's status: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("warning: could not release rel/k"), "{err}");
+    // CMD's 1 s, then the contract's 5 s of release retries.
+    assert!(took >= Duration::from_millis(5500), "{took:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    server.signal(libc::SIGCONT);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn acquire_and_run_go_on_through_a_stopped_active() {
+    let c = common::Cluster::start(3, &backend());
+    let list = c.addr_strings().join(",");
+    let dir = scratch("stopped-active");
+    c.node(0).signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    let bound = Duration::from_millis(common::Cluster::PEER_TIMEOUT_MS)
+        + ringlock::client::DEFAULT_PROBE_TIMEOUT
+        + Duration::from_secs(1);
+    let mut last = 0u64;
+    for i in 0..3 {
+        let started = Instant::now();
+        let key = format!("fresh{i}");
+        let out = output(
+            Command::new(env!("CARGO_BIN_EXE_ringlock"))
+                .args(["acquire", &key, "--wait", "5", "--server", &list])
+                .stdin(Stdio::null()),
+        );
+        let took = started.elapsed();
+        eprintln!(
+            "{}: acquire {key} {:?} after the stop: exit {:?} in {took:?}",
+            c.io,
+            started - stopped,
+            out.status.code()
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let token: u64 = stdout(&out).trim().parse().unwrap();
+        assert!(token > last);
+        last = token;
+        // The first one pays for the failover; none more than the bound.
+        assert!(
+            started.elapsed() < bound + Duration::from_millis(500),
+            "{took:?}"
+        );
+    }
+    // A run with renewals (lease 2 s, renewed every 2/3 s) across 3 s.
+    let started = Instant::now();
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args([
+                "run", "loop", "--wait", "5", "--lease", "2", "--server", &list,
+            ])
+            .args(["--", "sh", "-c", "sleep 3; exit 4"])
+            .stdin(Stdio::null()),
+    );
+    let took = started.elapsed();
+    eprintln!(
+        "{}: run --lease 2 -- sleep 3: exit {:?} in {took:?}",
+        c.io,
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------- --no-wait
+
+#[test]
+fn no_wait_exits_75_at_once_when_the_lock_is_held() {
+    let server = common::Server::start(&backend());
+    let dir = scratch("nowait");
+    let marker = dir.join("ran");
+    let mut holder = server.connect();
+    common::Conn::token_of(&holder.call("A nw/held 30 0"));
+    for flag in ["--no-wait", "-n"] {
+        let started = Instant::now();
+        let out = output(ringlock(&server).args(["acquire", "nw/held", flag]));
+        assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            stderr(&out).contains("nw/held is held by someone else"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(stdout(&out).is_empty());
+    }
+    let out = output(ringlock(&server).args([
+        "run",
+        "nw/held",
+        "--no-wait",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ]));
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(!marker.exists(), "the command ran without the lock");
+    // A free lock is simply taken.
+    let out = output(ringlock(&server).args(["acquire", "nw/free", "-n"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    stdout(&out).trim().parse::<u64>().expect("a token");
+    let out = output(ringlock(&server).args(["run", "nw/free2", "-n", "--", "true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // --no-wait and --wait do not go together.
+    let out = output(ringlock(&server).args(["acquire", "nw/x", "-n", "--wait", "3"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// ---------------------------------------------------------------- waiting notice
+
+/// `script(1)`, to run a command on a terminal, if the machine has it.
+fn script_bin() -> Option<&'static str> {
+    ["/usr/bin/script", "/bin/script"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+#[test]
+fn a_waiting_acquire_says_what_it_waits_for_on_a_terminal_only() {
+    let server = common::Server::start(&backend());
+    let mut holder = server.connect();
+    common::Conn::token_of(&holder.call("A tty/held 30 0"));
+    let addr = server.addr.to_string();
+
+    // Not a terminal: nothing but the final message.
+    let out = output(ringlock(&server).args(["acquire", "tty/held", "--wait", "1.5"]));
+    assert_eq!(out.status.code(), Some(75));
+    assert!(
+        !stderr(&out).contains("waiting for the lock"),
+        "{}",
+        stderr(&out)
+    );
+
+    let Some(script) = script_bin() else {
+        eprintln!("no script(1) here: the terminal case is not tested");
+        return;
+    };
+    let line = format!(
+        "'{}' acquire tty/held --wait 1.5 --server {addr}",
+        env!("CARGO_BIN_EXE_ringlock")
+    );
+    let out = output(
+        Command::new(script)
+            .args(["-q", "-e", "-c", &line, "/dev/null"])
+            .stdin(Stdio::null()),
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(75), "{text}");
+    assert!(
+        text.contains(
+            "waiting for the lock on tty/held, held by someone else (for up to 1.5 s in all)"
+        ),
+        "{text}"
+    );
 }

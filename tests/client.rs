@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ringlock::client::{Acquired, Client, Error, Role};
+use ringlock::client::{Acquired, Client, Error, LockLost, Role};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
@@ -823,6 +823,301 @@ async fn the_client_follows_the_cluster_through_a_failover() {
         );
         assert!(guard.release().await.unwrap());
         assert!(client.release_grant(&grant).await.unwrap());
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------- hung nodes
+//
+// A node that is stopped (SIGSTOP) still accepts connections (the kernel
+// completes the handshake and queues what is sent), but answers nothing.
+// The client must notice (its hello, its liveness probes, its deadlines)
+// and never wait without limit.
+
+/// True if `err` is a connection error whose text names `addr`.
+fn names(err: &Error, addr: &str) -> bool {
+    err.is_connection() && err.to_string().contains(addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_ends_an_acquire_by_its_wait_and_a_release_after_5_s() {
+    bounded(async {
+        let server = common::Server::start(&backend());
+        let addr = server.addr.to_string();
+        let client = Client::connect([addr.clone()]).await.unwrap();
+        eventually("two connections", Duration::from_secs(10), || {
+            client.connected() == 2
+        })
+        .await;
+        let held = client
+            .acquire("hang/held", Duration::from_secs(60), None)
+            .await
+            .unwrap()
+            .into_grant()
+            .unwrap();
+
+        server.signal(libc::SIGSTOP);
+        // lock(key, 5 s, wait 2 s): both connections are found dead by
+        // their probes (about 1 s each), well within wait + grace (3 s).
+        let started = Instant::now();
+        let err = client
+            .lock(
+                "hang/k",
+                Duration::from_secs(5),
+                Some(Duration::from_secs(2)),
+            )
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        eprintln!("lock on a stopped node: {took:?}: {err}");
+        assert!(names(&err, &addr), "{err:?}");
+        assert!(took < Duration::from_millis(3500), "{took:?}");
+
+        // A release keeps the contract's 5 s of retries, then errs.
+        let started = Instant::now();
+        let err = client.release_grant(&held).await.unwrap_err();
+        let took = started.elapsed();
+        eprintln!("release on a stopped node: {took:?}: {err}");
+        assert!(err.is_connection(), "{err:?}");
+        assert!(
+            took >= Duration::from_millis(4700) && took < Duration::from_millis(6000),
+            "{took:?}"
+        );
+        // An acquire without a wait does not hang either: it tries the
+        // connections it has (none live now) and errs.
+        let started = Instant::now();
+        let err = client
+            .acquire("hang/k", Duration::from_secs(5), None)
+            .await
+            .unwrap_err();
+        assert!(err.is_connection(), "{err:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // Once the node runs again, the client is back by itself (redial
+        // every 3 s), and the grant made before the stop is still there.
+        server.signal(libc::SIGCONT);
+        let guard = client
+            .lock(
+                "hang/after",
+                Duration::from_secs(5),
+                Some(Duration::from_secs(8)),
+            )
+            .await
+            .unwrap();
+        assert!(guard.token() > held.token());
+        assert!(client.release_grant(&held).await.unwrap());
+        assert!(guard.release().await.unwrap());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_accepts_and_never_answers_is_no_server() {
+    bounded(async {
+        // Bound and listening, never accepted: the kernel accepts for it.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let started = Instant::now();
+        let err = Client::connect([addr.clone()]).await.unwrap_err();
+        let took = started.elapsed();
+        eprintln!("connect to a silent listener: {took:?}: {err}");
+        assert!(names(&err, &addr), "{err:?}");
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+
+        // Next to a real node, it is simply never used.
+        let server = common::Server::start(&backend());
+        let client = Client::connect([addr.clone(), server.addr.to_string()])
+            .await
+            .unwrap();
+        for _ in 0..10 {
+            let started = Instant::now();
+            let guard = client
+                .lock(
+                    "silent/k",
+                    Duration::from_secs(5),
+                    Some(Duration::from_secs(1)),
+                )
+                .await
+                .unwrap();
+            assert!(started.elapsed() < Duration::from_millis(500));
+            assert!(guard.release().await.unwrap());
+        }
+        assert_eq!(client.connected(), 1);
+        drop(silent);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_active_costs_an_acquire_the_failover_plus_the_probe_timeout() {
+    bounded(async {
+        let c = common::Cluster::start(3, &backend());
+        let addrs = c.addr_strings();
+        let client = Client::connect(addrs.clone()).await.unwrap();
+        eventually("three connections", Duration::from_secs(10), || {
+            client.connected() == 3
+        })
+        .await;
+        // A first lock: the client now prefers the active (node 0).
+        let first = client
+            .lock(
+                "stop/k",
+                Duration::from_secs(10),
+                Some(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        let first_token = first.token();
+        assert!(first.release().await.unwrap());
+        let mut n0 = c.connect(0);
+        let mark = common::Conn::token_of(&n0.call("A stop/mark 60 0"));
+        c.wait_token(1, mark, Duration::from_secs(5));
+
+        // The active hangs. An acquire sent to it right away is moved on
+        // once its connection is found dead, and granted by the new active.
+        c.node(0).signal(libc::SIGSTOP);
+        let started = Instant::now();
+        let guard = client
+            .lock(
+                "stop/k",
+                Duration::from_secs(10),
+                Some(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        eprintln!(
+            "{}: SIGSTOP of the active -> grant through the client in {took:?}",
+            c.io
+        );
+        let failover = Duration::from_millis(common::Cluster::PEER_TIMEOUT_MS);
+        let bound = failover + conn_probe_timeout() + Duration::from_secs(1);
+        assert!(took < bound, "{took:?}, bound {bound:?}");
+        assert!(guard.token() > first_token);
+        assert!(
+            c.status(1).is_some_and(|s| s.is_active()),
+            "node 1 took over: {:?}",
+            c.status(1)
+        );
+        assert!(guard.release().await.unwrap());
+        // And the following ones do not pay again.
+        for _ in 0..5 {
+            let started = Instant::now();
+            let guard = client
+                .lock(
+                    "stop/k",
+                    Duration::from_secs(10),
+                    Some(Duration::from_secs(5)),
+                )
+                .await
+                .unwrap();
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "{:?}",
+                started.elapsed()
+            );
+            assert!(guard.release().await.unwrap());
+        }
+    })
+    .await;
+}
+
+/// The client's default probe timeout.
+fn conn_probe_timeout() -> Duration {
+    ringlock::client::DEFAULT_PROBE_TIMEOUT
+}
+
+// ---------------------------------------------------------------- renewing guard
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewing_guard_is_lost_within_one_lease_when_the_cluster_is_cut_off() {
+    bounded(async {
+        let c = common::Cluster::start(3, &backend());
+        let client = Client::connect(c.addr_strings()).await.unwrap();
+        let lease = Duration::from_secs(2);
+        let guard = client.lock_renewing("cut/k", lease, None).await.unwrap();
+        // A few renewals go through.
+        eventually("two renewals", Duration::from_secs(10), || {
+            guard.status().renewals >= 2
+        })
+        .await;
+        assert!(!guard.is_lost());
+        // Every node stops: nothing can confirm a renewal any more.
+        for i in 0..3 {
+            c.node(i).signal(libc::SIGSTOP);
+        }
+        let stopped = Instant::now();
+        let lost = timeout(Duration::from_secs(10), guard.lost())
+            .await
+            .expect("the loss is signalled");
+        let took = stopped.elapsed();
+        eprintln!(
+            "{}: cluster stopped -> lock lost signalled in {took:?}: {lost}",
+            c.io
+        );
+        assert!(matches!(lost, LockLost::Expired { .. }), "{lost:?}");
+        assert!(guard.is_lost());
+        // Within one lease of the stop (the deadline counts from the last
+        // confirmed renewal's sending), with a little scheduling slack.
+        assert!(took <= lease + Duration::from_millis(150), "{took:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewing_guard_keeps_its_lock_through_a_handoff_and_a_kill9_failover() {
+    bounded(async {
+        let mut c = common::Cluster::start(3, &backend());
+        let client = Client::connect(c.addr_strings()).await.unwrap();
+        let lease = Duration::from_secs(2);
+        let guard = client.lock_renewing("keep/k", lease, None).await.unwrap();
+        let token = guard.token();
+        c.wait_token(1, token, Duration::from_secs(5));
+        c.wait_token(2, token, Duration::from_secs(5));
+
+        // Graceful hand-off: SIGTERM of the active.
+        let mut n0 = c.take_node(0);
+        n0.signal(libc::SIGTERM);
+        assert_eq!(
+            n0.wait_timeout(Duration::from_secs(10)).map(|s| s.code()),
+            Some(Some(0))
+        );
+        c.wait_settled(1, Duration::from_secs(10));
+        // Three leases later the lock is still ours, on node 1.
+        tokio::time::sleep(lease * 3).await;
+        assert!(!guard.is_lost(), "{:?}", guard.status());
+        let mut n1 = c.connect(1);
+        assert_eq!(
+            n1.call("A keep/k 1 0.1"),
+            "T keep/k",
+            "still held on node 1"
+        );
+        let renewals = guard.status().renewals;
+
+        // kill -9 of the new active: node 2 takes over with the grant.
+        c.kill9(1);
+        c.wait_settled(2, Duration::from_secs(10));
+        tokio::time::sleep(lease * 3).await;
+        assert!(!guard.is_lost(), "{:?}", guard.status());
+        assert!(
+            guard.status().renewals >= renewals + 4,
+            "{:?}",
+            guard.status()
+        );
+        let mut n2 = c.connect(2);
+        assert_eq!(
+            n2.call("A keep/k 1 0.1"),
+            "T keep/k",
+            "still held on node 2"
+        );
+        assert!(guard.release().await.unwrap());
+        let answer = n2.call("A keep/k 1 1");
+        assert!(common::Conn::token_of(&answer) > token, "{answer}");
     })
     .await;
 }
