@@ -1,13 +1,7 @@
-//! Takes a lock on a ringlock cluster, uses its fencing token, renews it,
-//! and releases it; then lets a few tasks share one client.
-//!
-//! Start a node (`cargo run -- serve`), then:
-//!
-//! ```text
-//! cargo run --example lock -- 127.0.0.1:7171
-//! ```
-//!
-//! Give every address of the cluster's peer list, in any order.
+//! Takes a lock on a ringlock cluster and works under it while it renews
+//! itself, stopping if it is lost. Start a node (`cargo run -- serve`), then
+//! `cargo run --example lock -- 127.0.0.1:7171` (give every address of the
+//! cluster's peer list). docs/client.md shows this file as it is.
 
 use std::time::Duration;
 
@@ -19,52 +13,61 @@ async fn main() -> Result<(), Error> {
     if addrs.is_empty() {
         addrs.push("127.0.0.1:7171".into());
     }
-    let client = Client::connect(addrs).await?;
+    // Every timeout has a default (see "Timeouts"); two spelled out here.
+    let client = Client::builder(addrs)
+        .probe_timeout(Duration::from_millis(500))
+        .acquire_grace(Duration::from_secs(1))
+        .connect()
+        .await?;
 
-    // Wait at most 5 s for the lock; hold it for 10 s unless renewed.
-    let mut guard = client
-        .lock(
+    // One attempt, like flock -n: None if someone else holds the lock.
+    match client
+        .try_lock("example/report", Duration::from_secs(10))
+        .await?
+    {
+        Some(guard) => {
+            println!("free at once, token {}", guard.token());
+            guard.release().await?;
+        }
+        None => println!("example/report is busy"),
+    }
+
+    // Wait at most 5 s in the queue (Err(Error::Timeout) if that runs
+    // out); then the lock renews itself every third of its 6 s lease for as
+    // long as the guard lives, and says if it is lost.
+    let guard = client
+        .lock_renewing(
             "example/report",
-            Duration::from_secs(10),
+            Duration::from_secs(6),
             Some(Duration::from_secs(5)),
         )
         .await?;
-    println!(
-        "holding example/report, fencing token {} (pass it to the storage you write to)",
-        guard.token()
-    );
-
-    // Long work: renew before the lease runs out.
-    if guard.renew(Duration::from_secs(10)).await? {
-        println!(
-            "renewed; at least {} ms left",
-            guard.grant().remaining().as_millis()
-        );
+    // The fencing token: hand it to the storage you write to, which refuses
+    // tokens older than the newest it has seen.
+    let token = guard.token();
+    tokio::select! {
+        () = work(token) => println!("released: {}", guard.release().await?),
+        lost = guard.lost() => eprintln!("lock lost, work stopped: {lost}"),
     }
-    println!("released: {}", guard.release().await?);
 
-    // One client, many tasks: requests are pipelined on shared connections,
-    // and the server grants the waiters of a key in arrival order.
-    let mut tasks = Vec::new();
-    for i in 0..5 {
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let lease = Duration::from_secs(5);
-            match client
-                .acquire("example/counter", lease, Some(Duration::from_secs(3)))
-                .await?
-            {
-                Acquired::Granted(grant) => {
-                    println!("task {i}: token {}", grant.token());
-                    client.release_grant(&grant).await?;
-                }
-                Acquired::TimedOut => println!("task {i}: gave up after 3 s"),
-            }
-            Ok::<(), Error>(())
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task panicked")?;
+    // Without a guard: an explicit outcome, and an explicit release.
+    match client
+        .acquire("example/counter", Duration::from_secs(5), None)
+        .await?
+    {
+        Acquired::Granted(grant) => {
+            println!("counter token {}", grant.token());
+            client.release_grant(&grant).await?;
+        }
+        Acquired::TimedOut => unreachable!("no wait limit"),
     }
     Ok(())
+}
+
+/// Longer than the lease: the guard keeps the lock meanwhile.
+async fn work(token: u64) {
+    for step in 1..=3 {
+        println!("step {step} under token {token}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
 }

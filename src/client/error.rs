@@ -12,13 +12,16 @@ pub enum Error {
     /// [`Client::lock`](super::Client::lock); [`Client::acquire`](super::Client::acquire)
     /// reports it as [`Acquired::TimedOut`](super::Acquired::TimedOut) instead).
     Timeout,
-    /// No connection could carry the request: every connection tried dropped
-    /// before answering, none was up, or a release/renew found none within its
-    /// retry window. The text says which.
+    /// No connection could carry the request, or a node did not answer in
+    /// time: every connection tried dropped or went silent (no answer to a
+    /// liveness probe) before answering, none was up, an acquire's wait
+    /// plus grace ran out with a node still silent, or a release/renew found
+    /// none within its retry window. The text names the node and says which.
     Connection(String),
     /// The nodes kept answering `M key -` (no active node known) for longer
     /// than the client's bound (`ClientBuilder::no_active_timeout`), or kept
-    /// redirecting between each other.
+    /// redirecting between each other, or an acquire's wait ran out while
+    /// no node was active.
     NoActiveNode,
     /// The server sent `E <reason>` or a line that breaks the protocol. For
     /// the official client this means a bug on one side.
