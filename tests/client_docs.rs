@@ -33,7 +33,7 @@ fn the_documented_example_is_examples_lock_rs() {
     let example = read("examples/lock.rs");
     let rust = blocks(&doc, "rust");
     assert!(
-        rust.iter().any(|b| *b == example),
+        rust.contains(&example),
         "docs/client.md has no ```rust block equal to examples/lock.rs; update one from the other"
     );
 }
