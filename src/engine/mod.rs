@@ -46,6 +46,10 @@ pub struct Now {
 pub enum Refusal {
     /// One more than [`MAX_WAITING_PER_CONN`] waiting acquires.
     TooManyWaiting,
+    /// An acquire that would be granted, but no fencing token is left:
+    /// [`token::MAX_TOKEN`] was issued or observed. Nothing can be granted
+    /// any more; the operator's way out is in docs/protocol.md.
+    TokensExhausted,
 }
 
 impl std::fmt::Display for Refusal {
@@ -54,6 +58,11 @@ impl std::fmt::Display for Refusal {
             Refusal::TooManyWaiting => write!(
                 f,
                 "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
+            ),
+            Refusal::TokensExhausted => write!(
+                f,
+                "fencing tokens exhausted: token {} was issued or seen, nothing can be granted",
+                token::MAX_TOKEN
             ),
         }
     }
@@ -324,7 +333,11 @@ impl Engine {
         let lock = self.table.find_or_insert(key);
         if self.table.lock(lock).holder.is_none() {
             debug_assert!(self.table.head(lock).is_none());
-            self.grant(now, lock, conn, lease_ms);
+            let Some(token) = self.tokens.next(now.unix_ns) else {
+                self.table.remove_if_idle(lock);
+                return Err(Refusal::TokensExhausted);
+            };
+            self.grant(now, lock, conn, lease_ms, token);
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
@@ -374,10 +387,10 @@ impl Engine {
         true
     }
 
-    /// Grants the free `lock` to `conn` with a new token, and answers it.
-    fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64) {
+    /// Grants the free `lock` to `conn` with `token` (just issued), and
+    /// answers it.
+    fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64, token: u64) {
         debug_assert!(self.table.lock(lock).holder.is_none());
-        let token = self.tokens.next(now.unix_ns);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
         let l = self.table.lock_mut(lock);
@@ -396,25 +409,47 @@ impl Engine {
 
     /// The lock just became free: it passes to its head waiter in the same
     /// step, or, with nobody waiting, leaves the table.
+    ///
+    /// With the token space exhausted ([`Refusal::TokensExhausted`]) there
+    /// is no token to grant with. This runs inside a release or a tick, not
+    /// an acquire, so there is no request to refuse: the head waiter is
+    /// answered `T`, as if its wait ran out, and so is every waiter behind
+    /// it, in FIFO order (rule 3 holds: each goes through the same path as
+    /// a timeout). Every acquire still gets exactly one answer, a `T` is
+    /// final (the waiter is gone, never granted), and the lock leaves the
+    /// table free. Leaving the waiters queued instead would leave them on a
+    /// free lock that nothing ever grants.
     fn hand_off(&mut self, now: Now, lock: u32) {
-        let Some(w) = self.table.head(lock) else {
-            self.table.remove_if_idle(lock);
-            return;
-        };
-        let waiter = self.table.waiter_mut(w);
-        let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
-        if let Some(timer) = waiter.timer.take() {
-            self.wheel.cancel(timer);
+        while let Some(w) = self.table.head(lock) {
+            let waiter = self.table.waiter_mut(w);
+            let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
+            if let Some(timer) = waiter.timer.take() {
+                self.wheel.cancel(timer);
+            }
+            if let Some(token) = self.tokens.next(now.unix_ns) {
+                self.grant(now, lock, conn, lease_ms, token);
+                self.answered(w);
+                return;
+            }
+            self.time_out(w);
         }
-        self.grant(now, lock, conn, lease_ms);
-        self.answered(w);
+        self.table.remove_if_idle(lock);
     }
 
-    /// A queued waiter's wait ran out. Its `T` goes out now, unless an earlier
+    /// A queued waiter's wait ran out: [`Engine::time_out`], and the lock
+    /// leaves the table if that was the last thing keeping it.
+    fn wait_ran_out(&mut self, w: u32) {
+        let lock = self.table.waiter(w).lock;
+        self.time_out(w);
+        self.table.remove_if_idle(lock);
+    }
+
+    /// Answers a queued waiter `T`. The `T` goes out now, unless an earlier
     /// acquire of the same key on the same connection is still unanswered
     /// (rule 3): then it is held back until that one is answered. Either way
-    /// it has left the queue and will never be granted.
-    fn wait_ran_out(&mut self, w: u32) {
+    /// it has left the queue and will never be granted. The lock stays in
+    /// the table even if nothing keeps it any more: the caller removes it.
+    fn time_out(&mut self, w: u32) {
         let (conn, lock) = {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock)
@@ -437,7 +472,6 @@ impl Engine {
             Answer::TimedOut { key },
         );
         self.answered(w);
-        self.table.remove_if_idle(lock);
     }
 
     /// `w` has been answered: send the `T`s it was holding back, then forget
