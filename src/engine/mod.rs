@@ -32,6 +32,11 @@ pub type ConnId = u32;
 /// The most acquires one connection may have waiting (PROTOCOL.md).
 pub const MAX_WAITING_PER_CONN: u32 = 4096;
 
+/// The longest lease the engine takes, in ms: PROTOCOL.md's 86400 s, which
+/// the request parser enforces for clients (and for waits). A replicated
+/// grant with more lease left than this is refused ([`GrantRefusal`]).
+pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
+
 /// The time, as the I/O loop read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
@@ -63,6 +68,33 @@ impl std::fmt::Display for Refusal {
                 f,
                 "fencing tokens exhausted: token {} was issued or seen, nothing can be granted",
                 token::MAX_TOKEN
+            ),
+        }
+    }
+}
+
+/// A replicated grant ([`Engine::apply_grant`]) the engine does not take.
+/// The peer that sent it is misconfigured or broken: the cluster breaks its
+/// link with this as the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantRefusal {
+    /// Its token is above [`token::MAX_TOKEN`].
+    TokenOutOfRange(u64),
+    /// Its remaining lease is above [`MAX_LEASE_MS`].
+    LeaseOutOfRange(u64),
+}
+
+impl std::fmt::Display for GrantRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrantRefusal::TokenOutOfRange(token) => write!(
+                f,
+                "replicated grant with token {token}, above the highest token {}",
+                token::MAX_TOKEN
+            ),
+            GrantRefusal::LeaseOutOfRange(ms) => write!(
+                f,
+                "replicated grant with {ms} ms of lease left, more than {MAX_LEASE_MS}"
             ),
         }
     }
@@ -536,23 +568,38 @@ impl Engine {
 
     /// A standby takes a grant replicated by the active: `key` is held with
     /// `token` for `remaining_ms` from now (replacing any grant it had).
-    pub fn apply_grant(&mut self, now: Now, key: &[u8], token: u64, remaining_ms: u64) {
+    /// Values no node of ours sends are refused, and nothing changes: a
+    /// token above [`token::MAX_TOKEN`], more than [`MAX_LEASE_MS`] left.
+    pub fn apply_grant(
+        &mut self,
+        now: Now,
+        key: &[u8],
+        token: u64,
+        remaining_ms: u64,
+    ) -> Result<(), GrantRefusal> {
         debug_assert!(
             !self.is_active(),
             "only a standby applies replicated grants"
         );
+        if token > token::MAX_TOKEN {
+            return Err(GrantRefusal::TokenOutOfRange(token));
+        }
+        if remaining_ms > MAX_LEASE_MS {
+            return Err(GrantRefusal::LeaseOutOfRange(remaining_ms));
+        }
         self.tokens.observe(token);
         let lock = self.table.find_or_insert(key);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
         }
-        let expires_ms = now.ms + remaining_ms;
+        let expires_ms = now.ms.saturating_add(remaining_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
         self.table.lock_mut(lock).holder = Some(table::Grant {
             token,
             expires_ms,
             timer,
         });
+        Ok(())
     }
 
     /// A standby takes a replicated release (or expiry) of `key`'s grant
@@ -570,15 +617,23 @@ impl Engine {
     }
 
     /// A standby about to receive a snapshot forgets every grant it had.
+    ///
+    /// A standby has no waiters: stepping down answered them all, and a
+    /// standby answers acquires `M`. Should the cluster call this on a node
+    /// that has some, a lock with waiters keeps its holder (a free lock with
+    /// waiters would never be granted) and the rest are cleared.
     pub fn clear_grants(&mut self) {
         debug_assert!(!self.is_active());
         for lock in self.table.lock_ids() {
-            debug_assert!(self.table.head(lock).is_none(), "a standby has no waiters");
+            if self.table.has_waiters(lock) {
+                debug_assert!(false, "waiters on a standby");
+                continue;
+            }
             if let Some(grant) = self.table.lock_mut(lock).holder.take() {
                 self.wheel.cancel(grant.timer);
             }
             let removed = self.table.remove_if_idle(lock);
-            assert!(removed, "lock with held-back waiters on a standby");
+            debug_assert!(removed);
         }
     }
 
@@ -638,7 +693,7 @@ impl Engine {
 /// added because `now.ms` is a floor: the real time may be up to 1 ms later,
 /// and a lease or wait must never end before its full length.
 fn deadline(now: Now, duration_ms: u64) -> u64 {
-    now.ms + duration_ms + 1
+    now.ms.saturating_add(duration_ms).saturating_add(1)
 }
 
 /// Appends an answer to a connection's output and marks it dirty.

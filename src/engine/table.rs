@@ -272,6 +272,12 @@ impl Table {
         self.waiters[waiter as usize].c_prev
     }
 
+    /// True if `lock` has queued waiters or held-back `T`s.
+    pub fn has_waiters(&self, lock: u32) -> bool {
+        let l = &self.locks[lock as usize];
+        l.head != NIL || l.held_back > 0
+    }
+
     /// The first queued waiter of `lock`, or `None`.
     pub fn head(&self, lock: u32) -> Option<u32> {
         Some(self.locks[lock as usize].head).filter(|&w| w != NIL)

@@ -331,6 +331,110 @@ fn a_wall_clock_beyond_the_token_space_grants_once_then_refuses() {
     assert_eq!(h.send(0, "A b 10 0"), Err(Refusal::TokensExhausted));
 }
 
+// ----- Replicated grants (peer input) -----
+
+/// A standby harness (no waiters: it answers acquires `M`).
+fn standby(conns: u32) -> Harness {
+    let mut h = Harness::new(conns);
+    h.engine.step_down(Some("10.0.0.1:7171"));
+    h
+}
+
+#[test]
+fn a_replicated_grant_is_held_for_its_remaining_lease() {
+    let mut h = standby(1);
+    let t = 1_800_000_000_000_000_000;
+    h.engine
+        .apply_grant(h.now, b"k", t, MAX_LEASE_MS)
+        .expect("in range");
+    assert_eq!(h.engine.holder(b"k"), Some((t, h.now.ms + MAX_LEASE_MS)));
+    assert_eq!(h.engine.highest_token(), t);
+    h.advance(MAX_LEASE_MS - 1);
+    assert!(h.engine.holder(b"k").is_some());
+    h.advance(1);
+    assert_eq!(h.engine.holder(b"k"), None, "expired on time");
+    assert_eq!(h.engine.lock_count(), 0);
+}
+
+#[test]
+fn replicated_grants_out_of_range_are_refused_and_change_nothing() {
+    let mut h = standby(1);
+    let now = h.now;
+    let e = &mut h.engine;
+    e.apply_grant(now, b"k", 5, 1_000).unwrap();
+    for (token, remaining, refusal) in [
+        (
+            token::MAX_TOKEN + 1,
+            1_000,
+            GrantRefusal::TokenOutOfRange(token::MAX_TOKEN + 1),
+        ),
+        (u64::MAX, 1_000, GrantRefusal::TokenOutOfRange(u64::MAX)),
+        (
+            7,
+            MAX_LEASE_MS + 1,
+            GrantRefusal::LeaseOutOfRange(MAX_LEASE_MS + 1),
+        ),
+        (7, u64::MAX, GrantRefusal::LeaseOutOfRange(u64::MAX)),
+    ] {
+        for key in [&b"k"[..], b"new"] {
+            assert_eq!(e.apply_grant(now, key, token, remaining), Err(refusal));
+        }
+    }
+    assert_eq!(e.holder(b"k"), Some((5, now.ms + 1_000)));
+    assert_eq!(e.lock_count(), 1, "no lock for the refused new key");
+    assert_eq!(e.highest_token(), 5, "refused tokens are not observed");
+    e.check_invariants();
+    assert_eq!(
+        GrantRefusal::LeaseOutOfRange(86_400_001).to_string(),
+        "replicated grant with 86400001 ms of lease left, more than 86400000"
+    );
+}
+
+#[test]
+fn replicated_releases_and_snapshots_apply_to_any_table() {
+    let mut h = standby(1);
+    let now = h.now;
+    let e = &mut h.engine;
+    e.apply_grant(now, b"a", 5, 1_000).unwrap();
+    e.apply_grant(now, b"b", 6, 2_000).unwrap();
+    e.apply_grant(now, b"a", 7, 3_000).unwrap();
+    // Unknown keys and stale tokens are ignored.
+    e.apply_release(b"nothing", 5);
+    e.apply_release(b"a", 5);
+    e.apply_release(b"a", u64::MAX);
+    assert_eq!(e.holder(b"a"), Some((7, now.ms + 3_000)));
+    e.apply_release(b"a", 7);
+    assert_eq!(e.holder(b"a"), None);
+    e.observe_token(token::MAX_TOKEN);
+    e.clear_grants();
+    assert_eq!(e.lock_count(), 0);
+    assert_eq!(e.next_deadline(), None, "every lease timer went with them");
+    e.check_invariants();
+}
+
+#[test]
+fn requests_at_the_bounds_of_the_parser_set_timers_without_trouble() {
+    // The parser lets through leases and waits of 86400 s; the wheel takes
+    // them, and longer ones too (see the wheel's parking).
+    let mut h = Harness::new(2);
+    let t = h.grant(0, "k", "86400");
+    h.send(1, "A k 86400 86399.999").unwrap();
+    h.send(0, &format!("N k {t} 86400")).unwrap();
+    assert_eq!(h.answers(0), ["N k 1"]);
+    let far = Request::Acquire {
+        key: b"far",
+        lease_ms: u64::MAX,
+        wait_ms: u64::MAX,
+    };
+    h.engine.handle(h.now, 1, far).unwrap();
+    assert_eq!(token_of(&h.answers(1)[0], "far"), t + 1);
+    h.advance(MAX_LEASE_MS);
+    assert_eq!(h.answers(1), ["T k"], "the wait ran out before the lease");
+    assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(t));
+    assert!(h.engine.holder(b"far").is_some(), "a lease of u64::MAX ms");
+    h.engine.check_invariants();
+}
+
 #[test]
 fn status_reports_role_address_and_highest_token() {
     let mut h = Harness::new(1);
