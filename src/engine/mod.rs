@@ -37,6 +37,28 @@ pub const MAX_WAITING_PER_CONN: u32 = 4096;
 /// grant with more lease left than this is refused ([`GrantRefusal`]).
 pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 
+/// Locks the engine reserves room for when it is made: address space, not
+/// memory (see `table`'s module docs).
+const RESERVED_LOCKS: usize = 1 << 20;
+
+/// How many values of `T` a slab can reserve room for, up to `wanted`. The
+/// room is address space, which a system may refuse for very large tables
+/// (`ulimit -v`, strict overcommit): then half as much is tried, and so
+/// on. A slab that outgrows its room still works, but grows by copying.
+pub fn reservable<T>(wanted: usize) -> usize {
+    // A slab entry is the value and the slab's tag, at most.
+    let entry = std::mem::size_of::<T>() + 8;
+    let mut n = wanted;
+    while n > 0
+        && Vec::<u8>::new()
+            .try_reserve_exact(n.saturating_mul(entry))
+            .is_err()
+    {
+        n /= 2;
+    }
+    n
+}
+
 /// The time, as the I/O loop read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
@@ -149,8 +171,9 @@ impl Engine {
     /// address `S` names for the active node when it is this one.
     pub fn new(now: Now, advertise: &str) -> Engine {
         Engine {
-            table: Table::new(),
-            wheel: Wheel::with_capacity(now.ms, 1024),
+            table: Table::with_capacity(RESERVED_LOCKS),
+            // A lease per lock, a wait per waiter at most.
+            wheel: Wheel::with_capacity(now.ms, RESERVED_LOCKS + table::RESERVED_WAITERS),
             tokens: TokenClock::new(),
             conns: Vec::new(),
             dirty: Vec::new(),
@@ -452,18 +475,39 @@ impl Engine {
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
     fn hand_off(&mut self, now: Now, lock: u32) {
-        while let Some(w) = self.table.head(lock) {
-            let waiter = self.table.waiter_mut(w);
-            let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
-            if let Some(timer) = waiter.timer.take() {
-                self.wheel.cancel(timer);
-            }
-            if let Some(token) = self.tokens.next(now.unix_ns) {
+        let Some(w) = self.table.head(lock) else {
+            self.table.remove_if_idle(lock);
+            return;
+        };
+        let waiter = self.table.waiter_mut(w);
+        let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
+        if let Some(timer) = waiter.timer.take() {
+            self.wheel.cancel(timer);
+        }
+        match self.tokens.next(now.unix_ns) {
+            Some(token) => {
                 self.grant(now, lock, conn, lease_ms, token);
                 self.answered(w);
-                return;
             }
+            None => self.time_out_all(lock, w),
+        }
+    }
+
+    /// [`Engine::hand_off`] without a token: `w`, the head waiter (its wait
+    /// timer already cancelled), and every waiter behind it are answered
+    /// `T`; the lock leaves the table.
+    #[cold]
+    #[inline(never)]
+    fn time_out_all(&mut self, lock: u32, mut w: u32) {
+        loop {
             self.time_out(w);
+            let Some(next) = self.table.head(lock) else {
+                break;
+            };
+            w = next;
+            if let Some(timer) = self.table.waiter_mut(w).timer.take() {
+                self.wheel.cancel(timer);
+            }
         }
         self.table.remove_if_idle(lock);
     }

@@ -135,11 +135,14 @@ impl<T: Copy> Wheel<T> {
         Self::with_capacity(now_ms, 0)
     }
 
-    /// Same, with room for `capacity` timers allocated up front.
+    /// Same, with room for `capacity` timers reserved up front: address
+    /// space, as much as the system grants (see `engine::reservable`);
+    /// memory is taken as timers come. Past its room the wheel's storage
+    /// grows by doubling, which copies it.
     pub fn with_capacity(now_ms: u64, capacity: usize) -> Self {
         Wheel {
             elapsed: now_ms,
-            entries: Slab::with_capacity(capacity),
+            entries: Slab::with_capacity(super::reservable::<Entry<T>>(capacity)),
             lists: [EMPTY; DUE + 1],
             occupied: [0; LEVELS],
             due_min: u64::MAX,
