@@ -4,6 +4,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 
 use crate::cluster::ClusterConfig;
+use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice};
 use crate::node::{Node, NodeConfig};
 
@@ -26,6 +27,11 @@ pub struct ServeArgs {
     /// Most client connections at once; one more is closed at once.
     #[arg(long, default_value_t = 10_000)]
     pub max_conns: usize,
+    /// Most live locks (keys held, waited for, or with a held-back T); an
+    /// acquire of one more key breaks its connection with E. Room for them
+    /// is reserved at start (address space: about 140 bytes per lock).
+    #[arg(long, default_value_t = DEFAULT_MAX_LOCKS)]
+    pub max_locks: u32,
     /// Busy-poll for up to this many microseconds before sleeping in the
     /// kernel: trades a core for latency (0: off).
     #[arg(long, default_value_t = 0)]
@@ -77,6 +83,11 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     if args.max_conns == 0 {
         return Err(ServeError::Config("--max-conns must be at least 1".into()));
     }
+    if !(1..=MAX_LOCKS_LIMIT).contains(&args.max_locks) {
+        return Err(ServeError::Config(format!(
+            "--max-locks must be between 1 and {MAX_LOCKS_LIMIT}"
+        )));
+    }
     let listener = bind_with_retry(listen)
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
@@ -103,8 +114,17 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         NodeConfig {
             advertise: advertise.clone(),
             cluster,
+            max_locks: args.max_locks,
         },
     );
+    let reserved = node.engine().reserved_locks();
+    if reserved < args.max_locks as usize {
+        eprintln!(
+            "ringlock: warning: room for only {reserved} of --max-locks {} locks could be \
+             reserved; past that the table stops the loop to copy itself as it grows",
+            args.max_locks
+        );
+    }
     let config = LoopConfig {
         max_conns: args.max_conns,
         spin_us: args.spin_us,

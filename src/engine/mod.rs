@@ -37,9 +37,15 @@ pub const MAX_WAITING_PER_CONN: u32 = 4096;
 /// grant with more lease left than this is refused ([`GrantRefusal`]).
 pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 
-/// Locks the engine reserves room for when it is made: address space, not
-/// memory (see `table`'s module docs).
-const RESERVED_LOCKS: usize = 1 << 20;
+/// The most live locks (keys with a holder, waiters or a held-back `T`)
+/// by default: `ringlock serve --max-locks`. A million locks took about
+/// 230 MiB at peak (docs/performance.md).
+pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
+
+/// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
+/// index; this leaves half of the timing wheel's indices to waits, beside
+/// one lease per lock.
+pub const MAX_LOCKS_LIMIT: u32 = 1 << 31;
 
 /// How many values of `T` a slab can reserve room for, up to `wanted`. The
 /// room is address space, which a system may refuse for very large tables
@@ -77,6 +83,9 @@ pub enum Refusal {
     /// [`token::MAX_TOKEN`] was issued or observed. Nothing can be granted
     /// any more; the operator's way out is in docs/protocol.md.
     TokensExhausted,
+    /// An acquire of a key that has no lock while the table holds
+    /// `max_locks` locks (`--max-locks`).
+    LockTableFull { max_locks: u32 },
 }
 
 impl std::fmt::Display for Refusal {
@@ -91,6 +100,9 @@ impl std::fmt::Display for Refusal {
                 "fencing tokens exhausted: token {} was issued or seen, nothing can be granted",
                 token::MAX_TOKEN
             ),
+            Refusal::LockTableFull { max_locks } => {
+                write!(f, "lock table full: {max_locks} locks (--max-locks)")
+            }
         }
     }
 }
@@ -104,6 +116,10 @@ pub enum GrantRefusal {
     TokenOutOfRange(u64),
     /// Its remaining lease is above [`MAX_LEASE_MS`].
     LeaseOutOfRange(u64),
+    /// Its key has no lock here and the table holds `max_locks` locks: the
+    /// active takes more than this node (every node needs the same
+    /// `--max-locks`).
+    LockTableFull { max_locks: u32 },
 }
 
 impl std::fmt::Display for GrantRefusal {
@@ -117,6 +133,11 @@ impl std::fmt::Display for GrantRefusal {
             GrantRefusal::LeaseOutOfRange(ms) => write!(
                 f,
                 "replicated grant with {ms} ms of lease left, more than {MAX_LEASE_MS}"
+            ),
+            GrantRefusal::LockTableFull { max_locks } => write!(
+                f,
+                "replicated grant of a new key, but the lock table is full: {max_locks} locks \
+                 (--max-locks; it must be the same on every node)"
             ),
         }
     }
@@ -154,6 +175,8 @@ enum Serving {
 /// See the module docs.
 pub struct Engine {
     table: Table,
+    /// `--max-locks`: the table never holds more locks.
+    max_locks: u32,
     wheel: Wheel<Timer>,
     tokens: TokenClock,
     conns: Vec<Conn>,
@@ -170,10 +193,21 @@ impl Engine {
     /// An active engine whose clock starts at `now`. `advertise` is the
     /// address `S` names for the active node when it is this one.
     pub fn new(now: Now, advertise: &str) -> Engine {
+        Engine::with_max_locks(now, advertise, DEFAULT_MAX_LOCKS)
+    }
+
+    /// Same, holding at most `max_locks` locks (`--max-locks`, at least 1
+    /// and at most [`MAX_LOCKS_LIMIT`]; clamped into that range). Room for
+    /// them is reserved now, so that the table never stops to copy itself
+    /// as it grows; see [`Engine::reserved_locks`].
+    pub fn with_max_locks(now: Now, advertise: &str, max_locks: u32) -> Engine {
+        let max_locks = max_locks.clamp(1, MAX_LOCKS_LIMIT);
+        let locks = max_locks as usize;
         Engine {
-            table: Table::with_capacity(RESERVED_LOCKS),
+            table: Table::with_capacity(locks),
+            max_locks,
             // A lease per lock, a wait per waiter at most.
-            wheel: Wheel::with_capacity(now.ms, RESERVED_LOCKS + table::RESERVED_WAITERS),
+            wheel: Wheel::with_capacity(now.ms, locks + table::RESERVED_WAITERS),
             tokens: TokenClock::new(),
             conns: Vec::new(),
             dirty: Vec::new(),
@@ -196,6 +230,13 @@ impl Engine {
     /// Number of live locks.
     pub fn lock_count(&self) -> usize {
         self.table.len()
+    }
+
+    /// Locks the engine could reserve room for: `max_locks` unless the
+    /// system refused that much address space. Past it the lock slab grows
+    /// by doubling, which copies it in one loop turn.
+    pub fn reserved_locks(&self) -> usize {
+        self.table.reserved_locks()
     }
 
     /// The live grant of `key`: `(token, expires_ms)`.
@@ -385,7 +426,14 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
-        let lock = self.table.find_or_insert(key);
+        let Some(lock) = self
+            .table
+            .find_or_insert_within(key, self.max_locks as usize)
+        else {
+            return Err(Refusal::LockTableFull {
+                max_locks: self.max_locks,
+            });
+        };
         if self.table.lock(lock).holder.is_none() {
             debug_assert!(self.table.head(lock).is_none());
             let Some(token) = self.tokens.next(now.unix_ns) else {
@@ -613,7 +661,8 @@ impl Engine {
     /// A standby takes a grant replicated by the active: `key` is held with
     /// `token` for `remaining_ms` from now (replacing any grant it had).
     /// Values no node of ours sends are refused, and nothing changes: a
-    /// token above [`token::MAX_TOKEN`], more than [`MAX_LEASE_MS`] left.
+    /// token above [`token::MAX_TOKEN`], more than [`MAX_LEASE_MS`] left,
+    /// and a new key when the table holds `max_locks` locks.
     pub fn apply_grant(
         &mut self,
         now: Now,
@@ -631,8 +680,15 @@ impl Engine {
         if remaining_ms > MAX_LEASE_MS {
             return Err(GrantRefusal::LeaseOutOfRange(remaining_ms));
         }
+        let Some(lock) = self
+            .table
+            .find_or_insert_within(key, self.max_locks as usize)
+        else {
+            return Err(GrantRefusal::LockTableFull {
+                max_locks: self.max_locks,
+            });
+        };
         self.tokens.observe(token);
-        let lock = self.table.find_or_insert(key);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
         }

@@ -273,12 +273,25 @@ impl Table {
     /// The lock of `key`, created free if it is not live.
     #[inline]
     pub fn find_or_insert(&mut self, key: &[u8]) -> u32 {
+        match self.find_or_insert_within(key, usize::MAX) {
+            Some(lock) => lock,
+            None => unreachable!("no limit"),
+        }
+    }
+
+    /// The lock of `key`, created free if it is not live and the table
+    /// holds fewer than `max_len` locks; `None` if the table is full.
+    #[inline]
+    pub fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
         let s = shard_of(hash);
         let shard = &mut self.shards[s];
         let locks = &self.locks;
         if let Some(&i) = shard.index.find(hash, |&i| locks[i as usize].key() == key) {
-            return i;
+            return Some(i);
+        }
+        if locks.len() >= max_len {
+            return None;
         }
         if shard.index.len() >= shard.grow_at || shard.index.len() == shard.index.capacity() {
             shard.grow(s, locks);
@@ -291,12 +304,18 @@ impl Table {
             tail: NIL,
             held_back: 0,
         });
+        // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
         let i = u32::try_from(i).expect("lock table over u32::MAX entries");
         let locks = &self.locks;
         shard
             .index
             .insert_unique(hash, i, |&j| locks[j as usize].hash);
-        i
+        Some(i)
+    }
+
+    /// Locks the table has room reserved for (see [`Table::with_capacity`]).
+    pub fn reserved_locks(&self) -> usize {
+        self.locks.capacity()
     }
 
     /// Removes `lock` if nothing refers to it any more. Returns true if

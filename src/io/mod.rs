@@ -352,6 +352,7 @@ mod tests {
             crate::node::NodeConfig {
                 advertise: "x:1".into(),
                 cluster: None,
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
             },
         )
     }

@@ -620,6 +620,7 @@ impl Sim {
                     peer_timeout_ms: PEER_TIMEOUT_MS,
                     incarnation,
                 }),
+                max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
             },
         );
         let role = node.role();
