@@ -136,11 +136,14 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             eprintln!("ringlock: listening on {bound} (io: epoll; io_uring unavailable: {why})")
         }
     }
-    match backend {
+    let turns = match backend {
         Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
         Backend::Epoll { .. } => io::epoll::run(listener, signals, node, clock, &config)?,
-    }
-    eprintln!("ringlock: stopped");
+    };
+    eprintln!(
+        "ringlock: stopped (longest loop turn {:.1} ms)",
+        turns.longest().as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
