@@ -25,6 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+COMMAND="scripts/bench.sh $*"
 QUICK=0
 ONLY=
 GROWTH_LOCKS=4000000
@@ -67,7 +68,6 @@ case "$ONLY" in
     *) echo "bench.sh: --only takes growth" >&2; exit 2 ;;
 esac
 OUT_DIR=${OUT_DIR:-bench-results}
-COMMAND="scripts/bench.sh $*"
 
 say() { printf 'bench.sh: %s\n' "$*" >&2; }
 
