@@ -93,6 +93,8 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     let bound = listener.local_addr()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
     let cluster = cluster_config(&args, &advertise)?;
+    // Before the engine's tables are made: see the function.
+    io::disable_huge_pages();
     let fd_limit = io::raise_fd_limit();
     if let Some(limit) = fd_limit.filter(|&l| (l as usize) < args.max_conns + 64) {
         eprintln!(
