@@ -342,35 +342,39 @@ done
 RETRIES=$retries
 fi # not --only
 
-# Growth: a fresh ringlock per backend, with --max-locks room for the fill,
+# Growth: a fresh ringlock per run, with --max-locks room for the fill,
 # filled to $GROWTH_LOCKS locks (16-byte keys, 1 h lease) by 4 connections
 # x 256 acquires in flight while a probe connection runs acquire/release
 # cycles; then the generator stops the server and reads its longest loop
-# turn from the stop line. Not repeated: each fill needs a fresh server.
+# turn from the stop line. --rounds rounds, the backends alternated.
 say "growth: $GROWTH_LOCKS locks per server"
-for io in uring epoll; do
-    label=ringlock-$io
-    log=$WORK/growth-$io.log
-    taskset -c "$SERVER_CORE" "$RINGLOCK" serve --listen 127.0.0.1:0 --io "$io" \
-        --max-locks $((GROWTH_LOCKS + 1000)) 2>"$log" &
-    pid=$!
-    PIDS+=("$pid")
-    addr=$(wait_listening "$log" "$pid")
-    rc=0
-    out=$(taskset -c "$CLIENT_CORE" "$GEN" --mode grow --addr "$addr" --locks "$GROWTH_LOCKS" \
-        --key-len 16 --conns 4 --pipeline 256 --lease 3600 --duration 300 --server-pid "$pid" \
-        --stop-server-log "$log" --scenario growth --label "$label" --round 1 --json --quiet \
-        2>"$WORK/gen.err") || rc=$?
-    wait "$pid" 2>/dev/null || true
-    if [ "$rc" != 0 ]; then
-        FAILED=$((FAILED + 1))
-        say "  FAILED ($rc): $label growth: $(tail -1 "$WORK/gen.err")"
-        tail -3 "$log" >&2
-    fi
-    if [ -n "$out" ]; then
-        printf '%s\n' "$out" >>"$RUNS"
-        say "  growth $label: $(grep 'ringlock: stopped' "$log" || echo 'no stop line')"
-    fi
+for round in $(seq "$ROUNDS"); do
+    ios=(uring epoll)
+    [ $((round % 2)) = 0 ] && ios=(epoll uring)
+    for io in "${ios[@]}"; do
+        label=ringlock-$io
+        log=$WORK/growth-$io.log
+        taskset -c "$SERVER_CORE" "$RINGLOCK" serve --listen 127.0.0.1:0 --io "$io" \
+            --max-locks $((GROWTH_LOCKS + 1000)) 2>"$log" &
+        pid=$!
+        PIDS+=("$pid")
+        addr=$(wait_listening "$log" "$pid")
+        rc=0
+        out=$(taskset -c "$CLIENT_CORE" "$GEN" --mode grow --addr "$addr" --locks "$GROWTH_LOCKS" \
+            --key-len 16 --conns 4 --pipeline 256 --lease 3600 --duration 300 --server-pid "$pid" \
+            --stop-server-log "$log" --scenario growth --label "$label" --round "$round" --json \
+            --quiet 2>"$WORK/gen.err") || rc=$?
+        wait "$pid" 2>/dev/null || true
+        if [ "$rc" != 0 ]; then
+            FAILED=$((FAILED + 1))
+            say "  FAILED ($rc): $label growth: $(tail -1 "$WORK/gen.err")"
+            tail -3 "$log" >&2
+        fi
+        if [ -n "$out" ]; then
+            printf '%s\n' "$out" >>"$RUNS"
+            say "  round $round growth $label: $(grep 'ringlock: stopped' "$log" || echo 'no stop line')"
+        fi
+    done
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 

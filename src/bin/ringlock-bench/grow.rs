@@ -123,7 +123,9 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         args.server_pid
             .and_then(|p| crate::proc::cpu_seconds(Some(p))),
         crate::proc::cpu_seconds(None),
+        crate::proc::machine_busy_seconds(),
     );
+    let preempted_before = args.server_pid.and_then(crate::proc::preemptions);
 
     let base = Instant::now();
     let now = || base.elapsed().as_nanos() as u64;
@@ -284,7 +286,13 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         args.server_pid
             .and_then(|p| crate::proc::cpu_seconds(Some(p))),
         crate::proc::cpu_seconds(None),
+        crate::proc::machine_busy_seconds(),
     );
+    let preempted = args
+        .server_pid
+        .and_then(crate::proc::preemptions)
+        .zip(preempted_before)
+        .map(|(after, before)| after.saturating_sub(before));
     drop(conns);
     let longest_turn_ms = match (&args.stop_server_log, args.server_pid) {
         (Some(log), Some(pid)) => stop_server(pid, log)?,
@@ -298,6 +306,13 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
             us_per_cycle: 0.0,
         })
     };
+    let server_cpu = cpu(cpu_before.0, cpu_after.0);
+    let client_cpu = cpu(cpu_before.1, cpu_after.1).unwrap_or_default();
+    // Everything else the machine did meanwhile, in cores.
+    let other_cpu = cpu_before.2.zip(cpu_after.2).map(|(a, b)| {
+        let rest = (b - a) - client_cpu.cpu_s - server_cpu.as_ref().map_or(0.0, |s| s.cpu_s);
+        (rest / seconds_used).max(0.0)
+    });
     Ok(RunResult {
         scenario: args.scenario.clone(),
         label: if args.label.is_empty() {
@@ -326,9 +341,9 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         attempts_per_grant: 1.0,
         fairness: None,
         server_pid: args.server_pid,
-        server_cpu: cpu(cpu_before.0, cpu_after.0),
-        client_cpu: cpu(cpu_before.1, cpu_after.1).unwrap_or_default(),
-        other_cpu: None,
+        server_cpu,
+        client_cpu,
+        other_cpu,
         drained: false,
         memory: None,
         growth: Some(Growth {
@@ -341,6 +356,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
             rss_after_kib: rss_after,
             hwm_kib: hwm,
             longest_turn_ms,
+            server_preempted: preempted,
         }),
     })
 }

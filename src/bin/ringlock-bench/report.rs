@@ -161,6 +161,12 @@ fn figures_of(run: &RunResult) -> Vec<(String, f64)> {
         if let Some(ms) = g.longest_turn_ms {
             f.push(("longest_turn_ms".into(), ms));
         }
+        if let Some(n) = g.server_preempted {
+            f.push(("server_preempted".into(), n as f64));
+        }
+        if let Some(other) = run.other_cpu {
+            f.push(("other_util".into(), other));
+        }
         f.push(("probe_cycles".into(), run.cycles as f64));
         if let Some(h) = &run.latency_us.cycle {
             f.push(("probe_cycle_p50_us".into(), h.p50));
@@ -604,14 +610,17 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
             );
             let _ = writeln!(
                 md,
-                "| server | locks | fill (s) | acquires/s | longest loop turn (ms) | probe cycles | probe cycle p50 | p99 | p99.9 | max | probe round trip p99.9 | max | peak RSS (MiB) |"
+                "| server | locks | fill (s) | acquires/s | longest loop turn (ms) | probe cycles | probe cycle p50 | p99 | p99.9 | max | probe round trip p99.9 | max | peak RSS (MiB) | server preempted | rest of machine |"
             );
-            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(
+                md,
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            );
             for g in &groups {
                 let ms = |f: &str| g.get(f).map_or("-".into(), |v| format!("{v:.1}"));
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     g.label,
                     fmt_rate(g.get("locks").unwrap_or(0.0)),
                     ms("fill_s"),
@@ -626,6 +635,9 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
                     fmt_us(g.get("probe_rt_p999_us")),
                     fmt_us(g.get("probe_rt_max_us")),
                     ms("rss_peak_mib"),
+                    range(g, "server_preempted", |v| format!("{v:.0}")),
+                    g.get("other_util")
+                        .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
                 );
             }
             let _ = writeln!(md);

@@ -158,6 +158,10 @@ pub struct Growth {
     /// The server's longest loop turn, from its stop line
     /// (`--stop-server-log`).
     pub longest_turn_ms: Option<f64>,
+    /// Times the server was preempted during the fill (involuntary context
+    /// switches): a long turn in a run with some may be another process's.
+    #[serde(default)]
+    pub server_preempted: Option<u64>,
 }
 
 /// One run of the load generator.
@@ -256,6 +260,12 @@ impl RunResult {
                 g.longest_turn_ms
                     .map_or("not reported".into(), |ms| format!("{ms:.1} ms")),
             );
+            if let Some(n) = g.server_preempted {
+                println!("  server preempted {n} times during the fill");
+            }
+            if let Some(other) = self.other_cpu {
+                println!("  rest of the machine {:.0}% of a core", other * 100.0);
+            }
             println!(
                 "  probe: {} acquire/release cycles, {} errors",
                 self.cycles, self.errors
