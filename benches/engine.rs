@@ -23,6 +23,7 @@ fn node() -> Node {
         NodeConfig {
             advertise: "127.0.0.1:7171".into(),
             cluster: None,
+            max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
         },
     )
 }

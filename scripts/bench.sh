@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # ringlock beside Redis and the loopback floor (docs/performance.md).
 #
-#   scripts/bench.sh            full run, a few minutes; results in bench-results/
-#   scripts/bench.sh --quick    smoke run (~30 s); results in target/bench-quick/
+#   scripts/bench.sh                full run, a few minutes; results in bench-results/
+#   scripts/bench.sh --quick        smoke run (~30 s); results in target/bench-quick/
+#   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
+#          --growth-locks N (4000000: the growth scenario's fill),
 #          --spin-us N (100: the spinning servers' and, in the
 #          spinning-client scenario, the load generator's busy-poll),
 #          --server-core C, --client-core C, --out DIR,
@@ -23,7 +25,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+COMMAND="scripts/bench.sh $*"
 QUICK=0
+ONLY=
+GROWTH_LOCKS=4000000
 ROUNDS=3
 WARMUP=0.5
 DURATION=2
@@ -41,6 +46,8 @@ while [ $# -gt 0 ]; do
         --warmup) WARMUP=$2; shift ;;
         --duration) DURATION=$2; shift ;;
         --locks) LOCKS=$2; shift ;;
+        --growth-locks) GROWTH_LOCKS=$2; shift ;;
+        --only) ONLY=$2; shift ;;
         --spin-us) SPIN_US=$2; shift ;;
         --max-other) MAX_OTHER=$2; shift ;;
         --retries) RETRIES=$2; shift ;;
@@ -53,11 +60,14 @@ while [ $# -gt 0 ]; do
     shift
 done
 if [ "$QUICK" = 1 ]; then
-    ROUNDS=1 WARMUP=0.2 DURATION=0.5 LOCKS=100000
+    ROUNDS=1 WARMUP=0.2 DURATION=0.5 LOCKS=100000 GROWTH_LOCKS=200000
     OUT_DIR=${OUT_DIR:-target/bench-quick}
 fi
+case "$ONLY" in
+    ''|growth) ;;
+    *) echo "bench.sh: --only takes growth" >&2; exit 2 ;;
+esac
 OUT_DIR=${OUT_DIR:-bench-results}
-COMMAND="scripts/bench.sh $*"
 
 say() { printf 'bench.sh: %s\n' "$*" >&2; }
 
@@ -70,14 +80,14 @@ apt_install() {
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
-if ! command -v redis-server >/dev/null; then
+if [ -z "$ONLY" ] && ! command -v redis-server >/dev/null; then
     say "installing redis-server"
     apt_install redis-server
 fi
 if ! command -v taskset >/dev/null; then
     apt_install util-linux
 fi
-if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+if [ -z "$ONLY" ] && [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     say "installing fonts-dejavu-core (text in the plots)"
     apt_install fonts-dejavu-core
 fi
@@ -199,6 +209,14 @@ stop() { # LABEL
     wait "$pid" 2>/dev/null || true
 }
 
+RUNS=$WORK/runs.jsonl
+: >"$RUNS"
+FAILED=0
+DISTURBED=0
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+START=$(date +%s)
+
+if [ -z "$ONLY" ]; then
 # ---------------------------------------------------------------- targets
 start_ringlock ringlock-uring uring
 start_ringlock ringlock-epoll epoll
@@ -236,12 +254,6 @@ SCENARIOS=(
     "pipelined|--conns 4 --pipeline 32|all"
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
-RUNS=$WORK/runs.jsonl
-: >"$RUNS"
-FAILED=0
-DISTURBED=0
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-START=$(date +%s)
 
 # One generator run. When the rest of the machine used more than --max-other
 # cores meanwhile (someone else's build on a shared machine), it is reported
@@ -328,6 +340,42 @@ for label in "${LOCK_LABELS[@]}"; do
     stop "$label"
 done
 RETRIES=$retries
+fi # not --only
+
+# Growth: a fresh ringlock per run, with --max-locks room for the fill,
+# filled to $GROWTH_LOCKS locks (16-byte keys, 1 h lease) by 4 connections
+# x 256 acquires in flight while a probe connection runs acquire/release
+# cycles; then the generator stops the server and reads its longest loop
+# turn from the stop line. --rounds rounds, the backends alternated.
+say "growth: $GROWTH_LOCKS locks per server"
+for round in $(seq "$ROUNDS"); do
+    ios=(uring epoll)
+    [ $((round % 2)) = 0 ] && ios=(epoll uring)
+    for io in "${ios[@]}"; do
+        label=ringlock-$io
+        log=$WORK/growth-$io.log
+        taskset -c "$SERVER_CORE" "$RINGLOCK" serve --listen 127.0.0.1:0 --io "$io" \
+            --max-locks $((GROWTH_LOCKS + 1000)) 2>"$log" &
+        pid=$!
+        PIDS+=("$pid")
+        addr=$(wait_listening "$log" "$pid")
+        rc=0
+        out=$(taskset -c "$CLIENT_CORE" "$GEN" --mode grow --addr "$addr" --locks "$GROWTH_LOCKS" \
+            --key-len 16 --conns 4 --pipeline 256 --lease 3600 --duration 300 --server-pid "$pid" \
+            --stop-server-log "$log" --scenario growth --label "$label" --round "$round" --json \
+            --quiet 2>"$WORK/gen.err") || rc=$?
+        wait "$pid" 2>/dev/null || true
+        if [ "$rc" != 0 ]; then
+            FAILED=$((FAILED + 1))
+            say "  FAILED ($rc): $label growth: $(tail -1 "$WORK/gen.err")"
+            tail -3 "$log" >&2
+        fi
+        if [ -n "$out" ]; then
+            printf '%s\n' "$out" >>"$RUNS"
+            say "  round $round growth $label: $(grep 'ringlock: stopped' "$log" || echo 'no stop line')"
+        fi
+    done
+done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- results
@@ -342,7 +390,7 @@ cat >"$WORK/meta.json" <<EOF
   "nproc": "$(nproc)",
   "load_before": "$LOAD_BEFORE",
   "load_after": "$LOAD_AFTER",
-  "redis_version": "$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')",
+  "redis_version": "$(redis-server --version 2>/dev/null | sed -n 's/.* v=\([^ ]*\).*/\1/p')",
   "rounds": "$ROUNDS",
   "warmup": "$WARMUP",
   "duration": "$DURATION",
@@ -359,14 +407,20 @@ cat >"$WORK/meta.json" <<EOF
 EOF
 mkdir -p "$OUT_DIR"
 # Never overwrite an earlier result.
-PREFIX=$OUT_DIR/$DAY-$COMMIT
+NAME=$DAY-$COMMIT${ONLY:+-$ONLY}
+PREFIX=$OUT_DIR/$NAME
 n=2
 while [ -e "$PREFIX.json" ]; do
-    PREFIX=$OUT_DIR/$DAY-$COMMIT-$n
+    PREFIX=$OUT_DIR/$NAME-$n
     n=$((n + 1))
 done
-"$GEN" report --runs "$RUNS" --meta "$WORK/meta.json" --out "$PREFIX"
-say "wrote $PREFIX.json, $PREFIX.md, $PREFIX-throughput.png, $PREFIX-latency.png ($(($(date +%s) - START)) s)"
+if [ -n "$ONLY" ]; then
+    "$GEN" report --no-plots --runs "$RUNS" --meta "$WORK/meta.json" --out "$PREFIX"
+    say "wrote $PREFIX.json, $PREFIX.md ($(($(date +%s) - START)) s)"
+else
+    "$GEN" report --runs "$RUNS" --meta "$WORK/meta.json" --out "$PREFIX"
+    say "wrote $PREFIX.json, $PREFIX.md, $PREFIX-throughput.png, $PREFIX-latency.png ($(($(date +%s) - START)) s)"
+fi
 if [ "$FAILED" != 0 ]; then
     say "$FAILED run(s) failed"
     exit 1

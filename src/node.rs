@@ -85,6 +85,8 @@ pub struct NodeConfig {
     pub advertise: String,
     /// With other nodes: the cluster. `None`: a cluster of one.
     pub cluster: Option<ClusterConfig>,
+    /// `--max-locks`: the most live locks the engine holds.
+    pub max_locks: u32,
 }
 
 pub struct Node {
@@ -102,7 +104,7 @@ pub struct Node {
 
 impl Node {
     pub fn new(now: Now, config: NodeConfig) -> Node {
-        let mut engine = Engine::new(now, &config.advertise);
+        let mut engine = Engine::with_max_locks(now, &config.advertise, config.max_locks);
         let cluster = config
             .cluster
             .map(|cfg| Cluster::new(cfg, now, &mut engine));

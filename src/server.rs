@@ -5,6 +5,7 @@ use std::os::unix::net::UnixStream;
 
 use crate::cluster::auth::{self, Secret};
 use crate::cluster::{ClusterConfig, wire};
+use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice};
 use crate::node::{Node, NodeConfig};
 
@@ -27,6 +28,11 @@ pub struct ServeArgs {
     /// Most client connections at once; one more is closed at once.
     #[arg(long, default_value_t = 10_000)]
     pub max_conns: usize,
+    /// Most live locks (keys held, waited for, or with a held-back T); an
+    /// acquire of one more key breaks its connection with E. Room for them
+    /// is reserved at start (address space: about 140 bytes per lock).
+    #[arg(long, default_value_t = DEFAULT_MAX_LOCKS)]
+    pub max_locks: u32,
     /// Busy-poll for up to this many microseconds before sleeping in the
     /// kernel: trades a core for latency (0: off).
     #[arg(long, default_value_t = 0)]
@@ -83,11 +89,18 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     if args.max_conns == 0 {
         return Err(ServeError::Config("--max-conns must be at least 1".into()));
     }
+    if !(1..=MAX_LOCKS_LIMIT).contains(&args.max_locks) {
+        return Err(ServeError::Config(format!(
+            "--max-locks must be between 1 and {MAX_LOCKS_LIMIT}"
+        )));
+    }
     let listener = bind_with_retry(listen)
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
     let cluster = cluster_config(&args, &advertise)?;
+    // Before the engine's tables are made: see the function.
+    io::disable_huge_pages();
     let fd_limit = io::raise_fd_limit();
     if let Some(limit) = fd_limit.filter(|&l| (l as usize) < args.max_conns + 64) {
         eprintln!(
@@ -109,8 +122,17 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         NodeConfig {
             advertise: advertise.clone(),
             cluster,
+            max_locks: args.max_locks,
         },
     );
+    let reserved = node.engine().reserved_locks();
+    if reserved < args.max_locks as usize {
+        eprintln!(
+            "ringlock: warning: room for only {reserved} of --max-locks {} locks could be \
+             reserved; past that the table stops the loop to copy itself as it grows",
+            args.max_locks
+        );
+    }
     let config = LoopConfig {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
@@ -122,11 +144,14 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             eprintln!("ringlock: listening on {bound} (io: epoll; io_uring unavailable: {why})")
         }
     }
-    match backend {
+    let turns = match backend {
         Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
         Backend::Epoll { .. } => io::epoll::run(listener, signals, node, clock, &config)?,
-    }
-    eprintln!("ringlock: stopped");
+    };
+    eprintln!(
+        "ringlock: stopped (longest loop turn {:.1} ms)",
+        turns.longest().as_secs_f64() * 1e3
+    );
     Ok(())
 }
 

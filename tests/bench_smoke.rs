@@ -240,3 +240,85 @@ fn instruction_cases_run() {
         assert!(ops >= 300, "instr {case}: {ops} operations");
     }
 }
+
+/// `--mode grow` at a small size: the fill completes, the probe runs, and
+/// the server's longest loop turn is read from its stop line. (No timing is
+/// checked: this only keeps the scenario from rotting.)
+#[test]
+fn grow_mode_and_its_report() {
+    let dir = std::env::temp_dir().join(format!("ringlock-bench-grow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("server.log");
+    let mut server = Command::new(SERVER)
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-locks", "20001"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn ringlock serve");
+    let addr = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(rest) = text.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "server exited: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let pid = server.id().to_string();
+    let out = Command::new(GEN)
+        .args([
+            "--mode", "grow", "--addr", &addr, "--locks", "20000", "--conns", "2",
+        ])
+        .args(["--pipeline", "64", "--lease", "60", "--duration", "60"])
+        .args(["--server-pid", &pid, "--stop-server-log"])
+        .arg(&log)
+        .args([
+            "--scenario",
+            "growth",
+            "--label",
+            "ringlock-x",
+            "--json",
+            "--quiet",
+        ])
+        .output()
+        .expect("run ringlock-bench");
+    let status = server.wait().expect("the generator stopped the server");
+    assert!(
+        out.status.success(),
+        "ringlock-bench --mode grow failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(status.success(), "server exit {status}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON result");
+    assert_eq!(f(&r, &["growth", "granted"]), 20000.0);
+    assert!(f(&r, &["growth", "longest_turn_ms"]) >= 0.0);
+    assert!(f(&r, &["cycles"]) > 0.0, "the probe ran");
+    assert!(f(&r, &["latency_us", "cycle", "max"]) > 0.0);
+    assert_eq!(f(&r, &["errors"]), 0.0);
+
+    let runs = dir.join("runs.jsonl");
+    std::fs::write(&runs, format!("{r}\n")).unwrap();
+    let out = Command::new(GEN)
+        .args(["report", "--no-plots", "--runs"])
+        .arg(&runs)
+        .arg("--out")
+        .arg(dir.join("result"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(dir.join("result.md")).unwrap();
+    assert!(md.contains("## growth"), "{md}");
+    assert!(md.contains("longest loop turn"), "{md}");
+    assert!(
+        !md.contains("Issue 5 targets"),
+        "nothing to check here: {md}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -279,7 +279,6 @@ const STRANGER_E_LINE: &[&[u8]] = &[NODE0, OPEN2, STRANGER_FROM_LONG_ADDR];
 const LEAVE_ALONE: &[&[u8]] = &[NODE0, GRACE, LEAVE];
 
 #[test]
-#[ignore = "finding: a node that heard MAX_TOKEN grants MAX_TOKEN + 1"]
 fn finding_tokens_past_max_token() {
     node::run_with(&TOKENS_PAST_MAX.concat(), node::STRICT);
 }

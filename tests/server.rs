@@ -106,6 +106,7 @@ on_both! {
     concurrent_300: concurrent_300_uring, concurrent_300_epoll;
     tokens_survive_kill9: tokens_survive_kill9_uring, tokens_survive_kill9_epoll;
     max_conns: max_conns_uring, max_conns_epoll;
+    max_locks: max_locks_uring, max_locks_epoll;
     sigterm_answers_waiters: sigterm_answers_waiters_uring, sigterm_answers_waiters_epoll;
     sigint_answers_waiters: sigint_answers_waiters_uring, sigint_answers_waiters_epoll;
     crlf: crlf_uring, crlf_epoll;
@@ -1075,6 +1076,68 @@ fn max_conns(io: &str) {
     wait_for_free_slot(&s);
     for c in &mut conns {
         assert_eq!(status(c, &s), last);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// --max-locks: an acquire of one key more breaks its connection with E;
+// existing grants, keys that have a lock and other connections go on.
+
+fn max_locks(io: &str) {
+    let s = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io, "--max-locks", "3"]);
+    let mut a = s.connect();
+    let mut b = s.connect();
+    let t1 = acquire(&mut a, "k1", "30", "0");
+    let t2 = acquire(&mut a, "k2", "30", "0");
+    let t3 = acquire(&mut b, "k3", "30", "0");
+    // A waiter on a held key is no new lock: it waits as usual.
+    b.line("A k1 30 0");
+    assert_eq!(status(&mut b, &s), t3);
+
+    // The 4th distinct key: answers before it, then E naming its line.
+    let mut c = s.connect();
+    c.send(b"S\nA k2 30 0.2\nA k4 30 0\nS\n");
+    let before = expect_error(&mut c, 3);
+    assert_eq!(before, [format!("S active {} {t3}", s.addr)]);
+    let mut c = s.connect();
+    c.line("A k4 30 0");
+    let error = expect_error(&mut c, 1);
+    assert!(error.is_empty());
+    let mut c = s.connect();
+    c.line("A k4 30 0");
+    let line = c.recv_or_closed().expect("an E line");
+    assert_eq!(line, "E lock table full: 3 locks (--max-locks) in line 1");
+
+    // The others are unaffected: grants live, releases hand over, renewals
+    // and acquires of the keys that have a lock work.
+    assert_eq!(a.call(&format!("N k2 {t2} 30")), "N k2 1");
+    assert_eq!(a.call("A k3 30 0.1"), "T k3");
+    assert_eq!(a.call(&format!("R k1 {t1}")), "R k1 1");
+    let t1b = grant_of("k1", &b.recv());
+    assert!(t1b > t3);
+    // A lock that goes makes room for a new key.
+    assert_eq!(a.call(&format!("R k2 {t2}")), "R k2 1");
+    let mut d = s.connect();
+    let t4 = acquire(&mut d, "k4", "30", "0");
+    assert!(t4 > t1b);
+    assert_eq!(status(&mut a, &s), t4);
+}
+
+/// `--max-locks` out of its range stops the server before it listens.
+#[test]
+fn max_locks_out_of_range() {
+    for value in ["0", "2147483649"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--max-locks", value])
+            .output()
+            .expect("run ringlock serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--max-locks {value} accepted");
+        assert!(
+            stderr.contains("--max-locks must be between 1 and 2147483648"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("listening"), "{stderr}");
     }
 }
 

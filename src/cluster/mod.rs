@@ -826,7 +826,9 @@ impl Cluster {
             } => {
                 engine.observe_token(token);
                 if following_sender {
-                    engine.apply_grant(now, key, token, remaining_ms);
+                    engine
+                        .apply_grant(now, key, token, remaining_ms)
+                        .map_err(|refusal| refusal.to_string())?;
                 }
             }
             PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),

@@ -32,6 +32,39 @@ pub type ConnId = u32;
 /// The most acquires one connection may have waiting (PROTOCOL.md).
 pub const MAX_WAITING_PER_CONN: u32 = 4096;
 
+/// The longest lease the engine takes, in ms: PROTOCOL.md's 86400 s, which
+/// the request parser enforces for clients (and for waits). A replicated
+/// grant with more lease left than this is refused ([`GrantRefusal`]).
+pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
+
+/// The most live locks (keys with a holder, waiters or a held-back `T`)
+/// by default: `ringlock serve --max-locks`. A million locks took about
+/// 230 MiB at peak (docs/performance.md).
+pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
+
+/// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
+/// index; this leaves half of the timing wheel's indices to waits, beside
+/// one lease per lock.
+pub const MAX_LOCKS_LIMIT: u32 = 1 << 31;
+
+/// How many values of `T` a slab can reserve room for, up to `wanted`. The
+/// room is address space, which a system may refuse for very large tables
+/// (`ulimit -v`, strict overcommit): then half as much is tried, and so
+/// on. A slab that outgrows its room still works, but grows by copying.
+pub fn reservable<T>(wanted: usize) -> usize {
+    // A slab entry is the value and the slab's tag, at most.
+    let entry = std::mem::size_of::<T>() + 8;
+    let mut n = wanted;
+    while n > 0
+        && Vec::<u8>::new()
+            .try_reserve_exact(n.saturating_mul(entry))
+            .is_err()
+    {
+        n /= 2;
+    }
+    n
+}
+
 /// The time, as the I/O loop read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
@@ -49,6 +82,13 @@ pub enum Refusal {
     /// A client request on a connection taken beyond `--max-conns` for the
     /// node's peers.
     TooManyConns,
+    /// An acquire that would be granted, but no fencing token is left:
+    /// [`token::MAX_TOKEN`] was issued or observed. Nothing can be granted
+    /// any more; the operator's way out is in docs/protocol.md.
+    TokensExhausted,
+    /// An acquire of a key that has no lock while the table holds
+    /// `max_locks` locks (`--max-locks`).
+    LockTableFull { max_locks: u32 },
 }
 
 impl std::fmt::Display for Refusal {
@@ -60,6 +100,50 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::TooManyConns => f.write_str(
                 "too many connections: this one was taken beyond --max-conns for a peer",
+            ),
+            Refusal::TokensExhausted => write!(
+                f,
+                "fencing tokens exhausted: token {} was issued or seen, nothing can be granted",
+                token::MAX_TOKEN
+            ),
+            Refusal::LockTableFull { max_locks } => {
+                write!(f, "lock table full: {max_locks} locks (--max-locks)")
+            }
+        }
+    }
+}
+
+/// A replicated grant ([`Engine::apply_grant`]) the engine does not take.
+/// The peer that sent it is misconfigured or broken: the cluster breaks its
+/// link with this as the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantRefusal {
+    /// Its token is above [`token::MAX_TOKEN`].
+    TokenOutOfRange(u64),
+    /// Its remaining lease is above [`MAX_LEASE_MS`].
+    LeaseOutOfRange(u64),
+    /// Its key has no lock here and the table holds `max_locks` locks: the
+    /// active takes more than this node (every node needs the same
+    /// `--max-locks`).
+    LockTableFull { max_locks: u32 },
+}
+
+impl std::fmt::Display for GrantRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrantRefusal::TokenOutOfRange(token) => write!(
+                f,
+                "replicated grant with token {token}, above the highest token {}",
+                token::MAX_TOKEN
+            ),
+            GrantRefusal::LeaseOutOfRange(ms) => write!(
+                f,
+                "replicated grant with {ms} ms of lease left, more than {MAX_LEASE_MS}"
+            ),
+            GrantRefusal::LockTableFull { max_locks } => write!(
+                f,
+                "replicated grant of a new key, but the lock table is full: {max_locks} locks \
+                 (--max-locks; it must be the same on every node)"
             ),
         }
     }
@@ -97,6 +181,8 @@ enum Serving {
 /// See the module docs.
 pub struct Engine {
     table: Table,
+    /// `--max-locks`: the table never holds more locks.
+    max_locks: u32,
     wheel: Wheel<Timer>,
     tokens: TokenClock,
     conns: Vec<Conn>,
@@ -113,9 +199,21 @@ impl Engine {
     /// An active engine whose clock starts at `now`. `advertise` is the
     /// address `S` names for the active node when it is this one.
     pub fn new(now: Now, advertise: &str) -> Engine {
+        Engine::with_max_locks(now, advertise, DEFAULT_MAX_LOCKS)
+    }
+
+    /// Same, holding at most `max_locks` locks (`--max-locks`, at least 1
+    /// and at most [`MAX_LOCKS_LIMIT`]; clamped into that range). Room for
+    /// them is reserved now, so that the table never stops to copy itself
+    /// as it grows; see [`Engine::reserved_locks`].
+    pub fn with_max_locks(now: Now, advertise: &str, max_locks: u32) -> Engine {
+        let max_locks = max_locks.clamp(1, MAX_LOCKS_LIMIT);
+        let locks = max_locks as usize;
         Engine {
-            table: Table::new(),
-            wheel: Wheel::with_capacity(now.ms, 1024),
+            table: Table::with_capacity(locks),
+            max_locks,
+            // A lease per lock, a wait per waiter at most.
+            wheel: Wheel::with_capacity(now.ms, locks + table::RESERVED_WAITERS),
             tokens: TokenClock::new(),
             conns: Vec::new(),
             dirty: Vec::new(),
@@ -138,6 +236,13 @@ impl Engine {
     /// Number of live locks.
     pub fn lock_count(&self) -> usize {
         self.table.len()
+    }
+
+    /// Locks the engine could reserve room for: `max_locks` unless the
+    /// system refused that much address space. Past it the lock slab grows
+    /// by doubling, which copies it in one loop turn.
+    pub fn reserved_locks(&self) -> usize {
+        self.table.reserved_locks()
     }
 
     /// The live grant of `key`: `(token, expires_ms)`.
@@ -331,10 +436,21 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
-        let lock = self.table.find_or_insert(key);
+        let Some(lock) = self
+            .table
+            .find_or_insert_within(key, self.max_locks as usize)
+        else {
+            return Err(Refusal::LockTableFull {
+                max_locks: self.max_locks,
+            });
+        };
         if self.table.lock(lock).holder.is_none() {
             debug_assert!(self.table.head(lock).is_none());
-            self.grant(now, lock, conn, lease_ms);
+            let Some(token) = self.tokens.next(now.unix_ns) else {
+                self.table.remove_if_idle(lock);
+                return Err(Refusal::TokensExhausted);
+            };
+            self.grant(now, lock, conn, lease_ms, token);
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
@@ -384,10 +500,10 @@ impl Engine {
         true
     }
 
-    /// Grants the free `lock` to `conn` with a new token, and answers it.
-    fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64) {
+    /// Grants the free `lock` to `conn` with `token` (just issued), and
+    /// answers it.
+    fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64, token: u64) {
         debug_assert!(self.table.lock(lock).holder.is_none());
-        let token = self.tokens.next(now.unix_ns);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
         let l = self.table.lock_mut(lock);
@@ -406,6 +522,16 @@ impl Engine {
 
     /// The lock just became free: it passes to its head waiter in the same
     /// step, or, with nobody waiting, leaves the table.
+    ///
+    /// With the token space exhausted ([`Refusal::TokensExhausted`]) there
+    /// is no token to grant with. This runs inside a release or a tick, not
+    /// an acquire, so there is no request to refuse: the head waiter is
+    /// answered `T`, as if its wait ran out, and so is every waiter behind
+    /// it, in FIFO order (rule 3 holds: each goes through the same path as
+    /// a timeout). Every acquire still gets exactly one answer, a `T` is
+    /// final (the waiter is gone, never granted), and the lock leaves the
+    /// table free. Leaving the waiters queued instead would leave them on a
+    /// free lock that nothing ever grants.
     fn hand_off(&mut self, now: Now, lock: u32) {
         let Some(w) = self.table.head(lock) else {
             self.table.remove_if_idle(lock);
@@ -416,15 +542,48 @@ impl Engine {
         if let Some(timer) = waiter.timer.take() {
             self.wheel.cancel(timer);
         }
-        self.grant(now, lock, conn, lease_ms);
-        self.answered(w);
+        match self.tokens.next(now.unix_ns) {
+            Some(token) => {
+                self.grant(now, lock, conn, lease_ms, token);
+                self.answered(w);
+            }
+            None => self.time_out_all(lock, w),
+        }
     }
 
-    /// A queued waiter's wait ran out. Its `T` goes out now, unless an earlier
+    /// [`Engine::hand_off`] without a token: `w`, the head waiter (its wait
+    /// timer already cancelled), and every waiter behind it are answered
+    /// `T`; the lock leaves the table.
+    #[cold]
+    #[inline(never)]
+    fn time_out_all(&mut self, lock: u32, mut w: u32) {
+        loop {
+            self.time_out(w);
+            let Some(next) = self.table.head(lock) else {
+                break;
+            };
+            w = next;
+            if let Some(timer) = self.table.waiter_mut(w).timer.take() {
+                self.wheel.cancel(timer);
+            }
+        }
+        self.table.remove_if_idle(lock);
+    }
+
+    /// A queued waiter's wait ran out: [`Engine::time_out`], and the lock
+    /// leaves the table if that was the last thing keeping it.
+    fn wait_ran_out(&mut self, w: u32) {
+        let lock = self.table.waiter(w).lock;
+        self.time_out(w);
+        self.table.remove_if_idle(lock);
+    }
+
+    /// Answers a queued waiter `T`. The `T` goes out now, unless an earlier
     /// acquire of the same key on the same connection is still unanswered
     /// (rule 3): then it is held back until that one is answered. Either way
-    /// it has left the queue and will never be granted.
-    fn wait_ran_out(&mut self, w: u32) {
+    /// it has left the queue and will never be granted. The lock stays in
+    /// the table even if nothing keeps it any more: the caller removes it.
+    fn time_out(&mut self, w: u32) {
         let (conn, lock) = {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock)
@@ -447,7 +606,6 @@ impl Engine {
             Answer::TimedOut { key },
         );
         self.answered(w);
-        self.table.remove_if_idle(lock);
     }
 
     /// `w` has been answered: send the `T`s it was holding back, then forget
@@ -512,23 +670,46 @@ impl Engine {
 
     /// A standby takes a grant replicated by the active: `key` is held with
     /// `token` for `remaining_ms` from now (replacing any grant it had).
-    pub fn apply_grant(&mut self, now: Now, key: &[u8], token: u64, remaining_ms: u64) {
+    /// Values no node of ours sends are refused, and nothing changes: a
+    /// token above [`token::MAX_TOKEN`], more than [`MAX_LEASE_MS`] left,
+    /// and a new key when the table holds `max_locks` locks.
+    pub fn apply_grant(
+        &mut self,
+        now: Now,
+        key: &[u8],
+        token: u64,
+        remaining_ms: u64,
+    ) -> Result<(), GrantRefusal> {
         debug_assert!(
             !self.is_active(),
             "only a standby applies replicated grants"
         );
+        if token > token::MAX_TOKEN {
+            return Err(GrantRefusal::TokenOutOfRange(token));
+        }
+        if remaining_ms > MAX_LEASE_MS {
+            return Err(GrantRefusal::LeaseOutOfRange(remaining_ms));
+        }
+        let Some(lock) = self
+            .table
+            .find_or_insert_within(key, self.max_locks as usize)
+        else {
+            return Err(GrantRefusal::LockTableFull {
+                max_locks: self.max_locks,
+            });
+        };
         self.tokens.observe(token);
-        let lock = self.table.find_or_insert(key);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
         }
-        let expires_ms = now.ms + remaining_ms;
+        let expires_ms = now.ms.saturating_add(remaining_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
         self.table.lock_mut(lock).holder = Some(table::Grant {
             token,
             expires_ms,
             timer,
         });
+        Ok(())
     }
 
     /// A standby takes a replicated release (or expiry) of `key`'s grant
@@ -546,15 +727,23 @@ impl Engine {
     }
 
     /// A standby about to receive a snapshot forgets every grant it had.
+    ///
+    /// A standby has no waiters: stepping down answered them all, and a
+    /// standby answers acquires `M`. Should the cluster call this on a node
+    /// that has some, a lock with waiters keeps its holder (a free lock with
+    /// waiters would never be granted) and the rest are cleared.
     pub fn clear_grants(&mut self) {
         debug_assert!(!self.is_active());
         for lock in self.table.lock_ids() {
-            debug_assert!(self.table.head(lock).is_none(), "a standby has no waiters");
+            if self.table.has_waiters(lock) {
+                debug_assert!(false, "waiters on a standby");
+                continue;
+            }
             if let Some(grant) = self.table.lock_mut(lock).holder.take() {
                 self.wheel.cancel(grant.timer);
             }
             let removed = self.table.remove_if_idle(lock);
-            assert!(removed, "lock with held-back waiters on a standby");
+            debug_assert!(removed);
         }
     }
 
@@ -619,7 +808,7 @@ impl Engine {
 /// added because `now.ms` is a floor: the real time may be up to 1 ms later,
 /// and a lease or wait must never end before its full length.
 fn deadline(now: Now, duration_ms: u64) -> u64 {
-    now.ms + duration_ms + 1
+    now.ms.saturating_add(duration_ms).saturating_add(1)
 }
 
 /// Appends an answer to a connection's output and marks it dirty.

@@ -12,9 +12,27 @@
 //!   earlier acquire of the same key is answered.
 //!
 //! Keys are interned: one copy per lock, inline for keys of up to
-//! [`INLINE_KEY`] bytes, found through a hash table of lock indices. A lock
+//! [`INLINE_KEY`] bytes, found through a hash index of lock indices. A lock
 //! with no holder, no waiter and no held-back `T` is removed at once, so the
 //! table holds only live locks.
+//!
+//! Nothing here grows in one big step while it serves, so that the loop
+//! never stops for long as the table fills (docs/architecture.md has the
+//! numbers):
+//!
+//! - The slabs are sized when the table is made ([`Table::with_capacity`]:
+//!   the engine asks for `--max-locks` locks). That takes address space,
+//!   not memory: a page is touched when a lock is first stored in it. A
+//!   slab that never outgrows its room never reallocates, and a slab that
+//!   reallocates copies everything it holds in one go (at 2^20 locks, one
+//!   loop turn of 165–495 ms).
+//! - The index is [`SHARDS`] small hash tables, the key's hash choosing
+//!   one. A hash table grows by rehashing everything it holds; a shard holds
+//!   1/1024th of the keys. Keys spread evenly, so the shards would all fill
+//!   up, and rehash, at about the same moment: each shard therefore grows
+//!   early, at its own fill level between 1/2 and 1 of its capacity (the
+//!   shard of rank `r`, a permutation of its number, at `1/2 + r/2048`),
+//!   which spreads their rehashes evenly over every doubling of the table.
 //!
 //! The table knows nothing of time, tokens or answers; the engine does.
 
@@ -23,11 +41,59 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use slab::Slab;
 
-use super::ConnId;
 use super::wheel::TimerId;
+use super::{ConnId, reservable};
 
 /// "No index" in the intrusive lists.
 pub const NIL: u32 = u32::MAX;
+
+/// Shards of the key index.
+pub const SHARDS: usize = 1 << SHARD_BITS;
+const SHARD_BITS: u32 = 10;
+
+/// Waiters the table reserves room for when it is made: the waiting
+/// acquires of 256 connections at their limit of 4096 each. Past that the
+/// waiter slab grows by doubling, which copies it.
+pub const RESERVED_WAITERS: usize = 1 << 20;
+
+/// The shard of a key's hash: bits 32..42. A shard's own table uses the
+/// low bits (the bucket) and the top seven (the control byte).
+#[inline]
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize & (SHARDS - 1)
+}
+
+/// One shard of the key index.
+struct Shard {
+    index: HashTable<u32>,
+    /// Entries at which this shard grows, early (see the module docs).
+    grow_at: usize,
+}
+
+impl Shard {
+    /// Makes room for one more entry: doubles the shard if it reached its
+    /// own fill level, or, if tombstones of removed entries left it no room
+    /// before that, does what hashbrown would do inside the insert (clean
+    /// up in place, or double). Then sets the next level. Rehashing reads
+    /// each entry's hash from its lock.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, shard: usize, locks: &Slab<Lock>) {
+        let (len, capacity) = (self.index.len(), self.index.capacity());
+        let additional = if len >= self.grow_at {
+            capacity - len + 1
+        } else {
+            1
+        };
+        self.index.reserve(additional, |&i| locks[i as usize].hash);
+        let capacity = self.index.capacity();
+        // The levels go by the shard's number bit-reversed, so that shards
+        // with near numbers (which a test, say, may fill in order) have
+        // levels far apart.
+        let rank = shard.reverse_bits() >> (usize::BITS - SHARD_BITS);
+        self.grow_at = capacity / 2 + capacity * rank / (2 * SHARDS);
+    }
+}
 
 /// Keys up to this length are stored inside the lock, without allocation.
 pub const INLINE_KEY: usize = 30;
@@ -138,7 +204,7 @@ impl ConnList {
 
 /// See the module docs.
 pub struct Table {
-    index: HashTable<u32>,
+    shards: Box<[Shard; SHARDS]>,
     hasher: foldhash::fast::RandomState,
     locks: Slab<Lock>,
     waiters: Slab<Waiter>,
@@ -152,12 +218,29 @@ impl Default for Table {
 }
 
 impl Table {
+    /// A table with room for 65536 locks (see [`Table::with_capacity`]).
     pub fn new() -> Table {
+        Table::with_capacity(1 << 16)
+    }
+
+    /// A table with room reserved for `locks` locks and
+    /// [`RESERVED_WAITERS`] waiters, as much of it as the system grants
+    /// ([`reservable`]). Memory is taken as they come.
+    pub fn with_capacity(locks: usize) -> Table {
+        let shards: Vec<Shard> = (0..SHARDS)
+            .map(|_| Shard {
+                index: HashTable::new(),
+                grow_at: 0,
+            })
+            .collect();
+        let Ok(shards) = shards.into_boxed_slice().try_into() else {
+            unreachable!("{SHARDS} shards made");
+        };
         Table {
-            index: HashTable::new(),
+            shards,
             hasher: foldhash::fast::RandomState::default(),
-            locks: Slab::new(),
-            waiters: Slab::new(),
+            locks: Slab::with_capacity(reservable::<Lock>(locks)),
+            waiters: Slab::with_capacity(reservable::<Waiter>(RESERVED_WAITERS)),
             conns: Vec::new(),
         }
     }
@@ -181,7 +264,8 @@ impl Table {
     pub fn find(&self, key: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
         let locks = &self.locks;
-        self.index
+        self.shards[shard_of(hash)]
+            .index
             .find(hash, |&i| locks[i as usize].key() == key)
             .copied()
     }
@@ -189,10 +273,28 @@ impl Table {
     /// The lock of `key`, created free if it is not live.
     #[inline]
     pub fn find_or_insert(&mut self, key: &[u8]) -> u32 {
+        match self.find_or_insert_within(key, usize::MAX) {
+            Some(lock) => lock,
+            None => unreachable!("no limit"),
+        }
+    }
+
+    /// The lock of `key`, created free if it is not live and the table
+    /// holds fewer than `max_len` locks; `None` if the table is full.
+    #[inline]
+    pub fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
+        let s = shard_of(hash);
+        let shard = &mut self.shards[s];
         let locks = &self.locks;
-        if let Some(&i) = self.index.find(hash, |&i| locks[i as usize].key() == key) {
-            return i;
+        if let Some(&i) = shard.index.find(hash, |&i| locks[i as usize].key() == key) {
+            return Some(i);
+        }
+        if locks.len() >= max_len {
+            return None;
+        }
+        if shard.index.len() >= shard.grow_at || shard.index.len() == shard.index.capacity() {
+            shard.grow(s, locks);
         }
         let i = self.locks.insert(Lock {
             key: KeyBuf::new(key),
@@ -202,21 +304,32 @@ impl Table {
             tail: NIL,
             held_back: 0,
         });
+        // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
         let i = u32::try_from(i).expect("lock table over u32::MAX entries");
         let locks = &self.locks;
-        self.index
+        shard
+            .index
             .insert_unique(hash, i, |&j| locks[j as usize].hash);
-        i
+        Some(i)
+    }
+
+    /// Locks the table has room reserved for (see [`Table::with_capacity`]).
+    pub fn reserved_locks(&self) -> usize {
+        self.locks.capacity()
     }
 
     /// Removes `lock` if nothing refers to it any more. Returns true if
     /// removed: the index is then invalid.
     pub fn remove_if_idle(&mut self, lock: u32) -> bool {
-        if !self.locks[lock as usize].is_idle() {
+        let l = &self.locks[lock as usize];
+        if !l.is_idle() {
             return false;
         }
-        let hash = self.locks[lock as usize].hash;
-        match self.index.find_entry(hash, |&i| i == lock) {
+        let hash = l.hash;
+        match self.shards[shard_of(hash)]
+            .index
+            .find_entry(hash, |&i| i == lock)
+        {
             Ok(entry) => {
                 entry.remove();
             }
@@ -270,6 +383,12 @@ impl Table {
     /// The next older acquire on the same connection, or [`NIL`].
     pub fn conn_prev(&self, waiter: u32) -> u32 {
         self.waiters[waiter as usize].c_prev
+    }
+
+    /// True if `lock` has queued waiters or held-back `T`s.
+    pub fn has_waiters(&self, lock: u32) -> bool {
+        let l = &self.locks[lock as usize];
+        l.head != NIL || l.held_back > 0
     }
 
     /// The first queued waiter of `lock`, or `None`.
@@ -398,6 +517,109 @@ impl Table {
         }
         assert_eq!(listed, self.waiters.len());
         assert_eq!(queued + held_back, self.waiters.len());
-        assert_eq!(self.index.len(), self.locks.len());
+        // Every lock was found above through its own shard; with the
+        // counts equal, the shards hold nothing else.
+        let indexed: usize = self.shards.iter().map(|s| s.index.len()).sum();
+        assert_eq!(indexed, self.locks.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("key-{i:08}").into_bytes()
+    }
+
+    fn capacities(table: &Table) -> Vec<usize> {
+        table.shards.iter().map(|s| s.index.capacity()).collect()
+    }
+
+    /// Keys that spread over the shards perfectly evenly (the `k`-th goes
+    /// to shard `k % SHARDS`): the worst case for growth, since every shard
+    /// reaches the same load at the same moment. Each shard still grows at
+    /// its own level, so the rehashes are spread over the inserts.
+    #[test]
+    fn shards_grow_one_at_a_time_even_when_they_fill_in_step() {
+        const PER_SHARD: usize = 300;
+        let mut table = Table::with_capacity(SHARDS * PER_SHARD);
+        let mut by_shard: Vec<Vec<Vec<u8>>> = vec![Vec::new(); SHARDS];
+        let mut i = 0;
+        while by_shard.iter().any(|k| k.len() < PER_SHARD) {
+            let k = key(i);
+            by_shard[shard_of(table.hasher.hash_one(&k[..]))].push(k);
+            i += 1;
+        }
+        let mut before = capacities(&table);
+        let mut worst = (0, 0);
+        for round in 0..PER_SHARD {
+            for (s, keys) in by_shard.iter().enumerate() {
+                table.find_or_insert(&keys[round]);
+                if s % 64 == 63 {
+                    let now = capacities(&table);
+                    let growths = before.iter().zip(&now).filter(|(b, n)| b != n).count();
+                    // The first growths (tables of 3, 7 and 14 entries)
+                    // are too small to matter, or to stagger.
+                    if round >= 30 {
+                        worst = worst.max((growths, round));
+                    }
+                    before = now;
+                }
+            }
+        }
+        // About one shard in 1/1024th of a doubling; in step, all 64 of a
+        // window would grow together.
+        assert!(
+            worst.0 <= 4,
+            "{} shards grew within 64 inserts (round {})",
+            worst.0,
+            worst.1
+        );
+        table.check_invariants_index();
+    }
+
+    #[test]
+    fn a_shard_full_of_removed_entries_is_cleaned_or_grown_and_stays_bounded() {
+        // Churn: keys come and go while the table holds about 2000 of them,
+        // so removals leave tombstones in the shards' tables.
+        let mut table = Table::with_capacity(4096);
+        for i in 0..300_000 {
+            let lock = table.find_or_insert(&key(i));
+            table.lock_mut(lock).held_back = 1; // not idle
+            if i >= 2_000 {
+                let old = table.find(&key(i - 2_000)).expect("live");
+                table.lock_mut(old).held_back = 0;
+                assert!(table.remove_if_idle(old));
+            }
+        }
+        assert_eq!(table.len(), 2_000);
+        table.check_invariants_index();
+        let total: usize = capacities(&table).iter().sum();
+        assert!(
+            total < 20 * 2_000,
+            "the index grew to {total} for 2000 keys"
+        );
+    }
+
+    #[test]
+    fn the_room_asked_for_is_reserved_when_the_system_grants_it() {
+        let table = Table::with_capacity(100_000);
+        assert!(table.locks.capacity() >= 100_000);
+        assert!(table.waiters.capacity() >= RESERVED_WAITERS);
+        // More than any machine has: cut down, not a failure.
+        let n = reservable::<[u8; 1024]>(usize::MAX / 2048);
+        assert!(n > 0 && n < usize::MAX / 2048);
+    }
+
+    impl Table {
+        /// The index part of `check_invariants`, without the lists.
+        fn check_invariants_index(&self) {
+            let indexed: usize = self.shards.iter().map(|s| s.index.len()).sum();
+            assert_eq!(indexed, self.locks.len());
+            for (i, lock) in &self.locks {
+                assert_eq!(self.find(lock.key()), Some(i as u32));
+            }
+        }
     }
 }

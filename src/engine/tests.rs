@@ -214,6 +214,324 @@ fn the_4097th_waiting_acquire_is_refused() {
     assert_eq!(h.answers(1).len(), 1);
 }
 
+// ----- Fencing token exhaustion -----
+
+/// A harness whose token clock has issued or seen everything up to
+/// `MAX_TOKEN - left`: `left` more grants are possible.
+fn near_exhaustion(conns: u32, left: u64) -> Harness {
+    let mut h = Harness::new(conns);
+    h.engine.observe_token(token::MAX_TOKEN - left);
+    h
+}
+
+#[test]
+fn an_acquire_without_a_token_left_is_refused_and_leaves_nothing() {
+    let mut h = near_exhaustion(2, 1);
+    assert_eq!(h.grant(0, "k", "10"), token::MAX_TOKEN);
+    assert_eq!(h.send(1, "A free 10 0"), Err(Refusal::TokensExhausted));
+    assert!(h.answers(1).is_empty());
+    assert_eq!(h.engine.lock_count(), 1, "the refused key left no lock");
+    assert!(h.engine.table.find(b"free").is_none());
+    // Nothing else changed: the grant is live, releases and renewals work,
+    // and an acquire of a held key still queues (it needs no token yet).
+    h.send(1, &format!("N k {} 10", token::MAX_TOKEN)).unwrap();
+    h.send(1, "S").unwrap();
+    assert_eq!(
+        h.answers(1),
+        [
+            "N k 1".to_string(),
+            format!("S active 127.0.0.1:7171 {}", token::MAX_TOKEN)
+        ]
+    );
+    assert_eq!(h.send(1, "A k 10 0"), Ok(()));
+    assert!(h.answers(1).is_empty());
+}
+
+#[test]
+fn the_refusal_says_why() {
+    assert_eq!(
+        Refusal::TokensExhausted.to_string(),
+        "fencing tokens exhausted: token 9223372036854775807 was issued or seen, \
+         nothing can be granted"
+    );
+}
+
+#[test]
+fn a_release_without_a_token_left_times_out_every_waiter() {
+    let mut h = near_exhaustion(4, 1);
+    let t = h.grant(0, "k", "10");
+    h.send(1, "A k 10 0").unwrap();
+    h.send(2, "A k 10 5").unwrap();
+    h.send(3, "A k 10 0").unwrap();
+    h.send(0, &format!("R k {t}")).unwrap();
+    assert_eq!(h.answers(0), ["R k 1"]);
+    for c in 1..4 {
+        assert_eq!(h.answers(c), ["T k"], "connection {c}");
+    }
+    assert_eq!(h.engine.lock_count(), 0, "the lock left the table");
+    // The cancelled wait timer of connection 2 does not fire later.
+    h.advance(10_000);
+    assert!(h.answers(2).is_empty());
+    assert_eq!(h.engine.next_deadline(), None);
+}
+
+#[test]
+fn a_lease_expiry_without_a_token_left_times_out_every_waiter() {
+    let mut h = near_exhaustion(3, 1);
+    h.grant(0, "k", "1");
+    h.send(1, "A k 10 0").unwrap();
+    h.send(2, "A k 10 0").unwrap();
+    h.advance(1_001);
+    assert_eq!(h.answers(1), ["T k"]);
+    assert_eq!(h.answers(2), ["T k"]);
+    assert_eq!(h.engine.lock_count(), 0);
+}
+
+#[test]
+fn exhaustion_keeps_rule_3_on_one_connection() {
+    // Connection 1: an acquire without limit, then one that times out and
+    // is held back behind it, then another without limit. When no token is
+    // left at the release, all three are answered T, in order.
+    let mut h = near_exhaustion(2, 1);
+    let t = h.grant(0, "k", "10");
+    h.send(1, "A k 10 0").unwrap();
+    h.send(1, "A k 10 0.1").unwrap();
+    h.send(1, "A k 10 0").unwrap();
+    h.advance(200);
+    assert!(h.answers(1).is_empty(), "the T is held back");
+    h.send(0, &format!("R k {t}")).unwrap();
+    assert_eq!(h.answers(1), ["T k", "T k", "T k"]);
+    assert_eq!(h.engine.table.conn_len(1), 0);
+    assert_eq!(h.engine.lock_count(), 0);
+}
+
+#[test]
+fn the_last_token_is_handed_off_then_waiters_time_out() {
+    let mut h = near_exhaustion(3, 2);
+    let t = h.grant(0, "k", "10");
+    assert_eq!(t, token::MAX_TOKEN - 1);
+    h.send(1, "A k 10 0").unwrap();
+    h.send(2, "A k 10 0").unwrap();
+    h.send(0, &format!("R k {t}")).unwrap();
+    assert_eq!(h.answers(1), [format!("A k {}", token::MAX_TOKEN)]);
+    assert!(
+        h.answers(2).is_empty(),
+        "still waiting behind the last grant"
+    );
+    h.send(1, &format!("R k {}", token::MAX_TOKEN)).unwrap();
+    assert_eq!(h.answers(2), ["T k"]);
+    assert_eq!(h.engine.lock_count(), 0);
+}
+
+#[test]
+fn a_wall_clock_beyond_the_token_space_grants_once_then_refuses() {
+    let mut h = Harness::new(1);
+    h.now.unix_ns = u64::MAX;
+    assert_eq!(h.grant(0, "a", "10"), token::MAX_TOKEN);
+    assert_eq!(h.send(0, "A b 10 0"), Err(Refusal::TokensExhausted));
+}
+
+// ----- Replicated grants (peer input) -----
+
+/// A standby harness (no waiters: it answers acquires `M`).
+fn standby(conns: u32) -> Harness {
+    let mut h = Harness::new(conns);
+    h.engine.step_down(Some("10.0.0.1:7171"));
+    h
+}
+
+#[test]
+fn a_replicated_grant_is_held_for_its_remaining_lease() {
+    let mut h = standby(1);
+    let t = 1_800_000_000_000_000_000;
+    h.engine
+        .apply_grant(h.now, b"k", t, MAX_LEASE_MS)
+        .expect("in range");
+    assert_eq!(h.engine.holder(b"k"), Some((t, h.now.ms + MAX_LEASE_MS)));
+    assert_eq!(h.engine.highest_token(), t);
+    h.advance(MAX_LEASE_MS - 1);
+    assert!(h.engine.holder(b"k").is_some());
+    h.advance(1);
+    assert_eq!(h.engine.holder(b"k"), None, "expired on time");
+    assert_eq!(h.engine.lock_count(), 0);
+}
+
+#[test]
+fn replicated_grants_out_of_range_are_refused_and_change_nothing() {
+    let mut h = standby(1);
+    let now = h.now;
+    let e = &mut h.engine;
+    e.apply_grant(now, b"k", 5, 1_000).unwrap();
+    for (token, remaining, refusal) in [
+        (
+            token::MAX_TOKEN + 1,
+            1_000,
+            GrantRefusal::TokenOutOfRange(token::MAX_TOKEN + 1),
+        ),
+        (u64::MAX, 1_000, GrantRefusal::TokenOutOfRange(u64::MAX)),
+        (
+            7,
+            MAX_LEASE_MS + 1,
+            GrantRefusal::LeaseOutOfRange(MAX_LEASE_MS + 1),
+        ),
+        (7, u64::MAX, GrantRefusal::LeaseOutOfRange(u64::MAX)),
+    ] {
+        for key in [&b"k"[..], b"new"] {
+            assert_eq!(e.apply_grant(now, key, token, remaining), Err(refusal));
+        }
+    }
+    assert_eq!(e.holder(b"k"), Some((5, now.ms + 1_000)));
+    assert_eq!(e.lock_count(), 1, "no lock for the refused new key");
+    assert_eq!(e.highest_token(), 5, "refused tokens are not observed");
+    e.check_invariants();
+    assert_eq!(
+        GrantRefusal::LeaseOutOfRange(86_400_001).to_string(),
+        "replicated grant with 86400001 ms of lease left, more than 86400000"
+    );
+}
+
+#[test]
+fn replicated_releases_and_snapshots_apply_to_any_table() {
+    let mut h = standby(1);
+    let now = h.now;
+    let e = &mut h.engine;
+    e.apply_grant(now, b"a", 5, 1_000).unwrap();
+    e.apply_grant(now, b"b", 6, 2_000).unwrap();
+    e.apply_grant(now, b"a", 7, 3_000).unwrap();
+    // Unknown keys and stale tokens are ignored.
+    e.apply_release(b"nothing", 5);
+    e.apply_release(b"a", 5);
+    e.apply_release(b"a", u64::MAX);
+    assert_eq!(e.holder(b"a"), Some((7, now.ms + 3_000)));
+    e.apply_release(b"a", 7);
+    assert_eq!(e.holder(b"a"), None);
+    e.observe_token(token::MAX_TOKEN);
+    e.clear_grants();
+    assert_eq!(e.lock_count(), 0);
+    assert_eq!(e.next_deadline(), None, "every lease timer went with them");
+    e.check_invariants();
+}
+
+#[test]
+fn requests_at_the_bounds_of_the_parser_set_timers_without_trouble() {
+    // The parser lets through leases and waits of 86400 s; the wheel takes
+    // them, and longer ones too (see the wheel's parking).
+    let mut h = Harness::new(2);
+    let t = h.grant(0, "k", "86400");
+    h.send(1, "A k 86400 86399.999").unwrap();
+    h.send(0, &format!("N k {t} 86400")).unwrap();
+    assert_eq!(h.answers(0), ["N k 1"]);
+    let far = Request::Acquire {
+        key: b"far",
+        lease_ms: u64::MAX,
+        wait_ms: u64::MAX,
+    };
+    h.engine.handle(h.now, 1, far).unwrap();
+    assert_eq!(token_of(&h.answers(1)[0], "far"), t + 1);
+    h.advance(MAX_LEASE_MS);
+    assert_eq!(h.answers(1), ["T k"], "the wait ran out before the lease");
+    assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(t));
+    assert!(h.engine.holder(b"far").is_some(), "a lease of u64::MAX ms");
+    h.engine.check_invariants();
+}
+
+// ----- --max-locks -----
+
+/// A harness whose engine holds at most `max_locks` locks.
+fn limited(conns: u32, max_locks: u32) -> Harness {
+    let mut h = Harness::new(0);
+    h.engine = Engine::with_max_locks(h.now, "127.0.0.1:7171", max_locks);
+    for c in 0..conns {
+        h.engine.open(c);
+    }
+    h
+}
+
+#[test]
+fn a_new_key_beyond_max_locks_is_refused_and_changes_nothing() {
+    let mut h = limited(3, 3);
+    let a = h.grant(0, "a", "10");
+    let b = h.grant(0, "b", "10");
+    h.grant(0, "c", "10");
+    let full = Refusal::LockTableFull { max_locks: 3 };
+    assert_eq!(h.send(1, "A d 10 0"), Err(full));
+    assert_eq!(h.send(1, "A d 10 5"), Err(full));
+    assert!(h.answers(1).is_empty());
+    assert_eq!(h.engine.lock_count(), 3);
+    assert!(h.engine.table.find(b"d").is_none());
+    // Keys that have a lock still work: their acquires queue, releases and
+    // renewals are answered; and the first waiter is granted on release.
+    h.send(1, "A a 10 0").unwrap();
+    h.send(2, "A b 10 0.1").unwrap();
+    h.send(0, &format!("N b {b} 10")).unwrap();
+    h.send(0, &format!("R a {a}")).unwrap();
+    assert_eq!(h.answers(0), ["N b 1", "R a 1"]);
+    assert!(token_of(&h.answers(1)[0], "a") > a);
+    h.advance(101);
+    assert_eq!(h.answers(2), ["T b"]);
+    // A lock that goes makes room for a new key.
+    h.send(0, &format!("R b {b}")).unwrap();
+    assert_eq!(h.engine.lock_count(), 2);
+    h.grant(2, "d", "10");
+    assert_eq!(h.send(2, "A e 10 0"), Err(full));
+    assert_eq!(full.to_string(), "lock table full: 3 locks (--max-locks)");
+}
+
+#[test]
+fn waiters_and_held_back_timeouts_keep_their_lock_counted() {
+    let mut h = limited(3, 2);
+    let a = h.grant(0, "a", "10");
+    // "a" is held by 0, waited for by 1 (no limit, then a held-back T).
+    h.send(1, "A a 10 0").unwrap();
+    h.send(1, "A a 10 0.1").unwrap();
+    h.advance(200);
+    assert!(h.answers(1).is_empty(), "the T is held back");
+    h.grant(2, "b", "0.5");
+    assert_eq!(
+        h.send(2, "A c 10 0"),
+        Err(Refusal::LockTableFull { max_locks: 2 })
+    );
+    // "b" expires: one lock left ("a": holder, waiter, held-back T).
+    h.advance(501);
+    assert_eq!(h.engine.lock_count(), 1);
+    h.grant(2, "c", "10");
+    h.send(0, &format!("R a {a}")).unwrap();
+    let answers = h.answers(1);
+    assert_eq!(answers.len(), 2);
+    token_of(&answers[0], "a");
+    assert_eq!(answers[1], "T a");
+}
+
+#[test]
+fn max_locks_is_kept_within_its_range() {
+    let h = limited(0, 0);
+    assert_eq!(h.engine.max_locks, 1);
+    let now = h.now;
+    let e = Engine::with_max_locks(now, "x:1", 5);
+    assert!(e.reserved_locks() >= 5);
+}
+
+#[test]
+fn a_replicated_grant_beyond_max_locks_is_refused() {
+    let mut h = limited(1, 2);
+    h.engine.step_down(None);
+    let now = h.now;
+    let e = &mut h.engine;
+    e.apply_grant(now, b"a", 5, 1_000).unwrap();
+    e.apply_grant(now, b"b", 6, 1_000).unwrap();
+    let full = GrantRefusal::LockTableFull { max_locks: 2 };
+    assert_eq!(e.apply_grant(now, b"c", 7, 1_000), Err(full));
+    assert_eq!(e.highest_token(), 6, "the refused token is not observed");
+    // A key it has is still replaced, and a release makes room.
+    e.apply_grant(now, b"a", 8, 2_000).unwrap();
+    assert_eq!(e.holder(b"a"), Some((8, now.ms + 2_000)));
+    e.apply_release(b"b", 6);
+    e.apply_grant(now, b"c", 9, 1_000).unwrap();
+    assert_eq!(e.lock_count(), 2);
+    e.check_invariants();
+    assert!(full.to_string().contains("the same on every node"));
+}
+
 #[test]
 fn status_reports_role_address_and_highest_token() {
     let mut h = Harness::new(1);

@@ -8,16 +8,27 @@
 //! token from elsewhere (a peer, a replicated grant) [`observe`]s it, so that
 //! its next token is above that one too.
 //!
+//! Tokens are bounded by [`MAX_TOKEN`], far below `u64::MAX`: a token that
+//! could reach `u64::MAX` (a peer reporting it, a clock set absurdly far
+//! ahead) would leave no room for the next one. When the clock has issued or
+//! observed [`MAX_TOKEN`], [`next`] says so with `None`, and the engine
+//! refuses the grant instead of panicking.
+//!
 //! [`observe`]: TokenClock::observe
+//! [`next`]: TokenClock::next
 
-/// The highest token a node issues or accepts from a peer: 2^63 - 1, the
-/// Unix time in nanoseconds of the year 2262, and far from `u64::MAX`.
+/// The highest token this node issues or accepts from a peer: 2^63 - 1.
+/// As a wall clock in Unix nanoseconds that is April 2262; the rule above
+/// reaches it only by a clock set centuries ahead or by tokens observed
+/// from a peer that has gone wrong. Peers' tokens above it are refused at
+/// the cluster's wire parser; the engine clamps what it observes to it.
 pub const MAX_TOKEN: u64 = (1 << 63) - 1;
 
 /// Issues fencing tokens; see the module docs for the rule.
 #[derive(Debug, Default, Clone)]
 pub struct TokenClock {
-    /// The highest token issued or observed; 0 if none.
+    /// The highest token issued or observed; 0 if none. Never above
+    /// [`MAX_TOKEN`].
     last: u64,
 }
 
@@ -27,24 +38,30 @@ impl TokenClock {
     }
 
     /// Issues the next token: above every token issued or observed before,
-    /// and at least `unix_ns`.
-    ///
-    /// Panics if the token space is exhausted (`u64::MAX` issued): that is
-    /// year 2554 by the wall clock, or a peer that reported a corrupt token.
-    pub fn next(&mut self, unix_ns: u64) -> u64 {
-        let after_last = self
-            .last
-            .checked_add(1)
-            .expect("fencing token space exhausted");
-        let token = after_last.max(unix_ns);
-        debug_assert!(token > self.last);
+    /// and at least `unix_ns` (a wall clock beyond [`MAX_TOKEN`] counts as
+    /// [`MAX_TOKEN`]). `None` once [`MAX_TOKEN`] has been issued or
+    /// observed: the token space is exhausted, and nothing may be granted.
+    #[must_use]
+    pub fn next(&mut self, unix_ns: u64) -> Option<u64> {
+        if self.last >= MAX_TOKEN {
+            return None;
+        }
+        let token = (self.last + 1).max(unix_ns.min(MAX_TOKEN));
+        debug_assert!(token > self.last && token <= MAX_TOKEN);
         self.last = token;
-        token
+        Some(token)
     }
 
-    /// Records a token seen elsewhere, so that every later token is above it.
+    /// Records a token seen elsewhere, so that every later token is above
+    /// it. The caller refuses tokens above [`MAX_TOKEN`] (a peer's are
+    /// checked where its lines are parsed); one that gets here anyway is
+    /// clamped to it, which exhausts the clock rather than wrapping it.
     pub fn observe(&mut self, token: u64) {
-        self.last = self.last.max(token);
+        debug_assert!(
+            token <= MAX_TOKEN,
+            "token {token} above MAX_TOKEN reached the token clock"
+        );
+        self.last = self.last.max(token.min(MAX_TOKEN));
     }
 
     /// The highest token issued or observed (0 if none): what `S` reports.
@@ -61,17 +78,17 @@ mod tests {
     fn follows_the_wall_clock_when_it_is_ahead() {
         let mut clock = TokenClock::new();
         assert_eq!(clock.highest(), 0);
-        assert_eq!(clock.next(1_000), 1_000);
-        assert_eq!(clock.next(5_000), 5_000);
+        assert_eq!(clock.next(1_000), Some(1_000));
+        assert_eq!(clock.next(5_000), Some(5_000));
         assert_eq!(clock.highest(), 5_000);
     }
 
     #[test]
     fn strictly_increases_when_the_clock_stalls_or_steps_back() {
         let mut clock = TokenClock::new();
-        let first = clock.next(1_000_000);
-        let same_ns = clock.next(1_000_000);
-        let stepped_back = clock.next(10);
+        let first = clock.next(1_000_000).unwrap();
+        let same_ns = clock.next(1_000_000).unwrap();
+        let stepped_back = clock.next(10).unwrap();
         assert!(first < same_ns && same_ns < stepped_back);
         assert_eq!(stepped_back, 1_000_002);
     }
@@ -79,27 +96,67 @@ mod tests {
     #[test]
     fn a_restart_without_state_starts_above_the_old_tokens() {
         let mut before = TokenClock::new();
-        let old: Vec<u64> = (0..100).map(|i| before.next(1_000_000 + i)).collect();
+        let old: Vec<u64> = (0..100)
+            .map(|i| before.next(1_000_000 + i).unwrap())
+            .collect();
         // A new process, later by the wall clock, knows nothing of `before`.
         let mut after = TokenClock::new();
-        let new = after.next(1_000_000 + 200);
+        let new = after.next(1_000_000 + 200).unwrap();
         assert!(old.iter().all(|&t| t < new));
     }
 
     #[test]
     fn observed_tokens_are_exceeded() {
         let mut clock = TokenClock::new();
-        clock.observe(u64::MAX / 2);
+        clock.observe(u64::MAX / 4);
         clock.observe(7);
-        assert_eq!(clock.highest(), u64::MAX / 2);
-        assert_eq!(clock.next(1), u64::MAX / 2 + 1);
+        assert_eq!(clock.highest(), u64::MAX / 4);
+        assert_eq!(clock.next(1), Some(u64::MAX / 4 + 1));
     }
 
     #[test]
-    #[should_panic(expected = "exhausted")]
-    fn exhaustion_is_loud() {
+    fn max_token_is_issued_once_then_the_clock_is_exhausted() {
+        let mut clock = TokenClock::new();
+        clock.observe(MAX_TOKEN - 2);
+        assert_eq!(clock.next(0), Some(MAX_TOKEN - 1));
+        assert_eq!(clock.next(0), Some(MAX_TOKEN));
+        assert_eq!(clock.next(0), None);
+        assert_eq!(clock.next(u64::MAX), None);
+        assert_eq!(clock.highest(), MAX_TOKEN, "exhaustion changes nothing");
+    }
+
+    #[test]
+    fn a_wall_clock_beyond_max_token_clamps_to_it() {
+        let mut clock = TokenClock::new();
+        assert_eq!(clock.next(u64::MAX), Some(MAX_TOKEN));
+        assert_eq!(clock.next(u64::MAX), None);
+        assert_eq!(clock.highest(), MAX_TOKEN);
+    }
+
+    #[test]
+    fn observing_max_token_exhausts_the_clock() {
+        let mut clock = TokenClock::new();
+        assert_eq!(clock.next(1_000), Some(1_000));
+        clock.observe(MAX_TOKEN);
+        assert_eq!(clock.next(2_000), None);
+        assert_eq!(clock.highest(), MAX_TOKEN);
+    }
+
+    /// Release builds clamp what the caller failed to bound (debug builds
+    /// stop at the `debug_assert`, which is the caller's bug).
+    #[test]
+    #[cfg(not(debug_assertions))]
+    fn an_unbounded_observed_token_is_clamped() {
         let mut clock = TokenClock::new();
         clock.observe(u64::MAX);
-        clock.next(0);
+        assert_eq!(clock.highest(), MAX_TOKEN);
+        assert_eq!(clock.next(0), None);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "above MAX_TOKEN")]
+    fn an_unbounded_observed_token_is_a_callers_bug() {
+        TokenClock::new().observe(MAX_TOKEN + 1);
     }
 }

@@ -29,6 +29,13 @@
 //! in the slot `elapsed` is in, one turn later. That is why slots are searched
 //! starting *after* the current slot, the current one coming last.
 //!
+//! A deadline further ahead than that is accepted too, so that no value can
+//! make `insert` fail: it is *parked* in the top-level slot its deadline
+//! falls in, reached one turn (or less) later, and placed again from there,
+//! once per turn of the top level (2.18 years), until it is within range.
+//! The engine never sets one (its leases and waits are at most a day), so
+//! this costs nothing but the absence of a check.
+//!
 //! Timers live in a [`Slab`]; every slot (and the due list) is the head of an
 //! intrusive doubly-linked list of slab keys, so insert and cancel are O(1)
 //! and allocate nothing once the slab has grown to the peak number of timers.
@@ -45,8 +52,9 @@ const DUE: usize = LEVELS * SLOTS;
 /// "No entry" marker in the linked lists.
 const NIL: u32 = u32::MAX;
 
-/// How far past the wheel's current time a deadline may be: 2^36 ms (~2.18
-/// years), the range of the top level. `insert` panics beyond this.
+/// How far past the wheel's current time a deadline is placed directly: 2^36
+/// ms (~2.18 years), the range of the top level. Deadlines beyond it are
+/// parked (see the module docs).
 pub const MAX_AHEAD_MS: u64 = 1 << (SLOT_BITS * LEVELS);
 
 /// Handle to a live timer. Valid from `insert` until the timer is returned by
@@ -127,11 +135,14 @@ impl<T: Copy> Wheel<T> {
         Self::with_capacity(now_ms, 0)
     }
 
-    /// Same, with room for `capacity` timers allocated up front.
+    /// Same, with room for `capacity` timers reserved up front: address
+    /// space, as much as the system grants (see `engine::reservable`);
+    /// memory is taken as timers come. Past its room the wheel's storage
+    /// grows by doubling, which copies it.
     pub fn with_capacity(now_ms: u64, capacity: usize) -> Self {
         Wheel {
             elapsed: now_ms,
-            entries: Slab::with_capacity(capacity),
+            entries: Slab::with_capacity(super::reservable::<Entry<T>>(capacity)),
             lists: [EMPTY; DUE + 1],
             occupied: [0; LEVELS],
             due_min: u64::MAX,
@@ -139,15 +150,11 @@ impl<T: Copy> Wheel<T> {
     }
 
     /// Schedules `value` to fire at `deadline_ms`. A deadline at or before the
-    /// wheel's current time fires at the next `poll`. Panics if the deadline is
-    /// more than [`MAX_AHEAD_MS`] past the wheel's current time (the last `now`
-    /// given to `poll`, or the start time).
+    /// wheel's current time fires at the next `poll`. Any deadline is taken:
+    /// one more than [`MAX_AHEAD_MS`] past the wheel's current time (the last
+    /// `now` given to `poll`, or the start time) is parked until it is in
+    /// range (see the module docs).
     pub fn insert(&mut self, deadline_ms: u64, value: T) -> TimerId {
-        assert!(
-            deadline_ms <= self.max_deadline(),
-            "timer deadline {deadline_ms} is beyond the wheel's range (now {})",
-            self.elapsed
-        );
         let key = self.entries.insert(Entry {
             deadline: deadline_ms,
             value,
@@ -211,9 +218,11 @@ impl<T: Copy> Wheel<T> {
         self.entries.is_empty()
     }
 
-    /// The latest deadline `insert` accepts: [`MAX_AHEAD_MS`] past `elapsed`,
-    /// rounded up to the end of a top-level slot. Anything later would land in
-    /// a top-level slot whose next start is after `elapsed + MAX_AHEAD_MS`.
+    /// The latest deadline `insert` places without parking: [`MAX_AHEAD_MS`]
+    /// past `elapsed`, rounded up to the end of a top-level slot. Anything
+    /// later lands in a top-level slot whose next start is more than a whole
+    /// slot before its deadline.
+    #[cfg(test)]
     fn max_deadline(&self) -> u64 {
         let top_slot_end = self.elapsed | (slot_width(LEVELS - 1) - 1);
         top_slot_end.saturating_add(MAX_AHEAD_MS)
@@ -277,7 +286,10 @@ impl<T: Copy> Wheel<T> {
         while idx != NIL {
             let entry = &self.entries[idx as usize];
             let next = entry.next;
-            debug_assert!(entry.deadline - start < slot_width(level));
+            debug_assert!(
+                entry.deadline - start < slot_width(level) || level == LEVELS - 1,
+                "only the top level holds timers beyond their slot (parked)"
+            );
             self.place(idx);
             idx = next;
         }
@@ -374,7 +386,14 @@ mod tests {
             assert_eq!(slot_of(deadline, level), slot);
             let start = self.slot_start(level, slot);
             assert!(start > self.elapsed, "clock passed an occupied slot");
-            assert_eq!(start, deadline & !(slot_width(level) - 1));
+            let own_start = deadline & !(slot_width(level) - 1);
+            if level == LEVELS - 1 {
+                // Parked timers are whole turns of the top level early.
+                assert!(start <= own_start);
+                assert_eq!((own_start - start) % level_range(level), 0);
+            } else {
+                assert_eq!(start, own_start);
+            }
         }
 
         fn slot_start(&self, level: usize, slot: usize) -> u64 {
@@ -597,11 +616,51 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "beyond the wheel's range")]
-    fn rejects_deadlines_beyond_range() {
+    fn parks_deadlines_beyond_range_until_they_are_in_it() {
+        for start in [0, 1, 1_700_000_000_123] {
+            let wheel: Wheel<u64> = Wheel::new(start);
+            let just_beyond = wheel.max_deadline() + 1 - start;
+            for delta in [just_beyond, 3 * MAX_AHEAD_MS + 12_345, 1 << 40] {
+                check_fires_exactly_at(start, delta);
+            }
+        }
+    }
+
+    #[test]
+    fn parked_and_placed_timers_fire_in_deadline_order() {
+        let mut wheel = Wheel::new(5);
+        let deadlines = [
+            (1 << 40) + 7,
+            MAX_AHEAD_MS + 3,
+            100,
+            5 * MAX_AHEAD_MS,
+            MAX_AHEAD_MS - 1,
+            (1 << 40) + 6,
+        ];
+        for d in deadlines {
+            wheel.insert(d, d);
+        }
+        wheel.check_invariants();
+        let mut fired = Vec::new();
+        for now in [MAX_AHEAD_MS, 3 * MAX_AHEAD_MS, 1 << 39, 1 << 41] {
+            fired.extend(drain(&mut wheel, now));
+            wheel.check_invariants();
+        }
+        let mut sorted = deadlines.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(fired, sorted);
+    }
+
+    #[test]
+    fn the_latest_deadline_is_taken_too() {
         let mut wheel = Wheel::new(0);
-        let too_far = wheel.max_deadline() + 1;
-        wheel.insert(too_far, ());
+        let id = wheel.insert(u64::MAX, 1);
+        wheel.insert(10, 2);
+        wheel.check_invariants();
+        assert_eq!(drain(&mut wheel, 10), [2]);
+        assert!(wheel.next_deadline().is_some_and(|d| d < u64::MAX));
+        assert_eq!(wheel.cancel(id), 1);
+        assert!(wheel.is_empty());
     }
 
     #[test]
@@ -655,15 +714,20 @@ mod tests {
         ids: Vec<(TimerId, u64, u64)>,
     }
 
-    /// A random delay with a mix of scales, so every level gets traffic.
+    /// A random delay with a mix of scales, so every level gets traffic,
+    /// and now and then one beyond the range (parked).
     fn random_delay(rng: &mut Rng) -> u64 {
         match rng.below(100) {
             0..50 => rng.below(100),
             50..80 => rng.below(10_000),
             80..95 => rng.below(1 << 24),
-            _ => rng.below(1 << 34),
+            95..99 => rng.below(1 << 34),
+            _ => rng.below(FAR),
         }
     }
+
+    /// The longest delay `random_delay` gives: four turns of the top level.
+    const FAR: u64 = 4 * MAX_AHEAD_MS;
 
     #[test]
     fn random_operations_match_reference_model() {
@@ -685,7 +749,7 @@ mod tests {
                 wheel.check_invariants();
             }
         }
-        model_poll(&mut wheel, &mut model, now + MAX_AHEAD_MS);
+        model_poll(&mut wheel, &mut model, now + FAR);
         assert!(wheel.is_empty());
     }
 

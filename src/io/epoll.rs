@@ -19,7 +19,8 @@ use slab::Slab;
 use std::os::fd::AsRawFd;
 
 use super::{
-    Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
+    Clock, Dialer, Flow, LINGER_MS, LingerQueue, LongestTurn, OUTPUT_PAUSE_BYTES, Session,
+    take_final_output,
 };
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
@@ -62,14 +63,15 @@ struct Conn {
     final_out: Vec<u8>,
 }
 
-/// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`).
+/// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
+/// its longest turn.
 pub fn run(
     listener: std::net::TcpListener,
     signals: StdUnixStream,
     mut node: Node,
     clock: Clock,
     config: &LoopConfig,
-) -> io::Result<()> {
+) -> io::Result<LongestTurn> {
     let mut poll = Poll::new()?;
     let mut listener = Some(TcpListener::from_std(listener));
     if let Some(l) = &mut listener {
@@ -96,8 +98,10 @@ pub fn run(
     };
     let mut events = Events::with_capacity(1024);
     let mut shutting_down_until: Option<u64> = None;
+    let mut turns = LongestTurn::default();
     loop {
-        let now = clock.now();
+        let (now, at) = clock.now_precise();
+        turns.end(at);
         let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
         if let Err(e) = wait(
             &mut poll,
@@ -108,7 +112,8 @@ pub fn run(
         {
             return Err(e);
         }
-        let now = clock.now();
+        let (now, at) = clock.now_precise();
+        turns.begin(at);
         node.tick(now);
         for event in events.iter() {
             match event.token() {
@@ -172,7 +177,8 @@ pub fn run(
             }
         }
         if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
-            return Ok(());
+            turns.end(clock.now_precise().1);
+            return Ok(turns);
         }
     }
 }

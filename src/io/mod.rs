@@ -9,7 +9,7 @@
 pub mod epoll;
 pub mod uring;
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
@@ -151,19 +151,56 @@ impl Clock {
     }
 
     pub fn now(&self) -> Now {
+        self.now_precise().0
+    }
+
+    /// [`Clock::now`], and the monotonic reading behind it at full
+    /// resolution (for [`LongestTurn`]).
+    pub fn now_precise(&self) -> (Now, Duration) {
         let unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        Now {
-            ms: self.start.elapsed().as_millis() as u64,
+        let elapsed = self.start.elapsed();
+        let now = Now {
+            ms: elapsed.as_millis() as u64,
             unix_ns,
-        }
+        };
+        (now, elapsed)
     }
 
     /// Milliseconds from `now` until the monotonic time `deadline_ms`
     /// (0 if it has passed).
     pub fn ms_until(now: Now, deadline_ms: u64) -> u64 {
         deadline_ms.saturating_sub(now.ms)
+    }
+}
+
+/// The longest loop turn so far: from the loop waking up (the clock read
+/// after its wait) to it going back to wait (the clock read before the
+/// next one). Both readings are the ones the loops take anyway, once per
+/// turn; a spin before sleeping (`--spin-us`) is part of the wait.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LongestTurn {
+    started: Option<Duration>,
+    longest: Duration,
+}
+
+impl LongestTurn {
+    /// The loop woke up at `at` (a [`Clock::now_precise`] reading).
+    pub fn begin(&mut self, at: Duration) {
+        self.started = Some(at);
+    }
+
+    /// The loop is about to wait again, at `at`.
+    pub fn end(&mut self, at: Duration) {
+        if let Some(started) = self.started.take() {
+            self.longest = self.longest.max(at.saturating_sub(started));
+        }
+    }
+
+    /// The longest turn ended so far.
+    pub fn longest(&self) -> Duration {
+        self.longest
     }
 }
 
@@ -349,6 +386,18 @@ pub fn raise_fd_limit() -> Option<u64> {
     limit.current
 }
 
+/// Turns transparent huge pages off for this process (`prctl` with
+/// `PR_SET_THP_DISABLE`), whatever mimalloc asks for (it advises huge pages
+/// for its arenas) or the system's default is. With them, the kernel fills
+/// a whole 2 MiB page at its first touch: while the lock table grows, one
+/// loop turn in a few hundred paid for one, 3.5–4 ms each on the
+/// development VM and up to three at once (docs/architecture.md). With
+/// 4 KiB pages the same work is spread thin over every turn. False if the
+/// kernel does not allow it; the server runs either way.
+pub fn disable_huge_pages() -> bool {
+    rustix::thread::disable_transparent_huge_pages(true).is_ok()
+}
+
 /// Opens the listening socket: `SO_REUSEADDR` (a restarted node takes its
 /// port back at once), non-blocking, a deep backlog for connection bursts.
 pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -371,6 +420,7 @@ mod tests {
             crate::node::NodeConfig {
                 advertise: "x:1".into(),
                 cluster: None,
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
             },
         )
     }
@@ -389,6 +439,22 @@ mod tests {
         }
         let out = String::from_utf8(std::mem::take(engine.output_mut(0))).unwrap();
         (out, flow)
+    }
+
+    #[test]
+    fn the_longest_turn_counts_from_waking_to_waiting_again() {
+        let ms = Duration::from_millis;
+        let mut turns = LongestTurn::default();
+        turns.end(ms(5)); // before the first wait: no turn yet
+        assert_eq!(turns.longest(), Duration::ZERO);
+        for (woke, waits) in [(10, 12), (20, 27), (40, 41)] {
+            turns.begin(ms(woke));
+            turns.end(ms(waits));
+        }
+        assert_eq!(turns.longest(), ms(7));
+        // The time asleep between turns does not count.
+        turns.end(ms(1_000));
+        assert_eq!(turns.longest(), ms(7));
     }
 
     #[test]

@@ -34,7 +34,8 @@ use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
 use super::{
-    Clock, Dialer, Flow, LINGER_MS, LingerQueue, OUTPUT_PAUSE_BYTES, Session, take_final_output,
+    Clock, Dialer, Flow, LINGER_MS, LingerQueue, LongestTurn, OUTPUT_PAUSE_BYTES, Session,
+    take_final_output,
 };
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
@@ -317,14 +318,15 @@ struct Uring {
     shutdown_until: Option<u64>,
 }
 
-/// Runs the io_uring loop until SIGINT/SIGTERM (a byte on `signals`).
+/// Runs the io_uring loop until SIGINT/SIGTERM (a byte on `signals`);
+/// returns its longest turn.
 pub fn run(
     listener: std::net::TcpListener,
     signals: UnixStream,
     mut node: Node,
     clock: Clock,
     config: &LoopConfig,
-) -> io::Result<()> {
+) -> io::Result<LongestTurn> {
     let ring = build_ring(config.spin_us > 0)?;
     let bufs = BufRing::new(RECV_BUFS, RECV_BUF_SIZE);
     bufs.register(&ring, RECV_GROUP)?;
@@ -350,10 +352,13 @@ pub fn run(
     let mut dials = Vec::new();
     let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     let mut dirty = Vec::new();
+    let mut turns = LongestTurn::default();
     loop {
-        let now = clock.now();
+        let (now, at) = clock.now_precise();
+        turns.end(at);
         lp.wait(lp.timeout_ms(&node, now.ms))?;
-        let now = clock.now();
+        let (now, at) = clock.now_precise();
+        turns.begin(at);
         node.tick(now);
         completions.clear();
         completions.extend(
@@ -381,7 +386,8 @@ pub fn run(
             .shutdown_until
             .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)
         {
-            return Ok(());
+            turns.end(clock.now_precise().1);
+            return Ok(turns);
         }
     }
 }

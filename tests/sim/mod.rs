@@ -645,6 +645,7 @@ impl Sim {
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
                 }),
+                max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
             },
         );
         let role = node.role();

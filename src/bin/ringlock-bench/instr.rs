@@ -95,6 +95,7 @@ fn cycle(n: u64) -> u64 {
     let config = NodeConfig {
         advertise: "127.0.0.1:7171".into(),
         cluster: None,
+        max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
     };
     let mut node = Node::new(now(1), config);
     node.open(0);

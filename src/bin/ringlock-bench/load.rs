@@ -59,6 +59,10 @@ pub enum Mode {
     /// Hold `--locks` locks (pipelined acquires, long lease, no release) and
     /// report the server's RSS (needs `--server-pid`).
     Memory,
+    /// Like memory, while one more connection runs acquire/release cycles
+    /// on its own key: the latency a client sees while the table grows
+    /// (see grow.rs; `--stop-server-log` for the server's longest turn).
+    Grow,
 }
 
 /// Load generator options (the default command).
@@ -107,12 +111,16 @@ pub struct RunArgs {
     /// Print the result as one line of JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Memory mode: locks to hold.
+    /// Memory and grow modes: locks to hold.
     #[arg(long, default_value_t = 1_000_000)]
     pub locks: u64,
-    /// Memory mode: key length in bytes.
+    /// Memory and grow modes: key length in bytes.
     #[arg(long, default_value_t = 16)]
     pub key_len: usize,
+    /// Grow mode: when the fill is done, send the server (`--server-pid`)
+    /// SIGTERM and read its longest loop turn from this file, its stderr.
+    #[arg(long)]
+    pub stop_server_log: Option<std::path::PathBuf>,
     /// Copied into the result, for reports.
     #[arg(long, default_value = "")]
     pub label: String,
@@ -700,7 +708,8 @@ impl<'a> Worker<'a> {
                 conn.key_base + (local + p * slot.turn) % plan.keys
             }
             Mode::Contended => slot.key,
-            Mode::Memory => {
+            // Grow mode runs in grow.rs, not here.
+            Mode::Memory | Mode::Grow => {
                 if conn.mem_next >= conn.mem_end {
                     return; // this connection's share is held: stay idle
                 }
@@ -788,7 +797,7 @@ impl<'a> Worker<'a> {
     }
 }
 
-pub fn resolve_addr(addr: &str) -> crate::Result<SocketAddr> {
+pub(crate) fn resolve_addr(addr: &str) -> crate::Result<SocketAddr> {
     addr.to_socket_addrs()?
         .next()
         .ok_or_else(|| format!("{addr} resolves to nothing").into())
@@ -822,7 +831,7 @@ fn redis_load_script(addr: SocketAddr) -> crate::Result<Vec<u8>> {
 }
 
 /// A key prefix unique to this run.
-fn run_prefix() -> Vec<u8> {
+pub(crate) fn run_prefix() -> Vec<u8> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -838,6 +847,9 @@ fn run_prefix() -> Vec<u8> {
 }
 
 pub fn main(args: RunArgs) -> crate::Result<ExitCode> {
+    if args.mode == Mode::Grow {
+        return crate::grow::main(&args);
+    }
     let result = run(&args)?;
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
@@ -852,6 +864,9 @@ pub fn main(args: RunArgs) -> crate::Result<ExitCode> {
 }
 
 pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
+    if args.mode == Mode::Grow {
+        return crate::grow::run(args);
+    }
     if args.conns == 0 || args.pipeline == 0 || args.threads == 0 {
         return Err("--conns, --pipeline and --threads must be at least 1".into());
     }
@@ -869,7 +884,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
             u64::from(args.keys.unwrap_or(p).max(p)).div_ceil(u64::from(p)) * u64::from(p)
         }
         Mode::Contended => u64::from(args.keys.unwrap_or(1).max(1)),
-        Mode::Memory => args.locks,
+        Mode::Memory | Mode::Grow => args.locks,
     };
     let prefix = run_prefix();
     let wire = Wire {
@@ -1080,6 +1095,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
         other_cpu,
         drained,
         memory,
+        growth: None,
     })
 }
 

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! ringlock-bench [--target ringlock|redis|echo] [--addr ADDR] [--conns N]
-//!                [--pipeline P] [--keys K] [--mode uncontended|contended|memory]
+//!                [--pipeline P] [--keys K] [--mode uncontended|contended|memory|grow]
 //!                [--warmup S] [--duration S] [--server-pid PID] [--json]
 //! ringlock-bench echo-server --listen ADDR [--spin-us N]
 //! ringlock-bench report --runs RUNS.jsonl --meta META.json --out PREFIX
@@ -17,6 +17,7 @@
 //! way.
 
 mod echo;
+mod grow;
 mod instr;
 mod load;
 mod plot;

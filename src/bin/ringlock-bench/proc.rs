@@ -58,3 +58,17 @@ pub fn machine_busy_seconds() -> Option<f64> {
     let busy = f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7)?;
     Some(busy as f64 / clock_ticks())
 }
+
+/// Times `pid` was switched out involuntarily so far (preempted while it
+/// could run): `nonvoluntary_ctxt_switches` of `/proc/<pid>/status`, summed
+/// over its threads (the main thread's is the loop's).
+pub fn preemptions(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("nonvoluntary_ctxt_switches:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}

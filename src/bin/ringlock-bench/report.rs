@@ -140,7 +140,11 @@ impl Results {
 pub fn higher_is_better(figure: &str) -> Option<bool> {
     if figure.ends_with("_per_s") {
         Some(true)
-    } else if figure.ends_with("_us") || figure.ends_with("_mib") || figure == "bytes_per_lock" {
+    } else if figure.ends_with("_us")
+        || figure.ends_with("_ms")
+        || figure.ends_with("_mib")
+        || figure == "bytes_per_lock"
+    {
         Some(false)
     } else {
         None
@@ -149,6 +153,34 @@ pub fn higher_is_better(figure: &str) -> Option<bool> {
 
 fn figures_of(run: &RunResult) -> Vec<(String, f64)> {
     let mut f = Vec::new();
+    if let Some(g) = &run.growth {
+        f.push(("locks".into(), g.granted as f64));
+        f.push(("fill_s".into(), g.seconds));
+        f.push(("acquires_per_s".into(), g.acquires_per_s));
+        f.push(("rss_peak_mib".into(), g.hwm_kib as f64 / 1024.0));
+        if let Some(ms) = g.longest_turn_ms {
+            f.push(("longest_turn_ms".into(), ms));
+        }
+        if let Some(n) = g.server_preempted {
+            f.push(("server_preempted".into(), n as f64));
+        }
+        if let Some(other) = run.other_cpu {
+            f.push(("other_util".into(), other));
+        }
+        f.push(("probe_cycles".into(), run.cycles as f64));
+        if let Some(h) = &run.latency_us.cycle {
+            f.push(("probe_cycle_p50_us".into(), h.p50));
+            f.push(("probe_cycle_p99_us".into(), h.p99));
+            f.push(("probe_cycle_p999_us".into(), h.p999));
+            f.push(("probe_cycle_max_us".into(), h.max));
+        }
+        if let Some(h) = &run.latency_us.round_trip {
+            f.push(("probe_rt_p999_us".into(), h.p999));
+            f.push(("probe_rt_max_us".into(), h.max));
+        }
+        f.push(("errors".into(), run.errors as f64));
+        return f;
+    }
     if let Some(m) = &run.memory {
         f.push(("rss_mib".into(), m.rss_after_kib as f64 / 1024.0));
         f.push(("rss_peak_mib".into(), m.hwm_kib as f64 / 1024.0));
@@ -250,6 +282,7 @@ pub const CONNS50: &str = "conns-50";
 pub const PIPELINED: &str = "pipelined";
 pub const CONTENDED: &str = "contended";
 pub const MEMORY: &str = "memory";
+pub const GROWTH: &str = "growth";
 pub const ECHO: &str = "echo";
 pub const REDIS: &str = "redis";
 
@@ -534,7 +567,7 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
          process): a run with a high one was disturbed.\n"
     );
 
-    if !r.targets.is_empty() {
+    if r.targets.iter().any(|t| t.verdict != "not measured") {
         let _ = writeln!(md, "## Performance targets\n");
         let _ = writeln!(
             md,
@@ -566,6 +599,50 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     for scenario in scenarios {
         let groups: Vec<&Group> = r.groups.iter().filter(|g| g.scenario == scenario).collect();
         let first = groups[0];
+        if scenario == GROWTH {
+            let _ = writeln!(
+                md,
+                "## {scenario}: fill a fresh server with {} locks ({} conns x {} acquires in \
+                 flight, long lease) while a probe connection runs acquire/release cycles\n",
+                fmt_rate(first.get("locks").unwrap_or(0.0)),
+                first.conns,
+                first.pipeline
+            );
+            let _ = writeln!(
+                md,
+                "| server | locks | fill (s) | acquires/s | longest loop turn (ms) | probe cycles | probe cycle p50 | p99 | p99.9 | max | probe round trip p99.9 | max | peak RSS (MiB) | server preempted | rest of machine |"
+            );
+            let _ = writeln!(
+                md,
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            );
+            for g in &groups {
+                let ms = |f: &str| g.get(f).map_or("-".into(), |v| format!("{v:.1}"));
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    g.label,
+                    fmt_rate(g.get("locks").unwrap_or(0.0)),
+                    ms("fill_s"),
+                    range(g, "acquires_per_s", fmt_rate),
+                    range(g, "longest_turn_ms", |v| format!("{v:.1}")),
+                    g.get("probe_cycles")
+                        .map_or("-".into(), |v| format!("{v:.0}")),
+                    fmt_us(g.get("probe_cycle_p50_us")),
+                    fmt_us(g.get("probe_cycle_p99_us")),
+                    fmt_us(g.get("probe_cycle_p999_us")),
+                    fmt_us(g.get("probe_cycle_max_us")),
+                    fmt_us(g.get("probe_rt_p999_us")),
+                    fmt_us(g.get("probe_rt_max_us")),
+                    ms("rss_peak_mib"),
+                    range(g, "server_preempted", |v| format!("{v:.0}")),
+                    g.get("other_util")
+                        .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
+                );
+            }
+            let _ = writeln!(md);
+            continue;
+        }
         if scenario == MEMORY {
             let _ = writeln!(
                 md,

@@ -143,6 +143,27 @@ pub struct Memory {
     pub bytes_per_lock: f64,
 }
 
+/// The grow mode's result (the probe's latencies are the run's).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Growth {
+    pub locks: u64,
+    pub key_len: usize,
+    pub granted: u64,
+    /// Seconds the fill took.
+    pub seconds: f64,
+    pub acquires_per_s: f64,
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+    pub hwm_kib: u64,
+    /// The server's longest loop turn, from its stop line
+    /// (`--stop-server-log`).
+    pub longest_turn_ms: Option<f64>,
+    /// Times the server was preempted during the fill (involuntary context
+    /// switches): a long turn in a run with some may be another process's.
+    #[serde(default)]
+    pub server_preempted: Option<u64>,
+}
+
 /// One run of the load generator.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunResult {
@@ -192,15 +213,66 @@ pub struct RunResult {
     /// All slots were idle (every grant released) when the run ended.
     pub drained: bool,
     pub memory: Option<Memory>,
+    #[serde(default)]
+    pub growth: Option<Growth>,
 }
 
 impl RunResult {
+    fn print_latencies(&self) {
+        println!(
+            "  {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}   (µs)",
+            "", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+        let l = &self.latency_us;
+        for (name, h) in [
+            ("acquire", &l.acquire),
+            ("release", &l.release),
+            ("cycle", &l.cycle),
+            ("round trip", &l.round_trip),
+            ("hand-off", &l.handoff),
+        ] {
+            if let Some(h) = h {
+                println!(
+                    "  {:<11} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                    name, h.count, h.p50, h.p90, h.p99, h.p999, h.max
+                );
+            }
+        }
+    }
+
     /// A human-readable summary.
     pub fn print(&self) {
         println!(
             "{} {} ({}): {} conns x {} in flight, {} keys, {:.1} s measured",
             self.target, self.label, self.mode, self.conns, self.pipeline, self.keys, self.window_s
         );
+        if let Some(g) = &self.growth {
+            println!(
+                "  {} of {} locks granted in {:.2} s ({:.0}/s); server RSS {:.1} MiB -> {:.1} MiB \
+                 (peak {:.1} MiB); longest loop turn {}",
+                g.granted,
+                g.locks,
+                g.seconds,
+                g.acquires_per_s,
+                g.rss_before_kib as f64 / 1024.0,
+                g.rss_after_kib as f64 / 1024.0,
+                g.hwm_kib as f64 / 1024.0,
+                g.longest_turn_ms
+                    .map_or("not reported".into(), |ms| format!("{ms:.1} ms")),
+            );
+            if let Some(n) = g.server_preempted {
+                println!("  server preempted {n} times during the fill");
+            }
+            if let Some(other) = self.other_cpu {
+                println!("  rest of the machine {:.0}% of a core", other * 100.0);
+            }
+            println!(
+                "  probe: {} acquire/release cycles, {} errors",
+                self.cycles, self.errors
+            );
+            self.print_latencies();
+            return;
+        }
         if let Some(m) = &self.memory {
             println!(
                 "  {} of {} locks granted in {:.2} s ({:.0}/s); server RSS {:.1} MiB -> {:.1} MiB \
@@ -227,25 +299,7 @@ impl RunResult {
                 String::new()
             }
         );
-        println!(
-            "  {:<11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}   (µs)",
-            "", "count", "p50", "p90", "p99", "p99.9", "max"
-        );
-        let l = &self.latency_us;
-        for (name, h) in [
-            ("acquire", &l.acquire),
-            ("release", &l.release),
-            ("cycle", &l.cycle),
-            ("round trip", &l.round_trip),
-            ("hand-off", &l.handoff),
-        ] {
-            if let Some(h) = h {
-                println!(
-                    "  {:<11} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                    name, h.count, h.p50, h.p90, h.p99, h.p999, h.max
-                );
-            }
-        }
+        self.print_latencies();
         if let Some(f) = &self.fairness {
             println!(
                 "  grants per client: min {} max {} ({} clients)",
