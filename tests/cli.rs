@@ -644,3 +644,55 @@ fn a_waiting_acquire_says_what_it_waits_for_on_a_terminal_only() {
         "{text}"
     );
 }
+
+#[test]
+fn run_keeps_its_lock_when_the_active_is_stopped_under_it() {
+    let c = common::Cluster::start(3, &backend());
+    let list = c.addr_strings().join(",");
+    let dir = scratch("stopped-under-run");
+    let file = dir.join("token");
+    let script = format!(
+        "echo $RINGLOCK_TOKEN > {}.tmp && mv {0}.tmp {0}; sleep 7; exit 5",
+        file.display()
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(["run", "under", "--lease", "2", "--server", &list])
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let token: u64 = read_line_file(&file, Duration::from_secs(20))
+        .parse()
+        .unwrap();
+    c.wait_token(1, token, Duration::from_secs(5));
+    // The active hangs a second into the command: renewals (every 2/3 s)
+    // go on at node 1 once the cluster has failed over.
+    std::thread::sleep(Duration::from_secs(1));
+    c.node(0).signal(libc::SIGSTOP);
+    common::poll_until(
+        "node 1 active",
+        Duration::from_secs(5),
+        || c.status(1),
+        |s| s.as_ref().is_some_and(|s| s.is_active()),
+    );
+    // Well past the 2 s lease counted from before the stop: still held.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut n1 = c.connect(1);
+    let probe = n1.call("A under 1 0.1");
+    let out = wait_output(child, Duration::from_secs(30));
+    let err = stderr(&out);
+    assert_eq!(probe, "T under", "the lock is still held; stderr: {err}");
+    eprintln!(
+        "{}: run under a stopped active: exit {:?}; stderr: {err}",
+        c.io,
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(5), "CMD's status: {err}");
+    assert!(!err.contains("LOCK LOST"), "{err}");
+    // Released at the end, on node 1.
+    let answer = n1.call("A under 1 2");
+    assert!(common::Conn::token_of(&answer) > token, "{answer}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -15,10 +15,12 @@
 //! answered an `S` (the hello) within the probe timeout, so a node that
 //! accepts connections but is hung never gets a request. While requests are
 //! outstanding, a connection that has received nothing for the probe
-//! interval sends an `S` (the probe); if nothing at all arrives within the
-//! probe timeout after it, the connection counts as dead: it is closed, its
-//! pending requests fail with [`Reply::Lost`] (acquires move to the next
-//! connection), and the slot redials as for any dropped connection.
+//! interval sends an `S` (the probe): at once when a request goes out on a
+//! connection that was quiet that long, else when the silence reaches it.
+//! If nothing at all arrives within the probe timeout after the probe, the
+//! connection counts as dead: it is closed, its pending requests fail with
+//! [`Reply::Lost`] (acquires move to the next connection), and the slot
+//! redials as for any dropped connection.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -401,9 +403,7 @@ struct ConnState {
     status: VecDeque<Request>,
     /// Requests written and not answered, probes not counted.
     outstanding: usize,
-    /// When `outstanding` last went from 0 to 1.
-    busy_since: Instant,
-    /// When the last answer line arrived.
+    /// When the last answer line arrived (or the hello's answer).
     last_rx: Instant,
     /// When the probe now outstanding was handed to the writer.
     probe_at: Option<Instant>,
@@ -415,7 +415,6 @@ impl ConnState {
             by_key: HashMap::new(),
             status: VecDeque::new(),
             outstanding: 0,
-            busy_since: now,
             last_rx: now,
             probe_at: None,
         }
@@ -423,13 +422,10 @@ impl ConnState {
 
     /// Registers a request the writer took. True if the connection just
     /// became busy.
-    fn push(&mut self, req: Request, now: Instant) -> bool {
+    fn push(&mut self, req: Request) -> bool {
         let mut became_busy = false;
         if !req.probe {
-            if self.outstanding == 0 {
-                self.busy_since = now;
-                became_busy = true;
-            }
+            became_busy = self.outstanding == 0;
             self.outstanding += 1;
         }
         if req.op == Op::Status {
@@ -530,7 +526,6 @@ async fn serve(
             let mut became_busy = false;
             {
                 let mut state = lock(&state);
-                let now = Instant::now();
                 let mut next = Some(first);
                 while let Some(req) = next {
                     // An acquire whose caller is gone is not worth queueing.
@@ -542,7 +537,7 @@ async fn serve(
                             req.in_flight = Some(InFlight::new(&shared.in_flight));
                         }
                         buf.extend_from_slice(&req.line);
-                        became_busy |= state.push(req, now);
+                        became_busy |= state.push(req);
                     }
                     next = if buf.len() < MAX_BATCH {
                         rx.try_recv().ok()
@@ -594,8 +589,9 @@ async fn serve(
                 } else if st.outstanding == 0 {
                     Watch::Idle
                 } else {
-                    let quiet_from = st.last_rx.max(st.busy_since);
-                    let probe_at = quiet_from + timing.probe_interval;
+                    // Silence counts from the last answer: a request sent on
+                    // a connection quiet for the interval is probed at once.
+                    let probe_at = st.last_rx + timing.probe_interval;
                     if now >= probe_at {
                         st.probe_at = Some(now);
                         // The writer is ours: the send fails only once the

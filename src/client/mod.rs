@@ -28,9 +28,9 @@
 //!   answered within the connect timeout. The others keep being dialled in
 //!   the background.
 //! - Liveness: a connection with requests outstanding that has received
-//!   nothing for the probe interval (500 ms) sends `S`; if nothing arrives
-//!   within the probe timeout (500 ms) it counts as dead, like a dropped
-//!   one.
+//!   nothing for the probe interval (500 ms) sends `S` (right behind the
+//!   request if it was already that quiet); if nothing arrives within the
+//!   probe timeout (500 ms) it counts as dead, like a dropped one.
 //! - A connection that drops (or dies) leaves the rotation and is redialled
 //!   every 3 s (measured from the previous dial: one that had been up for
 //!   longer is redialled at once).
