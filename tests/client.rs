@@ -1064,7 +1064,7 @@ async fn a_renewing_guard_is_lost_within_one_lease_when_the_cluster_is_cut_off()
         assert!(guard.is_lost());
         // Within one lease of the stop (the deadline counts from the last
         // confirmed renewal's sending), with a little scheduling slack.
-        assert!(took <= lease + Duration::from_millis(150), "{took:?}");
+        assert!(took <= lease + Duration::from_millis(300), "{took:?}");
     })
     .await;
 }
