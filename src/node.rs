@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
-use crate::proto::{Answer, Request};
+use crate::proto::Request;
 
 /// The longest problem text an `H` answer carries (more is cut, with
 /// `...`): the answer stays one short line for any client.
@@ -247,6 +247,13 @@ impl Node {
         self.engine.tick(now);
         if let Some(cluster) = &mut self.cluster {
             cluster.tick(now, &mut self.engine);
+            // What `H` answers until the next turn: one short line of
+            // printable text whatever the problem says (addresses may hold
+            // any byte a key may).
+            let problem = cluster
+                .problem(now)
+                .map(|p| crate::proto::quoted(p.as_bytes(), MAX_PROBLEM_BYTES));
+            self.engine.set_problem(problem.as_deref().map(str::as_bytes));
         }
         if !self.peer_only.is_empty() {
             self.expire_peer_only(now);
@@ -300,16 +307,6 @@ impl Node {
     ) -> Result<(), Refusal> {
         if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
             return Err(Refusal::TooManyConns);
-        }
-        if matches!(request, Request::Health)
-            && let Some(problem) = self.problem(now)
-        {
-            // One short line of printable text whatever the problem says
-            // (addresses may hold any byte a key may).
-            let problem = crate::proto::quoted(problem.as_bytes(), MAX_PROBLEM_BYTES);
-            let problem = Some(problem.as_bytes());
-            self.engine.answer(conn, Answer::Health { problem });
-            return Ok(());
         }
         self.engine.handle(now, conn, request)
     }

@@ -190,6 +190,8 @@ pub struct Engine {
     serving: Serving,
     /// This node's address as clients should name it.
     advertise: Box<[u8]>,
+    /// What `H` answers (`None`: `H ok`); the node keeps it current.
+    problem: Option<Box<[u8]>>,
     /// Replication deltas since the last [`Engine::take_replication`], as
     /// peer lines (`P G ...`, `P X ...`); `None` on a node without peers.
     replication: Option<Vec<u8>>,
@@ -219,6 +221,7 @@ impl Engine {
             dirty: Vec::new(),
             serving: Serving::Active,
             advertise: advertise.as_bytes().into(),
+            problem: None,
             replication: None,
         }
     }
@@ -379,21 +382,36 @@ impl Engine {
                     Answer::Renewed { key, ok },
                 );
             }
-            Request::Health => {
-                let answer = Answer::Health { problem: None };
-                emit(&mut self.conns, &mut self.dirty, conn, answer);
-            }
-            Request::Status => {
-                let (role, addr) = match &self.serving {
-                    Serving::Active => (Role::Active, Some(&*self.advertise)),
-                    Serving::Standby { active } => (Role::Standby, active.as_deref()),
-                };
-                let token = self.tokens.highest();
-                let answer = Answer::Status { role, addr, token };
-                emit(&mut self.conns, &mut self.dirty, conn, answer);
-            }
+            Request::Status | Request::Health => self.status(conn, request),
         }
         Ok(())
+    }
+
+    /// `S` and `H`: rare, kept out of the request path's way.
+    #[cold]
+    #[inline(never)]
+    fn status(&mut self, conn: ConnId, request: Request<'_>) {
+        let answer = if request == Request::Health {
+            Answer::Health {
+                problem: self.problem.as_deref(),
+            }
+        } else {
+            let (role, addr) = match &self.serving {
+                Serving::Active => (Role::Active, Some(&*self.advertise)),
+                Serving::Standby { active } => (Role::Standby, active.as_deref()),
+            };
+            let token = self.tokens.highest();
+            Answer::Status { role, addr, token }
+        };
+        emit(&mut self.conns, &mut self.dirty, conn, answer);
+    }
+
+    /// What `H` answers from now on: a problem (one line of printable
+    /// text), or `None` for `H ok`.
+    pub fn set_problem(&mut self, problem: Option<&[u8]>) {
+        if self.problem.as_deref() != problem {
+            self.problem = problem.map(Box::from);
+        }
     }
 
     /// Stops serving: every waiting acquire is answered (`M` naming `active`,
@@ -745,11 +763,6 @@ impl Engine {
             let removed = self.table.remove_if_idle(lock);
             debug_assert!(removed);
         }
-    }
-
-    /// Appends an answer the node decided (not the engine) to `conn`'s output.
-    pub fn answer(&mut self, conn: ConnId, answer: Answer<'_>) {
-        emit(&mut self.conns, &mut self.dirty, conn, answer);
     }
 
     /// Records a token seen elsewhere (a peer's heartbeat, a hand-off), so

@@ -296,8 +296,15 @@ impl Session {
                 self.stash.extend_from_slice(data);
                 return Flow::Paused;
             }
-            let refusal = data.starts_with(b"E ") && node.is_peer_link(conn);
-            if data.starts_with(b"P ") || refusal {
+            // Only a line that starts with `P` or `E` can be a peer's: one
+            // byte looked at on the client path.
+            let peer = match data.first() {
+                Some(b'P') => data.starts_with(b"P "),
+                Some(b'E') => data.starts_with(b"E ") && node.is_peer_link(conn),
+                _ => false,
+            };
+            let refusal = peer && data.starts_with(b"E ");
+            if peer {
                 // A peer line: the cluster's, not the client protocol's (an
                 // `E` line on a peer link is the peer giving the link up).
                 let window = &data[..data.len().min(MAX_LINE)];
