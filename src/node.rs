@@ -253,7 +253,8 @@ impl Node {
             let problem = cluster
                 .problem(now)
                 .map(|p| crate::proto::quoted(p.as_bytes(), MAX_PROBLEM_BYTES));
-            self.engine.set_problem(problem.as_deref().map(str::as_bytes));
+            self.engine
+                .set_problem(problem.as_deref().map(str::as_bytes));
         }
         if !self.peer_only.is_empty() {
             self.expire_peer_only(now);
