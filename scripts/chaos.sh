@@ -41,7 +41,13 @@ REPS=3
 LENGTHS=1,2,4,7,14
 GAP=5
 BENCH_OUT=bench-results
-COMMAND="scripts/chaos.sh${*:+ $*}"
+COMMAND="scripts/chaos.sh"
+for arg in "$@"; do
+    case "$arg" in
+        *[!A-Za-z0-9_./,=:-]*) COMMAND+=" \"$arg\"" ;;
+        *) COMMAND+=" $arg" ;;
+    esac
+done
 while [ $# -gt 0 ]; do
     case "$1" in
         --seed) SEED=$2; shift ;;

@@ -20,13 +20,16 @@
 //!   from the acquire to that answer touches no window. An answer `0` that
 //!   came after the earliest possible end is "ambiguous" and only counted.
 //! - **(d) one active after a heal**: from the pollers' `S` answers (every
-//!   `poll_ms` on each node), on a 10 ms grid, a node counts if it answered
-//!   within the last 120 ms. "One active" = exactly one node says active and
-//!   every other node that answers names it. Measured from the fault's last
-//!   heal to the start of the run of "one active" that lasts until the next
-//!   fault starts (or the run ends); also the last moment two nodes said
-//!   active ("split brain after heal"). Heals that happen while another
-//!   fault is still on are not measured (the episode's last heal is).
+//!   `poll_ms` on each node), on a 10 ms grid, each node as its last poll
+//!   found it: a poll with no answer within 150 ms makes it unreachable; a
+//!   gap in the samples (the harness itself not running, on a busy
+//!   machine) changes nothing, and is reported. "One active" = exactly one
+//!   node says active and every other node that answers names it. Measured
+//!   from the fault's last heal to the start of the run of "one active"
+//!   that lasts until the next fault starts (or the run ends); also the
+//!   last moment two nodes said active ("split brain after heal"). Heals
+//!   that happen while another fault is still on are not measured (the
+//!   episode's last heal is).
 //! - **(e) failover**: from the fault's start, the first `S` in which
 //!   another node than the one active before says active ("promotion"), and
 //!   the first grant a client read from such a node.
@@ -40,7 +43,8 @@ use super::clients::{ClientStats, GrantRec, Sample};
 use super::{Config, Record};
 
 const GRID_US: u64 = 10_000;
-const STALE_US: u64 = 120_000;
+/// A gap between two polls of one node longer than this is reported.
+const POLL_GAP_US: u64 = 100_000;
 
 /// The cluster's state at one grid point, as the pollers saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,9 +90,7 @@ pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Poi
                 continue;
             }
             let s = per[i][idx[i] - 1];
-            if let Some((active, named, _)) = s.status
-                && t - s.t <= STALE_US
-            {
+            if let Some((active, named, _)) = s.status {
                 if active {
                     actives |= 1 << i;
                 }
@@ -114,6 +116,27 @@ pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Poi
         t += GRID_US;
     }
     points
+}
+
+/// Gaps of more than [`POLL_GAP_US`] between two answered polls of one
+/// node: the node answered late, or the harness (a shared machine) did
+/// not run. `(count, longest µs, when)`.
+pub fn poll_gaps(samples: &[Sample], nodes: usize) -> (usize, u64, u64) {
+    let (mut count, mut longest, mut at) = (0, 0, 0);
+    for i in 0..nodes {
+        let mut mine: Vec<&Sample> = samples.iter().filter(|s| s.node == i).collect();
+        mine.sort_by_key(|s| s.t);
+        for w in mine.windows(2) {
+            let gap = w[1].t - w[0].t;
+            if w[0].status.is_some() && w[1].status.is_some() && gap > POLL_GAP_US {
+                count += 1;
+                if gap > longest {
+                    (longest, at) = (gap, w[0].t);
+                }
+            }
+        }
+    }
+    (count, longest, at)
 }
 
 #[derive(Debug, Clone)]
@@ -690,6 +713,21 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
         measured.len() - over,
         measured.len()
     );
+    let (gaps, longest, when) = poll_gaps(&rec.samples, cfg.nodes);
+    let _ = writeln!(
+        o,
+        "- status polls answered more than {} ms apart (a slow node, or the harness not running on a busy machine): {gaps}{}",
+        POLL_GAP_US / 1000,
+        if gaps > 0 {
+            format!(
+                ", longest {:.0} ms at {:.3} s",
+                ms(longest),
+                secs(when, rec.origin)
+            )
+        } else {
+            String::new()
+        }
+    );
     if !rec.crashes.is_empty() {
         let _ = writeln!(o, "- nodes that exited by themselves: {:?}", rec.crashes);
     }
@@ -730,6 +768,8 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
         })
         .collect();
     let t = totals(&rec.stats);
+    let (count, longest, at) = poll_gaps(&rec.samples, cfg.nodes);
+    let gaps = json!({"count": count, "longest_ms": ms(longest), "at_s": secs(at, rec.origin)});
     json!({
         "config": {
             "io": cfg.io, "seed": cfg.seed, "nodes": cfg.nodes, "clients": cfg.clients,
@@ -751,6 +791,7 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
             "gave_up": t.gave_up, "moved": t.moved, "moved_none": t.moved_none,
             "conn_failures": t.conn_failures, "errors": t.errors,
         },
+        "poll_gaps": gaps,
         "crashes": rec.crashes,
         "failures": r.failures,
         "passed": r.failures.is_empty(),
