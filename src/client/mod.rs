@@ -64,12 +64,9 @@ mod grant;
 mod renew;
 #[cfg(test)]
 mod tests;
-// Tests in virtual time: they need tokio's `test-util` feature, which the
-// crate's dev-dependencies do not enable yet; see the module's head.
+// Tests in virtual time (tokio's `test-util`, a dev-dependency).
 #[cfg(test)]
-#[allow(unexpected_cfgs)]
 mod virtual_time {
-    #[cfg(ringlock_paused_tests)]
     mod timer_tests;
 }
 

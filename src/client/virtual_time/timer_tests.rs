@@ -3,17 +3,8 @@
 //! nodes sit on in-memory streams, so the clock moves only when every task
 //! waits on a timer: these tests take milliseconds, and their timings are
 //! exact (to the millisecond of tokio's timer) instead of flaky.
-//!
-//! They need tokio's `test-util` feature, which the crate does not enable
-//! yet. To run them, add to Cargo.toml
-//!
-//! ```toml
-//! [dev-dependencies]
-//! tokio = { version = "1", features = ["test-util"] }
-//! ```
-//!
-//! and turn `#[cfg(ringlock_paused_tests)]` in front of this module (in
-//! src/client/mod.rs) into `#[cfg(test)]`.
+//! They need tokio's `test-util` feature, enabled for tests only (Cargo.toml's
+//! dev-dependencies).
 
 use std::collections::HashMap;
 use std::future::Future;
