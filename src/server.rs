@@ -30,7 +30,7 @@ pub struct ServeArgs {
     pub max_conns: usize,
     /// Most live locks (keys held, waited for, or with a held-back T); an
     /// acquire of one more key breaks its connection with E. Room for them
-    /// is reserved at start (address space: about 140 bytes per lock).
+    /// is reserved at start (address space: about 130 bytes per lock).
     #[arg(long, default_value_t = DEFAULT_MAX_LOCKS)]
     pub max_locks: u32,
     /// Busy-poll for up to this many microseconds before sleeping in the

@@ -38,8 +38,8 @@ pub const MAX_WAITING_PER_CONN: u32 = 4096;
 pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 
 /// The most live locks (keys with a holder, waiters or a held-back `T`)
-/// by default: `ringlock serve --max-locks`. A million locks took about
-/// 230 MiB at peak (docs/performance.md).
+/// by default: `ringlock serve --max-locks`. A million held locks took
+/// about 140 MiB at peak (docs/performance.md).
 pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
 
 /// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`

@@ -396,10 +396,10 @@ pub fn raise_fd_limit() -> Option<u64> {
 /// Turns transparent huge pages off for this process (`prctl` with
 /// `PR_SET_THP_DISABLE`), whatever mimalloc asks for (it advises huge pages
 /// for its arenas) or the system's default is. With them, the kernel fills
-/// a whole 2 MiB page at its first touch: while the lock table grows, one
-/// loop turn in a few hundred paid for one, 3.5–4 ms each on the
-/// development VM and up to three at once (docs/architecture.md). With
-/// 4 KiB pages the same work is spread thin over every turn. False if the
+/// a whole 2 MiB page at its first touch: while the lock table grew, every
+/// few dozen loop turns one paid for one, about 4 ms each on the
+/// development VM and more where two coincided (docs/architecture.md).
+/// With 4 KiB pages the same work is spread thin over every turn. False if the
 /// kernel does not allow it; the server runs either way.
 pub fn disable_huge_pages() -> bool {
     rustix::thread::disable_transparent_huge_pages(true).is_ok()

@@ -544,18 +544,29 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
         m("load_before"),
         m("load_after")
     );
-    let _ = writeln!(
-        md,
-        "Servers pinned to core {}, load generator to core {} (`taskset`); {} rounds, \
-         targets alternated within each round; {} s warm-up + {} s measured per run. \
-         Redis: {}.  ",
-        m("server_core"),
-        m("client_core"),
-        m("rounds"),
-        m("warmup"),
-        m("duration"),
-        m("redis_version")
-    );
+    if r.groups.iter().all(|g| g.scenario == GROWTH) {
+        let _ = writeln!(
+            md,
+            "Servers pinned to core {}, load generator to core {} (`taskset`); {} rounds, \
+             backends alternated, each run on a freshly started server.  ",
+            m("server_core"),
+            m("client_core"),
+            m("rounds"),
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "Servers pinned to core {}, load generator to core {} (`taskset`); {} rounds, \
+             targets alternated within each round; {} s warm-up + {} s measured per run. \
+             Redis: {}.  ",
+            m("server_core"),
+            m("client_core"),
+            m("rounds"),
+            m("warmup"),
+            m("duration"),
+            m("redis_version")
+        );
+    }
     let _ = writeln!(md, "Command: `{}`\n", m("command"));
     let _ = writeln!(
         md,
@@ -637,6 +648,33 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
                     ms("rss_peak_mib"),
                     range(g, "server_preempted", |v| format!("{v:.0}")),
                     g.get("other_util")
+                        .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
+                );
+            }
+            let _ = writeln!(md);
+            // Run by run: a long turn next to a busy rest of machine.
+            let _ = writeln!(
+                md,
+                "| round | server | longest loop turn (ms) | probe cycle max | server preempted | rest of machine |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|---|---|");
+            for run in r.runs.iter().filter(|run| run.scenario == scenario) {
+                let Some(growth) = &run.growth else {
+                    continue;
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    run.round,
+                    run.label,
+                    growth
+                        .longest_turn_ms
+                        .map_or("-".into(), |v| format!("{v:.1}")),
+                    fmt_us(run.latency_us.cycle.as_ref().map(|c| c.max)),
+                    growth
+                        .server_preempted
+                        .map_or("-".into(), |v| v.to_string()),
+                    run.other_cpu
                         .map_or("-".into(), |v| format!("{:.0}%", v * 100.0)),
                 );
             }
