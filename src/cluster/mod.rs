@@ -303,6 +303,21 @@ impl Cluster {
         self.cfg.secret.nonce(self.cfg.incarnation, self.nonces)
     }
 
+    /// The transcript of a link dialed to us: what its `HELLO` claimed,
+    /// and us with our nonce `nonce`.
+    fn inbound_transcript<'a>(&'a self, claim: &'a Claim, nonce: Nonce) -> Transcript<'a> {
+        Transcript {
+            dialer: Identity {
+                fingerprint: claim.fingerprint,
+                index: claim.from as u64,
+                addr: &claim.addr,
+                nonce: claim.nonce,
+            },
+            dialer_incarnation: claim.incarnation,
+            acceptor: self.my_identity(nonce),
+        }
+    }
+
     fn my_identity(&self, nonce: Nonce) -> Identity<'_> {
         Identity {
             fingerprint: self.fingerprint,
@@ -632,16 +647,7 @@ impl Cluster {
             }
         }
         let nonce = self.next_nonce();
-        let transcript = Transcript {
-            dialer: Identity {
-                fingerprint: claim.fingerprint,
-                index: claim.from as u64,
-                addr: &claim.addr,
-                nonce: claim.nonce,
-            },
-            dialer_incarnation: claim.incarnation,
-            acceptor: self.my_identity(nonce),
-        };
+        let transcript = self.inbound_transcript(&claim, nonce);
         let mac = self.cfg.secret.sign(Side::Acceptor, &transcript);
         self.scratch.clear();
         wire::encode(
@@ -677,16 +683,7 @@ impl Cluster {
         engine: &mut Engine,
     ) -> Result<(), String> {
         let claim = &pending.claim;
-        let transcript = Transcript {
-            dialer: Identity {
-                fingerprint: claim.fingerprint,
-                index: claim.from as u64,
-                addr: &claim.addr,
-                nonce: claim.nonce,
-            },
-            dialer_incarnation: claim.incarnation,
-            acceptor: self.my_identity(pending.nonce),
-        };
+        let transcript = self.inbound_transcript(claim, pending.nonce);
         if !self.cfg.secret.verify(Side::Dialer, &transcript, mac) {
             return Err(format!(
                 "peer authentication failed (a link claiming to be {}): wrong MAC; is \
