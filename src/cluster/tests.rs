@@ -164,6 +164,18 @@ impl Remote {
     }
 }
 
+/// A `HELLO` claiming to be node 0 of the node's own list, with the given
+/// incarnation and a nonce of `nonce_byte`s: what a stranger can send.
+fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'static> {
+    PeerMsg::Hello {
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation,
+        nonce: [nonce_byte; auth::NONCE_LEN],
+    }
+}
+
 /// Peer `from` links to the node (inbound conn `conn`) and proves who it is.
 fn link_in(c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId, from: usize) {
     Remote::new(from).dial(c, e, now, conn).unwrap();
@@ -256,13 +268,7 @@ fn a_leaving_active_hands_off_only_to_a_follower() {
 fn nothing_is_believed_before_auth() {
     let (mut c, mut e) = node(2);
     e.open(5);
-    let hello = PeerMsg::Hello {
-        fingerprint: c.fingerprint(),
-        from: 0,
-        addr: b"127.0.0.1:7000",
-        incarnation: 9,
-        nonce: [1; auth::NONCE_LEN],
-    };
+    let hello = hello_as_node0(&c, 9, 1);
     c.on_message(at(1), 5, hello, &mut e).unwrap();
     // The challenge is all that goes out: no token, no role.
     let out = lines_of(&mut e, 5);
@@ -354,13 +360,7 @@ fn a_second_hello_never_resets_a_live_peer() {
     link_in(&mut c, &mut e, at(1), 5, 0);
     heartbeat(&mut c, &mut e, at(2), 5, true, None);
     assert_eq!(c.role(), Role::Standby { following: Some(0) });
-    let hello = PeerMsg::Hello {
-        fingerprint: c.fingerprint(),
-        from: 0,
-        addr: b"127.0.0.1:7000",
-        incarnation: 12345,
-        nonce: [3; auth::NONCE_LEN],
-    };
+    let hello = hello_as_node0(&c, 12345, 3);
     // On the authenticated link itself.
     assert!(c.on_message(at(3), 5, hello, &mut e).is_err());
     // On a new connection, from a stranger who cannot finish the handshake.
@@ -376,13 +376,7 @@ fn a_second_hello_never_resets_a_live_peer() {
 fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     let (mut c, mut e) = node(2);
     e.open(5);
-    let hello = PeerMsg::Hello {
-        fingerprint: c.fingerprint(),
-        from: 0,
-        addr: b"127.0.0.1:7000",
-        incarnation: 9,
-        nonce: [1; auth::NONCE_LEN],
-    };
+    let hello = hello_as_node0(&c, 9, 1);
     c.on_message(at(1), 5, hello, &mut e).unwrap();
     // Our own dial to node 1 gets no CHALLENGE.
     e.open(6);
@@ -419,13 +413,7 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
 #[test]
 fn pending_handshakes_are_bounded() {
     let (mut c, mut e) = node(2);
-    let hello = PeerMsg::Hello {
-        fingerprint: c.fingerprint(),
-        from: 0,
-        addr: b"127.0.0.1:7000",
-        incarnation: 9,
-        nonce: [1; auth::NONCE_LEN],
-    };
+    let hello = hello_as_node0(&c, 9, 1);
     for conn in 0..MAX_PENDING_HANDSHAKES as ConnId {
         e.open(conn);
         c.on_message(at(1), conn, hello, &mut e).unwrap();
