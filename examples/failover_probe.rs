@@ -18,7 +18,7 @@
 //!   successor as above; sends SIGTERM to PID (the active). `gap_ms`: from
 //!   the old active's last grant to the successor's first grant, the gap in
 //!   service a client sees; also both times from the signal.
-//! - `client`: the official client (`ringlock::client`) given every address
+//! - `client`: the official client (`ringlock_client`) given every address
 //!   acquires and releases in a loop (50 ms waits); SIGKILL to PID; times
 //!   from the signal to the client's first grant, through its own reconnect
 //!   and `M` handling.
@@ -328,7 +328,7 @@ fn handoff(pid: i32, old: &str, successor: &str) -> Result<Value, String> {
 }
 
 fn client(pid: i32, addrs: Vec<String>) -> Result<Value, String> {
-    use ringlock::client::{Acquired, Client};
+    use ringlock_client::{Acquired, Client};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

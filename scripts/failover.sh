@@ -17,7 +17,7 @@
 #            grant and node 1's first grant, with one probe loop on each
 #            (target: under 50 ms); the old active must exit 0
 #   client   kill -9 of the active -> first grant through the official
-#            client (ringlock::client) given all three addresses
+#            client (ringlock-client) given all three addresses
 # After each measurement node 0 is started again on its port and the script
 # waits until it has the role back (failback), so every run starts alike.
 # Writes DIR/failover-<date>-<commit>.json (every run, min/median/max, the

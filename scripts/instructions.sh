@@ -6,7 +6,7 @@
 #   scripts/instructions.sh update   count and rewrite the baseline
 #   scripts/instructions.sh show     count only
 #
-# Each case (src/bin/ringlock-bench/instr.rs) runs one hot path a fixed
+# Each case (crates/bench/src/instr.rs) runs one hot path a fixed
 # number of times inside one function; callgrind counts the instructions
 # executed in that function alone (--toggle-collect), so set-up, warm-up and
 # process start-up are not counted. Counts are per operation. They are

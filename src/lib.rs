@@ -2,19 +2,19 @@
 //!
 //! The crate is layered so that each part can be built and tested alone:
 //!
-//! - [`proto`]: the wire format only (zero-copy request parser, answer encoder).
+//! - [`proto`]: the wire format, re-exported from the `ringlock-proto` crate
+//!   (zero-copy request parser, answer encoder).
 //! - [`engine`]: the sans-I/O core. It takes `(now, connection, request)` and
 //!   writes answers into per-connection output buffers. No sockets, no clock.
 //! - [`io`]: the event loops (io_uring, epoll fallback) that move bytes between
 //!   sockets and the engine.
-//! - [`client`]: the official async client library.
 //! - [`cli`]: the command line for people (`acquire`, `release`, `run`, ...).
 
 pub mod cli;
-pub mod client;
 pub mod cluster;
 pub mod engine;
 pub mod io;
 pub mod node;
-pub mod proto;
 pub mod server;
+
+pub use ringlock_proto as proto;

@@ -501,7 +501,7 @@ fn acquire_and_run_go_on_through_a_stopped_active() {
     c.node(0).signal(libc::SIGSTOP);
     let stopped = Instant::now();
     let bound = Duration::from_millis(common::Cluster::PEER_TIMEOUT_MS)
-        + ringlock::client::DEFAULT_PROBE_TIMEOUT
+        + ringlock_client::DEFAULT_PROBE_TIMEOUT
         + Duration::from_secs(1);
     let mut last = 0u64;
     for i in 0..3 {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ringlock::client::{Acquired, Client, Error, LockLost, Role};
+use ringlock_client::{Acquired, Client, Error, LockLost, Role};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
@@ -1029,7 +1029,7 @@ async fn a_stopped_active_costs_an_acquire_the_failover_plus_the_probe_timeout()
 
 /// The client's default probe timeout.
 fn conn_probe_timeout() -> Duration {
-    ringlock::client::DEFAULT_PROBE_TIMEOUT
+    ringlock_client::DEFAULT_PROBE_TIMEOUT
 }
 
 // ---------------------------------------------------------------- renewing guard

@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Cluster, Conn, status_of};
-use ringlock::client::{Acquired, Client};
+use ringlock_client::{Acquired, Client};
 
 macro_rules! on_both {
     ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {

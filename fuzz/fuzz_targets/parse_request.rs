@@ -4,7 +4,7 @@
 //! `cargo +nightly fuzz run parse_request -- -dict=fuzz/parse_request.dict`
 //!
 //! The same invariants run on stable, over generated inputs, in
-//! `src/proto/parser_tests.rs` (`generated_inputs_keep_invariants`).
+//! `crates/proto/src/parser_tests.rs` (`generated_inputs_keep_invariants`).
 
 #![no_main]
 

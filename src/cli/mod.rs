@@ -1,5 +1,5 @@
 //! The command line for people: `acquire`, `release`, `renew`, `run`,
-//! `status`, all built on [`crate::client`].
+//! `status`, all built on [`ringlock_client`].
 //!
 //! Servers come from `--server ADDR,ADDR,...`, else from the environment
 //! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`.
@@ -33,11 +33,11 @@ use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::client::{
+use crate::proto::{MAX_DURATION_MS, parse_seconds};
+use ringlock_client::{
     Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, check_key,
     node_problem, node_status,
 };
-use crate::proto::{MAX_DURATION_MS, parse_seconds};
 
 /// Exit status: `release`/`renew` found no grant with that token.
 pub const EXIT_NOT_HELD: u8 = 1;

@@ -36,7 +36,7 @@ use ringlock::cluster::{ClusterConfig, Role, wire};
 use ringlock::engine::{ConnId, Now};
 use ringlock::io::{Flow, Session, take_final_output};
 use ringlock::node::{Node, NodeConfig};
-use ringlock::proto::{Answer, parse_answer};
+use ringlock_proto::{Answer, parse_answer};
 pub use rng::Rng;
 
 pub const HEARTBEAT_MS: u64 = 50;

@@ -1,8 +1,8 @@
 //! Clients and status pollers, run on threads inside the client namespace.
 //!
 //! A client keeps one connection per node and talks the real protocol
-//! (requests encoded with `ringlock::proto::Request`, answers parsed with
-//! `ringlock::proto::parse_answer`), one request at a time, like the
+//! (requests encoded with `ringlock_proto::Request`, answers parsed with
+//! `ringlock_proto::parse_answer`), one request at a time, like the
 //! official client in what matters here:
 //!
 //! - it sends to the node that last granted it (or that an `M` named),
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ringlock::proto::{Answer, Request, Role, parse_answer};
+use ringlock_proto::{Answer, Request, Role, parse_answer};
 
 use super::Rng;
 use super::net;

@@ -7,7 +7,39 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 const GEN: &str = env!("CARGO_BIN_EXE_ringlock-bench");
-const SERVER: &str = env!("CARGO_BIN_EXE_ringlock");
+
+/// The `ringlock` server binary, from the same workspace build. It belongs
+/// to another package, so cargo gives no `CARGO_BIN_EXE_` for it; this test
+/// has cargo (re)build it, which is instant when `cargo test` at the root
+/// already did.
+fn server() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // The profile this test was built with, from its binary's directory.
+            let dir = PathBuf::from(GEN);
+            let profile = match dir.parent().and_then(|d| d.file_name()) {
+                Some(name) if name == "debug" => "dev".to_string(),
+                Some(name) => name.to_string_lossy().into_owned(),
+                None => "dev".to_string(),
+            };
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "--profile", &profile])
+                .args(["-p", "ringlock", "--bin", "ringlock"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo build for the ringlock server");
+            assert!(status.success(), "cargo build --bin ringlock failed");
+            let path = PathBuf::from(GEN).with_file_name("ringlock");
+            assert!(
+                path.is_file(),
+                "{} not found after the build",
+                path.display()
+            );
+            path
+        })
+        .clone()
+}
 
 /// A server child that prints "listening on ADDR" on stderr; killed on drop.
 struct Running {
@@ -74,7 +106,10 @@ fn f(v: &serde_json::Value, path: &[&str]) -> f64 {
 #[test]
 fn load_generator_report_and_compare() {
     let echo = Running::start(GEN, &["echo-server", "--listen", "127.0.0.1:0"]);
-    let server = Running::start(SERVER, &["serve", "--listen", "127.0.0.1:0"]);
+    let server = Running::start(
+        server().to_str().unwrap(),
+        &["serve", "--listen", "127.0.0.1:0"],
+    );
     let mut runs = Vec::new();
 
     // Echo floor, pipelined.
@@ -249,7 +284,7 @@ fn grow_mode_and_its_report() {
     let dir = std::env::temp_dir().join(format!("ringlock-bench-grow-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("server.log");
-    let mut server = Command::new(SERVER)
+    let mut server = Command::new(server())
         .args(["serve", "--listen", "127.0.0.1:0", "--max-locks", "20001"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

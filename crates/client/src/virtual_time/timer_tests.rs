@@ -15,8 +15,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, ReadHal
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::client::conn::{ReadHalf as ClientRead, WriteHalf as ClientWrite};
-use crate::client::*;
+use crate::conn::{ReadHalf as ClientRead, WriteHalf as ClientWrite};
+use crate::*;
 
 /// What a fake node does with a new connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ringlock::client::Client;
+//! use ringlock_client::Client;
 //!
-//! # async fn demo() -> Result<(), ringlock::client::Error> {
+//! # async fn demo() -> Result<(), ringlock_client::Error> {
 //! let client = Client::connect(["127.0.0.1:7171"]).await?;
 //! let guard = client
 //!     .lock("reports/daily", Duration::from_secs(30), Some(Duration::from_secs(5)))
@@ -80,12 +80,12 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-pub use crate::proto::Role;
-use crate::proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
 use conn::{Conn, Dialer, Op, Reply, Request, Shared, Slot, Timing, lock};
 pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
 pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
+pub use ringlock_proto::Role;
+use ringlock_proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
 
 /// The protocol's redial period for a dropped connection.
 pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);
@@ -1210,11 +1210,11 @@ pub fn check_key(key: &[u8]) -> Result<(), Error> {
         Ok(())
     } else if key.is_empty() {
         Err(Error::InvalidArgument("empty key".into()))
-    } else if key.len() > crate::proto::MAX_KEY {
+    } else if key.len() > ringlock_proto::MAX_KEY {
         Err(Error::InvalidArgument(format!(
             "key of {} bytes (at most {})",
             key.len(),
-            crate::proto::MAX_KEY
+            ringlock_proto::MAX_KEY
         )))
     } else {
         Err(Error::InvalidArgument(format!(

@@ -183,7 +183,7 @@ impl Wire {
     fn key(&self, out: &mut Vec<u8>, idx: u64) {
         out.extend_from_slice(&self.prefix);
         let mut digits = Vec::with_capacity(20);
-        ringlock::proto::write_u64(&mut digits, idx);
+        ringlock_proto::write_u64(&mut digits, idx);
         out.extend(std::iter::repeat_n(
             b'0',
             self.pad.saturating_sub(digits.len()),
@@ -213,7 +213,7 @@ impl Wire {
                 out.extend_from_slice(b"A ");
                 self.key(out, idx);
                 out.push(b' ');
-                ringlock::proto::write_seconds(out, self.lease_ms);
+                ringlock_proto::write_seconds(out, self.lease_ms);
                 out.extend_from_slice(b" 0\n");
             }
             Target::Redis => {
@@ -222,11 +222,11 @@ impl Wire {
                 self.key(out, idx);
                 out.extend_from_slice(b"\r\n");
                 let mut tok = Vec::with_capacity(20);
-                ringlock::proto::write_u64(&mut tok, token);
+                ringlock_proto::write_u64(&mut tok, token);
                 bulk(out, &tok);
                 out.extend_from_slice(b"$2\r\nNX\r\n$2\r\nPX\r\n");
                 let mut ms = Vec::with_capacity(20);
-                ringlock::proto::write_u64(&mut ms, self.lease_ms);
+                ringlock_proto::write_u64(&mut ms, self.lease_ms);
                 bulk(out, &ms);
             }
         }
@@ -238,7 +238,7 @@ impl Wire {
                 out.extend_from_slice(b"R ");
                 self.key(out, idx);
                 out.push(b' ');
-                ringlock::proto::write_u64(out, token);
+                ringlock_proto::write_u64(out, token);
                 out.push(b'\n');
             }
             Target::Redis => {
@@ -249,7 +249,7 @@ impl Wire {
                 self.key(out, idx);
                 out.extend_from_slice(b"\r\n");
                 let mut tok = Vec::with_capacity(20);
-                ringlock::proto::write_u64(&mut tok, token);
+                ringlock_proto::write_u64(&mut tok, token);
                 bulk(out, &tok);
             }
         }
@@ -258,7 +258,7 @@ impl Wire {
 
 fn bulk_len(out: &mut Vec<u8>, len: usize) {
     out.push(b'$');
-    ringlock::proto::write_u64(out, len as u64);
+    ringlock_proto::write_u64(out, len as u64);
     out.extend_from_slice(b"\r\n");
 }
 

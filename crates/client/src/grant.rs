@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Client, Error, RenewingGuard};
-use crate::proto::Role;
+use ringlock_proto::Role;
 
 /// A lock held: the key, its fencing token, and a conservative deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ringlock::proto::{Answer, parse_request};
+use ringlock_proto::{Answer, parse_request};
 
 const BUF_SIZE: usize = 64 * 1024;
 const ANSWERS: usize = 1024;

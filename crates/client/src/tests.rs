@@ -155,7 +155,7 @@ async fn reordering_fake() -> String {
                         let f: Vec<&str> = req.split(' ').collect();
                         let answer = match f[0] {
                             "A" => {
-                                let ms = crate::proto::parse_seconds(f[2].as_bytes()).unwrap();
+                                let ms = ringlock_proto::parse_seconds(f[2].as_bytes()).unwrap();
                                 format!("A {} {ms}", f[1])
                             }
                             "R" => format!("R {} {}", f[1], f[2].parse::<u64>().unwrap() % 2),
@@ -570,7 +570,7 @@ async fn an_acquire_cut_off_is_sent_again_on_the_other_connection() {
         let line = other.line().await;
         let f: Vec<&str> = line.split(' ').collect();
         assert_eq!(&f[..3], ["A", "k", "3"], "{line}");
-        let wait = crate::proto::parse_seconds(f[3].as_bytes()).unwrap();
+        let wait = ringlock_proto::parse_seconds(f[3].as_bytes()).unwrap();
         assert!((50_000..=60_000).contains(&wait), "{line}");
         other.send("A k 5").await;
         let grant = acquire.await.unwrap().unwrap().into_grant().unwrap();

@@ -37,7 +37,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::proto::{Answer, Role, parse_answer};
+use ringlock_proto::{Answer, Role, parse_answer};
 
 /// Longest answer line the client accepts on its pooled connections (the
 /// longest legal one is about 500 bytes; anything past this is a broken

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use ringlock::engine::{Engine, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
-use ringlock::proto::{Request, parse_request};
+use ringlock_proto::{Request, parse_request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Case {

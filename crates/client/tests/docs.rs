@@ -1,9 +1,10 @@
-//! docs/client.md shows examples/lock.rs as it is, and its `Cargo.toml`
+//! docs/client.md shows this crate's examples/lock.rs as it is, and its `Cargo.toml`
 //! lines give everything that example uses. (The example itself is built
 //! by `cargo build --examples` and clippy's `--all-targets`.)
 
 use std::path::Path;
 
+/// `path` relative to this crate (`../../` is the repository's root).
 fn read(path: &str) -> String {
     let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
@@ -29,7 +30,7 @@ fn blocks(text: &str, info: &str) -> Vec<String> {
 
 #[test]
 fn the_documented_example_is_examples_lock_rs() {
-    let doc = read("docs/client.md");
+    let doc = read("../../docs/client.md");
     let example = read("examples/lock.rs");
     let rust = blocks(&doc, "rust");
     assert!(
@@ -40,7 +41,7 @@ fn the_documented_example_is_examples_lock_rs() {
 
 #[test]
 fn the_documented_cargo_toml_has_what_the_example_uses() {
-    let doc = read("docs/client.md");
+    let doc = read("../../docs/client.md");
     let example = read("examples/lock.rs");
     let toml = blocks(&doc, "toml");
     let deps = toml
@@ -48,7 +49,7 @@ fn the_documented_cargo_toml_has_what_the_example_uses() {
         .find(|b| b.contains("[dependencies]"))
         .expect("a Cargo.toml snippet with [dependencies]");
     assert!(
-        deps.lines().any(|l| l.starts_with("ringlock = {")),
+        deps.lines().any(|l| l.starts_with("ringlock-client = {")),
         "{deps}"
     );
     let tokio = deps
@@ -76,11 +77,11 @@ fn the_documented_cargo_toml_has_what_the_example_uses() {
             );
         }
     }
-    // And nothing but ringlock and tokio.
+    // And nothing but ringlock-client and tokio.
     for line in example.lines().filter(|l| l.starts_with("use ")) {
         let krate = line["use ".len()..].split("::").next().unwrap();
         assert!(
-            ["std", "ringlock", "tokio"].contains(&krate),
+            ["std", "ringlock_client", "tokio"].contains(&krate),
             "the example uses crate {krate}, which the snippet does not list"
         );
     }

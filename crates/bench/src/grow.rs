@@ -73,7 +73,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
     let addr = crate::load::resolve_addr(&args.addr)?;
     let prefix = crate::load::run_prefix();
     let digits = args.locks.saturating_sub(1).to_string().len();
-    if args.key_len < prefix.len() + digits || args.key_len > ringlock::proto::MAX_KEY {
+    if args.key_len < prefix.len() + digits || args.key_len > ringlock_proto::MAX_KEY {
         return Err(format!(
             "{} locks do not fit in {}-byte keys",
             args.locks, args.key_len
@@ -387,7 +387,7 @@ fn acquire(out: &mut Vec<u8>, lease: &[u8], key: impl FnOnce(&mut Vec<u8>)) {
 /// A lease in the protocol's seconds form.
 fn seconds(s: f64) -> Vec<u8> {
     let mut out = Vec::new();
-    ringlock::proto::write_seconds(&mut out, (s * 1000.0).round() as u64);
+    ringlock_proto::write_seconds(&mut out, (s * 1000.0).round() as u64);
     out
 }
 

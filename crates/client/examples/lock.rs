@@ -1,11 +1,12 @@
 //! Takes a lock on a ringlock cluster and works under it while it renews
 //! itself, stopping if it is lost. Start a node (`cargo run -- serve`), then
-//! `cargo run --example lock -- 127.0.0.1:7171` (give every address of the
-//! cluster's peer list). docs/client.md shows this file as it is.
+//! `cargo run -p ringlock-client --example lock -- 127.0.0.1:7171` (give
+//! every address of the cluster's peer list). docs/client.md shows this file
+//! as it is.
 
 use std::time::Duration;
 
-use ringlock::client::{Acquired, Client, Error};
+use ringlock_client::{Acquired, Client, Error};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
