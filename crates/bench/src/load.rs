@@ -17,7 +17,7 @@
 //!
 //! Targets:
 //! - `ringlock`: `A <key> <lease> 0`, then `R <key> <token>`. Answers are
-//!   matched by op and key, as PROTOCOL.md says.
+//!   matched by op and key, as docs/protocol.md says.
 //! - `redis`: `SET <key> <token> NX PX <lease ms>`, then `EVALSHA` of the
 //!   compare-and-delete script (loaded with `SCRIPT LOAD` at start). Redis
 //!   has no queue: a `SET NX` that finds the key held gets nil, and the slot

@@ -7,9 +7,10 @@
 //! send order, with its op), and writes the whole batch with one
 //! `write_all`. The reader splits answer lines (each at most
 //! [`MAX_ANSWER_LINE`] bytes) and hands each to the oldest pending request it
-//! answers, as PROTOCOL.md says: `A`/`T` the oldest `A` of the key, `R` the
-//! oldest `R`, `N` the oldest `N`, `S` the oldest `S`, `M` the oldest request
-//! of the key whatever its op.
+//! answers, as docs/protocol.md says ("6. Matching answers to requests"):
+//! `A`/`T` the oldest `A` of the key, `R` the oldest `R`, `N` the oldest
+//! `N`, `S` the oldest `S`, `M` the oldest request of the key whatever its
+//! op.
 //!
 //! Liveness: a connection is only put in the rotation once its node has
 //! answered an `S` (the hello) within the probe timeout, so a node that

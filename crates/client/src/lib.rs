@@ -15,8 +15,8 @@
 //! # }
 //! ```
 //!
-//! Connection behaviour is that of every official client (PROTOCOL.md, "The
-//! official clients"), with a deadline on everything:
+//! Connection behaviour is that of every official client (docs/protocol.md,
+//! "12. The official clients"), with a deadline on everything:
 //!
 //! - One persistent connection per address of the cluster's peer list, each
 //!   run by a background task; given a single address, two connections to

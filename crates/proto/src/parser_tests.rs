@@ -1,5 +1,5 @@
-//! Request parser tests, written against PROTOCOL.md ("Values", "Requests",
-//! "Errors", "Transport and framing") rather than against the code.
+//! Request parser tests, written against docs/protocol.md ("3. Values",
+//! "4. Requests", "8. Errors", "2. Transport and framing") rather than against the code.
 
 use super::*;
 
