@@ -4,10 +4,13 @@
 //! that `cargo test` checks their invariants on every build, deterministically.
 //! The fuzz targets search much further: see fuzz/README.md.
 
+// The fuzz targets' harnesses: `pub` is their interface to the fuzz crate.
 #[path = "../fuzz/fuzz_targets/harness/peer_line.rs"]
+#[allow(unreachable_pub)]
 mod peer_line;
 
 #[path = "../fuzz/fuzz_targets/harness/node.rs"]
+#[allow(unreachable_pub)]
 mod node;
 
 use ringlock::cluster::auth::{MAC_LEN, NONCE_LEN};

@@ -167,12 +167,6 @@ impl Clock {
         };
         (now, elapsed)
     }
-
-    /// Milliseconds from `now` until the monotonic time `deadline_ms`
-    /// (0 if it has passed).
-    pub fn ms_until(now: Now, deadline_ms: u64) -> u64 {
-        deadline_ms.saturating_sub(now.ms)
-    }
 }
 
 /// The longest loop turn so far: from the loop waking up (the clock read

@@ -1,6 +1,8 @@
 //! Test harness: starts the real `ringlock` binary on a free loopback port
 //! and stops it when dropped.
-#![allow(dead_code)]
+// Shared by several test binaries, each using a part of it: `pub` is this
+// module's interface, and what one binary leaves unused is not dead.
+#![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

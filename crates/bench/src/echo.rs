@@ -19,7 +19,7 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct EchoArgs {
+pub(crate) struct EchoArgs {
     /// Address to listen on (port 0: any free port; the bound address is
     /// printed on stderr).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -39,7 +39,7 @@ struct Conn {
     readable: bool,
 }
 
-pub fn main(args: EchoArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main(args: EchoArgs) -> crate::Result<ExitCode> {
     let addr = crate::load::resolve_addr(&args.listen)?;
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;

@@ -57,7 +57,7 @@ enum Probe {
     Done,
 }
 
-pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
+pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if args.conns == 0 || args.pipeline == 0 {
         return Err("--conns and --pipeline must be at least 1".into());
     }
@@ -361,7 +361,7 @@ pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
     })
 }
 
-pub fn main(args: &RunArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main(args: &RunArgs) -> crate::Result<ExitCode> {
     let result = run(args)?;
     if args.json {
         println!("{}", serde_json::to_string(&result)?);

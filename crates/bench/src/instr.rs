@@ -18,7 +18,7 @@ use ringlock::node::{Node, NodeConfig};
 use ringlock_proto::{Request, parse_request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Case {
+pub(crate) enum Case {
     /// Request bytes in, answer bytes out: `A` + `R` through `Session::feed`
     /// (parse, engine, encode), 64 keys, 16 cycles per read. Per cycle.
     Cycle,
@@ -35,7 +35,7 @@ pub enum Case {
 }
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct InstrArgs {
+pub(crate) struct InstrArgs {
     #[arg(value_enum)]
     pub case: Case,
     /// Operations measured.
@@ -57,7 +57,7 @@ fn key(i: u64) -> String {
     format!("instr-key-{:04}", i % KEYS)
 }
 
-pub fn main(args: InstrArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main(args: InstrArgs) -> crate::Result<ExitCode> {
     let n = args.iters;
     let ops = match args.case {
         Case::Cycle => cycle(n),
@@ -115,7 +115,7 @@ fn cycle(n: u64) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn ringlock_instr_cycle(node: &mut Node, session: &mut Session, reads: &[Vec<u8>]) {
+pub(crate) fn ringlock_instr_cycle(node: &mut Node, session: &mut Session, reads: &[Vec<u8>]) {
     for read in reads {
         session.feed(node, now(1), 0, black_box(read));
         let out = node.output_mut(0);
@@ -137,7 +137,12 @@ fn engine_cycle(n: u64) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn ringlock_instr_engine_cycle(engine: &mut Engine, keys: &[String], first: u64, n: u64) {
+pub(crate) fn ringlock_instr_engine_cycle(
+    engine: &mut Engine,
+    keys: &[String],
+    first: u64,
+    n: u64,
+) {
     for i in first..first + n {
         let key = keys[(i % KEYS) as usize].as_bytes();
         let acquire = Request::Acquire {
@@ -183,7 +188,12 @@ fn handoff(n: u64) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn ringlock_instr_handoff(engine: &mut Engine, dirty: &mut Vec<u32>, first: u64, n: u64) {
+pub(crate) fn ringlock_instr_handoff(
+    engine: &mut Engine,
+    dirty: &mut Vec<u32>,
+    first: u64,
+    n: u64,
+) {
     let acquire = Request::Acquire {
         key: b"hot",
         lease_ms: 30_000,
@@ -224,7 +234,7 @@ fn parse(n: u64) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn ringlock_instr_parse(buf: &[u8], rounds: u64) -> u64 {
+pub(crate) fn ringlock_instr_parse(buf: &[u8], rounds: u64) -> u64 {
     let mut lines = 0;
     for _ in 0..rounds {
         let mut rest = black_box(buf);
@@ -284,6 +294,6 @@ fn ringlock_instr_expire_warm(engine: &mut Engine, t: u64) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub fn ringlock_instr_expire(engine: &mut Engine, t: u64) -> u64 {
+pub(crate) fn ringlock_instr_expire(engine: &mut Engine, t: u64) -> u64 {
     tick_until_empty(engine, t)
 }

@@ -43,14 +43,14 @@ use crate::proc;
 use crate::stats::{CpuUse, Fairness, Hists, Memory, RunResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
+pub(crate) enum Target {
     Ringlock,
     Redis,
     Echo,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Disjoint keys per connection: nobody waits.
     Uncontended,
     /// All connections share `--keys` keys: waiters queue (ringlock) or
@@ -67,7 +67,7 @@ pub enum Mode {
 
 /// Load generator options (the default command).
 #[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// What to load.
     #[arg(long, value_enum, default_value_t = Target::Ringlock)]
     pub target: Target,
@@ -284,7 +284,7 @@ fn parse_u64(digits: &[u8]) -> Option<u64> {
 
 /// The Redis compare-and-delete release: deletes the key only if it still
 /// holds this client's token.
-pub const REDIS_RELEASE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then \
+pub(crate) const REDIS_RELEASE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then \
      return redis.call(\"del\",KEYS[1]) else return 0 end";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -846,7 +846,7 @@ pub(crate) fn run_prefix() -> Vec<u8> {
     prefix
 }
 
-pub fn main(args: RunArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main(args: RunArgs) -> crate::Result<ExitCode> {
     if args.mode == Mode::Grow {
         return crate::grow::main(&args);
     }
@@ -863,7 +863,7 @@ pub fn main(args: RunArgs) -> crate::Result<ExitCode> {
     })
 }
 
-pub fn run(args: &RunArgs) -> crate::Result<RunResult> {
+pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if args.mode == Mode::Grow {
         return crate::grow::run(args);
     }

@@ -18,9 +18,9 @@ const FONT_PATHS: &[&str] = &[
 
 /// The font, registered with plotters as "sans-serif".
 #[derive(Clone, Copy)]
-pub struct Font;
+pub(crate) struct Font;
 
-pub fn load_font(path: Option<&Path>) -> crate::Result<Font> {
+pub(crate) fn load_font(path: Option<&Path>) -> crate::Result<Font> {
     let path = match path {
         Some(p) => p.to_path_buf(),
         None => FONT_PATHS
@@ -80,7 +80,7 @@ fn save_png(buf: &[u8], w: u32, h: u32, path: &Path) -> crate::Result<()> {
 
 /// Cycles/s against connections (ping-pong, 1 in flight per connection);
 /// the echo floor as round trips/s / 2, i.e. in cycles.
-pub fn throughput(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
+pub(crate) fn throughput(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
     let mut buf = vec![0u8; (W * H * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (W, H)).into_drawing_area();
@@ -186,7 +186,7 @@ fn meta(r: &Results, key: &str) -> String {
 
 /// Latency percentiles (log scale), one panel per scenario: the cycle for
 /// ping-pong, 50 connections and pipelined; the hand-off for contended.
-pub fn latency(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
+pub(crate) fn latency(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
     let (w, h) = (1200u32, 900u32);
     let mut buf = vec![0u8; (w * h * 3) as usize];
     {

@@ -13,7 +13,7 @@ fn clock_ticks() -> f64 {
 
 /// User + system CPU seconds used so far by `pid` (all its threads), or by
 /// this process with `None`.
-pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+pub(crate) fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/stat"),
         None => "/proc/self/stat".to_string(),
@@ -30,7 +30,7 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
 }
 
 /// Resident memory of `pid`: (VmRSS, VmHWM) in KiB.
-pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+pub(crate) fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |name: &str| -> Option<u64> {
         status
@@ -46,7 +46,7 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
 
 /// CPU seconds the whole machine has spent busy (all cores: user, nice,
 /// system, irq, softirq, steal), from the first line of `/proc/stat`.
-pub fn machine_busy_seconds() -> Option<f64> {
+pub(crate) fn machine_busy_seconds() -> Option<f64> {
     let stat = fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?;
     let f: Vec<u64> = line
@@ -62,7 +62,7 @@ pub fn machine_busy_seconds() -> Option<f64> {
 /// Times `pid` was switched out involuntarily so far (preempted while it
 /// could run): `nonvoluntary_ctxt_switches` of `/proc/<pid>/status`, summed
 /// over its threads (the main thread's is the loop's).
-pub fn preemptions(pid: u32) -> Option<u64> {
+pub(crate) fn preemptions(pid: u32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::RunResult;
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// The runs, one JSON object per line (`ringlock-bench --json` output).
     #[arg(long)]
     pub runs: PathBuf,
@@ -33,7 +33,7 @@ pub struct ReportArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct CompareArgs {
+pub(crate) struct CompareArgs {
     pub old: PathBuf,
     pub new: PathBuf,
     /// Smallest change flagged, whatever the noise (fraction).
@@ -43,7 +43,7 @@ pub struct CompareArgs {
 
 /// One figure over the rounds of a run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Stat {
+pub(crate) struct Stat {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -74,7 +74,7 @@ impl Stat {
 
     /// The run's own noise for this figure: the range of its rounds relative
     /// to their median (0 with a single round: unknown).
-    pub fn spread(&self) -> f64 {
+    pub(crate) fn spread(&self) -> f64 {
         if self.samples.len() < 2 || self.median == 0.0 {
             0.0
         } else {
@@ -85,7 +85,7 @@ impl Stat {
 
 /// One scenario as one target saw it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Group {
+pub(crate) struct Group {
     pub scenario: String,
     pub label: String,
     pub target: String,
@@ -101,14 +101,14 @@ pub struct Group {
 }
 
 impl Group {
-    pub fn get(&self, figure: &str) -> Option<f64> {
+    pub(crate) fn get(&self, figure: &str) -> Option<f64> {
         self.figures.get(figure).map(|s| s.median)
     }
 }
 
 /// A performance target, checked against this run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct TargetCheck {
+pub(crate) struct TargetCheck {
     pub target: String,
     pub label: String,
     pub goal: String,
@@ -121,7 +121,7 @@ pub struct TargetCheck {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Results {
+pub(crate) struct Results {
     pub meta: serde_json::Value,
     pub groups: Vec<Group>,
     pub targets: Vec<TargetCheck>,
@@ -129,7 +129,7 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn group(&self, scenario: &str, label: &str) -> Option<&Group> {
+    pub(crate) fn group(&self, scenario: &str, label: &str) -> Option<&Group> {
         self.groups
             .iter()
             .find(|g| g.scenario == scenario && g.label == label)
@@ -137,7 +137,7 @@ impl Results {
 }
 
 /// Whether bigger is better for a figure (`None`: not a performance figure).
-pub fn higher_is_better(figure: &str) -> Option<bool> {
+pub(crate) fn higher_is_better(figure: &str) -> Option<bool> {
     if figure.ends_with("_per_s") {
         Some(true)
     } else if figure.ends_with("_us")
@@ -223,7 +223,7 @@ fn figures_of(run: &RunResult) -> Vec<(String, f64)> {
     f
 }
 
-pub fn aggregate(runs: &[RunResult]) -> Vec<Group> {
+pub(crate) fn aggregate(runs: &[RunResult]) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
     let mut samples: Vec<BTreeMap<String, Vec<f64>>> = Vec::new();
     for run in runs {
@@ -274,19 +274,19 @@ fn ringlock_labels(groups: &[Group]) -> Vec<String> {
 }
 
 /// Scenario names bench.sh uses.
-pub const PINGPONG: &str = "conns-1";
+pub(crate) const PINGPONG: &str = "conns-1";
 /// Ping-pong with the generator spinning too (`--spin-us`): what is left
 /// of a round trip is the server's side.
-pub const PINGPONG_SPINNING_CLIENT: &str = "spinning-client";
-pub const CONNS50: &str = "conns-50";
-pub const PIPELINED: &str = "pipelined";
-pub const CONTENDED: &str = "contended";
-pub const MEMORY: &str = "memory";
-pub const GROWTH: &str = "growth";
-pub const ECHO: &str = "echo";
-pub const REDIS: &str = "redis";
+pub(crate) const PINGPONG_SPINNING_CLIENT: &str = "spinning-client";
+pub(crate) const CONNS50: &str = "conns-50";
+pub(crate) const PIPELINED: &str = "pipelined";
+pub(crate) const CONTENDED: &str = "contended";
+pub(crate) const MEMORY: &str = "memory";
+pub(crate) const GROWTH: &str = "growth";
+pub(crate) const ECHO: &str = "echo";
+pub(crate) const REDIS: &str = "redis";
 
-pub fn check_targets(r: &Results) -> Vec<TargetCheck> {
+pub(crate) fn check_targets(r: &Results) -> Vec<TargetCheck> {
     let mut checks = Vec::new();
     let fig = |scenario: &str, label: &str, figure: &str| -> Option<f64> {
         r.group(scenario, label)?.get(figure)
@@ -444,7 +444,7 @@ pub fn check_targets(r: &Results) -> Vec<TargetCheck> {
     checks
 }
 
-pub fn main_report(args: ReportArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main_report(args: ReportArgs) -> crate::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.runs)?;
     let mut runs = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -520,7 +520,7 @@ fn range(g: &Group, figure: &str, fmt: fn(f64) -> String) -> String {
     }
 }
 
-pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
+pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     let mut md = String::new();
     let meta = &r.meta;
     let m = |k: &str| {
@@ -795,7 +795,7 @@ pub fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     md
 }
 
-pub fn main_compare(args: CompareArgs) -> crate::Result<ExitCode> {
+pub(crate) fn main_compare(args: CompareArgs) -> crate::Result<ExitCode> {
     let load = |p: &PathBuf| -> crate::Result<Results> {
         let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         Ok(serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?)
@@ -827,7 +827,7 @@ const COMPARED: &[&str] = &[
 /// larger of the two runs' own spreads (range of the rounds over their
 /// median) for that figure. With one round (`--quick`) there is no spread:
 /// the floor is then tripled.
-pub fn compare(old: &Results, new: &Results, floor: f64) -> (String, usize) {
+pub(crate) fn compare(old: &Results, new: &Results, floor: f64) -> (String, usize) {
     let mut out = String::new();
     let mut regressions = 0;
     let m = |r: &Results, k: &str| {

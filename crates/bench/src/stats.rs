@@ -4,28 +4,28 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 /// Nanosecond latencies from 1 ns to 60 s, 3 significant digits.
-pub struct Hist(Histogram<u64>);
+pub(crate) struct Hist(Histogram<u64>);
 
 impl Hist {
-    pub fn new() -> Hist {
+    pub(crate) fn new() -> Hist {
         Hist(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"))
     }
 
     #[inline]
-    pub fn record(&mut self, ns: u64) {
+    pub(crate) fn record(&mut self, ns: u64) {
         self.0.saturating_record(ns.max(1));
     }
 
-    pub fn add(&mut self, other: &Hist) {
+    pub(crate) fn add(&mut self, other: &Hist) {
         self.0.add(&other.0).expect("histograms of the same bounds");
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// Percentiles in microseconds.
-    pub fn summary(&self) -> Latency {
+    pub(crate) fn summary(&self) -> Latency {
         let h = &self.0;
         let us = |ns: u64| ns as f64 / 1000.0;
         Latency {
@@ -41,7 +41,7 @@ impl Hist {
 }
 
 /// The histograms a run keeps.
-pub struct Hists {
+pub(crate) struct Hists {
     /// Acquire request sent (first attempt) to grant received.
     pub acquire: Hist,
     /// Release request sent to its answer received.
@@ -57,7 +57,7 @@ pub struct Hists {
 }
 
 impl Hists {
-    pub fn new() -> Hists {
+    pub(crate) fn new() -> Hists {
         Hists {
             acquire: Hist::new(),
             release: Hist::new(),
@@ -67,7 +67,7 @@ impl Hists {
         }
     }
 
-    pub fn add(&mut self, other: &Hists) {
+    pub(crate) fn add(&mut self, other: &Hists) {
         self.acquire.add(&other.acquire);
         self.release.add(&other.release);
         self.cycle.add(&other.cycle);
@@ -75,7 +75,7 @@ impl Hists {
         self.handoff.add(&other.handoff);
     }
 
-    pub fn summary(&self) -> Latencies {
+    pub(crate) fn summary(&self) -> Latencies {
         let opt = |h: &Hist| (!h.is_empty()).then(|| h.summary());
         Latencies {
             acquire: opt(&self.acquire),
@@ -89,7 +89,7 @@ impl Hists {
 
 /// Percentiles of one histogram, in microseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub count: u64,
     pub mean: f64,
     pub p50: f64,
@@ -100,7 +100,7 @@ pub struct Latency {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Latencies {
+pub(crate) struct Latencies {
     pub acquire: Option<Latency>,
     pub release: Option<Latency>,
     pub cycle: Option<Latency>,
@@ -110,7 +110,7 @@ pub struct Latencies {
 
 /// CPU used by a process during the measured window.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CpuUse {
+pub(crate) struct CpuUse {
     /// User + system seconds (from /proc/<pid>/stat, clock-tick resolution).
     pub cpu_s: f64,
     /// `cpu_s` / window: 1.0 is one core busy all the time.
@@ -122,7 +122,7 @@ pub struct CpuUse {
 /// Grants per client in the window (contended runs): how evenly the lock was
 /// shared.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Fairness {
+pub(crate) struct Fairness {
     pub clients: u64,
     pub min_grants: u64,
     pub max_grants: u64,
@@ -130,7 +130,7 @@ pub struct Fairness {
 
 /// The memory mode's result.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Memory {
+pub(crate) struct Memory {
     pub locks: u64,
     pub key_len: usize,
     pub granted: u64,
@@ -145,7 +145,7 @@ pub struct Memory {
 
 /// The grow mode's result (the probe's latencies are the run's).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Growth {
+pub(crate) struct Growth {
     pub locks: u64,
     pub key_len: usize,
     pub granted: u64,
@@ -166,7 +166,7 @@ pub struct Growth {
 
 /// One run of the load generator.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RunResult {
+pub(crate) struct RunResult {
     /// Set by the caller (`--scenario`, `--label`, `--round`), for reports.
     pub scenario: String,
     pub label: String,
@@ -241,7 +241,7 @@ impl RunResult {
     }
 
     /// A human-readable summary.
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         println!(
             "{} {} ({}): {} conns x {} in flight, {} keys, {:.1} s measured",
             self.target, self.label, self.mode, self.conns, self.pipeline, self.keys, self.window_s

@@ -4,7 +4,7 @@
 
 use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, ParseError, Request, is_key_byte};
 
-pub fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
+pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
     let window = &buf[..buf.len().min(MAX_LINE)];
     let Some(nl) = window.iter().position(|&b| b == b'\n') else {
         return if buf.len() >= MAX_LINE {
@@ -92,7 +92,7 @@ fn token(field: &[u8]) -> Result<u64, ParseError<'_>> {
         .ok_or(ParseError::Token(field))
 }
 
-pub fn parse_seconds(field: &[u8]) -> Option<u64> {
+pub(crate) fn parse_seconds(field: &[u8]) -> Option<u64> {
     let (int, frac) = match field.iter().position(|&b| b == b'.') {
         Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
         None => (field, None),
@@ -128,7 +128,7 @@ fn parse_digits(field: &[u8]) -> Option<u64> {
     Some(n)
 }
 
-pub fn parse_u64(field: &[u8]) -> Option<u64> {
+pub(crate) fn parse_u64(field: &[u8]) -> Option<u64> {
     if field.is_empty() {
         return None;
     }
