@@ -21,5 +21,7 @@ pub mod engine;
 pub mod io;
 pub mod node;
 pub mod server;
+#[doc(hidden)]
+pub mod testing;
 
 pub use ringlock_proto as proto;
