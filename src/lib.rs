@@ -9,6 +9,11 @@
 //! - [`io`]: the event loops (io_uring, epoll fallback) that move bytes between
 //!   sockets and the engine.
 //! - [`cli`]: the command line for people (`acquire`, `release`, `run`, ...).
+//!
+//! Unsafe code is denied in the whole crate but the io_uring backend
+//! ([`io::uring`]), which allows it for its kernel interface.
+
+#![deny(unsafe_code)]
 
 pub mod cli;
 pub mod cluster;
@@ -16,5 +21,7 @@ pub mod engine;
 pub mod io;
 pub mod node;
 pub mod server;
+#[doc(hidden)]
+pub mod testing;
 
 pub use ringlock_proto as proto;

@@ -21,6 +21,9 @@ macro_rules! on_both {
         $(
             #[test]
             fn $uring() {
+                if common::skip("uring") {
+                    return;
+                }
                 $scenario("uring")
             }
             #[test]
@@ -485,6 +488,9 @@ fn client_follows_m_and_survives_kill9(io: &str) {
 // node 0 is alive and active: two grants of one key with no failure at all.
 #[test]
 fn paused_standby_stays_standby_uring() {
+    if common::skip("uring") {
+        return;
+    }
     paused_standby_stays_standby("uring")
 }
 #[test]
@@ -528,6 +534,9 @@ fn paused_standby_stays_standby(io: &str) {
 // and busy-looped at 100% CPU until that node became active.
 #[test]
 fn standby_waits_for_a_starting_higher_node_without_spinning_uring() {
+    if common::skip("uring") {
+        return;
+    }
     standby_waits_for_a_starting_higher_node_without_spinning("uring")
 }
 #[test]

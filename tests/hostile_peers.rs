@@ -29,6 +29,9 @@ macro_rules! on_both {
         $(
             #[test]
             fn $uring() {
+                if common::skip("uring") {
+                    return;
+                }
                 $scenario("uring")
             }
             #[test]

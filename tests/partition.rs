@@ -87,6 +87,9 @@ fn partition(io: &str) {
 
 #[test]
 fn partition_uring() {
+    if ringlock::testing::skip_uring() {
+        return;
+    }
     partition("uring");
 }
 

@@ -62,6 +62,9 @@ macro_rules! on_both {
         $(
             #[test]
             fn $uring() {
+                if common::skip("uring") {
+                    return;
+                }
                 $scenario("uring")
             }
             #[test]
@@ -78,6 +81,9 @@ macro_rules! bad_input {
         $(
             #[test]
             fn $uring() {
+                if common::skip("uring") {
+                    return;
+                }
                 bad_line("uring", $bytes)
             }
             #[test]

@@ -7,6 +7,11 @@
 //! the fallback for kernels and containers where io_uring is off.
 
 pub mod epoll;
+// The io_uring backend is the one place with unsafe code (the crate denies
+// it everywhere else): buffers shared with the kernel, submissions pointing
+// into memory the kernel uses until their completions arrive, descriptors
+// born in completions. Each unsafe block there says why it is sound.
+#[allow(unsafe_code)]
 pub mod uring;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,6 +32,13 @@ pub const LINGER_MS: u64 = 2_000;
 /// never blocks the loop. The loop asks with [`Dialer::dial`]; each result
 /// comes back through [`Dialer::results`] with a byte on [`Dialer::wake`],
 /// which the loop watches like any socket.
+///
+/// Fields drop in order: `requests` first, so the thread takes no new dial
+/// and ends after the one under way; `results` next, so that dial's result
+/// finds no receiver and the thread returns before writing a wake byte;
+/// `wake` last. A wake byte racing with the drop meets a closed socket,
+/// which is an error for the thread (sent with `MSG_NOSIGNAL`), never a
+/// `SIGPIPE` for the process.
 pub struct Dialer {
     requests: std::sync::mpsc::Sender<(usize, String)>,
     results: std::sync::mpsc::Receiver<(usize, std::io::Result<std::net::TcpStream>)>,
@@ -43,14 +55,20 @@ impl Dialer {
     /// retransmitting into a partition with an ever longer back-off.
     pub fn spawn(link_timeout: std::time::Duration) -> std::io::Result<Dialer> {
         use std::net::ToSocketAddrs;
+        // What can fail fails before the thread exists: on an error here the
+        // pair (and the channels) drop and close as this function returns.
         let (wake, wake_writer) = std::os::unix::net::UnixStream::pair()?;
         wake.set_nonblocking(true)?;
         let (requests, request_rx) = std::sync::mpsc::channel::<(usize, String)>();
         let (result_tx, results) = std::sync::mpsc::channel();
+        // The thread's ends (`request_rx`, `result_tx`, `wake_writer`) move
+        // into its closure. If the thread cannot be started, `spawn` drops
+        // the closure, closing them, before it returns the error; the loop's
+        // ends then drop as `?` returns. Either way no descriptor leaks and
+        // no thread is left with a socket whose other end is gone.
         std::thread::Builder::new()
             .name("ringlock-dialer".into())
             .spawn(move || {
-                use std::io::Write;
                 let timeout = std::time::Duration::from_millis(DIAL_TIMEOUT_MS);
                 for (peer, addr) in request_rx {
                     let result = addr.to_socket_addrs().and_then(|mut addrs| {
@@ -74,7 +92,8 @@ impl Dialer {
                     if result_tx.send((peer, result)).is_err() {
                         return; // the loop is gone
                     }
-                    let _ = (&wake_writer).write(&[1]);
+                    let _ = socket2::SockRef::from(&wake_writer)
+                        .send_with_flags(&[1], libc::MSG_NOSIGNAL);
                 }
             })?;
         Ok(Dialer {

@@ -21,15 +21,16 @@
 //! nor its send is in flight, so the kernel never writes into, or reads from,
 //! memory that has been reused.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
+mod bufring;
+
 use std::io;
 use std::net::Shutdown;
+use std::num::{NonZeroU16, NonZeroU32};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU16, Ordering};
 
-use io_uring::types::{BufRingEntry, Fd, SubmitArgs, Timespec};
+use bufring::BufRing;
+use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
@@ -44,16 +45,19 @@ use crate::server::LoopConfig;
 /// Submission queue entries; the completion queue has four times as many.
 const RING_ENTRIES: u32 = 4096;
 /// Provided receive buffers: count (a power of two) and size of each.
-const RECV_BUFS: u16 = 512;
-const RECV_BUF_SIZE: u32 = 8 * 1024;
+const RECV_BUFS: NonZeroU16 = NonZeroU16::new(512).unwrap();
+const RECV_BUF_SIZE: NonZeroU32 = NonZeroU32::new(8 * 1024).unwrap();
 /// The provided buffer group id of the receive buffers.
 const RECV_GROUP: u16 = 0;
 /// `IORING_RECVSEND_POLL_FIRST` (linux/io_uring.h, 5.19+; older kernels
 /// ignore it): a receive arms its poll before trying to read.
 const RECVSEND_POLL_FIRST: u16 = 1;
 
-/// What a completion is for: the operation kind in the top byte of
-/// `user_data`, the connection id in the low 32 bits.
+/// What a completion is for: the operation kind in the top 8 bits of
+/// `user_data`, the generation of the connection's slot in the next 24
+/// ([`Generations`]), the connection's index (its `ConnId`) in the low 32.
+/// The loop's own operations (accept, signal, dialer) carry generation and
+/// index 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Accept = 1,
@@ -65,11 +69,16 @@ enum Op {
     Dialed = 6,
 }
 
-fn user_data(op: Op, conn: ConnId) -> u64 {
-    ((op as u64) << 56) | u64::from(conn)
+/// Bits of a slot's generation in `user_data`.
+const GENERATION_BITS: u32 = 24;
+const GENERATION_MASK: u32 = (1 << GENERATION_BITS) - 1;
+
+fn user_data(op: Op, generation: u32, conn: ConnId) -> u64 {
+    debug_assert!(generation <= GENERATION_MASK);
+    ((op as u64) << 56) | (u64::from(generation & GENERATION_MASK) << 32) | u64::from(conn)
 }
 
-fn decode(user_data: u64) -> (Option<Op>, ConnId) {
+fn decode(user_data: u64) -> (Option<Op>, u32, ConnId) {
     let op = match user_data >> 56 {
         1 => Some(Op::Accept),
         2 => Some(Op::Recv),
@@ -79,7 +88,41 @@ fn decode(user_data: u64) -> (Option<Op>, ConnId) {
         6 => Some(Op::Dialed),
         _ => None,
     };
-    (op, user_data as u32)
+    let generation = (user_data >> 32) as u32 & GENERATION_MASK;
+    (op, generation, user_data as u32)
+}
+
+/// The generation of each connection slot, bumped each time the slot gets a
+/// new connection and carried in the tag of every operation of the
+/// connection. The loop frees a slot only once nothing of its connection is
+/// in flight, so a completion should never outlive its connection; if one
+/// does, its generation tells it apart from the slot's next connection, and
+/// it is dropped instead of being taken for that connection's.
+#[derive(Debug, Default)]
+struct Generations(Vec<u32>);
+
+impl Generations {
+    /// Starts the next generation of slot `id`, for a new connection.
+    fn bump(&mut self, id: ConnId) -> u32 {
+        let slot = id as usize;
+        if self.0.len() <= slot {
+            self.0.resize(slot + 1, 0);
+        }
+        self.0[slot] = (self.0[slot] + 1) & GENERATION_MASK;
+        self.0[slot]
+    }
+
+    /// The generation of the connection in slot `id`.
+    fn of(&self, id: ConnId) -> u32 {
+        self.0.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether a completion tagged `(op, generation, id)` is stale: an
+    /// operation of a connection that is no longer in slot `id` (the slot is
+    /// free, `occupied` false, or holds a later connection).
+    fn is_stale(&self, op: Option<Op>, generation: u32, id: ConnId, occupied: bool) -> bool {
+        matches!(op, Some(Op::Recv | Op::Send)) && !(occupied && self.of(id) == generation)
+    }
 }
 
 /// Builds the ring the loop runs on. Kernels of 6.1 and later get the
@@ -138,124 +181,12 @@ pub fn probe() -> Result<(), String> {
         }
     }
     // Provided buffer rings came with multishot accept, in Linux 5.19.
-    let bufs = BufRing::new(1, 64);
+    let bufs = BufRing::new(NonZeroU16::MIN, NonZeroU32::new(64).unwrap());
     bufs.register(&ring, RECV_GROUP)
         .map_err(|e| format!("provided buffer rings unsupported (needs Linux 5.19+): {e}"))?;
     drop(ring);
     drop(bufs);
     Ok(())
-}
-
-/// A provided buffer ring: `count` buffers of `size` bytes the kernel picks
-/// from for receives, handed back to it after each completion is processed.
-struct BufRing {
-    /// The ring of entries shared with the kernel (page aligned).
-    entries: NonNull<BufRingEntry>,
-    entries_layout: Layout,
-    /// The buffers themselves, `count * size` bytes.
-    bufs: NonNull<u8>,
-    bufs_layout: Layout,
-    count: u16,
-    size: u32,
-    /// Our tail: entries before it are the kernel's. Published by
-    /// [`BufRing::publish`].
-    tail: u16,
-}
-
-impl BufRing {
-    /// Allocates `count` (a power of two) buffers and offers them all.
-    fn new(count: u16, size: u32) -> BufRing {
-        assert!(count.is_power_of_two() && count <= 32768);
-        let entries_layout = Layout::from_size_align(
-            usize::from(count) * std::mem::size_of::<BufRingEntry>(),
-            4096,
-        )
-        .expect("buffer ring layout");
-        let bufs_layout = Layout::from_size_align(usize::from(count) * size as usize, 64)
-            .expect("buffers layout");
-        // SAFETY: both layouts have a non-zero size (count >= 1, size >= 1).
-        let (entries, bufs) = unsafe { (alloc_zeroed(entries_layout), alloc_zeroed(bufs_layout)) };
-        let mut ring = BufRing {
-            entries: NonNull::new(entries.cast()).expect("out of memory"),
-            entries_layout,
-            bufs: NonNull::new(bufs).expect("out of memory"),
-            bufs_layout,
-            count,
-            size,
-            tail: 0,
-        };
-        for bid in 0..count {
-            ring.give_back(bid);
-        }
-        ring.publish();
-        ring
-    }
-
-    /// Registers the ring with the kernel under `group`.
-    fn register(&self, ring: &IoUring, group: u16) -> io::Result<()> {
-        // SAFETY: the entries stay allocated, at this address, until `self`
-        // drops; the loop drops the io_uring before its BufRing (field order
-        // in `Uring`), and `probe` drops its ring first too.
-        unsafe {
-            ring.submitter().register_buf_ring_with_flags(
-                self.entries.as_ptr() as u64,
-                self.count,
-                group,
-                0,
-            )
-        }
-    }
-
-    /// Puts buffer `bid` back at our tail (seen by the kernel after the next
-    /// [`BufRing::publish`]).
-    fn give_back(&mut self, bid: u16) {
-        assert!(bid < self.count);
-        let slot = usize::from(self.tail & (self.count - 1));
-        // SAFETY: `slot < count`, inside the entries allocation; entries past
-        // the published tail are ours to write, and the kernel owns none of
-        // those between our tail and its head.
-        let entry = unsafe { &mut *self.entries.as_ptr().add(slot) };
-        entry.set_addr(self.bufs.as_ptr() as u64 + u64::from(bid) * u64::from(self.size));
-        entry.set_len(self.size);
-        entry.set_bid(bid);
-        self.tail = self.tail.wrapping_add(1);
-    }
-
-    /// Makes every buffer given back so far visible to the kernel.
-    fn publish(&self) {
-        // SAFETY: `entries` is the first entry of the ring, initialised; the
-        // tail field overlays the first entry's `resv` and is only ever
-        // accessed atomically by us and the kernel.
-        let tail = unsafe { &*BufRingEntry::tail(self.entries.as_ptr()).cast::<AtomicU16>() };
-        tail.store(self.tail, Ordering::Release);
-    }
-
-    /// The first `len` bytes of buffer `bid`, which a completion handed us.
-    fn received(&self, bid: u16, len: usize) -> &[u8] {
-        assert!(bid < self.count && len <= self.size as usize);
-        // SAFETY: the kernel filled `len` bytes of buffer `bid` and gave it to
-        // us with this completion; it does not touch the buffer again until
-        // we give it back, which happens after this borrow ends.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.bufs
-                    .as_ptr()
-                    .add(usize::from(bid) * self.size as usize),
-                len,
-            )
-        }
-    }
-}
-
-impl Drop for BufRing {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with these layouts; the kernel no longer
-        // uses them (its ring was dropped first).
-        unsafe {
-            dealloc(self.entries.as_ptr().cast(), self.entries_layout);
-            dealloc(self.bufs.as_ptr(), self.bufs_layout);
-        }
-    }
 }
 
 /// Where a connection is in its life.
@@ -301,6 +232,7 @@ struct Uring {
     ring: IoUring,
     bufs: BufRing,
     conns: Slab<Conn>,
+    generations: Generations,
     /// `None` once shutting down (closed, so new clients are refused).
     listener: Option<std::net::TcpListener>,
     signals: UnixStream,
@@ -334,6 +266,7 @@ pub fn run(
         ring,
         bufs,
         conns: Slab::with_capacity(1024),
+        generations: Generations::default(),
         listener: Some(listener),
         signals,
         signal_buf: Box::new([0u8; 16]),
@@ -497,7 +430,7 @@ impl Uring {
         let entry = opcode::AcceptMulti::new(Fd(listener.as_raw_fd()))
             .flags(libc::SOCK_CLOEXEC)
             .build()
-            .user_data(user_data(Op::Accept, 0));
+            .user_data(user_data(Op::Accept, 0, 0));
         // SAFETY: multishot accept points to no buffer; the kernel holds its
         // own reference to the listening socket while the accept is armed,
         // so our closing the fd at shutdown is harmless.
@@ -508,7 +441,7 @@ impl Uring {
         let buf = self.signal_buf.as_mut_ptr();
         let entry = opcode::Read::new(Fd(self.signals.as_raw_fd()), buf, 16)
             .build()
-            .user_data(user_data(Op::Signal, 0));
+            .user_data(user_data(Op::Signal, 0, 0));
         // SAFETY: `signal_buf` is a Box owned by the loop, never moved or
         // freed while the loop runs.
         unsafe { self.push(entry) };
@@ -518,7 +451,7 @@ impl Uring {
         let buf = self.dialer_buf.as_mut_ptr();
         let entry = opcode::Read::new(Fd(self.dialer.wake().as_raw_fd()), buf, 64)
             .build()
-            .user_data(user_data(Op::Dialed, 0));
+            .user_data(user_data(Op::Dialed, 0, 0));
         // SAFETY: `dialer_buf` is a Box owned by the loop, never moved or
         // freed while the loop runs; the dialer's socket lives as long.
         unsafe { self.push(entry) };
@@ -547,6 +480,7 @@ impl Uring {
     }
 
     fn insert_conn(&mut self, fd: OwnedFd) -> ConnId {
+        self.generations.bump(self.conns.vacant_key() as ConnId);
         self.conns.insert(Conn {
             fd,
             session: Session::new(),
@@ -563,6 +497,7 @@ impl Uring {
     }
 
     fn arm_recv(&mut self, id: ConnId) {
+        let tag = user_data(Op::Recv, self.generations.of(id), id);
         let conn = &mut self.conns[id as usize];
         debug_assert!(!conn.recv_in_flight);
         conn.recv_in_flight = true;
@@ -575,12 +510,16 @@ impl Uring {
         } else {
             RECVSEND_POLL_FIRST
         };
-        let entry = opcode::Recv::new(Fd(conn.fd.as_raw_fd()), std::ptr::null_mut(), RECV_BUF_SIZE)
-            .buf_group(RECV_GROUP)
-            .ioprio(ioprio)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(user_data(Op::Recv, id));
+        let entry = opcode::Recv::new(
+            Fd(conn.fd.as_raw_fd()),
+            std::ptr::null_mut(),
+            RECV_BUF_SIZE.get(),
+        )
+        .buf_group(RECV_GROUP)
+        .ioprio(ioprio)
+        .build()
+        .flags(squeue::Flags::BUFFER_SELECT)
+        .user_data(tag);
         // SAFETY: the receive writes into a provided buffer of `bufs`, which
         // lives as long as the ring; the fd stays open until the completion
         // (the slot is freed only when nothing is in flight).
@@ -588,15 +527,25 @@ impl Uring {
     }
 
     fn cancel(&mut self, id: ConnId) {
-        let entry = opcode::AsyncCancel::new(user_data(Op::Recv, id))
+        let generation = self.generations.of(id);
+        let entry = opcode::AsyncCancel::new(user_data(Op::Recv, generation, id))
             .build()
-            .user_data(user_data(Op::Cancel, id));
+            .user_data(user_data(Op::Cancel, generation, id));
         // SAFETY: a cancel points to no buffer.
         unsafe { self.push(entry) };
     }
 
     fn complete(&mut self, node: &mut Node, now: Now, data: u64, res: i32, flags: u32) {
-        let (op, id) = decode(data);
+        let (op, generation, id) = decode(data);
+        let occupied = self.conns.contains(id as usize);
+        if self.generations.is_stale(op, generation, id, occupied) {
+            // Not the slot's connection's: its in-flight flags stay as they
+            // are. A buffer the completion carries goes back to the kernel.
+            if let Some(buf) = cqueue::buffer_select(flags).and_then(|bid| self.bufs.take(bid)) {
+                self.bufs.give_back(buf);
+            }
+            return;
+        }
         match op {
             Some(Op::Accept) => self.accepted(node, now, res, flags),
             Some(Op::Recv) => self.received(node, now, id, res, flags),
@@ -665,16 +614,31 @@ impl Uring {
         conn.recv_in_flight = false;
         conn.input_waiting = cqueue::sock_nonempty(flags);
         self.touched.push(id);
+        let mut res = res;
         if let Some(bid) = cqueue::buffer_select(flags) {
-            if res > 0 && conn.phase == Phase::Open {
-                let data = self.bufs.received(bid, res as usize);
-                if conn.session.feed(node, now, id, data) == Flow::Broken {
-                    conn.final_out = take_final_output(node, now, id);
-                    conn.phase = Phase::Closing;
-                    self.to_send.push(id);
+            // The buffer id and the length come from the kernel: one that
+            // names no buffer it holds, or more than a buffer holds, fails
+            // this connection, not the process.
+            if let Some(buf) = self.bufs.take(bid) {
+                match self.bufs.bytes(&buf, res.max(0) as usize) {
+                    Some(data) if res > 0 && conn.phase == Phase::Open => {
+                        if conn.session.feed(node, now, id, data) == Flow::Broken {
+                            conn.final_out = take_final_output(node, now, id);
+                            conn.phase = Phase::Closing;
+                            self.to_send.push(id);
+                        }
+                    }
+                    Some(_) => {}
+                    None => {
+                        eprintln!("ringlock: io_uring received {res} bytes into a smaller buffer");
+                        res = -libc::EIO;
+                    }
                 }
+                self.bufs.give_back(buf);
+            } else {
+                eprintln!("ringlock: io_uring handed over receive buffer {bid}, not the kernel's");
+                res = -libc::EIO;
             }
-            self.bufs.give_back(bid);
         }
         match res {
             r if r > 0 => {}
@@ -733,9 +697,9 @@ impl Uring {
         }
         eprintln!("ringlock: shutting down: answering waiting acquires, closing connections");
         self.shutdown_until = Some(now.ms + LINGER_MS);
-        let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0))
+        let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0, 0))
             .build()
-            .user_data(user_data(Op::Cancel, 0));
+            .user_data(user_data(Op::Cancel, 0, 0));
         // SAFETY: a cancel points to no buffer.
         unsafe { self.push(entry) };
         // Closed at once (the ring keeps its own reference until the accept
@@ -783,7 +747,7 @@ impl Uring {
                     opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), rest.len() as u32)
                         .flags(libc::MSG_NOSIGNAL)
                         .build()
-                        .user_data(user_data(Op::Send, id));
+                        .user_data(user_data(Op::Send, self.generations.of(id), id));
                 // SAFETY: `sending` belongs to the connection and is neither
                 // touched nor freed while `send_in_flight` is set (the slot is
                 // freed only when no operation is in flight).
@@ -855,4 +819,63 @@ impl Uring {
 /// Answers of an open connection not yet accepted by the kernel.
 fn unsent(node: &mut Node, id: ConnId, conn: &Conn) -> usize {
     node.output_mut(id).len() + conn.sending.len() - conn.sent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_round_trip() {
+        let ops = [
+            Op::Accept,
+            Op::Recv,
+            Op::Send,
+            Op::Signal,
+            Op::Cancel,
+            Op::Dialed,
+        ];
+        for op in ops {
+            for generation in [0, 1, 0x5a_5a5a, GENERATION_MASK] {
+                for conn in [0, 1, 0xdead_beef, ConnId::MAX] {
+                    let tag = user_data(op, generation, conn);
+                    assert_eq!(decode(tag), (Some(op), generation, conn), "{tag:#x}");
+                }
+            }
+        }
+        assert_eq!(decode(0).0, None, "untagged");
+        assert_eq!(decode(0xff << 56).0, None, "unknown operation");
+    }
+
+    #[test]
+    fn generations_wrap_within_their_bits() {
+        let mut generations = Generations(vec![GENERATION_MASK - 1]);
+        assert_eq!(generations.bump(0), GENERATION_MASK);
+        assert_eq!(generations.bump(0), 0);
+        let tag = user_data(Op::Send, generations.of(0), 0);
+        assert_eq!(decode(tag), (Some(Op::Send), 0, 0));
+    }
+
+    #[test]
+    fn a_completion_for_a_reused_slot_is_stale() {
+        let mut generations = Generations::default();
+        let first = generations.bump(7);
+        let (op, generation, id) = decode(user_data(Op::Recv, first, 7));
+        assert!(!generations.is_stale(op, generation, id, true), "its own");
+        // The connection is freed: a late completion names an empty slot.
+        assert!(generations.is_stale(op, generation, id, false));
+        // The slot goes to a new connection: the old tag is not its.
+        let second = generations.bump(7);
+        assert_ne!(first, second);
+        assert!(generations.is_stale(op, generation, id, true));
+        let (op, generation, id) = decode(user_data(Op::Send, first, 7));
+        assert!(generations.is_stale(op, generation, id, true));
+        let (op, generation, id) = decode(user_data(Op::Recv, second, 7));
+        assert!(!generations.is_stale(op, generation, id, true));
+        // Slots never used, and the loop's own operations.
+        assert!(generations.is_stale(Some(Op::Recv), 0, 8, false));
+        for op in [Op::Accept, Op::Signal, Op::Dialed, Op::Cancel] {
+            assert!(!generations.is_stale(Some(op), 0, 0, false));
+        }
+    }
 }

@@ -12,6 +12,14 @@ use std::time::Duration;
 /// The io backends every server test runs under.
 pub const BACKENDS: [&str; 2] = ["uring", "epoll"];
 
+/// Whether a test's variant for backend `io` cannot run here: io_uring
+/// where the kernel or a seccomp profile refuses it. The io_uring variants
+/// then return at once, and one line per test binary says why
+/// ([`ringlock::testing::skip_uring`]).
+pub fn skip(io: &str) -> bool {
+    io == "uring" && ringlock::testing::skip_uring()
+}
+
 /// A running `ringlock serve` child process.
 pub struct Server {
     child: Option<Child>,

@@ -58,6 +58,8 @@
 //! - [`RenewingGuard`] renews a lock at a third of its lease for as long as
 //!   it lives and says when the lock is lost.
 
+#![deny(unsafe_code)]
+
 mod conn;
 mod error;
 mod grant;

@@ -10,6 +10,8 @@
 //! Answers are written by [`Answer::encode`] into a caller's `Vec<u8>`; the
 //! client side reads them back with [`parse_answer`].
 
+#![deny(unsafe_code)]
+
 mod answer;
 mod request;
 
