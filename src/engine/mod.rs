@@ -799,10 +799,28 @@ impl Engine {
         }
     }
 
+    /// Records the grant of `lock` for the followers, on an active node
+    /// with peers. The recording itself is out of line: the request path of
+    /// a node without peers keeps only this check.
+    #[inline]
     fn replicate_grant(&mut self, now: Now, lock: u32) {
-        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
-            let l = self.table.lock(lock);
-            let grant = l.holder.expect("replicating a held lock");
+        if self.replication.is_some() && matches!(self.serving, Serving::Active) {
+            self.record_grant(now, lock);
+        }
+    }
+
+    #[inline]
+    fn replicate_release(&mut self, lock: u32, token: u64) {
+        if self.replication.is_some() && matches!(self.serving, Serving::Active) {
+            self.record_release(lock, token);
+        }
+    }
+
+    #[inline(never)]
+    fn record_grant(&mut self, now: Now, lock: u32) {
+        let l = self.table.lock(lock);
+        let grant = l.holder.expect("replicating a held lock");
+        if let Some(log) = &mut self.replication {
             log.push(Replication::Granted {
                 key: l.key(),
                 token: grant.token,
@@ -811,8 +829,9 @@ impl Engine {
         }
     }
 
-    fn replicate_release(&mut self, lock: u32, token: u64) {
-        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
+    #[inline(never)]
+    fn record_release(&mut self, lock: u32, token: u64) {
+        if let Some(log) = &mut self.replication {
             log.push(Replication::Released {
                 key: self.table.lock(lock).key(),
                 token,
