@@ -623,8 +623,12 @@ fn standby_waits_for_a_starting_higher_node_without_spinning(io: &str) {
     let used = c.node(1).cpu_time().unwrap() - from;
     let window = window.elapsed();
     node1_standby();
+    eprintln!("{io}: node 1 used {used:?} of CPU in {window:?} waiting for node 0");
+    // Waiting, it wakes for heartbeats only: a few ms of CPU at most, even
+    // on a loaded machine. Spinning, it takes whatever share of a core the
+    // scheduler gives it, which on a loaded machine may be well under half.
     assert!(
-        used < window / 4,
+        used < window / 20,
         "node 1 used {used:?} of CPU in {window:?} while waiting for node 0"
     );
     common::poll_until(
