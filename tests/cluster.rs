@@ -1,13 +1,17 @@
-//! The cluster with three real `ringlock serve` processes on loopback (issue
-//! 4, PROTOCOL.md "The cluster"): start-up, kill -9 failover, failback after
-//! a restart, graceful hand-off on SIGTERM, a split brain made by SIGSTOP and
-//! healed by demotion, and the official client through a failover. Every
-//! scenario runs under io_uring and under epoll.
+//! The cluster with three real `ringlock serve` processes on loopback
+//! (docs/protocol.md, "11. The cluster as a client sees it"; docs/cluster.md):
+//! start-up, kill -9 failover, failback after a restart, graceful hand-off
+//! on SIGTERM, a split brain made by SIGSTOP and healed by demotion, and the
+//! official client through a failover. Every scenario runs under io_uring
+//! and under epoll.
 //!
 //! The nodes run with the default timings spelled out (heartbeats every
-//! 50 ms, a peer dead after 500 ms of silence). Waits are bounded polls of
-//! the nodes' `S` answers, never bare sleeps; the one deliberate pause is
-//! how long the SIGSTOP scenario keeps the active stopped.
+//! 50 ms, a peer dead after 500 ms of silence). The tests assert what the
+//! cluster guarantees (docs/cluster.md, "Guarantees, and what is not
+//! guaranteed"), not how fast a loaded machine runs it: waits are bounded
+//! polls of the nodes' `S` answers (and of the answers clients get), with
+//! bounds that are all slack; the deliberate pauses are how long a SIGSTOP
+//! keeps a node stopped, and the CPU window of the start-up test.
 
 mod common;
 
@@ -50,10 +54,6 @@ on_both! {
 /// the crash at once (the links close), so this is all slack for a loaded
 /// machine.
 const CRASH_FAILOVER_LIMIT: Duration = Duration::from_secs(3);
-
-/// How long the successor may take to be active after SIGTERM of the
-/// active: a hand-off is one message, far below the 500 ms peer timeout.
-const HAND_OFF_LIMIT: Duration = Duration::from_millis(300);
 
 /// Bound for the waits that only need to end eventually.
 const SETTLE: Duration = Duration::from_secs(10);
@@ -249,13 +249,18 @@ fn restarted_node_syncs_then_takes_the_role_back(io: &str) {
     assert!(n1.call("S").starts_with(&format!("S standby {a0} ")));
 }
 
-/// SIGTERM on the active: it hands over to node 1 before anything else, so
-/// node 1 is active almost at once (no peer timeout involved); a client
-/// waiting on node 0 is sent to node 1 with `M`; node 0 exits 0; the grants
-/// are on node 1.
+/// SIGTERM on the active (docs/cluster.md, "Hand-off"): it hands the role
+/// to a node that follows it before it exits, and a client waiting on it is
+/// sent there with `M <successor>` (without a hand-off it would be `M key
+/// -`). Which follower it picks depends on which one has told it, by then,
+/// that it holds its full snapshot: node 1 or node 2. Either way there is
+/// never more than one active, node 0 exits 0, and the cluster ends up on
+/// node 1, the first live node in priority order (at once, or by failback
+/// from node 2 once node 1 has node 2's snapshot), with node 0's grant and
+/// with tokens above it.
 fn sigterm_hands_over_at_once(io: &str) {
     let mut c = Cluster::start(3, io);
-    let a1 = c.addr(1);
+    let (a1, a2) = (c.addr(1), c.addr(2));
     let mut n0 = c.connect(0);
     let held = grant(&mut n0, "A ho/held 60 0");
     let mut waiter = c.connect(0);
@@ -269,27 +274,50 @@ fn sigterm_hands_over_at_once(io: &str) {
     let mut old = c.take_node(0);
     let started = Instant::now();
     old.signal(libc::SIGTERM);
-    let addr1 = c.addrs[1];
+    // The waiter learns the successor: node 0 answers its waiters only
+    // after it has sent HANDOFF.
+    let moved = waiter.recv();
+    let successor = match moved.strip_prefix("M ho/held ") {
+        Some(a) if a == a1 => 1,
+        Some(a) if a == a2 => 2,
+        _ => panic!("the waiter was told {moved:?}, not a successor ({a1} or {a2})"),
+    };
+    // Bounded polls of what the nodes say, until node 1 is active and node
+    // 2 follows it. Node 1 is asked before node 2 in each round: the only
+    // hand-off that can follow (node 2 to node 1) cannot then show as two
+    // actives, so two actives in one round would be two at once.
+    let mut seen_active = [false; 3];
     let (took, _) = common::poll_until(
-        "node 1 active after SIGTERM of node 0",
-        Duration::from_secs(5),
-        || status_of(addr1, Duration::from_millis(500)),
-        |s| s.as_ref().is_some_and(|s| s.is_active()),
+        "the cluster settled on node 1 after SIGTERM of node 0",
+        SETTLE,
+        || {
+            let st = c.statuses();
+            let actives: Vec<usize> = (1..3)
+                .filter(|&i| st[i].as_ref().is_some_and(|s| s.is_active()))
+                .collect();
+            assert!(actives.len() <= 1, "two actives after a hand-off: {st:#?}");
+            for i in actives {
+                seen_active[i] = true;
+            }
+            st
+        },
+        |st| c.is_settled_on(st, 1),
     );
-    eprintln!("{io}: SIGTERM -> node 1 active in {took:?}");
+    eprintln!(
+        "{io}: SIGTERM -> hand-off to node {successor}, settled on node 1 in {took:?} \
+         (node 2 seen active: {})",
+        seen_active[2]
+    );
     assert!(
-        took < HAND_OFF_LIMIT,
-        "hand-off took {took:?}, not under {HAND_OFF_LIMIT:?}: the successor waited for a timeout?"
+        successor == 2 || !seen_active[2],
+        "node 0 handed over to node 1, yet node 2 was active"
     );
 
-    // The waiter is sent to the successor.
-    assert_eq!(waiter.recv(), format!("M ho/held {a1}"));
     let status = old
-        .wait_timeout(Duration::from_secs(5))
+        .wait_timeout(SETTLE)
         .expect("node 0 exits after SIGTERM");
     assert_eq!(status.code(), Some(0), "node 0 exit status: {status}");
     eprintln!("{io}: node 0 exited {:?} after SIGTERM", started.elapsed());
-    c.wait_settled(1, SETTLE);
 
     let mut n1 = c.connect(1);
     assert_eq!(n1.call("A ho/held 60 0.2"), "T ho/held");
@@ -361,22 +389,29 @@ fn sigstop_split_brain_heals_by_demotion(io: &str) {
     c.node(0).signal(libc::SIGCONT);
     let healed = c.wait_settled(0, SETTLE);
     eprintln!("{io}: SIGCONT -> one active (node 0) again in {healed:?}");
-    // And it stays that way: exactly one active over several rounds.
-    let until = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < until {
+    // And it stays that way over several heartbeats: every node that
+    // answers (a slow answer is no evidence either way) says node 0 is the
+    // active.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(Cluster::HEARTBEAT_MS));
         let st = c.statuses();
-        assert!(c.is_settled_on(&st, 0), "split brain is back: {st:#?}");
-        let actives = st.iter().flatten().filter(|s| s.is_active()).count();
-        assert_eq!(actives, 1, "{st:#?}");
-        std::thread::sleep(Duration::from_millis(10));
+        for (i, s) in st.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let settled = if i == 0 {
+                s.is_active() && s.active == a0
+            } else {
+                s.follows(&a0)
+            };
+            assert!(settled, "node {i} no longer settled on node 0: {st:#?}");
+        }
     }
 
     // The waiter on the demoted node was sent to node 0.
     assert_eq!(waiter.recv(), format!("M sb/kept {a0}"));
-    // Node 0 kept its grant, and its token clock is above everything node 1
-    // issued while it was active.
-    let s0 = c.status(0).unwrap();
-    assert!(s0.token >= max1, "node 0 has seen {} < {max1}", s0.token);
+    // Node 0 kept its grant, and its token clock rises above everything
+    // node 1 issued while it was active (node 1's heartbeats carry it; one
+    // may still be on its way when node 1 already follows node 0).
+    c.wait_token(0, max1, SETTLE);
     let mut n0 = c.connect(0);
     let after = grant(&mut n0, "A sb/after 60 0");
     assert!(
@@ -385,8 +420,9 @@ fn sigstop_split_brain_heals_by_demotion(io: &str) {
     );
     assert_eq!(n0.call("A sb/kept 60 0.2"), "T sb/kept");
     assert_eq!(n0.call(&format!("R sb/kept {kept}")), "R sb/kept 1");
-    // A grant node 1 made during the split may be lost (PROTOCOL.md: no
-    // quorum); if node 0 grants the key, it does so with a higher token.
+    // A grant node 1 made during the split may be lost (docs/cluster.md,
+    // "Guarantees": split brain); if node 0 grants the key, it does so with
+    // a higher token.
     match n0.call("A sb/split 60 0.2").as_str() {
         "T sb/split" => eprintln!("{io}: node 1's split-brain grant is held on node 0"),
         answer => {
@@ -544,39 +580,73 @@ fn standby_waits_for_a_starting_higher_node_without_spinning_epoll() {
     standby_waits_for_a_starting_higher_node_without_spinning("epoll")
 }
 
-/// Node 1 starts first; node 0 starts when node 1's start-up grace (one
-/// peer timeout, 2 s here) is half over. From the end of node 1's grace to
-/// the end of node 0's, node 1 must wait for node 0 (alive, higher) without
-/// burning a core; then node 0 is active and node 1 follows it.
+/// Node 1 starts first; node 0 starts while node 1's start-up grace (one
+/// peer timeout, 3 s here) runs. From the end of node 1's grace to the end
+/// of node 0's, node 1 must wait for node 0 (alive, higher) without burning
+/// a core; node 1 never becomes active; then node 0 is active and node 1
+/// follows it.
+///
+/// The window in which node 1's CPU is measured is bounded by instants the
+/// test knows for sure: node 1's grace ends at the latest one peer timeout
+/// after its start returned (it began before), and node 0's at the
+/// earliest one peer timeout after its start was called (it began after).
 fn standby_waits_for_a_starting_higher_node_without_spinning(io: &str) {
     let mut c = Cluster::configure(2, io, &[]);
-    c.peer_timeout_ms = 2000;
+    c.peer_timeout_ms = 3000;
     let timeout = Duration::from_millis(c.peer_timeout_ms);
-    let t0 = Instant::now();
-    c.start_node(1);
-    let until = |at: Duration| {
-        if let Some(rest) = at.checked_sub(t0.elapsed()) {
+    let margin = Duration::from_millis(100);
+    let sleep_until = |at: Instant| {
+        if let Some(rest) = at.checked_duration_since(Instant::now()) {
             std::thread::sleep(rest);
         }
     };
-    until(timeout / 2);
+    c.start_node(1);
+    let node1_up = Instant::now();
+    // Node 0 has two thirds of node 1's grace to come up and be heard.
+    sleep_until(node1_up + timeout / 3);
+    let node0_called = Instant::now();
     c.start_node(0);
-    let node0_started = t0.elapsed();
-    // Node 1's grace is over; node 0's runs until about 1.5 timeouts.
-    until(timeout + Duration::from_millis(100));
+    let node1_grace_over = node1_up + timeout + margin;
+    let node0_grace_not_over = node0_called + timeout - margin;
+    assert!(
+        node1_grace_over + margin < node0_grace_not_over,
+        "node 0 took {:?} to start: no window left between the two graces",
+        node0_called.elapsed()
+    );
+    // Node 1 is never active: sampled until its grace is over, through the
+    // window, and until the cluster settles on node 0.
+    let node1_standby = || {
+        let s = c.status(1);
+        assert!(
+            s.as_ref().is_none_or(|s| !s.is_active()),
+            "node 1 became active with node 0 alive: {s:?}"
+        );
+    };
+    while Instant::now() < node1_grace_over {
+        node1_standby();
+        std::thread::sleep(Duration::from_millis(Cluster::HEARTBEAT_MS));
+    }
     let from = c.node(1).cpu_time().unwrap();
     let window = Instant::now();
-    until(node0_started + timeout - Duration::from_millis(100));
+    sleep_until(node0_grace_not_over);
     let used = c.node(1).cpu_time().unwrap() - from;
     let window = window.elapsed();
-    let s = c.statuses();
+    node1_standby();
+    eprintln!("{io}: node 1 used {used:?} of CPU in {window:?} waiting for node 0");
+    // Waiting, it wakes for heartbeats only: a few ms of CPU at most, even
+    // on a loaded machine. Spinning, it takes whatever share of a core the
+    // scheduler gives it, which on a loaded machine may be well under half.
     assert!(
-        s.iter().flatten().all(|s| !s.is_active()),
-        "nobody active yet: {s:?}"
-    );
-    assert!(
-        used < window / 4,
+        used < window / 20,
         "node 1 used {used:?} of CPU in {window:?} while waiting for node 0"
     );
-    c.wait_settled(0, SETTLE);
+    common::poll_until(
+        "node 0 active and node 1 following it",
+        SETTLE,
+        || {
+            node1_standby();
+            c.statuses()
+        },
+        |st| c.is_settled_on(st, 0),
+    );
 }

@@ -40,7 +40,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 
-use crate::engine::{ConnId, Engine, Now};
+use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use wire::PeerMsg;
@@ -180,6 +180,9 @@ pub struct Cluster {
     /// Shutting down: no more role changes.
     leaving: bool,
     scratch: Vec<u8>,
+    /// The engine's replication events of the turn, swapped with its log by
+    /// [`Cluster::flush_replication`] (both are reused).
+    events: ReplicationLog,
 }
 
 impl Cluster {
@@ -210,6 +213,7 @@ impl Cluster {
             doomed: Vec::new(),
             leaving: false,
             scratch: Vec::new(),
+            events: ReplicationLog::new(),
         }
     }
 
@@ -914,12 +918,15 @@ impl Cluster {
     /// has none yet, the turn's deltas to the others. Called once per loop
     /// turn, before the answers are collected.
     pub fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
-        engine.take_replication(&mut self.scratch);
+        engine.take_replication(&mut self.events);
         if self.role != Role::Active {
             return;
         }
         let me = self.cfg.me;
         let mut snapshot: Option<Vec<u8>> = None;
+        // The events' peer lines, written once for every follower that
+        // takes them.
+        let mut deltas_encoded = false;
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let Some(conn) = p.out else { continue };
@@ -927,7 +934,14 @@ impl Cluster {
                 continue;
             }
             if p.snapshot_sent {
-                if !self.scratch.is_empty() {
+                if !self.events.is_empty() {
+                    if !deltas_encoded {
+                        self.scratch.clear();
+                        for event in self.events.iter() {
+                            wire::encode_replication(&mut self.scratch, event);
+                        }
+                        deltas_encoded = true;
+                    }
                     engine.write_to(conn, &self.scratch);
                 }
             } else {
@@ -1268,7 +1282,9 @@ fn encode_snapshot(now: Now, engine: &Engine) -> Vec<u8> {
     let mut out = Vec::new();
     let highest = engine.highest_token();
     wire::encode(&mut out, &PeerMsg::Snapshot { highest });
-    engine.snapshot(now, &mut out);
+    for grant in engine.snapshot(now) {
+        wire::encode_replication(&mut out, grant);
+    }
     wire::encode(&mut out, &PeerMsg::Synced);
     out
 }

@@ -663,3 +663,64 @@ fn a_link_the_peer_gave_up_is_no_crash() {
     assert_eq!(c.role(), Role::Standby { following: Some(0) });
     c.check_invariants(now, &e);
 }
+
+/// Sends a client request line on `conn` to the engine.
+fn client(e: &mut Engine, now: Now, conn: ConnId, line: &str) {
+    let wire = format!("{line}\n");
+    let (request, _) = crate::proto::parse_request(wire.as_bytes())
+        .unwrap()
+        .unwrap();
+    e.handle(now, conn, request).unwrap();
+}
+
+#[test]
+fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
+    let (mut c, mut e) = active_node0();
+    let now = at(TIMEOUT_MS + 60);
+    e.open(0);
+    client(&mut e, now, 0, "A before 10 0");
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, now, 11, false, Some(0));
+    for conn in [20, 21] {
+        e.output_mut(conn).clear();
+    }
+    c.flush_replication(now, &mut e);
+    let t0 = e.holder(b"before").unwrap().0;
+    for conn in [20, 21] {
+        assert_eq!(
+            lines_of(&mut e, conn),
+            [
+                format!("P SNAP {t0}"),
+                format!("P G before {t0} 10001"),
+                "P SYNCED".into()
+            ]
+        );
+    }
+    // One turn's changes, in order, in the same bytes on both links.
+    client(&mut e, now, 0, "A k 5 0");
+    let t1 = e.holder(b"k").unwrap().0;
+    client(&mut e, now, 0, &format!("N k {t1} 2"));
+    client(&mut e, now, 0, &format!("R k {t1}"));
+    client(&mut e, now, 0, &format!("R before {t0}"));
+    c.flush_replication(now, &mut e);
+    let expected =
+        format!("P G k {t1} 5001\nP G k {t1} 2001\nP X k {t1}\nP X before {t0}\n").into_bytes();
+    for conn in [20, 21] {
+        assert_eq!(std::mem::take(e.output_mut(conn)), expected);
+    }
+    // An expiry is a release too; a turn without changes writes nothing.
+    client(&mut e, now, 0, "A short 0.1 0");
+    let t2 = e.holder(b"short").unwrap().0;
+    c.flush_replication(now, &mut e);
+    e.tick(at(now.ms + 200));
+    c.flush_replication(now, &mut e);
+    c.flush_replication(now, &mut e);
+    for conn in [20, 21] {
+        assert_eq!(
+            lines_of(&mut e, conn),
+            [format!("P G short {t2} 101"), format!("P X short {t2}")]
+        );
+        assert!(lines_of(&mut e, conn).is_empty());
+    }
+    c.check_invariants(now, &e);
+}

@@ -29,6 +29,7 @@
 //! breaks the link.
 
 use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
+use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::{Quoted, is_valid_key, parse_u64, write_u64};
 
@@ -325,6 +326,21 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
     out.push(b'\n');
 }
 
+/// Appends the peer line of an engine's replication event: `P G` for
+/// [`Replication::Granted`], `P X` for [`Replication::Released`]. The
+/// engine records events; this is the only place they become lines.
+#[inline]
+pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>) {
+    match event {
+        Replication::Granted {
+            key,
+            token,
+            remaining_ms,
+        } => encode_grant(out, key, token, remaining_ms),
+        Replication::Released { key, token } => encode_release(out, key, token),
+    }
+}
+
 /// Appends `P G <key> <token> <remaining_ms>\n`.
 pub fn encode_grant(out: &mut Vec<u8>, key: &[u8], token: u64, remaining_ms: u64) {
     out.extend_from_slice(b"P G ");
@@ -404,6 +420,42 @@ mod tests {
             assert!(line.len() < crate::proto::MAX_LINE, "{}", line.len());
             assert_eq!(parse(line), Ok(msg));
         }
+    }
+
+    #[test]
+    fn replication_events_become_grant_and_release_lines() {
+        let events = [
+            Replication::Granted {
+                key: b"k\xff",
+                token: 3,
+                remaining_ms: MAX_REMAINING_MS,
+            },
+            Replication::Released {
+                key: b"k",
+                token: MAX_TOKEN,
+            },
+        ];
+        let mut out = Vec::new();
+        for event in events {
+            encode_replication(&mut out, event);
+        }
+        assert_eq!(out, b"P G k\xff 3 86400000\nP X k 9223372036854775807\n");
+        let mut lines = out.split(|&b| b == b'\n');
+        assert_eq!(
+            lines.next().map(parse),
+            Some(Ok(PeerMsg::Grant {
+                key: b"k\xff",
+                token: 3,
+                remaining_ms: MAX_REMAINING_MS
+            }))
+        );
+        assert_eq!(
+            lines.next().map(parse),
+            Some(Ok(PeerMsg::Release {
+                key: b"k",
+                token: MAX_TOKEN
+            }))
+        );
     }
 
     #[test]

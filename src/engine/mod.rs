@@ -17,11 +17,13 @@
 //! several connections). The same engine runs under io_uring, under epoll and
 //! inside tests with a fake clock.
 
+pub mod replication;
 pub mod table;
 pub mod token;
 pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
+pub use replication::{Replication, ReplicationLog};
 use table::{NIL, Table, WaiterState};
 use token::TokenClock;
 use wheel::Wheel;
@@ -29,12 +31,14 @@ use wheel::Wheel;
 /// A connection, numbered by the I/O loop (small, dense, reused).
 pub type ConnId = u32;
 
-/// The most acquires one connection may have waiting (PROTOCOL.md).
+/// The most acquires one connection may have waiting (docs/protocol.md,
+/// "9. Load and limits").
 pub const MAX_WAITING_PER_CONN: u32 = 4096;
 
-/// The longest lease the engine takes, in ms: PROTOCOL.md's 86400 s, which
-/// the request parser enforces for clients (and for waits). A replicated
-/// grant with more lease left than this is refused ([`GrantRefusal`]).
+/// The longest lease the engine takes, in ms: the 86400 s of docs/protocol.md
+/// ("3. Values"), which the request parser enforces for clients (and for
+/// waits). A replicated grant with more lease left than this is refused
+/// ([`GrantRefusal`]).
 pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 
 /// The most live locks (keys with a holder, waiters or a held-back `T`)
@@ -192,9 +196,9 @@ pub struct Engine {
     advertise: Box<[u8]>,
     /// What `H` answers (`None`: `H ok`); the node keeps it current.
     problem: Option<Box<[u8]>>,
-    /// Replication deltas since the last [`Engine::take_replication`], as
-    /// peer lines (`P G ...`, `P X ...`); `None` on a node without peers.
-    replication: Option<Vec<u8>>,
+    /// Changes of the table since the last [`Engine::take_replication`];
+    /// `None` on a node without peers.
+    replication: Option<ReplicationLog>,
 }
 
 impl Engine {
@@ -659,31 +663,35 @@ impl Engine {
 
     // ----- Replication (used by the cluster; see docs/cluster.md) -----
 
-    /// Starts recording replication deltas (a node with peers).
+    /// Starts recording replication events (a node with peers). Only an
+    /// active engine records: a standby's table follows its active's.
     pub fn enable_replication(&mut self) {
-        self.replication.get_or_insert_with(Vec::new);
+        self.replication.get_or_insert_with(ReplicationLog::new);
     }
 
-    /// Moves the deltas recorded since the last call into `into` (cleared
-    /// first): peer lines, in the order the table changed.
-    pub fn take_replication(&mut self, into: &mut Vec<u8>) {
+    /// Moves the events recorded since the last call into `into` (cleared
+    /// first), in the order the table changed, and keeps `into`'s old
+    /// buffers for the next ones: swapping two logs turn after turn
+    /// allocates nothing once both have grown.
+    pub fn take_replication(&mut self, into: &mut ReplicationLog) {
         into.clear();
         if let Some(log) = &mut self.replication {
             std::mem::swap(into, log);
         }
     }
 
-    /// Writes every live grant as `P G <key> <token> <remaining_ms>` lines:
-    /// the body of a snapshot.
-    pub fn snapshot(&self, now: Now, out: &mut Vec<u8>) {
-        for lock in self.table.locks() {
-            if let Some(grant) = lock.holder {
-                let remaining = grant.expires_ms.saturating_sub(now.ms);
-                if remaining > 0 {
-                    crate::cluster::wire::encode_grant(out, lock.key(), grant.token, remaining);
-                }
-            }
-        }
+    /// Every live grant with lease left at `now`, as a
+    /// [`Replication::Granted`]: the body of a snapshot.
+    pub fn snapshot(&self, now: Now) -> impl Iterator<Item = Replication<'_>> {
+        self.table.locks().filter_map(move |lock| {
+            let grant = lock.holder?;
+            let remaining_ms = grant.expires_ms.saturating_sub(now.ms);
+            (remaining_ms > 0).then(|| Replication::Granted {
+                key: lock.key(),
+                token: grant.token,
+                remaining_ms,
+            })
+        })
     }
 
     /// A standby takes a grant replicated by the active: `key` is held with
@@ -791,18 +799,43 @@ impl Engine {
         }
     }
 
+    /// Records the grant of `lock` for the followers, on an active node
+    /// with peers. The recording itself is out of line: the request path of
+    /// a node without peers keeps only this check.
+    #[inline]
     fn replicate_grant(&mut self, now: Now, lock: u32) {
-        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
-            let l = self.table.lock(lock);
-            let grant = l.holder.expect("replicating a held lock");
-            let remaining = grant.expires_ms.saturating_sub(now.ms);
-            crate::cluster::wire::encode_grant(log, l.key(), grant.token, remaining);
+        if self.replication.is_some() && matches!(self.serving, Serving::Active) {
+            self.record_grant(now, lock);
         }
     }
 
+    #[inline]
     fn replicate_release(&mut self, lock: u32, token: u64) {
-        if let (Some(log), Serving::Active) = (&mut self.replication, &self.serving) {
-            crate::cluster::wire::encode_release(log, self.table.lock(lock).key(), token);
+        if self.replication.is_some() && matches!(self.serving, Serving::Active) {
+            self.record_release(lock, token);
+        }
+    }
+
+    #[inline(never)]
+    fn record_grant(&mut self, now: Now, lock: u32) {
+        let l = self.table.lock(lock);
+        let grant = l.holder.expect("replicating a held lock");
+        if let Some(log) = &mut self.replication {
+            log.push(Replication::Granted {
+                key: l.key(),
+                token: grant.token,
+                remaining_ms: grant.expires_ms.saturating_sub(now.ms),
+            });
+        }
+    }
+
+    #[inline(never)]
+    fn record_release(&mut self, lock: u32, token: u64) {
+        if let Some(log) = &mut self.replication {
+            log.push(Replication::Released {
+                key: self.table.lock(lock).key(),
+                token,
+            });
         }
     }
 

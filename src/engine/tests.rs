@@ -647,3 +647,167 @@ fn random_operations_keep_the_invariants() {
         }
     }
 }
+
+// ----- Replication events -----
+
+/// The events recorded since the last call, with owned keys.
+fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
+    let mut log = ReplicationLog::new();
+    e.take_replication(&mut log);
+    log.iter()
+        .map(|event| match event {
+            Replication::Granted {
+                key,
+                token,
+                remaining_ms,
+            } => (
+                String::from_utf8_lossy(key).into(),
+                token,
+                Some(remaining_ms),
+            ),
+            Replication::Released { key, token } => {
+                (String::from_utf8_lossy(key).into(), token, None)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn an_active_records_every_change_of_its_table_in_order() {
+    let mut h = Harness::new(2);
+    h.engine.enable_replication();
+    let t1 = h.grant(0, "k", "10");
+    h.send(1, "A k 5 0").unwrap();
+    h.advance(1_000);
+    h.send(0, &format!("N k {t1} 20")).unwrap();
+    h.send(0, &format!("R k {t1}")).unwrap();
+    assert_eq!(h.answers(0), ["N k 1", "R k 1"]);
+    let t2 = token_of(&h.answers(1)[0], "k");
+    let key = "x".repeat(250);
+    let t3 = h.grant(0, &key, "0.5");
+    h.advance(600);
+    assert_eq!(
+        events(&mut h.engine),
+        [
+            // Granted, renewed, released and handed to the waiter; a lease
+            // that ran out. A lease's remaining ms include the ms of slack
+            // that `deadline` adds.
+            ("k".into(), t1, Some(10_001)),
+            ("k".into(), t1, Some(20_001)),
+            ("k".into(), t1, None),
+            ("k".into(), t2, Some(5_001)),
+            (key.clone(), t3, Some(501)),
+            (key, t3, None),
+        ]
+    );
+    assert_eq!(events(&mut h.engine), [], "taken once");
+    // Failed releases and renewals change nothing.
+    h.send(0, &format!("R k {t1}")).unwrap();
+    h.send(0, &format!("N k {t1} 1")).unwrap();
+    assert_eq!(events(&mut h.engine), []);
+}
+
+#[test]
+fn only_an_active_with_replication_enabled_records() {
+    let mut h = Harness::new(1);
+    let t = h.grant(0, "k", "10");
+    h.send(0, &format!("R k {t}")).unwrap();
+    assert_eq!(h.answers(0), ["R k 1"]);
+    assert_eq!(events(&mut h.engine), [], "replication not enabled");
+
+    let mut h = standby(1);
+    h.engine.enable_replication();
+    let now = h.now;
+    h.engine.apply_grant(now, b"k", 5, 100).unwrap();
+    h.engine.apply_release(b"k", 5);
+    h.engine.apply_grant(now, b"k", 6, 100).unwrap();
+    h.advance(200);
+    assert_eq!(h.engine.holder(b"k"), None);
+    assert_eq!(events(&mut h.engine), [], "a standby records nothing");
+    h.engine.become_active();
+    let t = h.grant(0, "k", "1");
+    assert_eq!(events(&mut h.engine), [("k".into(), t, Some(1_001))]);
+}
+
+#[test]
+fn a_log_reused_turn_after_turn_keeps_its_room() {
+    let mut h = Harness::new(1);
+    h.engine.enable_replication();
+    let mut log = ReplicationLog::new();
+    for turn in 0..3 {
+        for i in 0..64 {
+            let t = h.grant(0, &format!("key-{i:03}"), "10");
+            h.send(0, &format!("R key-{i:03} {t}")).unwrap();
+            assert_eq!(h.answers(0), [format!("R key-{i:03} 1")]);
+        }
+        h.engine.take_replication(&mut log);
+        assert_eq!(log.len(), 128, "turn {turn}");
+        let keys: Vec<&[u8]> = log
+            .iter()
+            .map(|e| match e {
+                Replication::Granted { key, .. } | Replication::Released { key, .. } => key,
+            })
+            .collect();
+        assert_eq!(keys[126], b"key-063");
+        assert_eq!(keys[127], b"key-063");
+    }
+}
+
+#[test]
+fn a_snapshot_lists_the_grants_with_lease_left() {
+    let mut h = Harness::new(1);
+    let a = h.grant(0, "a", "10");
+    let b = h.grant(0, "b", "0.1");
+    h.advance(50);
+    let mut grants: Vec<_> = h.engine.snapshot(h.now).collect();
+    grants.sort_by_key(|e| match e {
+        Replication::Granted { token, .. } | Replication::Released { token, .. } => *token,
+    });
+    assert_eq!(
+        grants,
+        [
+            Replication::Granted {
+                key: b"a",
+                token: a,
+                remaining_ms: 9_951
+            },
+            Replication::Granted {
+                key: b"b",
+                token: b,
+                remaining_ms: 51
+            },
+        ]
+    );
+}
+
+/// The engine is below the cluster: it records typed events and never
+/// names the cluster, its wire format or the node. Every path it uses from
+/// this crate is its own or the client protocol's.
+#[test]
+fn the_engine_uses_nothing_above_it() {
+    let sources = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("replication.rs", include_str!("replication.rs")),
+        ("table.rs", include_str!("table.rs")),
+        ("token.rs", include_str!("token.rs")),
+        ("wheel.rs", include_str!("wheel.rs")),
+    ];
+    for (file, source) in sources {
+        for (at, _) in source.match_indices("crate::") {
+            let path = &source[at + "crate::".len()..];
+            assert!(
+                path.starts_with("proto") || path.starts_with("engine"),
+                "src/engine/{file} uses crate::{}",
+                path.lines().next().unwrap_or_default()
+            );
+        }
+        for above in ["cluster::", "node::", "io::"] {
+            let uses = source
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .filter(|l| l.contains(above) && !l.contains("std::io::"))
+                .count();
+            assert_eq!(uses, 0, "src/engine/{file} names {above}");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What the engine tells the peers that follow it: each change of the lock
+//! table as a typed event, in the order the table changed.
+//!
+//! The engine only records events ([`ReplicationLog`]); it knows nothing of
+//! peers or of how events travel. The cluster takes the log once per loop
+//! turn ([`super::Engine::take_replication`]) and turns each event into its
+//! peer line. A log is reused turn after turn: recording an event copies its
+//! key into one shared byte buffer and appends a fixed-size record, so a
+//! turn allocates nothing once the buffers have grown to the turn's size.
+
+/// One change of the lock table, borrowing its key from the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication<'a> {
+    /// `key` is held with `token` for `remaining_ms` more: a grant, a
+    /// hand-off to a waiter or a renewal. It replaces whatever the follower
+    /// had for `key`.
+    Granted {
+        key: &'a [u8],
+        token: u64,
+        remaining_ms: u64,
+    },
+    /// `key`'s grant with `token` ended: released by its holder, or its
+    /// lease ran out.
+    Released { key: &'a [u8], token: u64 },
+}
+
+/// A recorded event: its key is `keys[previous end..key_end]`.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    key_end: usize,
+    token: u64,
+    /// `None` for a release.
+    remaining_ms: Option<u64>,
+}
+
+/// Replication events in order, with their keys in one buffer. Cleared and
+/// refilled, never shrunk: see the module docs.
+#[derive(Debug, Default)]
+pub struct ReplicationLog {
+    records: Vec<Record>,
+    keys: Vec<u8>,
+}
+
+impl ReplicationLog {
+    pub fn new() -> ReplicationLog {
+        ReplicationLog::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Forgets every event and keeps the room.
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.keys.clear();
+    }
+
+    /// The events in the order they were recorded.
+    pub fn iter(&self) -> impl Iterator<Item = Replication<'_>> {
+        let mut start = 0;
+        self.records.iter().map(move |r| {
+            let key = self.keys.get(start..r.key_end).unwrap_or_default();
+            start = r.key_end;
+            match r.remaining_ms {
+                Some(remaining_ms) => Replication::Granted {
+                    key,
+                    token: r.token,
+                    remaining_ms,
+                },
+                None => Replication::Released {
+                    key,
+                    token: r.token,
+                },
+            }
+        })
+    }
+
+    /// Appends an event (its key is copied).
+    #[inline]
+    pub fn push(&mut self, event: Replication<'_>) {
+        let (key, token, remaining_ms) = match event {
+            Replication::Granted {
+                key,
+                token,
+                remaining_ms,
+            } => (key, token, Some(remaining_ms)),
+            Replication::Released { key, token } => (key, token, None),
+        };
+        self.keys.extend_from_slice(key);
+        self.records.push(Record {
+            key_end: self.keys.len(),
+            token,
+            remaining_ms,
+        });
+    }
+}
