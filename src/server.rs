@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use crate::cluster::auth::{self, Secret};
 use crate::cluster::{ClusterConfig, wire};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
-use crate::io::{self, Clock, IoChoice};
+use crate::io::{self, Clock, IoChoice, LoopConfig};
 use crate::node::{Node, NodeConfig};
 
 /// `ringlock serve` options (PROTOCOL.md, "The server's command line").
@@ -49,14 +49,6 @@ pub struct ServeArgs {
     /// node). Peer links prove it both ways before anything else.
     #[arg(long, value_name = "PATH")]
     pub cluster_secret_file: Option<std::path::PathBuf>,
-}
-
-/// What the event loops need to know besides the engine.
-#[derive(Debug, Clone)]
-pub struct LoopConfig {
-    pub max_conns: usize,
-    /// `--spin-us`.
-    pub spin_us: u64,
 }
 
 /// Errors that stop the server from starting or running.

@@ -2,10 +2,11 @@
 //!
 //! Readiness is edge-triggered, so each connection remembers whether it may
 //! still have input (`readable`) and is read until the kernel says
-//! `WouldBlock`, unless its unsent answers pass [`OUTPUT_PAUSE_BYTES`]: then it
-//! is not read from until the client takes them (TCP backpressure). Answers
-//! are written from the engine's output buffer at the end of each turn, one
-//! `write` per connection.
+//! `WouldBlock`, unless its [`Lifecycle`] says not to (unsent answers past
+//! [`super::OUTPUT_PAUSE_BYTES`]: TCP backpressure until the client takes
+//! them). Answers are written at the end of each turn, until the socket
+//! takes no more. Everything else about a connection's life (pausing,
+//! closing, lingering) is the [`Lifecycle`]'s; this file has the syscalls.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -18,13 +19,10 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 use std::os::fd::AsRawFd;
 
-use super::{
-    Clock, Dialer, Flow, LINGER_MS, LingerQueue, LongestTurn, OUTPUT_PAUSE_BYTES, Session,
-    take_final_output,
-};
+use super::lifecycle::Phase;
+use super::{Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, Step};
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
-use crate::server::LoopConfig;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
@@ -35,32 +33,14 @@ const READS_PER_TURN: usize = 8;
 /// Size of the one receive buffer all connections share.
 const READ_BUF: usize = 64 * 1024;
 
-/// Where a connection is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Serving requests.
-    Open,
-    /// Going away: its last answers (`final_out`) are being written; the
-    /// engine has already forgotten it.
-    Closing,
-    /// Its last answers are written and our side shut; waiting (up to the
-    /// deadline) for the client to close, discarding what it sends, so that
-    /// closing does not reset the connection before the client read them.
-    Lingering { until_ms: u64 },
-}
-
 struct Conn {
     stream: TcpStream,
-    session: Session,
-    phase: Phase,
+    life: Lifecycle,
     /// The kernel may have input we have not read.
     readable: bool,
     /// An event said the client's FIN (or an error) is in: read on to the
     /// end even after a short read, since no further edge will announce it.
     read_closed: bool,
-    /// The client closed its sending side.
-    eof: bool,
-    final_out: Vec<u8>,
 }
 
 /// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
@@ -159,7 +139,7 @@ pub fn run(
                             conn.read_closed |= event.is_read_closed() || event.is_error();
                             state.ready.push(c as ConnId);
                         }
-                        if event.is_writable() && !matches!(conn.phase, Phase::Lingering { .. }) {
+                        if event.is_writable() && conn.life.linger_until().is_none() {
                             state.dirty.push(c as ConnId);
                         }
                     }
@@ -259,12 +239,9 @@ impl Loop {
         )?;
         entry.insert(Conn {
             stream,
-            session: Session::new(),
-            phase: Phase::Open,
+            life: Lifecycle::new(),
             readable: true,
             read_closed: false,
-            eof: false,
-            final_out: Vec::new(),
         });
         self.ready.push(id as ConnId);
         Ok(id as ConnId)
@@ -300,93 +277,57 @@ impl Loop {
                 continue;
             };
             for _ in 0..READS_PER_TURN {
-                let mut flow = Flow::Open;
-                if conn.phase == Phase::Open {
-                    if node.output_mut(id).len() > OUTPUT_PAUSE_BYTES {
-                        break; // backpressure: go on once the client catches up
-                    }
-                    if conn.session.has_stash() {
-                        flow = conn.session.resume(node, now, id);
-                    }
+                if !conn.readable || !conn.life.wants_read(node, id) {
+                    break; // paused: read on once the client catches up
                 }
-                if flow == Flow::Open && conn.session.has_stash() {
-                    continue;
-                }
-                if flow == Flow::Open {
-                    if !conn.readable || conn.eof {
-                        break;
+                match conn.stream.read(&mut self.buf) {
+                    Ok(0) => {
+                        conn.readable = false;
+                        conn.life.peer_closed(node, now, id);
                     }
-                    match conn.stream.read(&mut self.buf) {
-                        Ok(0) => {
-                            conn.eof = true;
+                    Ok(n) => {
+                        // A short read emptied the socket: whatever arrives
+                        // next raises a new edge, so asking again would only
+                        // hear WouldBlock (one wasted syscall per request in
+                        // ping-pong).
+                        if n < self.buf.len() && !conn.read_closed {
                             conn.readable = false;
                         }
-                        Ok(n) if conn.phase == Phase::Open => {
-                            // A short read emptied the socket: whatever
-                            // arrives next raises a new edge, so asking
-                            // again would only hear WouldBlock (one wasted
-                            // syscall per request in ping-pong).
-                            if n < self.buf.len() && !conn.read_closed {
-                                conn.readable = false;
-                            }
-                            flow = conn.session.feed(node, now, id, &self.buf[..n]);
-                        }
-                        Ok(_) => {} // closing: input is discarded
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => {
-                            conn.eof = true;
-                            conn.readable = false;
-                        }
+                        let data = self.buf.get(..n).unwrap_or_default();
+                        conn.life.received(node, now, id, data);
                     }
-                }
-                match flow {
-                    Flow::Open if conn.readable && !conn.eof => {}
-                    Flow::Open | Flow::Paused => break,
-                    Flow::Broken => {
-                        conn.final_out = take_final_output(node, now, id);
-                        conn.phase = Phase::Closing;
-                        self.dirty.push(id);
-                        break;
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        conn.readable = false;
+                        conn.life.peer_closed(node, now, id);
                     }
                 }
             }
-            if conn.eof && matches!(conn.phase, Phase::Lingering { .. }) {
+            if conn.life.is_closed() {
                 self.conns.remove(id as usize);
-                continue;
-            }
-            if conn.eof && conn.phase == Phase::Open {
-                // The client sent all it will. What was decided is sent; its
-                // waiting acquires are withdrawn (a grant must never go to a
-                // client that cannot take it). See docs/protocol.md.
-                conn.final_out = take_final_output(node, now, id);
-                conn.phase = Phase::Closing;
-                self.dirty.push(id);
+            } else if conn.life.phase() == Phase::Closing {
+                self.dirty.push(id); // its last answers go out this turn
             }
         }
         ready.retain(|&id| {
-            self.conns.get(id as usize).is_some_and(|c| {
-                (c.session.has_stash() || (c.readable && !c.eof))
-                    && (c.phase != Phase::Open || node.output_mut(id).len() <= OUTPUT_PAUSE_BYTES)
-            })
+            self.conns
+                .get(id as usize)
+                .is_some_and(|c| c.readable && c.life.wants_read(node, id))
         });
         self.ready = ready;
     }
 
     /// Writes the answers of every connection that has some.
     fn flush(&mut self, node: &mut Node, now: Now) {
-        let now_ms = now.ms;
         let mut dirty = std::mem::take(&mut self.dirty);
         node.take_dirty(now, &mut self.from_engine);
         dirty.extend_from_slice(&self.from_engine);
         // Connections the node gave up on: closed like a protocol break.
         node.take_doomed(now, &mut self.from_engine);
         for &id in &self.from_engine {
-            if let Some(conn) = self.conns.get_mut(id as usize)
-                && conn.phase == Phase::Open
-            {
-                conn.final_out = take_final_output(node, now, id);
-                conn.phase = Phase::Closing;
+            if let Some(conn) = self.conns.get_mut(id as usize) {
+                conn.life.finish(node, now, id);
                 dirty.push(id);
             }
         }
@@ -394,93 +335,77 @@ impl Loop {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
             };
-            let result = match conn.phase {
-                Phase::Open => {
-                    let out = node.output_mut(id);
-                    let paused = out.len() > OUTPUT_PAUSE_BYTES;
-                    let result = write_some(&mut conn.stream, out);
-                    if paused
-                        && out.len() <= OUTPUT_PAUSE_BYTES
-                        && (conn.readable || conn.session.has_stash())
-                    {
-                        self.ready.push(id); // the client caught up
-                    }
-                    result
-                }
-                Phase::Closing => write_some(&mut conn.stream, &mut conn.final_out),
-                Phase::Lingering { .. } => Ok(()),
-            };
-            if result.is_err() {
-                self.drop_conn(node, now, id);
-                continue;
+            if write_out(conn, node, now, id).is_err() {
+                conn.life.failed(node, now, id);
+            } else if conn.readable && conn.life.wants_read(node, id) {
+                self.ready.push(id); // the client caught up
             }
-            let conn = &mut self.conns[id as usize];
-            if conn.phase == Phase::Closing && conn.final_out.is_empty() {
-                let _ = conn.stream.shutdown(Shutdown::Write);
-                if conn.eof {
-                    self.drop_conn(node, now, id);
-                } else {
-                    conn.phase = Phase::Lingering {
-                        until_ms: now_ms + LINGER_MS,
-                    };
-                    self.lingering.push(now_ms + LINGER_MS, id);
-                    // Keep reading (and discarding) until the client closes.
-                    self.ready.push(id);
-                }
-            }
+            self.settle(now.ms, id);
         }
         self.dirty = dirty;
     }
 
-    /// Closes the lingering connections whose client closed (their input is
-    /// read and discarded by [`Loop::read_ready`]) or whose deadline passed.
-    fn expire_lingering(&mut self, now_ms: u64) {
-        while let Some((until, id)) = self.lingering.pop_due(now_ms) {
-            if self
-                .conns
-                .get(id as usize)
-                .is_some_and(|c| c.phase == Phase::Lingering { until_ms: until })
-            {
+    /// Does what connection `id`'s lifecycle asks for after its I/O.
+    fn settle(&mut self, now_ms: u64, id: ConnId) {
+        let Some(conn) = self.conns.get_mut(id as usize) else {
+            return;
+        };
+        match conn.life.advance(now_ms) {
+            Step::Stay => {}
+            Step::Shut { linger_until } => {
+                let _ = conn.stream.shutdown(Shutdown::Write);
+                match linger_until {
+                    Some(until) => {
+                        self.lingering.push(until, id);
+                        // Keep reading (and discarding) until the client closes.
+                        self.ready.push(id);
+                    }
+                    None => {
+                        self.conns.remove(id as usize);
+                    }
+                }
+            }
+            Step::Close => {
                 self.conns.remove(id as usize);
             }
+        }
+    }
+
+    /// Closes the lingering connections whose deadline passed (those whose
+    /// client closed are closed by [`Loop::read_ready`]).
+    fn expire_lingering(&mut self, now_ms: u64) {
+        while let Some((_, id)) = self.lingering.pop_due(now_ms) {
+            // A stale entry (its connection gone, the slot reused) is
+            // harmless: the lifecycle only acts on its own deadline.
+            self.settle(now_ms, id);
         }
     }
 
     /// Begins closing every connection (shutdown): each gets its last answers.
     fn close_all(&mut self, node: &mut Node, now: Now) {
         for (id, conn) in self.conns.iter_mut() {
-            if conn.phase == Phase::Open {
-                conn.final_out = take_final_output(node, now, id as ConnId);
-                conn.phase = Phase::Closing;
-                self.dirty.push(id as ConnId);
-            }
-        }
-    }
-
-    /// Closes a connection now (its peer is gone).
-    fn drop_conn(&mut self, node: &mut Node, now: Now, id: ConnId) {
-        let conn = self.conns.remove(id as usize);
-        if conn.phase == Phase::Open {
-            node.close(now, id);
+            conn.life.finish(node, now, id as ConnId);
+            self.dirty.push(id as ConnId);
         }
     }
 }
 
-/// Writes as much of `out` as the socket takes, removing it from the front.
+/// Writes as much of the connection's pending answers as the socket takes.
 /// `Err` means the connection is dead.
-fn write_some(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
-    let mut written = 0;
-    while written < out.len() {
-        match stream.write(&out[written..]) {
+fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Result<()> {
+    loop {
+        let out = conn.life.pending(node, id);
+        if out.is_empty() {
+            return Ok(());
+        }
+        match conn.stream.write(out) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Ok(n) => conn.life.sent(node, now, id, n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    out.drain(..written);
-    Ok(())
 }
 
 /// Waits for events, at most `timeout` (forever if `None`). With a `spin`

@@ -1,12 +1,15 @@
 //! The event loops that move bytes between sockets and the engine.
 //!
 //! Both backends share what is not about syscalls: the [`Clock`], the
-//! per-connection [`Session`] that cuts received bytes into requests and
-//! feeds them to the engine, and the limits below. `uring` drives io_uring
-//! (provided buffer ring, multishot accept, one submit per turn); `epoll` is
-//! the fallback for kernels and containers where io_uring is off.
+//! per-connection [`Lifecycle`] (open, paused, closing, lingering, closed)
+//! with its [`Session`] that cuts received bytes into requests and feeds
+//! them to the engine, the limits below and their [`LoopConfig`]. `uring`
+//! drives io_uring (provided buffer ring, multishot accept, one submit per
+//! turn); `epoll` is the fallback for kernels and containers where io_uring
+//! is off.
 
 pub mod epoll;
+pub mod lifecycle;
 // The io_uring backend is the one place with unsafe code (the crate denies
 // it everywhere else): buffers shared with the kernel, submissions pointing
 // into memory the kernel uses until their completions arrive, descriptors
@@ -14,11 +17,21 @@ pub mod epoll;
 #[allow(unsafe_code)]
 pub mod uring;
 
+pub use lifecycle::{Lifecycle, Step};
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
 use crate::proto::{Answer, MAX_LINE, parse_request};
+
+/// What the event loops need to know besides the engine.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub max_conns: usize,
+    /// `--spin-us`.
+    pub spin_us: u64,
+}
 
 /// Answers not yet taken by a client beyond which its connection is not read
 /// from (PROTOCOL.md, "Load and limits").

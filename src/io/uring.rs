@@ -8,13 +8,17 @@
 //!   ends it.
 //! - Receive: a single-shot `recv` per connection that picks its buffer from
 //!   a provided buffer ring ([`BufRing`]), so idle connections hold no
-//!   buffer. It is re-armed after each completion unless the connection's
-//!   unsent answers passed [`OUTPUT_PAUSE_BYTES`]: then the socket is not
-//!   read until the client takes them, which is exactly TCP backpressure
-//!   (a multishot receive would keep reading and need a cancel to pause).
-//! - Send: at most one `send` in flight per connection, from a buffer the
-//!   connection owns until the completion arrives; answers produced meanwhile
-//!   collect in the engine's output and go in the next send.
+//!   buffer. It is re-armed after each completion while the connection's
+//!   [`Lifecycle`] wants input: not while its unsent answers pass
+//!   [`super::OUTPUT_PAUSE_BYTES`], so the socket is not read until the
+//!   client takes them, which is exactly TCP backpressure (a multishot
+//!   receive would keep reading and need a cancel to pause).
+//! - Send: at most one `send` in flight per connection, from the buffer its
+//!   [`Lifecycle`] holds still until the completion arrives; answers produced
+//!   meanwhile collect in the engine's output and go in the next send.
+//!
+//! When to pause, shut, linger and close is the [`Lifecycle`]'s; this file
+//! has the submissions and completions.
 //!
 //! Every operation in flight has an owner until its completion arrives: a
 //! connection's slot (and its socket) is freed only once neither its receive
@@ -34,13 +38,10 @@ use io_uring::types::{Fd, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
-use super::{
-    Clock, Dialer, Flow, LINGER_MS, LingerQueue, LongestTurn, OUTPUT_PAUSE_BYTES, Session,
-    take_final_output,
-};
+use super::lifecycle::Phase;
+use super::{Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, Step};
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
-use crate::server::LoopConfig;
 
 /// Submission queue entries; the completion queue has four times as many.
 const RING_ENTRIES: u32 = 4096;
@@ -189,27 +190,11 @@ pub fn probe() -> Result<(), String> {
     Ok(())
 }
 
-/// Where a connection is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Open,
-    /// Its last answers (`final_out`) are being sent; the engine has
-    /// forgotten it.
-    Closing,
-    /// Last answers sent and our side shut: reading and discarding until the
-    /// client closes or the deadline, so that the close does not reset the
-    /// connection before the client read them.
-    Lingering {
-        until_ms: u64,
-    },
-    /// To be freed as soon as no operation of it is in flight.
-    Dead,
-}
-
 struct Conn {
     fd: OwnedFd,
-    session: Session,
-    phase: Phase,
+    /// Once closed, the slot is freed as soon as no operation of it is in
+    /// flight.
+    life: Lifecycle,
     recv_in_flight: bool,
     /// The last receive said more input was waiting in the socket
     /// (`IORING_CQE_F_SOCK_NONEMPTY`): the next one reads at once instead
@@ -217,13 +202,6 @@ struct Conn {
     input_waiting: bool,
     send_in_flight: bool,
     cancel_sent: bool,
-    /// The client closed its sending side.
-    eof: bool,
-    /// The buffer of the send in flight, and how much of it is sent.
-    sending: Vec<u8>,
-    sent: usize,
-    /// A `Closing` connection's last answers.
-    final_out: Vec<u8>,
 }
 
 /// The loop's state. Field order matters: the ring drops before the buffers
@@ -483,16 +461,11 @@ impl Uring {
         self.generations.bump(self.conns.vacant_key() as ConnId);
         self.conns.insert(Conn {
             fd,
-            session: Session::new(),
-            phase: Phase::Open,
+            life: Lifecycle::new(),
             recv_in_flight: false,
             input_waiting: true,
             send_in_flight: false,
             cancel_sent: false,
-            eof: false,
-            sending: Vec::new(),
-            sent: 0,
-            final_out: Vec::new(),
         }) as ConnId
     }
 
@@ -596,11 +569,8 @@ impl Uring {
     fn close_doomed(&mut self, node: &mut Node, now: Now, scratch: &mut Vec<ConnId>) {
         node.take_doomed(now, scratch);
         for &id in scratch.iter() {
-            if let Some(conn) = self.conns.get_mut(id as usize)
-                && conn.phase == Phase::Open
-            {
-                conn.final_out = take_final_output(node, now, id);
-                conn.phase = Phase::Closing;
+            if let Some(conn) = self.conns.get_mut(id as usize) {
+                conn.life.finish(node, now, id);
                 self.to_send.push(id);
             }
         }
@@ -621,13 +591,7 @@ impl Uring {
             // this connection, not the process.
             if let Some(buf) = self.bufs.take(bid) {
                 match self.bufs.bytes(&buf, res.max(0) as usize) {
-                    Some(data) if res > 0 && conn.phase == Phase::Open => {
-                        if conn.session.feed(node, now, id, data) == Flow::Broken {
-                            conn.final_out = take_final_output(node, now, id);
-                            conn.phase = Phase::Closing;
-                            self.to_send.push(id);
-                        }
-                    }
+                    Some(data) if res > 0 => conn.life.received(node, now, id, data),
                     Some(_) => {}
                     None => {
                         eprintln!("ringlock: io_uring received {res} bytes into a smaller buffer");
@@ -642,25 +606,12 @@ impl Uring {
         }
         match res {
             r if r > 0 => {}
-            0 => {
-                conn.eof = true;
-                if conn.phase == Phase::Open {
-                    // The client sent all it will: what was decided is sent,
-                    // its waiting acquires are withdrawn (docs/protocol.md).
-                    conn.final_out = take_final_output(node, now, id);
-                    conn.phase = Phase::Closing;
-                    self.to_send.push(id);
-                }
-            }
+            0 => conn.life.peer_closed(node, now, id),
             r if r == -libc::ENOBUFS => {} // re-armed after the turn
-            _ => {
-                // Reset, or cancelled on the way out.
-                conn.eof = true;
-                if conn.phase == Phase::Open {
-                    node.close(now, id);
-                }
-                conn.phase = Phase::Dead;
-            }
+            _ => conn.life.failed(node, now, id), // reset, or cancelled on the way out
+        }
+        if conn.life.phase() == Phase::Closing {
+            self.to_send.push(id); // its last answers
         }
     }
 
@@ -668,24 +619,16 @@ impl Uring {
         let conn = &mut self.conns[id as usize];
         conn.send_in_flight = false;
         self.touched.push(id);
-        if res < 0 {
-            if conn.phase == Phase::Open {
-                node.close(now, id);
+        match usize::try_from(res) {
+            // The client is taking answers: this may resume input kept back
+            // by a pause.
+            Ok(n) => conn.life.sent(node, now, id, n),
+            Err(_) => {
+                conn.life.failed(node, now, id);
+                return;
             }
-            conn.phase = Phase::Dead;
-            return;
         }
-        conn.sent += res as usize;
         self.to_send.push(id);
-        // The client is taking answers: go on with input kept back by a pause.
-        if conn.phase == Phase::Open
-            && conn.session.has_stash()
-            && unsent(node, id, conn) <= OUTPUT_PAUSE_BYTES
-            && conn.session.resume(node, now, id) == Flow::Broken
-        {
-            conn.final_out = take_final_output(node, now, id);
-            conn.phase = Phase::Closing;
-        }
     }
 
     fn signalled(&mut self, node: &mut Node, now: Now, res: i32) {
@@ -710,12 +653,8 @@ impl Uring {
         }
         let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
         for id in ids {
-            let conn = &mut self.conns[id as usize];
-            if conn.phase == Phase::Open {
-                conn.final_out = take_final_output(node, now, id);
-                conn.phase = Phase::Closing;
-                self.to_send.push(id);
-            }
+            self.conns[id as usize].life.finish(node, now, id);
+            self.to_send.push(id);
             self.touched.push(id);
         }
     }
@@ -731,26 +670,20 @@ impl Uring {
             if conn.send_in_flight {
                 continue;
             }
-            if conn.sent == conn.sending.len() {
-                conn.sending.clear();
-                conn.sent = 0;
-                match conn.phase {
-                    Phase::Open => std::mem::swap(&mut conn.sending, node.output_mut(id)),
-                    Phase::Closing => std::mem::swap(&mut conn.sending, &mut conn.final_out),
-                    Phase::Lingering { .. } | Phase::Dead => {}
-                }
-            }
-            if conn.sent < conn.sending.len() {
+            let rest = conn.life.pending(node, id);
+            if !rest.is_empty() {
+                // A send takes at most u32::MAX bytes; the rest goes next.
+                let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
+                let entry = opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), len)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+                    .user_data(user_data(Op::Send, self.generations.of(id), id));
                 conn.send_in_flight = true;
-                let rest = &conn.sending[conn.sent..];
-                let entry =
-                    opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), rest.len() as u32)
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build()
-                        .user_data(user_data(Op::Send, self.generations.of(id), id));
-                // SAFETY: `sending` belongs to the connection and is neither
-                // touched nor freed while `send_in_flight` is set (the slot is
-                // freed only when no operation is in flight).
+                // SAFETY: the bytes are the connection's `Lifecycle`'s, which
+                // keeps them in place until `sent` accounts for them all (see
+                // its documentation); `pending` is not called again while
+                // `send_in_flight` is set, and the slot is freed only when no
+                // operation is in flight.
                 unsafe { self.push(entry) };
             }
             self.touched.push(id);
@@ -760,14 +693,14 @@ impl Uring {
     }
 
     /// Moves each touched connection on: re-arm its receive, shut a closing
-    /// one whose last answers are out, free a dead one with nothing in flight.
+    /// one whose last answers are out, free a closed one with nothing in
+    /// flight.
     fn after_turn(&mut self, node: &mut Node, now: Now) {
         let now_ms = now.ms;
-        while let Some((until, id)) = self.lingering.pop_due(now_ms) {
-            if let Some(conn) = self.conns.get_mut(id as usize)
-                && conn.phase == (Phase::Lingering { until_ms: until })
-            {
-                conn.phase = Phase::Dead;
+        while let Some((_, id)) = self.lingering.pop_due(now_ms) {
+            // A stale entry (slot reused) is harmless: the lifecycle only
+            // acts on its own deadline.
+            if self.conns.contains(id as usize) {
                 self.touched.push(id);
             }
         }
@@ -778,31 +711,20 @@ impl Uring {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
             };
-            let idle_out = !conn.send_in_flight && conn.sent == conn.sending.len();
-            if conn.phase == Phase::Closing && idle_out && conn.final_out.is_empty() {
-                let _ = socket2::SockRef::from(&conn.fd.as_fd()).shutdown(Shutdown::Write);
-                conn.phase = if conn.eof {
-                    Phase::Dead
-                } else {
-                    self.lingering.push(now_ms + LINGER_MS, id);
-                    Phase::Lingering {
-                        until_ms: now_ms + LINGER_MS,
+            match conn.life.advance(now_ms) {
+                Step::Shut { linger_until } => {
+                    let _ = socket2::SockRef::from(&conn.fd.as_fd()).shutdown(Shutdown::Write);
+                    if let Some(until) = linger_until {
+                        self.lingering.push(until, id);
                     }
-                };
-            }
-            let want_recv = match conn.phase {
-                Phase::Open => {
-                    !conn.session.has_stash() && unsent(node, id, conn) <= OUTPUT_PAUSE_BYTES
                 }
-                Phase::Lingering { .. } => true,
-                Phase::Closing | Phase::Dead => false,
-            };
-            if want_recv && !conn.recv_in_flight && !conn.eof {
+                Step::Stay | Step::Close => {}
+            }
+            if !conn.recv_in_flight && conn.life.wants_read(node, id) {
                 self.arm_recv(id);
                 continue;
             }
-            let conn = &mut self.conns[id as usize];
-            if conn.phase == Phase::Dead {
+            if conn.life.is_closed() {
                 if conn.recv_in_flight && !conn.cancel_sent {
                     conn.cancel_sent = true;
                     self.cancel(id);
@@ -814,11 +736,6 @@ impl Uring {
         touched.clear();
         self.touched = touched;
     }
-}
-
-/// Answers of an open connection not yet accepted by the kernel.
-fn unsent(node: &mut Node, id: ConnId, conn: &Conn) -> usize {
-    node.output_mut(id).len() + conn.sending.len() - conn.sent
 }
 
 #[cfg(test)]

@@ -1,0 +1,365 @@
+//! One connection's life, from accept to close, without any I/O.
+//!
+//! Both loops and the simulator drive a [`Lifecycle`] per connection: they
+//! tell it what happened on the socket (bytes arrived, the peer closed its
+//! sending side, the socket failed, some bytes were sent, time passed) and
+//! ask it what to do next: whether to read ([`Lifecycle::wants_read`]), what
+//! to send ([`Lifecycle::pending`]), and whether to shut our sending side or
+//! close the socket ([`Lifecycle::advance`]). It owns the connection's
+//! [`Session`], the output being sent, the pause for unsent answers
+//! ([`OUTPUT_PAUSE_BYTES`]) and the linger after our last answers
+//! ([`LINGER_MS`]). The loops keep only the syscalls.
+
+use super::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
+use crate::engine::{ConnId, Now};
+use crate::node::Node;
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Serving requests (maybe paused: see [`Lifecycle::wants_read`]).
+    Open,
+    /// Going away: the engine has forgotten it and its last answers are
+    /// being sent. Input is read and discarded.
+    Closing,
+    /// Its last answers are sent and our side is shut: reading and
+    /// discarding until the peer closes or the deadline passes, so that
+    /// closing does not reset the connection before the peer read them.
+    Lingering { until_ms: u64 },
+    /// To be closed: the loop frees the socket (once no operation of it is
+    /// in flight).
+    Closed,
+}
+
+/// What the loop does with the socket after [`Lifecycle::advance`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Step {
+    /// Nothing about the socket changes.
+    Stay,
+    /// Our last answers are out: shut the sending side. With a deadline the
+    /// connection lingers until then (the loop sets a timer and calls
+    /// [`Lifecycle::advance`] when it fires); without, it is closed now.
+    Shut { linger_until: Option<u64> },
+    /// Close the socket.
+    Close,
+}
+
+/// A connection's state machine (see the module documentation).
+///
+/// The bytes [`Lifecycle::pending`] returns stay where they are, unchanged,
+/// until [`Lifecycle::sent`] has accounted for all of them: nothing else
+/// moves or frees that buffer (not closing, not a failure), only dropping
+/// the `Lifecycle`. The io_uring loop relies on this for its sends in
+/// flight.
+#[derive(Debug)]
+pub struct Lifecycle {
+    session: Session,
+    phase: Phase,
+    /// The peer closed its sending side (or the socket failed).
+    eof: bool,
+    /// The answers being sent, and how much of them is sent.
+    out: Vec<u8>,
+    sent: usize,
+    /// A closing connection's last answers not yet moved to `out`.
+    last: Vec<u8>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle::new()
+    }
+}
+
+impl Lifecycle {
+    /// A connection just opened in the engine (`Node::open` and kin).
+    pub fn new() -> Lifecycle {
+        Lifecycle {
+            session: Session::new(),
+            phase: Phase::Open,
+            eof: false,
+            out: Vec::new(),
+            sent: 0,
+            last: Vec::new(),
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// True once the socket is to be closed.
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// The deadline of a lingering connection.
+    pub fn linger_until(&self) -> Option<u64> {
+        match self.phase {
+            Phase::Lingering { until_ms } => Some(until_ms),
+            _ => None,
+        }
+    }
+
+    /// Whether the loop should read the socket now: not while the unsent
+    /// answers of an open connection pass [`OUTPUT_PAUSE_BYTES`] or input is
+    /// kept back by that pause (TCP backpressure: reading resumes once the
+    /// peer has taken enough answers), not after the peer's end of stream,
+    /// not once closed. A closing or lingering connection is read to discard
+    /// its input and notice the peer's close.
+    pub fn wants_read(&self, node: &mut Node, conn: ConnId) -> bool {
+        match self.phase {
+            Phase::Open => {
+                !self.eof
+                    && !self.session.has_stash()
+                    && self.unsent(node, conn) <= OUTPUT_PAUSE_BYTES
+            }
+            Phase::Closing | Phase::Lingering { .. } => !self.eof,
+            Phase::Closed => false,
+        }
+    }
+
+    /// Answers of an open connection not yet taken by the socket.
+    fn unsent(&self, node: &mut Node, conn: ConnId) -> usize {
+        debug_assert!(self.sent <= self.out.len());
+        node.output_mut(conn).len() + (self.out.len() - self.sent)
+    }
+
+    /// Bytes arrived. An open connection feeds them to the engine (a
+    /// protocol break starts closing it); any other discards them.
+    pub fn received(&mut self, node: &mut Node, now: Now, conn: ConnId, data: &[u8]) {
+        if self.phase != Phase::Open {
+            return;
+        }
+        debug_assert!(!self.session.has_stash(), "read while paused");
+        if self.session.feed(node, now, conn, data) == Flow::Broken {
+            self.finish(node, now, conn);
+        }
+    }
+
+    /// The peer closed its sending side (a read returned 0): an open
+    /// connection's decided answers are sent and its waiting acquires
+    /// withdrawn (docs/protocol.md); a lingering one is closed now.
+    pub fn peer_closed(&mut self, node: &mut Node, now: Now, conn: ConnId) {
+        self.eof = true;
+        match self.phase {
+            Phase::Open => self.finish(node, now, conn),
+            Phase::Lingering { .. } => self.phase = Phase::Closed,
+            Phase::Closing | Phase::Closed => {}
+        }
+    }
+
+    /// The socket failed (reset, a send refused): closed now, nothing more
+    /// is sent.
+    pub fn failed(&mut self, node: &mut Node, now: Now, conn: ConnId) {
+        self.eof = true;
+        if self.phase == Phase::Open {
+            node.close(now, conn);
+        }
+        self.phase = Phase::Closed;
+    }
+
+    /// Our side ends the connection (a protocol break, the node gave up on
+    /// it, the server shuts down): its unsent answers (ending with the `E`
+    /// line, if any) are its last, then it is shut and lingers.
+    pub fn finish(&mut self, node: &mut Node, now: Now, conn: ConnId) {
+        if self.phase != Phase::Open {
+            return;
+        }
+        debug_assert!(self.last.is_empty());
+        self.last = take_final_output(node, now, conn);
+        self.phase = Phase::Closing;
+    }
+
+    /// What to send next: the rest of the answers being sent or, once they
+    /// are all sent, the next ones (swapped out of the engine's buffer, not
+    /// copied). Empty if there is nothing to send. See the type's
+    /// documentation for how long these bytes stay put.
+    pub fn pending(&mut self, node: &mut Node, conn: ConnId) -> &[u8] {
+        if self.sent == self.out.len() {
+            match self.phase {
+                Phase::Open => {
+                    self.out.clear();
+                    self.sent = 0;
+                    std::mem::swap(&mut self.out, node.output_mut(conn));
+                }
+                Phase::Closing => {
+                    self.out.clear();
+                    self.sent = 0;
+                    std::mem::swap(&mut self.out, &mut self.last);
+                }
+                Phase::Lingering { .. } | Phase::Closed => return &[],
+            }
+        }
+        match self.phase {
+            Phase::Open | Phase::Closing => self.out.get(self.sent..).unwrap_or_default(),
+            Phase::Lingering { .. } | Phase::Closed => &[],
+        }
+    }
+
+    /// The socket took `n` bytes of [`Lifecycle::pending`]. Once the peer
+    /// has taken enough answers, input kept back by a pause is processed.
+    pub fn sent(&mut self, node: &mut Node, now: Now, conn: ConnId, n: usize) {
+        debug_assert!(n <= self.out.len() - self.sent, "sent more than pending");
+        self.sent = self.sent.saturating_add(n).min(self.out.len());
+        if self.phase == Phase::Open
+            && self.session.has_stash()
+            && self.unsent(node, conn) <= OUTPUT_PAUSE_BYTES
+            && self.session.resume(node, now, conn) == Flow::Broken
+        {
+            self.finish(node, now, conn);
+        }
+    }
+
+    /// Moves the connection on after the loop's I/O: a closing connection
+    /// whose last answers are all sent is shut (and lingers unless the peer
+    /// already closed); a lingering one whose deadline passed is closed.
+    pub fn advance(&mut self, now_ms: u64) -> Step {
+        match self.phase {
+            Phase::Closing if self.sent == self.out.len() && self.last.is_empty() => {
+                if self.eof {
+                    self.phase = Phase::Closed;
+                    Step::Shut { linger_until: None }
+                } else {
+                    let until_ms = now_ms.saturating_add(LINGER_MS);
+                    self.phase = Phase::Lingering { until_ms };
+                    Step::Shut {
+                        linger_until: Some(until_ms),
+                    }
+                }
+            }
+            Phase::Lingering { until_ms } if now_ms >= until_ms => {
+                self.phase = Phase::Closed;
+                Step::Close
+            }
+            Phase::Closed => Step::Close,
+            Phase::Open | Phase::Closing | Phase::Lingering { .. } => Step::Stay,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> (Node, Now) {
+        let now = Now {
+            ms: 100,
+            unix_ns: 5,
+        };
+        let mut node = Node::new(
+            now,
+            crate::node::NodeConfig {
+                advertise: "x:1".into(),
+                cluster: None,
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
+            },
+        );
+        node.open(0);
+        (node, now)
+    }
+
+    /// Sends everything pending, `chunk` bytes at a time; returns it.
+    fn drain(life: &mut Lifecycle, node: &mut Node, now: Now, chunk: usize) -> Vec<u8> {
+        let mut got = Vec::new();
+        loop {
+            let out = life.pending(node, 0);
+            if out.is_empty() {
+                return got;
+            }
+            let n = out.len().min(chunk);
+            got.extend_from_slice(&out[..n]);
+            life.sent(node, now, 0, n);
+        }
+    }
+
+    #[test]
+    fn a_pause_stops_reading_until_the_answers_are_taken_and_loses_nothing() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        assert!(life.wants_read(&mut node, 0));
+        let input = b"S\n".repeat(10_000);
+        life.received(&mut node, now, 0, &input);
+        assert!(!life.wants_read(&mut node, 0), "paused");
+        // Half of what is pending taken: still past the limit or not, the
+        // input kept back is answered once the client takes enough.
+        let out = drain(&mut life, &mut node, now, 4096);
+        assert_eq!(life.phase(), Phase::Open);
+        assert!(life.wants_read(&mut node, 0));
+        assert_eq!(out, b"S active x:1 0\n".repeat(10_000));
+        assert_eq!(life.advance(now.ms), Step::Stay);
+    }
+
+    #[test]
+    fn a_protocol_break_sends_the_rest_then_lingers_until_the_deadline() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        life.received(&mut node, now, 0, b"S\nX\nS\n");
+        assert_eq!(life.phase(), Phase::Closing);
+        assert_eq!(life.advance(now.ms), Step::Stay, "answers not sent yet");
+        let out = drain(&mut life, &mut node, now, 7);
+        assert_eq!(
+            out,
+            b"S active x:1 0\nE unknown op \"X\" in line 2\n".to_vec()
+        );
+        let until = now.ms + LINGER_MS;
+        assert_eq!(
+            life.advance(now.ms),
+            Step::Shut {
+                linger_until: Some(until)
+            }
+        );
+        assert!(life.wants_read(&mut node, 0), "reads and discards");
+        life.received(&mut node, now, 0, b"S\n");
+        assert!(life.pending(&mut node, 0).is_empty());
+        assert_eq!(life.advance(until - 1), Step::Stay);
+        assert_eq!(life.advance(until), Step::Close);
+        assert!(life.is_closed() && !life.wants_read(&mut node, 0));
+    }
+
+    #[test]
+    fn the_peer_closing_while_lingering_closes_at_once() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        life.finish(&mut node, now, 0);
+        assert!(drain(&mut life, &mut node, now, 100).is_empty());
+        assert!(matches!(
+            life.advance(now.ms),
+            Step::Shut {
+                linger_until: Some(_)
+            }
+        ));
+        life.peer_closed(&mut node, now, 0);
+        assert_eq!(life.advance(now.ms), Step::Close);
+    }
+
+    #[test]
+    fn a_half_close_gets_its_answers_then_shuts_without_lingering() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        life.received(&mut node, now, 0, b"A k 1 0\nS\n");
+        life.peer_closed(&mut node, now, 0);
+        assert!(!life.wants_read(&mut node, 0));
+        assert_eq!(life.phase(), Phase::Closing);
+        let out = drain(&mut life, &mut node, now, 1000);
+        assert_eq!(out, b"A k 5\nS active x:1 5\n".to_vec());
+        assert_eq!(life.advance(now.ms), Step::Shut { linger_until: None });
+        assert!(life.is_closed());
+    }
+
+    #[test]
+    fn a_failed_socket_closes_now_and_keeps_the_send_in_flight_in_place() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        life.received(&mut node, now, 0, b"S\n");
+        let (ptr, len) = {
+            let out = life.pending(&mut node, 0);
+            (out.as_ptr(), out.len())
+        };
+        life.failed(&mut node, now, 0);
+        assert_eq!(life.advance(now.ms), Step::Close);
+        assert!(life.pending(&mut node, 0).is_empty());
+        // The buffer of a send that may still be in flight has not moved.
+        assert_eq!((life.out.as_ptr(), life.out.len()), (ptr, len));
+    }
+}
