@@ -187,6 +187,12 @@ class Cluster:
             return None
         return st.role if st.role == "standby" else f"active:{st.active}"
 
+    def node_status_token(self, i: int) -> int:
+        try:
+            return node_status(self.addrs[i], 0.5).token
+        except Exception:
+            return -1
+
     def settled_on(self, active: int, alive: Optional[List[int]] = None) -> bool:
         alive = list(range(len(self.addrs))) if alive is None else alive
         for i in alive:
