@@ -5,11 +5,13 @@ here is stopped at teardown; every wait is bounded."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +38,25 @@ def poll(what: str, check: Callable[[], Optional[T]], within: float = 10.0, ever
         if time.monotonic() >= until:
             pytest.fail(f"{what}: not within {within}s (last: {last!r})")
         time.sleep(every)
+
+
+_REAL_STDERR = None
+
+
+@pytest.fixture(autouse=True)
+def watchdog(request):
+    """A test that hangs is a failure, not a stuck CI run: after 120 s the
+    process dumps every thread's stack and exits (non-zero)."""
+    global _REAL_STDERR
+    if _REAL_STDERR is None:
+        # fd 2 is captured during tests: keep a copy of the real one.
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled():
+            _REAL_STDERR = os.fdopen(os.dup(2), "w")
+    out = _REAL_STDERR
+    faulthandler.dump_traceback_later(120, exit=True, file=out)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +90,17 @@ def free_ports(ip: str, n: int) -> List[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process ends, even
+    if it ends without its fixtures' teardown (the watchdog's exit)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 class Server:
     """A ``ringlock serve`` child process."""
 
@@ -79,6 +111,7 @@ class Server:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
         )
         self.log: List[str] = []
         found = threading.Event()
