@@ -317,6 +317,8 @@ class _Conn:
                 self.dispatch(line[:-1])
             except _End as end:
                 return end
+            except Exception as e:  # defence in depth: a bug here must not kill the slot
+                return _End(f"{self.addr}: answer {line[:200]!r} could not be handled: {e!r}", True)
 
     async def _liveness(self) -> _End:
         t = self.client.timeouts
@@ -351,7 +353,10 @@ class _Conn:
             # The reader first: answers already received count before the
             # liveness watch judges the connection.
             task = reader if reader in done else watch
-            end = task.result()
+            try:
+                end = task.result()
+            except Exception as e:  # defence in depth
+                end = _End(f"{self.addr}: connection failed: {e!r}", True)
         finally:
             for task in (reader, watch):
                 task.cancel()
@@ -580,11 +585,16 @@ class AsyncClient:
             except _End as e:
                 slot.last_error = e.why
                 slot.failures += 1
+            except Exception as e:  # never let the slot's task die
+                slot.last_error = f"connect to {slot.addr}: {e!r}"
+                slot.failures += 1
             else:
                 slot.live = conn
                 self._bump()
                 try:
                     why = await conn.serve()
+                except Exception as e:
+                    why = f"{slot.addr}: connection failed: {e!r}"
                 finally:
                     slot.live = None
                 slot.last_error = why
