@@ -181,6 +181,8 @@ class _Conn:
         self.closed = False
         self.acq_free = client._max_waiting
         self.acq_waiters: "Deque[asyncio.Future[bool]]" = collections.deque()
+        self.out: List[bytes] = []
+        self.flush_scheduled = False
 
     # -- local queueing of waiting acquires (at most max_waiting per conn)
     def try_take_slot(self) -> bool:
@@ -224,15 +226,37 @@ class _Conn:
             if queue is None:
                 queue = self.by_key[req.key] = collections.deque()
             queue.append(req)
+        was_idle = self.outstanding == 0 and not self.out
         if not req.probe:
             self.outstanding += 1
             if self.outstanding == 1:
                 self.busy.set()
+        if was_idle:
+            # Nothing to batch with: out at once.
+            try:
+                self.writer.write(req.line)
+            except Exception:  # a transport that just failed: the reader will see it
+                pass
+            return True
+        # Coalesced: every further request submitted in this turn of the
+        # event loop goes out in one write (one system call, not one each).
+        self.out.append(req.line)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if not self.out or self.closed:
+            self.out.clear()
+            return
+        data = b"".join(self.out)
+        self.out.clear()
         try:
-            self.writer.write(req.line)
+            self.writer.write(data)
         except Exception:  # a transport that just failed: the reader will see it
             pass
-        return True
 
     async def call(self, op: str, key: bytes, line: bytes, permit: bool = False) -> Reply:
         fut: "asyncio.Future[Reply]" = asyncio.get_running_loop().create_future()
