@@ -155,6 +155,9 @@ class Server:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(10)
+        self._drain.join(5)  # the pipe ends with the process
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def wait(self, timeout: float) -> Optional[int]:
         try:

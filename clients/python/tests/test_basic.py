@@ -289,3 +289,15 @@ def test_local_queue_keeps_releases_moving(server):
         for t in threads:
             t.join(10)
         assert len(results) == 4 and all(r is not None for r in results)
+
+
+def test_a_lock_dropped_unreleased_is_released_in_the_background(server):
+    import gc
+
+    with Client(server.addr) as client, Client(server.addr) as other:
+        lock = client.lock("dropped", lease=30)
+        assert other.try_lock("dropped", 5, renew=False) is None
+        del lock
+        gc.collect()
+        got = poll("released in the background", lambda: other.try_lock("dropped", 5, renew=False), 5)
+        assert got.release() is True
