@@ -180,11 +180,13 @@ class Lock:
     def __init__(self, client: Client, alock: AsyncLock) -> None:
         self._client = client
         self._alock = alock
-        self._lost_event = threading.Event()
+        event = self._lost_event = threading.Event()
         state = alock._state
 
+        # (The callback holds the event, not this object: the renewal task
+        # holds the state, and a lock dropped unreleased must be collectable.)
         def signal(_: Optional[LockLost]) -> None:
-            self._lost_event.set()
+            event.set()
 
         # Registered on the loop thread's state; the event is set when the
         # lock is lost, released or no longer renewed.
