@@ -16,6 +16,7 @@ from ringlock import (
     InvalidArgument,
     LockLost,
     LockTimeout,
+    RinglockError,
     node_problem,
     node_status,
 )
@@ -301,3 +302,25 @@ def test_a_lock_dropped_unreleased_is_released_in_the_background(server):
         gc.collect()
         got = poll("released in the background", lambda: other.try_lock("dropped", 5, renew=False), 5)
         assert got.release() is True
+
+
+def test_close_ends_calls_blocked_in_other_threads(server):
+    with Client(server.addr) as holder:
+        held = holder.lock("closing", lease=30, renew=False)
+        client = Client(server.addr)
+        errors = []
+
+        def wait_forever() -> None:
+            try:
+                client.acquire("closing", 30)  # no wait limit
+            except Exception as e:
+                errors.append(e)
+
+        t = threading.Thread(target=wait_forever)
+        t.start()
+        poll("waiting", lambda: client.pending_requests() == 1, 5)
+        client.close()
+        t.join(5)
+        assert not t.is_alive()
+        assert errors and isinstance(errors[0], RinglockError)
+        held.release()

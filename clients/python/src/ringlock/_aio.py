@@ -556,6 +556,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        self._bump()  # callers waiting for a connection see the close
         tasks = [s.task for s in self._slots if s.task is not None]
         tasks.extend(self._background)
         for task in tasks:
@@ -688,6 +689,8 @@ class AsyncClient:
         until = _now() + within
         while True:
             changed = self._changed
+            if self._closed:
+                raise RinglockError("the client is closed")
             conn = self._pick(addr)
             if conn is not None:
                 return conn

@@ -6,6 +6,7 @@ waits for it; the coroutines carry the deadlines (docs/python.md,
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from typing import Any, Callable, Coroutine, Iterable, List, Optional, TypeVar, Union
 
@@ -41,16 +42,29 @@ class _LoopThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result()
+        except concurrent.futures.CancelledError:
+            raise RinglockError("the client was closed during the call") from None
         except BaseException:
             # KeyboardInterrupt and the like: do not leave the call running.
             fut.cancel()
             raise
 
     def stop(self) -> None:
+        """Cancels what still runs on the loop (calls blocked in other
+        threads then raise), then stops it and joins the thread."""
         if self.loop.is_closed():
             return
+
+        async def cancel_all() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            asyncio.get_running_loop().stop()
+
         try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)
         except RuntimeError:
             return
         if threading.current_thread() is not self._thread:
