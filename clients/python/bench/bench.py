@@ -2,7 +2,7 @@
 (SET NX PX, then a Lua compare-and-delete) against a local redis-server, in
 the same run.
 
-    python clients/python/bench/bench.py [--duration 3] [--ringlock-bin target/debug/ringlock]
+    python clients/python/bench/bench.py [--duration 3] [--rounds 3] [--ringlock-bin target/debug/ringlock]
 
 Starts one ``ringlock serve`` and one ``redis-server --save '' --appendonly
 no`` on free loopback ports, runs every scenario for ``--duration`` seconds
@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -147,105 +148,122 @@ async def run_tasks(n: int, cycle_factory: Callable[[int], Callable[[], "asyncio
     return sum(counts) / (m1 - m0)
 
 
+def one_round(args: argparse.Namespace, rl_addr: str, rd_port: int) -> List[Dict[str, object]]:
+    """Every scenario once, in order."""
+    import redis
+    import redis.asyncio as aredis
+
+    results: List[Dict[str, object]] = []
+    # --- ringlock, blocking
+    with ringlock.Client(rl_addr) as client:
+        def rl_cycle(i: int) -> Callable[[], None]:
+            key = f"bench/{i}"
+
+            def cycle() -> None:
+                g = client.acquire(key, 30, wait=5)
+                assert g is not None
+                client.release(key, g.token)
+
+            return cycle
+
+        for n in (1, 16):
+            rate = run_threads(n, rl_cycle, args.warmup, args.duration)
+            results.append({"client": "ringlock (Python, blocking Client)", "workers": f"{n} thread{'s' if n > 1 else ''}", "cycles_per_s": rate})
+
+    # --- ringlock, asyncio
+    async def rl_async() -> float:
+        async with ringlock.AsyncClient(rl_addr) as aclient:
+            def factory(i: int) -> Callable[[], "asyncio.Future[None]"]:
+                key = f"bench/a{i}"
+
+                async def cycle() -> None:
+                    g = await aclient.acquire(key, 30, wait=5)
+                    assert g is not None
+                    await aclient.release(key, g.token)
+
+                return cycle  # type: ignore[return-value]
+
+            return await run_tasks(16, factory, args.warmup, args.duration)
+
+    results.append({"client": "ringlock (Python, AsyncClient)", "workers": "16 asyncio tasks", "cycles_per_s": asyncio.run(rl_async())})
+
+    # --- redis-py, blocking
+    pool = redis.ConnectionPool(host="127.0.0.1", port=rd_port, max_connections=32)
+    r = redis.Redis(connection_pool=pool)
+    release = r.register_script(RELEASE_LUA)
+
+    def rd_cycle(i: int) -> Callable[[], None]:
+        key = f"bench/{i}"
+
+        def cycle() -> None:
+            token = uuid.uuid4().hex
+            assert r.set(key, token, nx=True, px=30000)
+            release(keys=[key], args=[token])
+
+        return cycle
+
+    for n in (1, 16):
+        rate = run_threads(n, rd_cycle, args.warmup, args.duration)
+        results.append({"client": "redis-py (SET NX PX + Lua release)", "workers": f"{n} thread{'s' if n > 1 else ''}", "cycles_per_s": rate})
+    pool.disconnect()
+
+    # --- redis-py, asyncio
+    async def rd_async() -> float:
+        ar = aredis.Redis(host="127.0.0.1", port=rd_port, max_connections=32)
+        arelease = ar.register_script(RELEASE_LUA)
+
+        def factory(i: int) -> Callable[[], "asyncio.Future[None]"]:
+            key = f"bench/a{i}"
+
+            async def cycle() -> None:
+                token = uuid.uuid4().hex
+                assert await ar.set(key, token, nx=True, px=30000)
+                await arelease(keys=[key], args=[token])
+
+            return cycle  # type: ignore[return-value]
+
+        try:
+            return await run_tasks(16, factory, args.warmup, args.duration)
+        finally:
+            await ar.aclose()
+
+    results.append({"client": "redis-py asyncio (SET NX PX + Lua release)", "workers": "16 asyncio tasks", "cycles_per_s": asyncio.run(rd_async())})
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--ringlock-bin", default=os.environ.get("RINGLOCK_BIN", str(REPO / "target" / "debug" / "ringlock")))
+    ap.add_argument("--rounds", type=int, default=3, help="every scenario this many times; the median is shown")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     import redis
-    import redis.asyncio as aredis
 
+    load_before = f"{os.getloadavg()[0]:.1f}"
     rl_proc, rl_addr = start_ringlock(args.ringlock_bin)
     rd_proc, rd_port = start_redis()
-    results: List[Dict[str, object]] = []
+    rounds: List[List[Dict[str, object]]] = []
     try:
-        # --- ringlock, blocking
-        with ringlock.Client(rl_addr) as client:
-            def rl_cycle(i: int) -> Callable[[], None]:
-                key = f"bench/{i}"
-
-                def cycle() -> None:
-                    g = client.acquire(key, 30, wait=5)
-                    assert g is not None
-                    client.release(key, g.token)
-
-                return cycle
-
-            for n in (1, 16):
-                rate = run_threads(n, rl_cycle, args.warmup, args.duration)
-                results.append({"client": "ringlock (Python, blocking Client)", "workers": f"{n} thread{'s' if n > 1 else ''}", "cycles_per_s": rate})
-
-        # --- ringlock, asyncio
-        async def rl_async() -> float:
-            async with ringlock.AsyncClient(rl_addr) as aclient:
-                def factory(i: int) -> Callable[[], "asyncio.Future[None]"]:
-                    key = f"bench/a{i}"
-
-                    async def cycle() -> None:
-                        g = await aclient.acquire(key, 30, wait=5)
-                        assert g is not None
-                        await aclient.release(key, g.token)
-
-                    return cycle  # type: ignore[return-value]
-
-                return await run_tasks(16, factory, args.warmup, args.duration)
-
-        results.append({"client": "ringlock (Python, AsyncClient)", "workers": "16 asyncio tasks", "cycles_per_s": asyncio.run(rl_async())})
-
-        # --- redis-py, blocking
-        pool = redis.ConnectionPool(host="127.0.0.1", port=rd_port, max_connections=32)
-        r = redis.Redis(connection_pool=pool)
-        release = r.register_script(RELEASE_LUA)
-
-        def rd_cycle(i: int) -> Callable[[], None]:
-            key = f"bench/{i}"
-
-            def cycle() -> None:
-                token = uuid.uuid4().hex
-                assert r.set(key, token, nx=True, px=30000)
-                release(keys=[key], args=[token])
-
-            return cycle
-
-        for n in (1, 16):
-            rate = run_threads(n, rd_cycle, args.warmup, args.duration)
-            results.append({"client": "redis-py (SET NX PX + Lua release)", "workers": f"{n} thread{'s' if n > 1 else ''}", "cycles_per_s": rate})
-        pool.disconnect()
-
-        # --- redis-py, asyncio
-        async def rd_async() -> float:
-            ar = aredis.Redis(host="127.0.0.1", port=rd_port, max_connections=32)
-            arelease = ar.register_script(RELEASE_LUA)
-
-            def factory(i: int) -> Callable[[], "asyncio.Future[None]"]:
-                key = f"bench/a{i}"
-
-                async def cycle() -> None:
-                    token = uuid.uuid4().hex
-                    assert await ar.set(key, token, nx=True, px=30000)
-                    await arelease(keys=[key], args=[token])
-
-                return cycle  # type: ignore[return-value]
-
-            try:
-                return await run_tasks(16, factory, args.warmup, args.duration)
-            finally:
-                await ar.aclose()
-
-        results.append({"client": "redis-py asyncio (SET NX PX + Lua release)", "workers": "16 asyncio tasks", "cycles_per_s": asyncio.run(rd_async())})
+        for _ in range(args.rounds):
+            rounds.append(one_round(args, rl_addr, rd_port))
     finally:
         for proc in (rl_proc, rd_proc):
             proc.kill()
             proc.wait(10)
+    results = []
+    for i, row in enumerate(rounds[0]):
+        rates = sorted(float(r[i]["cycles_per_s"]) for r in rounds)  # type: ignore[arg-type]
+        results.append({**row, "cycles_per_s": statistics.median(rates), "min": rates[0], "max": rates[-1], "rounds": rates})
 
     print(f"python {platform.python_version()}, {os.cpu_count()} cores, ringlock binary {args.ringlock_bin}, "
           f"redis-py {redis.__version__}, {args.duration:g} s per run after {args.warmup:g} s of warm-up\n")
+    print(f"median of {args.rounds} rounds (min-max); load average before/after: {load_before} / {os.getloadavg()[0]:.1f}\n")
     print("| client | workers | acquire+release cycles/s |")
     print("|---|---|---:|")
     for row in results:
-        print(f"| {row['client']} | {row['workers']} | {row['cycles_per_s']:,.0f} |")
+        print(f"| {row['client']} | {row['workers']} | {row['cycles_per_s']:,.0f} ({row['min']:,.0f}-{row['max']:,.0f}) |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
