@@ -1,0 +1,56 @@
+"""The official Python client of ringlock, a distributed lock server.
+
+Blocking::
+
+    from ringlock import Client
+    with Client(["db1:7171", "db2:7171"]) as client:
+        with client.lock("nightly-report", lease=30, wait=10) as lock:
+            write_report(fence=lock.token)
+
+asyncio::
+
+    from ringlock import AsyncClient
+    async with AsyncClient(["db1:7171", "db2:7171"]) as client:
+        async with client.lock("nightly-report", lease=30, wait=10) as lock:
+            await write_report(fence=lock.token)
+
+See docs/python.md in the ringlock repository.
+"""
+
+from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, NodeStatus, Timeouts
+from ._aio import node_problem as async_node_problem
+from ._aio import node_status as async_node_status
+from ._sync import Client, Lock, node_problem, node_status
+from .errors import (
+    ConnectionFailed,
+    InvalidArgument,
+    LockLost,
+    LockTimeout,
+    NoActiveNode,
+    ProtocolError,
+    RinglockError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Lock",
+    "AsyncClient",
+    "AsyncLock",
+    "Grant",
+    "NodeStatus",
+    "AddrStatus",
+    "Timeouts",
+    "node_status",
+    "node_problem",
+    "async_node_status",
+    "async_node_problem",
+    "RinglockError",
+    "LockTimeout",
+    "LockLost",
+    "ConnectionFailed",
+    "NoActiveNode",
+    "ProtocolError",
+    "InvalidArgument",
+]

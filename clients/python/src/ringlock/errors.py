@@ -1,0 +1,81 @@
+"""The exceptions the client raises. Every one derives from RinglockError."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "RinglockError",
+    "LockTimeout",
+    "LockLost",
+    "ConnectionFailed",
+    "NoActiveNode",
+    "ProtocolError",
+    "InvalidArgument",
+]
+
+
+class RinglockError(Exception):
+    """Base class of every error this package raises."""
+
+
+class LockTimeout(RinglockError, TimeoutError):
+    """The wait ran out and nothing was granted (nothing is held)."""
+
+    def __init__(self, key: bytes, wait: Optional[float] = None) -> None:
+        self.key = key
+        self.wait = wait
+        what = key.decode("utf-8", "backslashreplace")
+        if wait is None:
+            super().__init__(f"the lock on {what} is held by someone else")
+        else:
+            super().__init__(f"timed out after {wait:g} s waiting for the lock on {what}")
+
+
+class LockLost(RinglockError):
+    """A lock that was being renewed is no longer held.
+
+    ``refused`` is True when a node answered that no grant of the key carries
+    the token (the lease ran out, the token was used to release it, or the
+    grant did not survive a failover); False when no renewal could be
+    confirmed before the lease could have run out (``last_error`` says why).
+    """
+
+    def __init__(self, key: bytes, token: int, refused: bool, last_error: Optional[str] = None) -> None:
+        self.key = key
+        self.token = token
+        self.refused = refused
+        self.last_error = last_error
+        what = key.decode("utf-8", "backslashreplace")
+        if refused:
+            why = "the server no longer has the grant (lease ran out, released, or lost in a failover)"
+        else:
+            why = "no renewal was confirmed before the lease could have run out"
+            if last_error:
+                why += f" (last error: {last_error})"
+        super().__init__(f"lock on {what} (token {token}) lost: {why}")
+
+
+class ConnectionFailed(RinglockError, ConnectionError):
+    """No connection could carry the request, or a node did not answer in time.
+
+    The message names the node and says what happened (refused, closed,
+    stopped answering probes, did not answer within a deadline).
+    """
+
+
+class NoActiveNode(RinglockError):
+    """The nodes kept answering that no node is active (``M key -``), or kept
+    redirecting, for longer than the no-active timeout (10 s by default)."""
+
+    def __init__(self, why: str = "no active node in the cluster") -> None:
+        super().__init__(why)
+
+
+class ProtocolError(RinglockError):
+    """A server sent ``E <reason>``, a malformed line, an over-long line or an
+    answer that matches no request. The connection is dropped."""
+
+
+class InvalidArgument(RinglockError, ValueError):
+    """Refused before anything was sent: a bad key, lease, wait or token."""
