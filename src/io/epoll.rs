@@ -41,6 +41,9 @@ struct Conn {
     /// An event said the client's FIN (or an error) is in: read on to the
     /// end even after a short read, since no further edge will announce it.
     read_closed: bool,
+    /// It is in [`Loop::ready`] (once at most: the list keeps the order in
+    /// which input became ready, which is the order requests are served).
+    in_ready: bool,
 }
 
 /// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
@@ -134,13 +137,16 @@ pub fn run(
                 }
                 Token(c) => {
                     if let Some(conn) = state.conns.get_mut(c) {
-                        if event.is_readable() || event.is_read_closed() {
+                        let readable = event.is_readable() || event.is_read_closed();
+                        if readable {
                             conn.readable = true;
                             conn.read_closed |= event.is_read_closed() || event.is_error();
-                            state.ready.push(c as ConnId);
                         }
                         if event.is_writable() && conn.life.linger_until().is_none() {
                             state.dirty.push(c as ConnId);
+                        }
+                        if readable {
+                            state.mark_ready(c as ConnId);
                         }
                     }
                 }
@@ -242,8 +248,9 @@ impl Loop {
             life: Lifecycle::new(),
             readable: true,
             read_closed: false,
+            in_ready: false,
         });
-        self.ready.push(id as ConnId);
+        self.mark_ready(id as ConnId);
         Ok(id as ConnId)
     }
 
@@ -268,14 +275,31 @@ impl Loop {
     /// Reads from the connections that may have input, up to
     /// [`READS_PER_TURN`] reads each; those that still may are kept for the
     /// next turn.
+    /// Queues connection `id` to be read this turn, after those queued
+    /// before it.
+    fn mark_ready(&mut self, id: ConnId) {
+        if let Some(conn) = self.conns.get_mut(id as usize)
+            && !conn.in_ready
+        {
+            conn.in_ready = true;
+            self.ready.push(id);
+        }
+    }
+
+    /// Reads the ready connections in the order their input became ready
+    /// (epoll reports readiness in that order), so that requests arriving
+    /// on different connections in one turn are served in arrival order, as
+    /// the io_uring loop does, and no connection is favoured by its slot.
     fn read_ready(&mut self, node: &mut Node, now: Now) {
         let mut ready = std::mem::take(&mut self.ready);
-        ready.sort_unstable();
-        ready.dedup();
         for &id in &ready {
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
             };
+            if !conn.in_ready {
+                continue; // a slot freed and reused since it was queued
+            }
+            conn.in_ready = false;
             for _ in 0..READS_PER_TURN {
                 if !conn.readable || !conn.life.wants_read(node, id) {
                     break; // paused: read on once the client catches up
@@ -311,10 +335,13 @@ impl Loop {
             }
         }
         ready.retain(|&id| {
-            self.conns
-                .get(id as usize)
-                .is_some_and(|c| c.readable && c.life.wants_read(node, id))
+            self.conns.get_mut(id as usize).is_some_and(|c| {
+                let again = !c.in_ready && c.readable && c.life.wants_read(node, id);
+                c.in_ready |= again;
+                again
+            })
         });
+        debug_assert!(self.ready.is_empty(), "nothing queues reads while reading");
         self.ready = ready;
     }
 
@@ -338,7 +365,7 @@ impl Loop {
             if write_out(conn, node, now, id).is_err() {
                 conn.life.failed(node, now, id);
             } else if conn.readable && conn.life.wants_read(node, id) {
-                self.ready.push(id); // the client caught up
+                self.mark_ready(id); // the client caught up
             }
             self.settle(now.ms, id);
         }
@@ -358,7 +385,7 @@ impl Loop {
                     Some(until) => {
                         self.lingering.push(until, id);
                         // Keep reading (and discarding) until the client closes.
-                        self.ready.push(id);
+                        self.mark_ready(id);
                     }
                     None => {
                         self.conns.remove(id as usize);
