@@ -9,7 +9,7 @@ use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
 use crate::node::{Node, NodeConfig};
 
-/// `ringlock serve` options (PROTOCOL.md, "The server's command line").
+/// `ringlock serve` options (docs/protocol.md, "13. The server's command line").
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on, for clients and peers.

@@ -1,7 +1,7 @@
 //! Integration tests of the single-node server against the real
 //! binary, each scenario under `--io uring` and `--io epoll`.
 //!
-//! Every expected line follows `../shared/PROTOCOL.md`. No sleep stands in for
+//! Every expected line follows docs/protocol.md. No sleep stands in for
 //! "the server has read my request": a request is followed by an `S` on the
 //! same connection, whose answer proves the server processed both. Timing
 //! checks have a lower bound from the protocol and a generous upper bound
@@ -1242,7 +1242,7 @@ fn line_of_512(io: &str) {
 }
 
 // ---------------------------------------------------------------------------
-// Valid forms at the edges of PROTOCOL.md's value table.
+// Valid forms at the edges of the value table of docs/protocol.md ("3. Values").
 
 fn valid_forms(io: &str) {
     let s = Server::start(io);

@@ -34,7 +34,7 @@ pub struct LoopConfig {
 }
 
 /// Answers not yet taken by a client beyond which its connection is not read
-/// from (PROTOCOL.md, "Load and limits").
+/// from (docs/protocol.md, "9. Load and limits").
 pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
 
 /// How long a broken or shutting-down connection is given to take its last
