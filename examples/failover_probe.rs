@@ -26,11 +26,15 @@
 //! Times are taken with one monotonic clock in this process, from just
 //! before the signal is sent.
 
+#![deny(unsafe_code)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
 
 use serde_json::{Value, json};
 
@@ -92,16 +96,9 @@ fn pid(s: &str) -> i32 {
     s.parse().unwrap_or_else(|_| usage("bad --pid"))
 }
 
-fn send_signal(pid: i32, sig: i32) -> Result<(), String> {
-    // SAFETY: kill(2) has no memory effects.
-    if unsafe { libc::kill(pid, sig) } == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "kill({pid}, {sig}): {}",
-            std::io::Error::last_os_error()
-        ))
-    }
+fn send_signal(pid: i32, sig: Signal) -> Result<(), String> {
+    let process = Pid::from_raw(pid).ok_or(format!("bad pid {pid}"))?;
+    kill_process(process, sig).map_err(|e| format!("kill({pid}, {sig:?}): {e}"))
 }
 
 /// Milliseconds, to the microsecond.
@@ -210,7 +207,7 @@ fn crash(pid: i32, successor: &str) -> Result<Value, String> {
         _ => return Err(format!("{successor} is not a standby before the kill")),
     }
     let t0 = Instant::now();
-    send_signal(pid, libc::SIGKILL)?;
+    send_signal(pid, Signal::KILL)?;
     let mut attempts = 0u64;
     loop {
         attempts += 1;
@@ -298,7 +295,7 @@ fn handoff(pid: i32, old: &str, successor: &str) -> Result<Value, String> {
     // Let both loops run a moment, then signal.
     std::thread::sleep(Duration::from_millis(20));
     let signal_at = base.elapsed();
-    send_signal(pid, libc::SIGTERM)?;
+    send_signal(pid, Signal::TERM)?;
     let watchdog = {
         let st = stop.clone();
         std::thread::spawn(move || {
@@ -351,7 +348,7 @@ fn client(pid: i32, addrs: Vec<String>) -> Result<Value, String> {
             }
         }
         let t0 = Instant::now();
-        send_signal(pid, libc::SIGKILL)?;
+        send_signal(pid, Signal::KILL)?;
         let mut errors = Vec::new();
         for attempt in 0u64.. {
             // A fresh key each time: the acquire in flight when the signal

@@ -23,6 +23,8 @@
 //! (`node<i>.log`, lines stamped with seconds since the run began). Prints
 //! the report; exits 1 if a check fails, 2 if the run could not be made.
 
+#![deny(unsafe_code)]
+
 mod harness;
 
 use std::path::PathBuf;

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 
 /// The lab's private subnet (inside the namespaces only).
@@ -61,8 +61,7 @@ pub fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
 /// Whether network namespaces can be made here: root, `ip` and `tc`
 /// present, and `ip netns add` works. `Err` says why not.
 pub fn available() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err("not root".into());
     }
     for tool in ["ip", "tc"] {
@@ -90,11 +89,12 @@ pub fn available() -> Result<(), String> {
 pub fn enter(ns: &str) -> Result<(), String> {
     let file =
         File::open(format!("/run/netns/{ns}")).map_err(|e| format!("open netns {ns}: {e}"))?;
-    // SAFETY: setns on a valid namespace fd; affects this thread only.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(format!("setns {ns}: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
+    // Affects this thread only.
+    rustix::thread::move_into_link_name_space(
+        file.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(|e| format!("setns {ns}: {e}"))
 }
 
 /// The namespaces, links and fault rules of one lab. Dropping it removes
@@ -277,12 +277,11 @@ fn kill_inside(ns: &str) {
     for pid in String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())
+        .filter_map(rustix::process::Pid::from_raw)
     {
-        // SAFETY: signals to processes in our own namespace.
-        unsafe {
-            libc::kill(pid, libc::SIGCONT);
-            libc::kill(pid, libc::SIGKILL);
-        }
+        use rustix::process::{Signal, kill_process};
+        let _ = kill_process(pid, Signal::CONT);
+        let _ = kill_process(pid, Signal::KILL);
     }
 }
 

@@ -5,13 +5,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
 
 use super::net::{self, Net};
 
@@ -19,7 +19,8 @@ pub struct Nodes {
     bin: PathBuf,
     secret: PathBuf,
     args: Vec<Vec<String>>,
-    ns: Vec<OwnedFd>,
+    /// Each node's namespace, by name.
+    ns: Vec<String>,
     logs: Vec<Arc<Mutex<File>>>,
     children: Vec<Option<Child>>,
     /// Nodes sent SIGTERM and not yet gone: `(node, process, when)`.
@@ -76,9 +77,7 @@ impl Nodes {
                 "--cluster-secret-file".into(),
                 secret.to_string_lossy().into_owned(),
             ]);
-            let f = File::open(format!("/run/netns/{}", net.node_ns(i)))
-                .map_err(|e| format!("open netns of node {i}: {e}"))?;
-            ns.push(OwnedFd::from(f));
+            ns.push(net.node_ns(i).to_string());
             let log = OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -141,22 +140,15 @@ impl Nodes {
                 ),
             );
         }
-        let fd = self.ns[i].as_raw_fd();
-        let mut cmd = Command::new(&self.bin);
-        cmd.args(&self.args[i])
+        // `ip netns exec` enters the namespace and execs the node: the
+        // child is the node's own process.
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[i]])
+            .arg(&self.bin)
+            .args(&self.args[i])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        // SAFETY: setns(2) is async-signal-safe; the fd stays open in the
-        // parent for the life of `self`.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let mut child = cmd.spawn().map_err(|e| format!("start node {i}: {e}"))?;
         self.note(i, &format!("started, pid {}", child.id()));
         let stderr = child.stderr.take().expect("piped");
@@ -173,22 +165,16 @@ impl Nodes {
         Ok(())
     }
 
-    fn signal(&self, i: usize, sig: i32) -> Result<(), String> {
+    fn signal(&self, i: usize, sig: Signal) -> Result<(), String> {
         let pid = self.pid(i).ok_or(format!("node {i} is not running"))?;
-        // SAFETY: a signal to our own child.
-        if unsafe { libc::kill(pid, sig) } != 0 {
-            return Err(format!(
-                "kill({pid}, {sig}): {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(())
+        let process = Pid::from_raw(pid).ok_or(format!("node {i}: pid {pid}"))?;
+        kill_process(process, sig).map_err(|e| format!("kill({pid}, {sig:?}): {e}"))
     }
 
     /// SIGKILL, and waits for the process to be gone.
     pub fn kill9(&mut self, i: usize) -> Result<(), String> {
-        let _ = self.signal(i, libc::SIGCONT);
-        self.signal(i, libc::SIGKILL)?;
+        let _ = self.signal(i, Signal::CONT);
+        self.signal(i, Signal::KILL)?;
         if let Some(mut c) = self.children[i].take() {
             let status = c.wait().map_err(|e| e.to_string())?;
             self.note(i, &format!("killed with SIGKILL ({status})"));
@@ -198,19 +184,19 @@ impl Nodes {
 
     pub fn stop(&mut self, i: usize) -> Result<(), String> {
         self.note(i, "SIGSTOP");
-        self.signal(i, libc::SIGSTOP)
+        self.signal(i, Signal::STOP)
     }
 
     pub fn cont(&mut self, i: usize) -> Result<(), String> {
         self.note(i, "SIGCONT");
-        self.signal(i, libc::SIGCONT)
+        self.signal(i, Signal::CONT)
     }
 
     /// SIGTERM; the process is reaped by [`Nodes::reap`] or at the next
     /// start of the node.
     pub fn term(&mut self, i: usize) -> Result<(), String> {
         self.note(i, "SIGTERM");
-        self.signal(i, libc::SIGTERM)?;
+        self.signal(i, Signal::TERM)?;
         let child = self.children[i].take().expect("signalled, so running");
         self.leaving.push((i, child, Instant::now()));
         Ok(())
