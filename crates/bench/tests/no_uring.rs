@@ -3,34 +3,16 @@
 //! --io uring` fails with a clear reason, `--io auto` falls back to epoll,
 //! and a test's io_uring variant skips with a visible line.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 const NO_URING: &str = env!("CARGO_BIN_EXE_no-uring");
 
-/// The `ringlock` server binary, built by cargo for this test's profile (it
-/// belongs to another package, so there is no `CARGO_BIN_EXE_` for it).
 fn server() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = PathBuf::from(NO_URING);
-            let profile = match dir.parent().and_then(|d| d.file_name()) {
-                Some(name) if name == "debug" => "dev".to_string(),
-                Some(name) => name.to_string_lossy().into_owned(),
-                None => "dev".to_string(),
-            };
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "--quiet", "--profile", &profile])
-                .args(["-p", "ringlock", "--bin", "ringlock"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("run cargo build for the ringlock server");
-            assert!(status.success(), "cargo build --bin ringlock failed");
-            PathBuf::from(NO_URING).with_file_name("ringlock")
-        })
-        .clone()
+    common::server(NO_URING)
 }
 
 /// `no-uring` cannot install its filter where seccomp is unavailable

@@ -2,43 +2,16 @@
 //! floor and a real ringlock server, then report and compare on their
 //! output. Each run is a fraction of a second; Redis is not needed.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 const GEN: &str = env!("CARGO_BIN_EXE_ringlock-bench");
 
-/// The `ringlock` server binary, from the same workspace build. It belongs
-/// to another package, so cargo gives no `CARGO_BIN_EXE_` for it; this test
-/// has cargo (re)build it, which is instant when `cargo test` at the root
-/// already did.
 fn server() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            // The profile this test was built with, from its binary's directory.
-            let dir = PathBuf::from(GEN);
-            let profile = match dir.parent().and_then(|d| d.file_name()) {
-                Some(name) if name == "debug" => "dev".to_string(),
-                Some(name) => name.to_string_lossy().into_owned(),
-                None => "dev".to_string(),
-            };
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "--quiet", "--profile", &profile])
-                .args(["-p", "ringlock", "--bin", "ringlock"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .expect("run cargo build for the ringlock server");
-            assert!(status.success(), "cargo build --bin ringlock failed");
-            let path = PathBuf::from(GEN).with_file_name("ringlock");
-            assert!(
-                path.is_file(),
-                "{} not found after the build",
-                path.display()
-            );
-            path
-        })
-        .clone()
+    common::server(GEN)
 }
 
 /// A server child that prints "listening on ADDR" on stderr; killed on drop.
