@@ -93,6 +93,20 @@ impl Lifecycle {
         self.phase == Phase::Closed
     }
 
+    /// True while input is kept back by a pause: the session stopped in the
+    /// middle of what it was given and goes on once answers are sent.
+    pub fn holds_input(&self) -> bool {
+        self.session.has_stash()
+    }
+
+    /// A closing connection's last answers that [`Lifecycle::pending`] has
+    /// not handed out yet (empty otherwise): what the engine had when the
+    /// connection began closing, ending with the `E` line of a protocol
+    /// break.
+    pub fn last_answers(&self) -> &[u8] {
+        &self.last
+    }
+
     /// The deadline of a lingering connection.
     pub fn linger_until(&self) -> Option<u64> {
         match self.phase {
