@@ -55,7 +55,7 @@ use std::ops::Range;
 use ringlock::cluster::Role;
 use ringlock::io::LINGER_MS;
 use ringlock::io::lifecycle::Phase;
-use sim::{MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
+use sim::{ConnView, MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
 
 /// The seeds to run: `RINGLOCK_SIM_SEED=<n>` (one), `RINGLOCK_SIM_SEEDS=<n>`
 /// (`0..n`) or `RINGLOCK_SIM_SEEDS=<a>..<b>`, else `default`.
@@ -401,6 +401,32 @@ fn answer_lines(sim: &Sim, c: usize, from: usize) -> Vec<String> {
         .collect()
 }
 
+/// Runs the simulation a millisecond at a time until `done` holds for
+/// connection `sc` (`None` once both ends are closed); returns how long
+/// that took, failing past `within` ms.
+fn run_until(
+    sim: &mut Sim,
+    sc: usize,
+    within: u64,
+    done: impl Fn(Option<&ConnView>) -> bool,
+) -> u64 {
+    let start = sim.now;
+    while !done(sim.conn_view(sc).as_ref()) {
+        assert!(sim.run_for(1), "{}", sim.report());
+        let view = sim.conn_view(sc);
+        assert!(
+            sim.now - start <= within,
+            "not within {within} ms: {view:?}"
+        );
+    }
+    sim.now - start
+}
+
+/// The node has closed its end of the connection.
+fn node_closed(view: Option<&ConnView>) -> bool {
+    view.is_none_or(|v| !v.node_open)
+}
+
 #[test]
 fn a_client_that_stops_reading_is_paused_then_resumed_with_nothing_lost() {
     // Releases of nothing: answered `R <key> 0` in order, 11 bytes each.
@@ -453,17 +479,9 @@ fn a_client_that_half_closes_gets_its_answers_then_the_node_closes() {
     let keys: Vec<String> = (0..50).map(|i| format!("h{i}")).collect();
     sim.send_releases(1, 0, &keys);
     sim.half_close(1, 0);
-    let start = sim.now;
     // The client closed its side: no need to linger, the node closes as
     // soon as its last answers are out (within a round trip).
-    while sim.conn_view(sc).is_some_and(|v| v.node_open) {
-        assert!(sim.run_for(1), "{}", sim.report());
-        assert!(
-            sim.now - start <= 2 * MAX_DELAY_MS + 5,
-            "n0 still has the connection open: {:?}",
-            sim.conn_view(sc)
-        );
-    }
+    run_until(&mut sim, sc, 2 * MAX_DELAY_MS + 5, node_closed);
     assert!(sim.run_for(2 * MAX_DELAY_MS + 5), "{}", sim.report());
     let want: Vec<String> = (0..50).map(|i| format!("R h{i} 0")).collect();
     assert_eq!(answer_lines(&sim, 1, before), want);
@@ -481,30 +499,18 @@ fn a_connection_the_node_ends_lingers_until_the_deadline() {
     // the protocol.
     sim.set_reading(1, false);
     sim.send_raw(1, 0, b"S\nX\nS\n");
-    let start = sim.now;
-    while !matches!(
-        sim.conn_view(sc).and_then(|v| v.node_phase),
-        Some(Phase::Lingering { .. })
-    ) {
-        assert!(sim.run_for(1), "{}", sim.report());
-        assert!(
-            sim.now - start <= MAX_DELAY_MS + 5,
-            "{:?}",
-            sim.conn_view(sc)
-        );
-    }
-    let shut = sim.now;
+    run_until(&mut sim, sc, MAX_DELAY_MS + 5, |v| {
+        matches!(v.and_then(|v| v.node_phase), Some(Phase::Lingering { .. }))
+    });
     // Lingering: what the client sends is read and discarded.
     sim.send_raw(1, 0, b"S\n");
     assert!(sim.run_for(LINGER_MS / 2), "{}", sim.report());
     let view = sim.conn_view(sc).unwrap();
     assert!(view.node_open && view.unread_by_node == 0, "{view:?}");
     // Closed at the deadline, not before.
-    while sim.conn_view(sc).is_some_and(|v| v.node_open) {
-        assert!(sim.run_for(1), "{}", sim.report());
-        assert!(sim.now - shut <= LINGER_MS, "still open after the linger");
-    }
-    assert_eq!(sim.now - shut, LINGER_MS, "closed before the deadline");
+    let rest = LINGER_MS - LINGER_MS / 2;
+    let took = run_until(&mut sim, sc, rest, node_closed);
+    assert_eq!(took, rest, "closed before the deadline");
     // The answers before the broken line, and the E line, were kept for the
     // client.
     sim.set_reading(1, true);
@@ -524,14 +530,6 @@ fn a_lingering_connection_closes_when_the_client_does() {
     sim.send_raw(1, 0, b"X\n");
     // The client reads the E and the FIN and closes; the node closes then,
     // long before the linger deadline.
-    let start = sim.now;
-    while sim.conn_view(sc).is_some_and(|v| v.node_open) {
-        assert!(sim.run_for(1), "{}", sim.report());
-        assert!(
-            sim.now - start <= 4 * MAX_DELAY_MS + 5,
-            "{:?}",
-            sim.conn_view(sc)
-        );
-    }
+    run_until(&mut sim, sc, 4 * MAX_DELAY_MS + 5, node_closed);
     ok(&sim);
 }
