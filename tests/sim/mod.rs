@@ -1688,23 +1688,26 @@ impl Sim {
         if slot.hung_until.is_some() {
             return None;
         }
-        let mut next = inc
-            .node
-            .next_deadline()
-            .map(|d| d.saturating_sub(inc.ms_offset));
+        let mut next = Self::loop_deadline(inc);
         if inc.spinning_since.is_some() {
             // Do not spin the simulation: one turn per millisecond.
             next = next.map(|d| d.max(inc.last_turn + 1));
         }
         let wake = inc.wake_at;
         let accept = inc.accepts.iter().map(|&(at, _)| at).min();
-        let linger = inc
-            .lives
-            .values()
-            .filter_map(Lifecycle::linger_until)
+        [next, wake, accept].into_iter().flatten().min()
+    }
+
+    /// The deadline a loop would sleep until, in sim time: the node's next
+    /// timer or a lingering connection's deadline, whichever comes first.
+    fn loop_deadline(inc: &Inc) -> Option<u64> {
+        let linger = inc.lives.values().filter_map(Lifecycle::linger_until);
+        inc.node
+            .next_deadline()
+            .into_iter()
+            .chain(linger)
             .min()
-            .map(|d| d.saturating_sub(inc.ms_offset));
-        [next, wake, accept, linger].into_iter().flatten().min()
+            .map(|d| d.saturating_sub(inc.ms_offset))
     }
 
     fn next_event(&self) -> u64 {
@@ -2148,10 +2151,7 @@ impl Sim {
         self.dial_buf = dials;
         // A loop whose deadline is already past spins.
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let past = inc
-            .node
-            .next_deadline()
-            .is_some_and(|d| d.saturating_sub(inc.ms_offset) <= t);
+        let past = Self::loop_deadline(inc).is_some_and(|d| d <= t);
         let role = inc.role;
         match (past, inc.spinning_since) {
             (true, None) => {
