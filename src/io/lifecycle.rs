@@ -305,6 +305,28 @@ mod tests {
     }
 
     #[test]
+    fn the_pause_counts_answers_taken_from_the_engine_but_not_sent() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        // Just enough lines to pass the limit with the last one: nothing is
+        // kept back, the answers alone stop the reading.
+        let answer = b"S active x:1 0\n".len();
+        let lines = OUTPUT_PAUSE_BYTES / answer + 1;
+        life.received(&mut node, now, 0, &b"S\n".repeat(lines));
+        assert!(!life.holds_input());
+        assert!(!life.wants_read(&mut node, 0), "paused");
+        // Moved out of the engine for sending, not yet taken by the socket:
+        // still paused.
+        let pending = life.pending(&mut node, 0).len();
+        assert_eq!(pending, lines * answer);
+        assert!(node.output_mut(0).is_empty());
+        assert!(!life.wants_read(&mut node, 0), "still paused");
+        // Taken down to the limit: reading again.
+        life.sent(&mut node, now, 0, pending - OUTPUT_PAUSE_BYTES);
+        assert!(life.wants_read(&mut node, 0));
+    }
+
+    #[test]
     fn a_protocol_break_sends_the_rest_then_lingers_until_the_deadline() {
         let (mut node, now) = node();
         let mut life = Lifecycle::new();
