@@ -1318,7 +1318,11 @@ impl Sim {
         if !self.runs(x) {
             return;
         }
-        let role = self.nodes[x].inc.as_ref().unwrap().role;
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let role = inc.role;
+        // A stopped process runs nothing, so it does not spin either: the
+        // busy-loop check starts afresh with its first turn after SIGCONT.
+        inc.spinning_since = None;
         self.log(format!("HANG n{x} ({role:?}) for {ms} ms"));
         self.open_window("hang");
         self.nodes[x].hung_until = Some(self.now + ms);
