@@ -53,7 +53,9 @@ mod sim;
 use std::ops::Range;
 
 use ringlock::cluster::Role;
-use sim::{MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
+use ringlock::io::LINGER_MS;
+use ringlock::io::lifecycle::Phase;
+use sim::{ConnView, MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
 
 /// The seeds to run: `RINGLOCK_SIM_SEED=<n>` (one), `RINGLOCK_SIM_SEEDS=<n>`
 /// (`0..n`) or `RINGLOCK_SIM_SEEDS=<a>..<b>`, else `default`.
@@ -385,5 +387,149 @@ fn no_node_loop_spins() {
     let mut sim = Sim::new(2, SimConfig::scripted(3, 1));
     sim.spin_limit_ms = 1;
     sim.run_for(PEER_TIMEOUT_MS * 2);
+    ok(&sim);
+}
+
+// ---------------------------------------------------------------------------
+// One connection's life, driven through the same `Lifecycle` as the loops.
+
+/// Client `c`'s answers since index `from`, as lines.
+fn answer_lines(sim: &Sim, c: usize, from: usize) -> Vec<String> {
+    sim.answers(c)[from..]
+        .iter()
+        .map(|(_, l)| l.clone())
+        .collect()
+}
+
+/// Runs the simulation a millisecond at a time until `done` holds for
+/// connection `sc` (`None` once both ends are closed); returns how long
+/// that took, failing past `within` ms.
+fn run_until(
+    sim: &mut Sim,
+    sc: usize,
+    within: u64,
+    done: impl Fn(Option<&ConnView>) -> bool,
+) -> u64 {
+    let start = sim.now;
+    while !done(sim.conn_view(sc).as_ref()) {
+        assert!(sim.run_for(1), "{}", sim.report());
+        let view = sim.conn_view(sc);
+        assert!(
+            sim.now - start <= within,
+            "not within {within} ms: {view:?}"
+        );
+    }
+    sim.now - start
+}
+
+/// The node has closed its end of the connection.
+fn node_closed(view: Option<&ConnView>) -> bool {
+    view.is_none_or(|v| !v.node_open)
+}
+
+#[test]
+fn a_client_that_stops_reading_is_paused_then_resumed_with_nothing_lost() {
+    // Releases of nothing: answered `R <key> 0` in order, 11 bytes each.
+    const REQUESTS: usize = 20_000;
+    const SOCKET: usize = 16 * 1024;
+    let mut sim = Sim::new(1, SimConfig::scripted(3, 2));
+    sim.set_socket_buffer(SOCKET);
+    sim.run_for(PEER_TIMEOUT_MS + 200);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0]);
+    let sc = sim.client_conn(0, 0).expect("client 0 is connected to n0");
+    let before = sim.answers(0).len();
+    sim.set_reading(0, false);
+    // In batches of 100 lines: a batch read while the answers pass 64 KiB
+    // is kept back in the middle.
+    let keys: Vec<String> = (0..REQUESTS).map(|i| format!("r{i:05}")).collect();
+    for batch in keys.chunks(100) {
+        sim.send_releases(0, 0, batch);
+    }
+    assert!(sim.run_for(1_000), "{}", sim.report());
+    // The client's socket is full, the node holds past 64 KiB of answers
+    // and has stopped reading: most requests wait in the socket.
+    let view = sim.conn_view(sc).unwrap();
+    assert_eq!(view.unread_by_client, SOCKET, "{view:?}");
+    assert!(
+        view.unread_by_node > REQUESTS * 11 - SOCKET - 64 * 1024 - 8 * 1024,
+        "the node went on reading a connection whose answers pile up: {view:?}"
+    );
+    assert_eq!(sim.answers(0).len(), before);
+    // The client reads again: every answer arrives, once, in order.
+    sim.set_reading(0, true);
+    assert!(sim.run_for(2_000), "{}", sim.report());
+    let want: Vec<String> = (0..REQUESTS).map(|i| format!("R r{i:05} 0")).collect();
+    let got = answer_lines(&sim, 0, before);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "answers lost or reordered");
+    let view = sim.conn_view(sc).unwrap();
+    assert_eq!(
+        (view.unread_by_node, view.unread_by_client, view.node_phase),
+        (0, 0, Some(Phase::Open))
+    );
+    ok(&sim);
+}
+
+#[test]
+fn a_client_that_half_closes_gets_its_answers_then_the_node_closes() {
+    let mut sim = cluster(3);
+    let sc = sim.client_conn(1, 0).expect("client 1 is connected to n0");
+    let before = sim.answers(1).len();
+    let keys: Vec<String> = (0..50).map(|i| format!("h{i}")).collect();
+    sim.send_releases(1, 0, &keys);
+    sim.half_close(1, 0);
+    // The client closed its side: no need to linger, the node closes as
+    // soon as its last answers are out (within a round trip).
+    run_until(&mut sim, sc, 2 * MAX_DELAY_MS + 5, node_closed);
+    assert!(sim.run_for(2 * MAX_DELAY_MS + 5), "{}", sim.report());
+    let want: Vec<String> = (0..50).map(|i| format!("R h{i} 0")).collect();
+    assert_eq!(answer_lines(&sim, 1, before), want);
+    assert_eq!(sim.conn_view(sc), None, "both ends closed");
+    ok(&sim);
+}
+
+#[test]
+fn a_connection_the_node_ends_lingers_until_the_deadline() {
+    let mut sim = cluster(3);
+    sim.expect_errors(1);
+    let sc = sim.client_conn(1, 0).expect("client 1 is connected to n0");
+    let before = sim.answers(1).len();
+    // The client does not read (it will not see the node's FIN) and breaks
+    // the protocol.
+    sim.set_reading(1, false);
+    sim.send_raw(1, 0, b"S\nX\nS\n");
+    run_until(&mut sim, sc, MAX_DELAY_MS + 5, |v| {
+        matches!(v.and_then(|v| v.node_phase), Some(Phase::Lingering { .. }))
+    });
+    // Lingering: what the client sends is read and discarded.
+    sim.send_raw(1, 0, b"S\n");
+    assert!(sim.run_for(LINGER_MS / 2), "{}", sim.report());
+    let view = sim.conn_view(sc).unwrap();
+    assert!(view.node_open && view.unread_by_node == 0, "{view:?}");
+    // Closed at the deadline, not before.
+    let rest = LINGER_MS - LINGER_MS / 2;
+    let took = run_until(&mut sim, sc, rest, node_closed);
+    assert_eq!(took, rest, "closed before the deadline");
+    // The answers before the broken line, and the E line, were kept for the
+    // client.
+    sim.set_reading(1, true);
+    assert!(sim.run_for(2 * MAX_DELAY_MS), "{}", sim.report());
+    let got = answer_lines(&sim, 1, before);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got[0].starts_with("S active n0:1 "), "{got:?}");
+    assert_eq!(got[1], "E unknown op \"X\" in line 2");
+    ok(&sim);
+}
+
+#[test]
+fn a_lingering_connection_closes_when_the_client_does() {
+    let mut sim = cluster(3);
+    sim.expect_errors(1);
+    let sc = sim.client_conn(1, 0).expect("client 1 is connected to n0");
+    sim.send_raw(1, 0, b"X\n");
+    // The client reads the E and the FIN and closes; the node closes then,
+    // long before the linger deadline.
+    run_until(&mut sim, sc, 4 * MAX_DELAY_MS + 5, node_closed);
     ok(&sim);
 }

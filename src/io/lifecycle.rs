@@ -93,6 +93,20 @@ impl Lifecycle {
         self.phase == Phase::Closed
     }
 
+    /// True while input is kept back by a pause: the session stopped in the
+    /// middle of what it was given and goes on once answers are sent.
+    pub fn holds_input(&self) -> bool {
+        self.session.has_stash()
+    }
+
+    /// A closing connection's last answers that [`Lifecycle::pending`] has
+    /// not handed out yet (empty otherwise): what the engine had when the
+    /// connection began closing, ending with the `E` line of a protocol
+    /// break.
+    pub fn last_answers(&self) -> &[u8] {
+        &self.last
+    }
+
     /// The deadline of a lingering connection.
     pub fn linger_until(&self) -> Option<u64> {
         match self.phase {
@@ -288,6 +302,28 @@ mod tests {
         assert!(life.wants_read(&mut node, 0));
         assert_eq!(out, b"S active x:1 0\n".repeat(10_000));
         assert_eq!(life.advance(now.ms), Step::Stay);
+    }
+
+    #[test]
+    fn the_pause_counts_answers_taken_from_the_engine_but_not_sent() {
+        let (mut node, now) = node();
+        let mut life = Lifecycle::new();
+        // Just enough lines to pass the limit with the last one: nothing is
+        // kept back, the answers alone stop the reading.
+        let answer = b"S active x:1 0\n".len();
+        let lines = OUTPUT_PAUSE_BYTES / answer + 1;
+        life.received(&mut node, now, 0, &b"S\n".repeat(lines));
+        assert!(!life.holds_input());
+        assert!(!life.wants_read(&mut node, 0), "paused");
+        // Moved out of the engine for sending, not yet taken by the socket:
+        // still paused.
+        let pending = life.pending(&mut node, 0).len();
+        assert_eq!(pending, lines * answer);
+        assert!(node.output_mut(0).is_empty());
+        assert!(!life.wants_read(&mut node, 0), "still paused");
+        // Taken down to the limit: reading again.
+        life.sent(&mut node, now, 0, pending - OUTPUT_PAUSE_BYTES);
+        assert!(life.wants_read(&mut node, 0));
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! A deterministic simulation of a ringlock cluster (TigerBeetle's VOPR
 //! idea): several [`Node`]s, each driven exactly as the I/O loops drive it
-//! (tick, feed each connection's bytes through a [`Session`], take the dirty
-//! output, start dials), over a fake network and a fake clock, with clients
-//! that speak the wire protocol. One seeded PRNG decides everything (delays,
+//! (tick, each connection's bytes, end of stream and sends through the same
+//! [`Lifecycle`] the loops use, take the dirty output, start dials), over a
+//! fake network and a fake clock, with clients that speak the wire protocol.
+//! Socket buffers are finite (`Sim::set_socket_buffer`), so a client that
+//! stops reading makes the node pause that connection as a loop would, and
+//! a connection the node ends lingers until the peer closes or the
+//! deadline. One seeded PRNG decides everything (delays,
 //! faults, client requests, the order nodes run in), so a seed replays the
 //! same run.
 //!
@@ -36,7 +40,8 @@ use std::fmt::Write as _;
 use ringlock::cluster::auth::Secret;
 use ringlock::cluster::{ClusterConfig, Role, wire};
 use ringlock::engine::{ConnId, Now};
-use ringlock::io::{Flow, Session, take_final_output};
+use ringlock::io::lifecycle::Phase;
+use ringlock::io::{Lifecycle, Step};
 use ringlock::node::{Node, NodeConfig};
 use ringlock_proto::{Answer, parse_answer};
 pub use rng::Rng;
@@ -235,7 +240,12 @@ struct Inc {
     ms_offset: u64,
     started: u64,
     conns: BTreeMap<ConnId, usize>,
-    sessions: BTreeMap<ConnId, Session>,
+    lives: BTreeMap<ConnId, Lifecycle>,
+    /// Connections whose lifecycle does not want input now (refreshed after
+    /// each of the node's turns; the turn itself asks the lifecycle).
+    not_reading: BTreeSet<ConnId>,
+    /// Connections with answers the socket buffer had no room for yet.
+    unsent: BTreeSet<ConnId>,
     scan_pos: BTreeMap<ConnId, usize>,
     next_cid: ConnId,
     free_cids: BTreeSet<ConnId>,
@@ -352,6 +362,13 @@ struct Client {
     /// Every answer line received, with the node it came from (scripted
     /// tests read these).
     answers: Vec<(usize, String)>,
+    /// It reads its sockets (a scripted test may stop it).
+    reading: bool,
+    /// It sends raw lines: an `E`, or an answer to no request it made, is
+    /// what the test wants, not a failure.
+    expects_error: bool,
+    /// Per connection, the start of a line whose end has not arrived.
+    partial: BTreeMap<usize, Vec<u8>>,
 }
 
 // ---------------------------------------------------------------------------
@@ -460,6 +477,26 @@ pub struct Sim {
     pub spin_limit_ms: u64,
     dirty: Vec<ConnId>,
     dial_buf: Vec<(usize, String)>,
+    /// How many bytes a socket holds that its reader has not read yet (in
+    /// flight or in its receive buffer): a sender with that many outstanding
+    /// sends no more until the reader reads.
+    socket_buf: usize,
+}
+
+/// The default [`Sim::socket_buf`]: far more than the random runs ever
+/// have outstanding on one connection.
+const SOCKET_BUF_BYTES: usize = 256 * 1024;
+
+/// What a scripted test can see of one client connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnView {
+    /// The node's end is open (serving, closing or lingering).
+    pub node_open: bool,
+    pub node_phase: Option<Phase>,
+    /// Bytes sent to the node that it has not read.
+    pub unread_by_node: usize,
+    /// Bytes sent to the client that it has not read.
+    pub unread_by_client: usize,
 }
 
 const LOG_KEEP: usize = 400;
@@ -521,6 +558,7 @@ impl Sim {
             spin_limit_ms: 2 * HEARTBEAT_MS,
             dirty: Vec::new(),
             dial_buf: Vec::new(),
+            socket_buf: SOCKET_BUF_BYTES,
             cfg,
         };
         let drifts: Vec<String> = sim
@@ -545,6 +583,9 @@ impl Sim {
                 busy: BTreeSet::new(),
                 retries: Vec::new(),
                 answers: Vec::new(),
+                reading: true,
+                expects_error: false,
+                partial: BTreeMap::new(),
             });
         }
         if sim.cfg.faults {
@@ -658,7 +699,9 @@ impl Sim {
             ms_offset,
             started: self.now,
             conns: BTreeMap::new(),
-            sessions: BTreeMap::new(),
+            lives: BTreeMap::new(),
+            not_reading: BTreeSet::new(),
+            unsent: BTreeSet::new(),
             scan_pos: BTreeMap::new(),
             next_cid: 0,
             free_cids: BTreeSet::new(),
@@ -693,7 +736,7 @@ impl Sim {
             }
         };
         inc.conns.insert(cid, sc);
-        inc.sessions.insert(cid, Session::new());
+        inc.lives.insert(cid, Lifecycle::new());
         inc.scan_pos.insert(cid, 0);
         cid
     }
@@ -701,7 +744,9 @@ impl Sim {
     fn free_cid(&mut self, x: usize, cid: ConnId) {
         let inc = self.nodes[x].inc.as_mut().unwrap();
         inc.conns.remove(&cid);
-        inc.sessions.remove(&cid);
+        inc.lives.remove(&cid);
+        inc.not_reading.remove(&cid);
+        inc.unsent.remove(&cid);
         inc.scan_pos.remove(&cid);
         inc.free_cids.insert(cid);
     }
@@ -710,6 +755,12 @@ impl Sim {
     /// changes (and that a promoted standby kept its grants), grants issued
     /// (tokens), `E` lines.
     fn op<R>(&mut self, x: usize, what: &str, f: impl FnOnce(&mut Node, Now) -> R) -> R {
+        self.op_inc(x, what, |inc, now| f(&mut inc.node, now))
+    }
+
+    /// [`Sim::op`] with the whole incarnation (the node and its
+    /// connections' lifecycles).
+    fn op_inc<R>(&mut self, x: usize, what: &str, f: impl FnOnce(&mut Inc, Now) -> R) -> R {
         let now = self.node_now(x);
         let inc = self.nodes[x].inc.as_mut().unwrap();
         let before = inc.role;
@@ -721,7 +772,7 @@ impl Sim {
                 .map(|(k, t, e)| (k.to_vec(), t, e))
                 .collect()
         });
-        let r = f(&mut inc.node, now);
+        let r = f(inc, now);
         self.after_op(x, what, before, grants, now);
         r
     }
@@ -762,7 +813,9 @@ impl Sim {
     }
 
     /// Looks at the bytes node `x` wrote since the last scan: grants to
-    /// clients and `E` lines.
+    /// clients and `E` lines. They are in the engine's buffer or, once the
+    /// connection began closing (maybe in the very call that wrote them, as
+    /// a protocol break does), in its lifecycle's last answers.
     fn scan_outputs(&mut self, x: usize) {
         let mut found: Vec<(bool, Vec<u8>)> = Vec::new();
         {
@@ -770,7 +823,10 @@ impl Sim {
             let cids: Vec<(ConnId, usize)> = inc.conns.iter().map(|(&c, &s)| (c, s)).collect();
             for (cid, sc) in cids {
                 let pos = inc.scan_pos.get(&cid).copied().unwrap_or(0);
-                let out = inc.node.output_mut(cid);
+                let out: &[u8] = match inc.lives.get(&cid).map(Lifecycle::last_answers) {
+                    Some(last) if !last.is_empty() => last,
+                    _ => inc.node.output_mut(cid),
+                };
                 if out.len() <= pos {
                     continue;
                 }
@@ -778,8 +834,12 @@ impl Sim {
                     continue;
                 };
                 let peer = self.conns[sc].as_ref().is_some_and(|c| c.peer_link);
+                let expected = match self.conns[sc].as_ref().map(|c| c.parties[0]) {
+                    Some(Party::Client(c)) => self.clients[c].expects_error,
+                    _ => false,
+                };
                 for line in out[pos..pos + last_nl].split(|&b| b == b'\n') {
-                    if line.starts_with(b"A ") || line.starts_with(b"E ") {
+                    if line.starts_with(b"A ") || (line.starts_with(b"E ") && !expected) {
                         found.push((peer, line.to_vec()));
                     }
                 }
@@ -951,14 +1011,13 @@ impl Sim {
             return false; // waiting for the sender's next retransmission
         }
         match conn.parties[r] {
-            Party::Client(_) => true,
+            Party::Client(c) => self.clients[c].reading,
             Party::Node(y) => {
-                conn.cids[r].is_some()
-                    && self.nodes[y]
-                        .inc
-                        .as_ref()
-                        .is_some_and(|i| i.generation == conn.gens[r])
-                    && self.nodes[y].hung_until.is_none()
+                conn.cids[r].is_some_and(|cid| {
+                    self.nodes[y].inc.as_ref().is_some_and(|i| {
+                        i.generation == conn.gens[r] && !i.not_reading.contains(&cid)
+                    })
+                }) && self.nodes[y].hung_until.is_none()
             }
         }
     }
@@ -982,29 +1041,187 @@ impl Sim {
         }
     }
 
-    /// Node `x` closes its end `e` of `sc` (cid `cid`). With `notify`, its
-    /// last output and a FIN go to the other end.
-    fn node_close(&mut self, x: usize, sc: usize, e: usize, notify: bool, why: &str) {
+    /// Runs `f` on the lifecycle of node `x`'s connection `cid` as one
+    /// call into the node (checked like any, see [`Sim::op`]).
+    fn with_life<R>(
+        &mut self,
+        x: usize,
+        cid: ConnId,
+        what: &str,
+        f: impl FnOnce(&mut Lifecycle, &mut Node, Now) -> R,
+    ) -> Option<R> {
+        if !self.nodes[x].inc.as_ref()?.lives.contains_key(&cid) {
+            return None;
+        }
+        Some(self.op_inc(x, what, |inc, now| {
+            let life = inc.lives.get_mut(&cid).expect("checked above");
+            f(life, &mut inc.node, now)
+        }))
+    }
+
+    /// Bytes queued from end `e` of `sc` that the other end has not read.
+    fn queued(&self, sc: usize, e: usize) -> usize {
+        self.conns[sc].as_ref().map_or(0, |c| {
+            c.pipes[e]
+                .segs
+                .iter()
+                .map(|(_, seg)| match seg {
+                    Seg::Data(b, _) => b.len(),
+                    Seg::Fin | Seg::Rst => 0,
+                })
+                .sum()
+        })
+    }
+
+    /// Sends what node `x`'s lifecycle of `cid` (end `e` of `sc`) has
+    /// pending, as far as a socket buffer of `buf` bytes has room; bytes
+    /// for a closed other end are lost.
+    fn send_out(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, buf: usize) {
+        loop {
+            let other_open = self.conns[sc].as_ref().is_some_and(|c| c.open[1 - e]);
+            let room = if other_open {
+                buf.saturating_sub(self.queued(sc, e))
+            } else {
+                usize::MAX
+            };
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(life) = inc.lives.get_mut(&cid) else {
+                return;
+            };
+            let out = life.pending(&mut inc.node, cid);
+            let n = out.len().min(room);
+            let bytes = out[..n].to_vec();
+            let left = out.len() > n;
+            // What the engine had is now the lifecycle's: scan from the
+            // start of the engine's buffer again.
+            let in_engine = inc.node.output_mut(cid).len();
+            if let Some(pos) = inc.scan_pos.get_mut(&cid) {
+                *pos = (*pos).min(in_engine);
+            }
+            if left {
+                inc.unsent.insert(cid);
+            } else {
+                inc.unsent.remove(&cid);
+            }
+            if n == 0 {
+                return;
+            }
+            if other_open {
+                self.send(sc, e, Seg::Data(bytes, self.now));
+            }
+            self.with_life(x, cid, "sent", |life, node, now| {
+                life.sent(node, now, cid, n)
+            });
+        }
+    }
+
+    /// Node `x` sends what its connection `cid` (end `e` of `sc`) has
+    /// pending and does what the lifecycle asks: shut its side (a FIN to the
+    /// other end), linger, close.
+    fn settle(&mut self, x: usize, sc: usize, e: usize, cid: ConnId) {
+        self.settle_within(x, sc, e, cid, self.socket_buf);
+    }
+
+    /// [`Sim::settle`] with a socket buffer of `buf` bytes.
+    fn settle_within(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, buf: usize) {
+        self.send_out(x, sc, e, cid, buf);
+        let now_ms = self.node_now(x).ms;
+        let Some(step) = self.nodes[x]
+            .inc
+            .as_mut()
+            .unwrap()
+            .lives
+            .get_mut(&cid)
+            .map(|life| life.advance(now_ms))
+        else {
+            return;
+        };
+        let other_open = self.conns[sc].as_ref().is_some_and(|c| c.open[1 - e]);
+        match step {
+            Step::Stay => {}
+            Step::Shut { linger_until } => {
+                if other_open {
+                    self.send(sc, e, Seg::Fin);
+                }
+                if linger_until.is_none() {
+                    self.node_end_closed(x, sc, e, "closed after its last answers");
+                }
+            }
+            Step::Close => self.node_end_closed(x, sc, e, "closed"),
+        }
+    }
+
+    /// Node `x`'s end `e` of `sc` is closed: its connection id is free, its
+    /// unread input gone.
+    fn node_end_closed(&mut self, x: usize, sc: usize, e: usize, why: &str) {
         let cid = self.conns[sc].as_ref().unwrap().cids[e].expect("open at the node");
-        let out = self.op(x, "close", |node, now| take_final_output(node, now, cid));
         self.free_cid(x, cid);
         let conn = self.conns[sc].as_mut().unwrap();
         conn.open[e] = false;
         conn.close_at[e] = None;
         conn.pipes[1 - e].segs.clear();
-        let other_open = conn.open[1 - e];
         let peer_link = conn.peer_link;
         let other = conn.parties[1 - e];
-        if notify && other_open {
-            if !out.is_empty() {
-                self.send(sc, e, Seg::Data(out, self.now));
-            }
-            self.send(sc, e, Seg::Fin);
-        }
         if peer_link {
             self.log(format!("n{x} closes link #{sc} with {other:?} ({why})"));
         }
         self.drop_if_done(sc);
+    }
+
+    /// Node `x`'s end `e` of `sc` fails (reset, broken by the network).
+    fn node_fail(&mut self, x: usize, sc: usize, e: usize, why: &str) {
+        let cid = self.conns[sc].as_ref().unwrap().cids[e].expect("open at the node");
+        self.with_life(x, cid, "close", |life, node, now| {
+            life.failed(node, now, cid)
+        });
+        self.node_end_closed(x, sc, e, why);
+    }
+
+    /// Node `x`'s process exits (SIGTERM) with end `e` of `sc` open: it
+    /// ends the connection, and everything written goes out (the loops'
+    /// shutdown waits for that), then a FIN unless the side was already
+    /// shut; then the socket is closed.
+    fn node_exit_close(&mut self, x: usize, sc: usize, e: usize, why: &str) {
+        let cid = self.conns[sc].as_ref().unwrap().cids[e].expect("open at the node");
+        self.with_life(x, cid, "close", |life, node, now| {
+            life.finish(node, now, cid)
+        });
+        self.settle_within(x, sc, e, cid, usize::MAX);
+        if self.conns[sc].as_ref().is_some_and(|c| c.open[e]) {
+            self.node_end_closed(x, sc, e, why);
+        }
+    }
+
+    /// Recomputes which of node `x`'s connections it would not read now.
+    fn refresh_reading(&mut self, x: usize) {
+        let Some(inc) = self.nodes[x].inc.as_mut() else {
+            return;
+        };
+        inc.not_reading.clear();
+        for (&cid, life) in &inc.lives {
+            if !life.wants_read(&mut inc.node, cid) {
+                inc.not_reading.insert(cid);
+            }
+        }
+    }
+
+    /// The reader of end `1 - e` of `sc` took a segment: a node that was
+    /// waiting for room in that socket may send again.
+    fn made_room(&mut self, sc: usize, e: usize) {
+        let Some(conn) = self.conns[sc].as_ref() else {
+            return;
+        };
+        let (Party::Node(y), Some(cid)) = (conn.parties[e], conn.cids[e]) else {
+            return;
+        };
+        let generation = conn.gens[e];
+        let now = self.now;
+        if let Some(inc) = self.nodes[y].inc.as_mut()
+            && inc.generation == generation
+            && inc.unsent.contains(&cid)
+        {
+            inc.wake_at = Some(inc.wake_at.map_or(now, |w| w.min(now)));
+        }
     }
 
     // ----- faults -----
@@ -1101,7 +1318,11 @@ impl Sim {
         if !self.runs(x) {
             return;
         }
-        let role = self.nodes[x].inc.as_ref().unwrap().role;
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let role = inc.role;
+        // A stopped process runs nothing, so it does not spin either: the
+        // busy-loop check starts afresh with its first turn after SIGCONT.
+        inc.spinning_since = None;
         self.log(format!("HANG n{x} ({role:?}) for {ms} ms"));
         self.open_window("hang");
         self.nodes[x].hung_until = Some(self.now + ms);
@@ -1150,7 +1371,7 @@ impl Sim {
             .collect();
         for (_, sc) in conns {
             let e = self.end_of(sc, x);
-            self.node_close(x, sc, e, true, "leaving");
+            self.node_exit_close(x, sc, e, "leaving");
         }
         // Connections not accepted yet are reset when the process exits.
         let inc = self.nodes[x].inc.take().unwrap();
@@ -1471,10 +1692,7 @@ impl Sim {
         if slot.hung_until.is_some() {
             return None;
         }
-        let mut next = inc
-            .node
-            .next_deadline()
-            .map(|d| d.saturating_sub(inc.ms_offset));
+        let mut next = Self::loop_deadline(inc);
         if inc.spinning_since.is_some() {
             // Do not spin the simulation: one turn per millisecond.
             next = next.map(|d| d.max(inc.last_turn + 1));
@@ -1482,6 +1700,18 @@ impl Sim {
         let wake = inc.wake_at;
         let accept = inc.accepts.iter().map(|&(at, _)| at).min();
         [next, wake, accept].into_iter().flatten().min()
+    }
+
+    /// The deadline a loop would sleep until, in sim time: the node's next
+    /// timer or a lingering connection's deadline, whichever comes first.
+    fn loop_deadline(inc: &Inc) -> Option<u64> {
+        let linger = inc.lives.values().filter_map(Lifecycle::linger_until);
+        inc.node
+            .next_deadline()
+            .into_iter()
+            .chain(linger)
+            .min()
+            .map(|d| d.saturating_sub(inc.ms_offset))
     }
 
     fn next_event(&self) -> u64 {
@@ -1791,8 +2021,22 @@ impl Sim {
                 .as_ref()
                 .is_some_and(|c| c.open[e] && c.close_at[e].is_some_and(|at| at <= t))
             {
-                self.node_close(x, sc, e, false, "broken by the network");
+                self.node_fail(x, sc, e, "broken by the network");
             }
+        }
+        // Lingering connections whose deadline passed.
+        let now_ms = self.node_now(x).ms;
+        let due: Vec<(ConnId, usize)> = {
+            let inc = self.nodes[x].inc.as_ref().unwrap();
+            inc.lives
+                .iter()
+                .filter(|(_, l)| l.linger_until().is_some_and(|u| u <= now_ms))
+                .map(|(&cid, _)| (cid, inc.conns[&cid]))
+                .collect()
+        };
+        for (cid, sc) in due {
+            let e = self.end_of(sc, x);
+            self.settle(x, sc, e, cid);
         }
         // Connections broken before they were accepted.
         let pending: Vec<usize> = self.nodes[x]
@@ -1846,6 +2090,7 @@ impl Sim {
         }
         // Input, in arrival order.
         while self.failure.is_none() {
+            self.refresh_reading(x);
             let mut best: Option<(u64, ConnId, usize, usize)> = None;
             for (&cid, &sc) in &self.nodes[x].inc.as_ref().unwrap().conns {
                 let conn = self.conns[sc].as_ref().unwrap();
@@ -1858,21 +2103,28 @@ impl Sim {
                     best = Some((at, cid, sc, e));
                 }
             }
-            let Some((_, cid, sc, e)) = best else { break };
+            let Some((at, cid, sc, e)) = best else { break };
             let (_, seg) = self.conns[sc].as_mut().unwrap().pipes[1 - e]
                 .segs
                 .pop_front()
                 .unwrap();
+            self.made_room(sc, 1 - e);
             match seg {
-                Seg::Data(bytes, _) => self.node_input(x, sc, e, cid, bytes),
-                Seg::Fin => self.node_close(x, sc, e, false, "closed by the other side"),
-                Seg::Rst => self.node_close(x, sc, e, false, "reset by the other side"),
+                Seg::Data(bytes, sent) => self.node_input(x, sc, e, cid, bytes, at, sent),
+                Seg::Fin => {
+                    self.with_life(x, cid, "end of stream", |life, node, now| {
+                        life.peer_closed(node, now, cid)
+                    });
+                    self.settle(x, sc, e, cid);
+                }
+                Seg::Rst => self.node_fail(x, sc, e, "reset by the other side"),
             }
         }
         if self.failure.is_some() {
             return;
         }
         self.flush_node(x);
+        self.refresh_reading(x);
         // Dials.
         let mut dials = std::mem::take(&mut self.dial_buf);
         dials.clear();
@@ -1903,10 +2155,7 @@ impl Sim {
         self.dial_buf = dials;
         // A loop whose deadline is already past spins.
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let past = inc
-            .node
-            .next_deadline()
-            .is_some_and(|d| d.saturating_sub(inc.ms_offset) <= t);
+        let past = Self::loop_deadline(inc).is_some_and(|d| d <= t);
         let role = inc.role;
         match (past, inc.spinning_since) {
             (true, None) => {
@@ -1952,9 +2201,34 @@ impl Sim {
         self.log(format!("n{x} dialed n{} (link #{sc})", d.peer));
     }
 
-    /// Feeds one segment to node `x`, a line at a time (sometimes a line in
-    /// two pieces), checking after each.
-    fn node_input(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, bytes: Vec<u8>) {
+    /// Feeds one segment (sent at `sent`, due at `at`) to node `x`, a line
+    /// at a time (sometimes a line in two pieces), checking after each. If
+    /// the connection pauses, the rest stays in the socket.
+    #[allow(clippy::too_many_arguments)]
+    fn node_input(
+        &mut self,
+        x: usize,
+        sc: usize,
+        e: usize,
+        cid: ConnId,
+        bytes: Vec<u8>,
+        at: u64,
+        sent: u64,
+    ) {
+        let open = |sim: &Sim| {
+            sim.nodes[x]
+                .inc
+                .as_ref()
+                .and_then(|i| i.lives.get(&cid))
+                .is_some_and(|l| l.phase() == Phase::Open)
+        };
+        if !open(self) {
+            // Closing or lingering: read and discarded.
+            self.with_life(x, cid, "discard", |life, node, now| {
+                life.received(node, now, cid, &bytes)
+            });
+            return;
+        }
         let mut rest = &bytes[..];
         while !rest.is_empty() && self.failure.is_none() {
             let len = memchr_first(rest).map_or(rest.len(), |i| i + 1);
@@ -1978,26 +2252,37 @@ impl Sim {
             let role_before = self.role(x);
             let handoff_from_standby = matches!(peer_msg, Some(wire::PeerMsg::Handoff { .. }))
                 && matches!(role_before, Some(Role::Standby { .. }));
-            let mut flow = Flow::Open;
-            for piece in pieces {
-                let Some(mut session) = self.nodes[x].inc.as_mut().unwrap().sessions.remove(&cid)
-                else {
-                    return;
-                };
-                flow = self.op(x, "peer line", |node, now| {
-                    session.feed(node, now, cid, piece)
+            let mut paused = false;
+            for (i, piece) in pieces.iter().enumerate() {
+                let fed = self.with_life(x, cid, "peer line", |life, node, now| {
+                    life.received(node, now, cid, piece);
+                    !life.holds_input()
                 });
-                self.nodes[x]
-                    .inc
-                    .as_mut()
-                    .unwrap()
-                    .sessions
-                    .insert(cid, session);
-                if flow == Flow::Broken {
+                match fed {
+                    None => return,
+                    Some(true) => {}
+                    Some(false) => {
+                        // Paused, the piece kept back by the session: as if
+                        // the read had ended here, the rest stays unread in
+                        // the socket.
+                        let mut unread: Vec<u8> = pieces[i + 1..].concat();
+                        unread.extend_from_slice(rest);
+                        if !unread.is_empty() {
+                            self.conns[sc].as_mut().unwrap().pipes[1 - e]
+                                .segs
+                                .push_front((at, Seg::Data(unread, sent)));
+                        }
+                        paused = true;
+                        break;
+                    }
+                }
+                if !open(self) {
                     break;
                 }
             }
-            assert_ne!(flow, Flow::Paused, "the simulation never piles up 64 KiB");
+            if paused {
+                return;
+            }
             if let Some(msg) = peer_msg {
                 let tok = match msg {
                     wire::PeerMsg::Heartbeat { highest, .. }
@@ -2040,8 +2325,9 @@ impl Sim {
                     }
                 }
             }
-            if flow == Flow::Broken {
-                self.node_close(x, sc, e, true, "broken");
+            if !open(self) {
+                // Broken: its answers and the E line go out, then it lingers.
+                self.settle(x, sc, e, cid);
                 return;
             }
         }
@@ -2054,24 +2340,33 @@ impl Sim {
         // time): closed as the loops close them, after their last output.
         let mut doomed = Vec::new();
         self.op(x, "doomed", |node, now| node.take_doomed(now, &mut doomed));
-        for cid in doomed {
-            let inc = self.nodes[x].inc.as_ref().unwrap();
-            if let Some(&sc) = inc.conns.get(&cid) {
-                let e = self.end_of(sc, x);
-                self.node_close(x, sc, e, true, "given up by the node");
-            }
+        for &cid in &doomed {
+            self.with_life(x, cid, "close", |life, node, now| {
+                life.finish(node, now, cid)
+            });
         }
-        for &cid in &dirty {
-            let inc = self.nodes[x].inc.as_mut().unwrap();
-            let Some(&sc) = inc.conns.get(&cid) else {
+        // Then everything with something to send: new answers, last answers,
+        // answers the socket had no room for.
+        let inc = self.nodes[x].inc.as_ref().unwrap();
+        let mut todo: Vec<ConnId> = doomed;
+        todo.extend_from_slice(&dirty);
+        todo.extend(inc.unsent.iter().copied());
+        todo.extend(
+            inc.lives
+                .iter()
+                .filter(|(_, l)| l.phase() == Phase::Closing)
+                .map(|(&cid, _)| cid),
+        );
+        let mut seen = BTreeSet::new();
+        for cid in todo {
+            if !seen.insert(cid) {
+                continue;
+            }
+            let Some(&sc) = self.nodes[x].inc.as_ref().unwrap().conns.get(&cid) else {
                 continue;
             };
-            let bytes = std::mem::take(inc.node.output_mut(cid));
-            inc.scan_pos.insert(cid, 0);
             let e = self.end_of(sc, x);
-            if self.conns[sc].as_ref().unwrap().open[1 - e] {
-                self.send(sc, e, Seg::Data(bytes, self.now));
-            }
+            self.settle(x, sc, e, cid);
         }
         self.dirty = dirty;
     }
@@ -2110,8 +2405,19 @@ impl Sim {
                         .segs
                         .pop_front()
                         .unwrap();
+                    self.made_room(sc, 1);
                     match seg {
-                        Seg::Data(bytes, sent) => self.client_input(c, sc, &bytes, sent),
+                        Seg::Data(bytes, sent) => {
+                            // Whole lines only: a send may end mid-line.
+                            let mut data = self.clients[c].partial.remove(&sc).unwrap_or_default();
+                            data.extend_from_slice(&bytes);
+                            let whole = memchr_last(&data).map_or(0, |i| i + 1);
+                            let tail = data.split_off(whole);
+                            if !tail.is_empty() {
+                                self.clients[c].partial.insert(sc, tail);
+                            }
+                            self.client_input(c, sc, &data, sent)
+                        }
                         Seg::Fin | Seg::Rst => {
                             self.client_close(c, sc);
                             break;
@@ -2269,6 +2575,8 @@ impl Sim {
         conn.open[0] = false;
         conn.close_at[0] = None;
         conn.pipes[1].segs.clear();
+        self.clients[c].partial.remove(&sc);
+        let conn = self.conns[sc].as_mut().unwrap();
         let node_end_open = conn.open[1];
         let n = match conn.parties[1] {
             Party::Node(n) => n,
@@ -2327,6 +2635,7 @@ impl Sim {
                 Answer::Renewed { key, .. } => (key, b"N"),
                 Answer::Status { .. } => (b"", b"S"),
                 Answer::Health { .. } => (b"", b"H"),
+                Answer::Error { .. } if self.clients[c].expects_error => continue,
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2340,6 +2649,9 @@ impl Sim {
                 .iter()
                 .position(|(r, _)| r.key == key && ops.contains(&r.op))
             else {
+                if self.clients[c].expects_error {
+                    continue;
+                }
                 self.fail(format!(
                     "client {c}: answer \"{}\" from n{n} matches no request",
                     show(line)
@@ -2761,6 +3073,93 @@ impl Sim {
             sent_ms: 0,
         };
         self.client_send(c, node, req);
+    }
+
+    /// How many bytes a socket holds unread before its sender has to wait
+    /// (set before the connections that should have it are made).
+    pub fn set_socket_buffer(&mut self, bytes: usize) {
+        self.socket_buf = bytes;
+    }
+
+    /// Client `c` stops or resumes reading its sockets.
+    pub fn set_reading(&mut self, c: usize, reading: bool) {
+        self.log(format!("client {c} reading: {reading}"));
+        // Its answers are late on purpose: not a fault of the cluster's.
+        self.disturb();
+        self.clients[c].reading = reading;
+    }
+
+    /// Client `c` expects `E` answers (it will send broken lines).
+    pub fn expect_errors(&mut self, c: usize) {
+        self.clients[c].expects_error = true;
+    }
+
+    /// Sends `R key 1` from client `c` to `node` for each key, in one
+    /// segment (releases of nothing, answered `R key 0` by the active node).
+    pub fn send_releases(&mut self, c: usize, node: usize, keys: &[String]) {
+        let sc = self.clients[c].conns[node].expect("connected");
+        let mut bytes = Vec::new();
+        for key in keys {
+            let req = Req {
+                op: b'R',
+                key: key.as_bytes().to_vec(),
+                token: 1,
+                lease_ms: 0,
+                wait_ms: 0,
+                redirects: 100,
+                retry_until: 0,
+                sent_ms: self.now,
+            };
+            bytes.extend_from_slice(&req.line());
+            self.clients[c].busy.insert(req.key.clone());
+            self.clients[c]
+                .outstanding
+                .entry(sc)
+                .or_default()
+                .push_back((req, node));
+        }
+        self.send(sc, 0, Seg::Data(bytes, self.now));
+    }
+
+    /// Sends raw bytes from client `c` to `node`, expecting no answer.
+    pub fn send_raw(&mut self, c: usize, node: usize, bytes: &[u8]) {
+        let sc = self.clients[c].conns[node].expect("connected");
+        self.send(sc, 0, Seg::Data(bytes.to_vec(), self.now));
+    }
+
+    /// Client `c` shuts down its sending side of its connection to `node`
+    /// (it goes on reading).
+    pub fn half_close(&mut self, c: usize, node: usize) {
+        let sc = self.clients[c].conns[node].expect("connected");
+        self.log(format!("client {c} shuts its side of #{sc}"));
+        self.send(sc, 0, Seg::Fin);
+    }
+
+    /// The connection client `c` has to `node`, if any.
+    pub fn client_conn(&self, c: usize, node: usize) -> Option<usize> {
+        self.clients[c].conns[node]
+    }
+
+    /// What a test can see of connection `sc` (a client's); `None` once
+    /// both ends are closed.
+    pub fn conn_view(&self, sc: usize) -> Option<ConnView> {
+        let conn = self.conns[sc].as_ref()?;
+        let Party::Node(x) = conn.parties[1] else {
+            return None;
+        };
+        let node_phase = conn.cids[1].filter(|_| conn.open[1]).and_then(|cid| {
+            self.nodes[x]
+                .inc
+                .as_ref()
+                .and_then(|i| i.lives.get(&cid))
+                .map(Lifecycle::phase)
+        });
+        Some(ConnView {
+            node_open: conn.open[1],
+            node_phase,
+            unread_by_node: self.queued(sc, 0),
+            unread_by_client: self.queued(sc, 1),
+        })
     }
 
     /// Breaks the peer link node `from` dialed to node `to`.
