@@ -18,12 +18,14 @@
 //! inside tests with a fake clock.
 
 pub mod replication;
+pub mod stats;
 pub mod table;
 pub mod token;
 pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
 pub use replication::{Replication, ReplicationLog};
+use stats::EngineStats;
 use table::{NIL, Table, WaiterState};
 use token::TokenClock;
 use wheel::Wheel;
@@ -199,6 +201,8 @@ pub struct Engine {
     /// Changes of the table since the last [`Engine::take_replication`];
     /// `None` on a node without peers.
     replication: Option<ReplicationLog>,
+    /// Counters, bumped inline ([`stats`]).
+    stats: EngineStats,
 }
 
 impl Engine {
@@ -227,7 +231,24 @@ impl Engine {
             advertise: advertise.as_bytes().into(),
             problem: None,
             replication: None,
+            stats: EngineStats::default(),
         }
+    }
+
+    /// What the engine has counted since it was made.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Waiting acquires (queued or with a held-back `T`).
+    pub fn waiter_count(&self) -> usize {
+        self.table.waiter_count()
+    }
+
+    /// Bytes in `conn`'s output not yet taken by the loop (0 for a
+    /// connection the engine does not know).
+    pub fn output_len(&self, conn: ConnId) -> usize {
+        self.conns.get(conn as usize).map_or(0, |c| c.out.len())
     }
 
     /// The highest token issued or seen (what `S` reports).
@@ -298,6 +319,7 @@ impl Engine {
             }
             let waiter = self.table.finish(w);
             self.table.remove_if_idle(waiter.lock);
+            self.stats.withdrawn += 1;
         }
     }
 
@@ -333,6 +355,10 @@ impl Engine {
                     let grant = self.table.lock_mut(lock).holder.take();
                     debug_assert!(grant.is_some(), "lease timer of a free lock");
                     if let Some(grant) = grant {
+                        self.stats.lease_expiries += 1;
+                        self.stats
+                            .hold_ms
+                            .record(now.ms.saturating_sub(grant.granted_ms));
                         self.replicate_release(lock, grant.token);
                     }
                     self.hand_off(now, lock);
@@ -356,6 +382,7 @@ impl Engine {
                 addr: active.as_deref(),
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.stats.redirected += 1;
             return Ok(());
         }
         match request {
@@ -366,6 +393,11 @@ impl Engine {
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
                 let ok = self.release(now, key, token);
+                if ok {
+                    self.stats.released += 1;
+                } else {
+                    self.stats.release_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -379,6 +411,11 @@ impl Engine {
                 lease_ms,
             } => {
                 let ok = self.renew(now, key, token, lease_ms);
+                if ok {
+                    self.stats.renewed += 1;
+                } else {
+                    self.stats.renew_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -395,6 +432,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn status(&mut self, conn: ConnId, request: Request<'_>) {
+        self.stats.status += 1;
         let answer = if request == Request::Health {
             Answer::Health {
                 problem: self.problem.as_deref(),
@@ -433,10 +471,13 @@ impl Engine {
                 let waiter = self.table.waiter(w);
                 let key = self.table.lock(waiter.lock).key();
                 let answer = match waiter.state {
-                    WaiterState::Queued => Answer::Moved {
-                        key,
-                        addr: active.as_deref(),
-                    },
+                    WaiterState::Queued => {
+                        self.stats.redirected += 1;
+                        Answer::Moved {
+                            key,
+                            addr: active.as_deref(),
+                        }
+                    }
                     WaiterState::HeldBack => Answer::TimedOut { key },
                 };
                 emit(&mut self.conns, &mut self.dirty, conn, answer);
@@ -473,12 +514,14 @@ impl Engine {
                 return Err(Refusal::TokensExhausted);
             };
             self.grant(now, lock, conn, lease_ms, token);
+            self.stats.granted_now += 1;
+            self.stats.wait_ms.record(0);
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
             return Err(Refusal::TooManyWaiting);
         }
-        let w = self.table.enqueue(lock, conn, lease_ms);
+        let w = self.table.enqueue(lock, conn, lease_ms, now.ms);
         if wait_ms > 0 {
             let timer = self.wheel.insert(deadline(now, wait_ms), Timer::Wait(w));
             self.table.waiter_mut(w).timer = Some(timer);
@@ -495,6 +538,9 @@ impl Engine {
             Some(grant) if grant.token == token => {
                 *holder = None;
                 self.wheel.cancel(grant.timer);
+                self.stats
+                    .hold_ms
+                    .record(now.ms.saturating_sub(grant.granted_ms));
                 self.replicate_release(lock, token);
                 self.hand_off(now, lock);
                 true
@@ -517,6 +563,7 @@ impl Engine {
             token,
             expires_ms,
             timer,
+            granted_ms: grant.granted_ms,
         });
         self.replicate_grant(now, lock);
         true
@@ -533,6 +580,7 @@ impl Engine {
             token,
             expires_ms,
             timer,
+            granted_ms: now.ms,
         });
         let answer = Answer::Granted {
             key: l.key(),
@@ -560,13 +608,15 @@ impl Engine {
             return;
         };
         let waiter = self.table.waiter_mut(w);
-        let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
+        let (conn, lease_ms, queued_ms) = (waiter.conn, waiter.lease_ms, waiter.queued_ms);
         if let Some(timer) = waiter.timer.take() {
             self.wheel.cancel(timer);
         }
         match self.tokens.next(now.unix_ns) {
             Some(token) => {
                 self.grant(now, lock, conn, lease_ms, token);
+                self.stats.granted_after_wait += 1;
+                self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
                 self.answered(w);
             }
             None => self.time_out_all(lock, w),
@@ -606,6 +656,7 @@ impl Engine {
     /// it has left the queue and will never be granted. The lock stays in
     /// the table even if nothing keeps it any more: the caller removes it.
     fn time_out(&mut self, w: u32) {
+        self.stats.timed_out += 1;
         let (conn, lock) = {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock)
@@ -734,6 +785,7 @@ impl Engine {
             token,
             expires_ms,
             timer,
+            granted_ms: now.ms,
         });
         Ok(())
     }

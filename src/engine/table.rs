@@ -136,6 +136,9 @@ pub struct Grant {
     pub expires_ms: u64,
     /// The lease timer; it fires at `expires_ms`.
     pub timer: TimerId,
+    /// Monotonic ms of the grant (kept by renewals): for the hold-time
+    /// histogram.
+    pub granted_ms: u64,
 }
 
 /// One key's state.
@@ -174,6 +177,8 @@ pub struct Waiter {
     pub conn: ConnId,
     pub lock: u32,
     pub lease_ms: u64,
+    /// Monotonic ms of the acquire: for the wait histogram.
+    pub queued_ms: u64,
     /// The wait timer, if the acquire has a wait limit and is queued.
     pub timer: Option<TimerId>,
     pub state: WaiterState,
@@ -397,7 +402,7 @@ impl Table {
     }
 
     /// Queues a new waiter at the tail of `lock`'s FIFO and of `conn`'s list.
-    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64) -> u32 {
+    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64, queued_ms: u64) -> u32 {
         if self.conns.len() <= conn as usize {
             self.conns.resize(conn as usize + 1, ConnList::EMPTY);
         }
@@ -408,6 +413,7 @@ impl Table {
             conn,
             lock,
             lease_ms,
+            queued_ms,
             timer: None,
             state: WaiterState::Queued,
             holds_back: false,

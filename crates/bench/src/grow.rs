@@ -433,7 +433,10 @@ fn stop_server(pid: u32, log: &std::path::Path) -> crate::Result<Option<f64>> {
     let deadline = Instant::now() + STOP_TIMEOUT;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("ringlock: stopped")) {
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains("stopped (longest loop turn"))
+        {
             let turn = line
                 .split("longest loop turn ")
                 .nth(1)
