@@ -38,7 +38,6 @@ fn grant(timer: TimerId, token: u64) -> Grant {
         token,
         expires_ms: 30_000,
         timer,
-        granted_ms: 0,
     }
 }
 

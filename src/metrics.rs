@@ -26,6 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
+use crate::engine::stats::HOLD_SHIFT;
 use crate::stats::{ClusterStats, EngineStats, LOG2_BUCKETS, Log2Histogram, NodeStats};
 
 /// The longest request head (request line and headers) read.
@@ -276,12 +277,12 @@ pub fn encode(s: &Snapshot) -> String {
     let counters = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
     for (kind, outcome, v) in [
         ("acquire", "granted_at_once", e.granted_now),
-        ("acquire", "granted_after_wait", e.granted_after_wait),
+        ("acquire", "granted_after_wait", e.granted_after_wait()),
         ("acquire", "timed_out", e.timed_out),
         ("acquire", "withdrawn", e.withdrawn),
         ("any", "redirected", e.redirected),
         ("any", "refused", s.node.requests_refused),
-        ("release", "released", e.released),
+        ("release", "released", e.released()),
         ("release", "stale_token", e.release_stale),
         ("renew", "renewed", e.renewed),
         ("renew", "stale_token", e.renew_stale),
@@ -309,7 +310,7 @@ pub fn encode(s: &Snapshot) -> String {
     r.register(
         "ringlock_lock_handoffs",
         "Locks passed to the head waiter on a release or an expiry",
-        ConstCounter::new(e.granted_after_wait),
+        ConstCounter::new(e.granted_after_wait()),
     );
     r.register(
         "ringlock_connections_opened",
@@ -354,12 +355,12 @@ pub fn encode(s: &Snapshot) -> String {
     r.register(
         "ringlock_wait_seconds",
         "Time from acquire to grant (0 for a grant at once); whole milliseconds",
-        Hist::new(&e.wait_ms, 1e3, 26),
+        Hist::new(&e.wait_all(), 1e3, 26),
     );
     r.register(
         "ringlock_hold_seconds",
-        "Time from grant to release or expiry; whole milliseconds",
-        Hist::new(&e.hold_ms, 1e3, 28),
+        "Time from grant to release with the grant's token (measured from the token, the wall clock's ns at the grant; leases that ran out are not counted); units of 1.048576 ms",
+        Hist::new(&e.hold, 1e9 / f64::from(1u32 << HOLD_SHIFT), 28),
     );
     r.register(
         "ringlock_loop_turn_seconds",

@@ -184,11 +184,11 @@ impl Node {
         let e = self.engine.stats();
         let n = &self.stats;
         e.granted_now
-            .wrapping_add(e.granted_after_wait)
+            .wrapping_add(e.wait_ms.count())
             .wrapping_add(e.timed_out)
             .wrapping_add(e.redirected)
             .wrapping_add(e.withdrawn)
-            .wrapping_add(e.released)
+            .wrapping_add(e.hold.count())
             .wrapping_add(e.release_stale)
             .wrapping_add(e.renewed)
             .wrapping_add(e.renew_stale)

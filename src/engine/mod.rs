@@ -25,7 +25,7 @@ pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
 pub use replication::{Replication, ReplicationLog};
-use stats::EngineStats;
+use stats::{EngineStats, HOLD_SHIFT};
 use table::{NIL, Table, WaiterState};
 use token::TokenClock;
 use wheel::Wheel;
@@ -47,6 +47,15 @@ pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 /// by default: `ringlock serve --max-locks`. A million held locks took
 /// about 140 MiB at peak (docs/performance.md).
 pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
+
+/// Table slots one `L` request looks at, at most: a page may hold fewer
+/// than its limit (its cursor says where to go on), but no request holds
+/// the loop for long (well under a millisecond).
+pub const LIST_SCAN: usize = 65_536;
+
+/// The waiters `L` counts on one lock, at most (the count is a walk of the
+/// queue): a lock with more is listed with this many.
+pub const LIST_WAITERS_CAP: u64 = 65_536;
 
 /// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
 /// index; this leaves half of the timing wheel's indices to waits, beside
@@ -356,9 +365,6 @@ impl Engine {
                     debug_assert!(grant.is_some(), "lease timer of a free lock");
                     if let Some(grant) = grant {
                         self.stats.lease_expiries += 1;
-                        self.stats
-                            .hold_ms
-                            .record(now.ms.saturating_sub(grant.granted_ms));
                         self.replicate_release(lock, grant.token);
                     }
                     self.hand_off(now, lock);
@@ -393,9 +399,7 @@ impl Engine {
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
                 let ok = self.release(now, key, token);
-                if ok {
-                    self.stats.released += 1;
-                } else {
+                if !ok {
                     self.stats.release_stale += 1;
                 }
                 emit(
@@ -424,6 +428,11 @@ impl Engine {
                 );
             }
             Request::Status | Request::Health => self.status(conn, request),
+            Request::List {
+                cursor,
+                limit,
+                prefix,
+            } => self.list(now, conn, cursor, limit, prefix),
         }
         Ok(())
     }
@@ -446,6 +455,50 @@ impl Engine {
             Answer::Status { role, addr, token }
         };
         emit(&mut self.conns, &mut self.dirty, conn, answer);
+    }
+
+    /// `L`: up to `limit` locks whose key starts with `prefix`, from table
+    /// slot `cursor` on, looking at no more than [`LIST_SCAN`] slots; then
+    /// `L <next cursor>` (0: the end). Rare (an operator's request) and
+    /// bounded, so one request never holds the loop long.
+    #[cold]
+    #[inline(never)]
+    fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8]) {
+        let bound = self.table.slot_bound();
+        let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
+        let end = start.saturating_add(LIST_SCAN).min(bound);
+        let mut listed = 0;
+        let mut next = end;
+        for i in start..end {
+            let Some(lock) = self.table.lock_at(i) else {
+                continue;
+            };
+            if !lock.key().starts_with(prefix) {
+                continue;
+            }
+            if listed == limit {
+                next = i;
+                break;
+            }
+            listed += 1;
+            let (token, lease_ms) = lock
+                .holder
+                .map_or((0, 0), |g| (g.token, g.expires_ms.saturating_sub(now.ms)));
+            let answer = Answer::Lock {
+                key: lock.key(),
+                token,
+                lease_ms,
+                waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+            };
+            emit(&mut self.conns, &mut self.dirty, conn, answer);
+        }
+        let cursor = if next >= bound { 0 } else { next as u64 };
+        emit(
+            &mut self.conns,
+            &mut self.dirty,
+            conn,
+            Answer::ListEnd { cursor },
+        );
     }
 
     /// What `H` answers from now on: a problem (one line of printable
@@ -515,7 +568,6 @@ impl Engine {
             };
             self.grant(now, lock, conn, lease_ms, token);
             self.stats.granted_now += 1;
-            self.stats.wait_ms.record(0);
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
@@ -538,9 +590,11 @@ impl Engine {
             Some(grant) if grant.token == token => {
                 *holder = None;
                 self.wheel.cancel(grant.timer);
+                // A token is the wall clock's ns at its grant (unless the
+                // token clock ran ahead of it): no field of its own.
                 self.stats
-                    .hold_ms
-                    .record(now.ms.saturating_sub(grant.granted_ms));
+                    .hold
+                    .record(now.unix_ns.saturating_sub(token) >> HOLD_SHIFT);
                 self.replicate_release(lock, token);
                 self.hand_off(now, lock);
                 true
@@ -563,7 +617,6 @@ impl Engine {
             token,
             expires_ms,
             timer,
-            granted_ms: grant.granted_ms,
         });
         self.replicate_grant(now, lock);
         true
@@ -580,7 +633,6 @@ impl Engine {
             token,
             expires_ms,
             timer,
-            granted_ms: now.ms,
         });
         let answer = Answer::Granted {
             key: l.key(),
@@ -608,14 +660,14 @@ impl Engine {
             return;
         };
         let waiter = self.table.waiter_mut(w);
-        let (conn, lease_ms, queued_ms) = (waiter.conn, waiter.lease_ms, waiter.queued_ms);
+        let (conn, lease_ms, queued_ms) =
+            (waiter.conn, u64::from(waiter.lease_ms), waiter.queued_ms);
         if let Some(timer) = waiter.timer.take() {
             self.wheel.cancel(timer);
         }
         match self.tokens.next(now.unix_ns) {
             Some(token) => {
                 self.grant(now, lock, conn, lease_ms, token);
-                self.stats.granted_after_wait += 1;
                 self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
                 self.answered(w);
             }
@@ -785,7 +837,6 @@ impl Engine {
             token,
             expires_ms,
             timer,
-            granted_ms: now.ms,
         });
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! What the engine counts: plain integers bumped inline by the loop's
 //! thread (no atomics). The node publishes copies of them; the engine
 //! does not know where they go.
+
 /// Buckets of a [`Log2Histogram`]: bucket 0 holds the value 0, bucket `i`
 /// (1 ≤ i < 31) the values `2^(i-1) ..= 2^i - 1`, bucket 31 the rest.
 pub const LOG2_BUCKETS: usize = 32;
@@ -42,21 +43,24 @@ impl Log2Histogram {
 }
 
 /// What the engine counts: requests by outcome, timers, and the time
-/// from acquire to grant and from grant to release or expiry (ms).
+/// from acquire to grant and from grant to release (ms).
+///
+/// What the request path pays is kept to the least: a grant at once is one
+/// increment (it is not recorded in `wait_ms`, see
+/// [`EngineStats::wait_all`]); a release with the right token is one
+/// histogram record (its count is the count of releases); a hand-off to a
+/// waiter is one histogram record (its count is the count of grants after
+/// a wait).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
     /// `A` answered with a grant at once.
     pub granted_now: u64,
-    /// `A` granted after waiting in the queue (a hand-off on a release or
-    /// an expiry).
-    pub granted_after_wait: u64,
     /// `A` answered `T`.
     pub timed_out: u64,
     /// `A`, `R` or `N` answered `M` (a standby).
     pub redirected: u64,
     /// `A` withdrawn unanswered: its connection closed while it waited.
     pub withdrawn: u64,
-    pub released: u64,
     /// `R` answered `R key 0`: no grant carries that token (any more).
     pub release_stale: u64,
     pub renewed: u64,
@@ -65,10 +69,38 @@ pub struct EngineStats {
     pub status: u64,
     /// Leases that ran out.
     pub lease_expiries: u64,
-    /// From acquire to grant, ms (0 for a grant at once).
+    /// From acquire to grant, ms, of the acquires that waited in a queue
+    /// (a hand-off on a release or an expiry).
     pub wait_ms: Log2Histogram,
-    /// From grant to release or expiry, ms (renewals included).
-    pub hold_ms: Log2Histogram,
+    /// From grant to release (renewals included) of the grants released
+    /// with their token, in units of 2^[`HOLD_SHIFT`] ns (1.048576 ms),
+    /// measured from the token: a token is the wall clock in ns when it
+    /// was issued, unless the token clock had run ahead of the wall clock
+    /// (then the hold reads shorter, at least 0). This costs the grant no
+    /// field of its own. Leases that ran out are not in it.
+    pub hold: Log2Histogram,
+}
+
+/// Hold times are recorded in units of 2^20 ns.
+pub const HOLD_SHIFT: u32 = 20;
+
+impl EngineStats {
+    /// `R` answered `R key 1`.
+    pub fn released(&self) -> u64 {
+        self.hold.count()
+    }
+
+    /// `A` granted after waiting in the queue.
+    pub fn granted_after_wait(&self) -> u64 {
+        self.wait_ms.count()
+    }
+
+    /// From acquire to grant, every grant: the grants at once are 0 ms.
+    pub fn wait_all(&self) -> Log2Histogram {
+        let mut all = self.wait_ms;
+        all.buckets[0] += self.granted_now;
+        all
+    }
 }
 
 #[cfg(test)]

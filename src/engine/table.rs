@@ -136,9 +136,6 @@ pub struct Grant {
     pub expires_ms: u64,
     /// The lease timer; it fires at `expires_ms`.
     pub timer: TimerId,
-    /// Monotonic ms of the grant (kept by renewals): for the hold-time
-    /// histogram.
-    pub granted_ms: u64,
 }
 
 /// One key's state.
@@ -176,7 +173,8 @@ pub enum WaiterState {
 pub struct Waiter {
     pub conn: ConnId,
     pub lock: u32,
-    pub lease_ms: u64,
+    /// At most [`crate::proto::MAX_DURATION_MS`], which fits.
+    pub lease_ms: u32,
     /// Monotonic ms of the acquire: for the wait histogram.
     pub queued_ms: u64,
     /// The wait timer, if the acquire has a wait limit and is queued.
@@ -349,6 +347,30 @@ impl Table {
         self.locks.iter().map(|(_, lock)| lock)
     }
 
+    /// One past the highest slot a live lock has (0: none): the bound of
+    /// [`Table::lock_at`]'s indices.
+    pub fn slot_bound(&self) -> usize {
+        self.locks.iter().next_back().map_or(0, |(i, _)| i + 1)
+    }
+
+    /// The live lock in slot `i`, if any (for listing the table a page at
+    /// a time: slots are stable while a lock lives).
+    pub fn lock_at(&self, i: usize) -> Option<&Lock> {
+        self.locks.get(i)
+    }
+
+    /// How many acquires wait in the queue of the lock in slot `i`,
+    /// counted up to `cap`.
+    pub fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
+        let mut n = 0;
+        let mut w = lock.head;
+        while w != NIL && n < cap {
+            n += 1;
+            w = self.waiters[w as usize].q_next;
+        }
+        n
+    }
+
     /// The indices of every live lock.
     pub fn lock_ids(&self) -> Vec<u32> {
         self.locks.iter().map(|(i, _)| i as u32).collect()
@@ -412,7 +434,7 @@ impl Table {
         let w = self.waiters.insert(Waiter {
             conn,
             lock,
-            lease_ms,
+            lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
             queued_ms,
             timer: None,
             state: WaiterState::Queued,

@@ -2327,6 +2327,8 @@ impl Sim {
                 Answer::Renewed { key, .. } => (key, b"N"),
                 Answer::Status { .. } => (b"", b"S"),
                 Answer::Health { .. } => (b"", b"H"),
+                // The simulated clients never send `L`.
+                Answer::Lock { .. } | Answer::ListEnd { .. } => (b"", b"L"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2395,7 +2397,11 @@ impl Sim {
                         _ => {}
                     }
                 }
-                Answer::Status { .. } | Answer::Health { .. } | Answer::Error { .. } => {}
+                Answer::Status { .. }
+                | Answer::Health { .. }
+                | Answer::Error { .. }
+                | Answer::Lock { .. }
+                | Answer::ListEnd { .. } => {}
             }
             if self.failure.is_some() {
                 return;
