@@ -1,5 +1,5 @@
 //! The command line for people: `acquire`, `release`, `renew`, `run`,
-//! `status`, all built on [`ringlock_client`].
+//! `status`, `locks`, all built on [`ringlock_client`].
 //!
 //! Servers come from `--server ADDR,ADDR,...`, else from the environment
 //! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`.
