@@ -260,9 +260,12 @@ impl Node {
     #[cold]
     fn summarize(&mut self, now: Now) {
         let s = &mut self.summary;
-        let refused = self.stats.conns_refused - s.refused;
-        let refused_requests = self.stats.requests_refused - s.refused_requests;
-        let errors = self.stats.protocol_errors - s.errors;
+        let refused = self.stats.conns_refused.saturating_sub(s.refused);
+        let refused_requests = self
+            .stats
+            .requests_refused
+            .saturating_sub(s.refused_requests);
+        let errors = self.stats.protocol_errors.saturating_sub(s.errors);
         if refused + refused_requests + errors > 0 {
             tracing::warn!(
                 refused_connections = refused,
@@ -270,7 +273,7 @@ impl Node {
                 protocol_errors = errors,
                 "in the last {} s: {refused} connections refused (--max-conns), {refused_requests} \
                  requests refused, {errors} connections broke the protocol",
-                (now.ms - s.since_ms).div_ceil(1000)
+                now.ms.saturating_sub(s.since_ms).div_ceil(1000)
             );
         }
         s.since_ms = now.ms;

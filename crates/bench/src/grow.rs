@@ -11,7 +11,7 @@
 //!
 //! With `--stop-server-log FILE` (and `--server-pid`), the server is sent
 //! SIGTERM once the fill is done, and its longest loop turn is read from
-//! the line it prints when it stops (`ringlock: stopped (longest loop turn
+//! the line it prints when it stops (`stopped (longest loop turn
 //! X ms)`), which FILE (its stderr) must receive.
 //!
 //! One thread, one mio loop, like the rest of the generator: send times are
