@@ -122,7 +122,7 @@ fn bench_handoff(c: &mut Criterion) {
         table.lock_mut(lock).holder = Some(grant(timer, 1));
         let mut holder: u32 = WAITERS; // connection 64 holds, 0..64 wait
         for conn in 0..WAITERS {
-            table.enqueue(lock, conn, 30_000);
+            table.enqueue(lock, conn, 30_000, 0);
         }
         let mut token = 1;
         b.iter(|| {
@@ -132,7 +132,7 @@ fn bench_handoff(c: &mut Criterion) {
             token += 1;
             table.lock_mut(lock).holder = Some(grant(timer, token));
             // ...and the old holder queues again at the tail.
-            table.enqueue(lock, black_box(holder), 30_000);
+            table.enqueue(lock, black_box(holder), 30_000, 0);
             holder = waiter.conn;
         });
         assert_eq!(table.waiter_count(), WAITERS as usize);

@@ -372,7 +372,7 @@ for round in $(seq "$ROUNDS"); do
         fi
         if [ -n "$out" ]; then
             printf '%s\n' "$out" >>"$RUNS"
-            say "  round $round growth $label: $(grep 'ringlock: stopped' "$log" || echo 'no stop line')"
+            say "  round $round growth $label: $(grep 'stopped (longest loop turn' "$log" || echo 'no stop line')"
         fi
     done
 done

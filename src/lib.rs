@@ -19,8 +19,11 @@ pub mod cli;
 pub mod cluster;
 pub mod engine;
 pub mod io;
+pub mod log;
+pub mod metrics;
 pub mod node;
 pub mod server;
+pub mod stats;
 #[doc(hidden)]
 pub mod testing;
 

@@ -26,13 +26,16 @@ enum Command {
 
 fn main() -> ExitCode {
     match Command::parse() {
-        Command::Serve(args) => match ringlock::server::run(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("ringlock: {err}");
-                ExitCode::FAILURE
+        Command::Serve(args) => {
+            ringlock::log::init(args.log_format);
+            match ringlock::server::run(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    tracing::error!(target: "ringlock::server", "{err}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
         Command::Keygen { path } => match ringlock::cluster::auth::Secret::generate_file(&path) {
             Ok(()) => {
                 eprintln!(

@@ -19,7 +19,9 @@ use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
+use crate::metrics::{Shared, Snapshot};
 use crate::proto::Request;
+use crate::stats::{NodeStats, PUBLISH_EVERY_MS};
 
 /// The longest problem text an `H` answer carries (more is cut, with
 /// `...`): the answer stays one short line for any client.
@@ -55,7 +57,7 @@ impl LogLimiter {
         self.roll(now, what);
         if self.logged < Self::BURST {
             self.logged += 1;
-            eprintln!("ringlock: {}", line());
+            tracing::warn!("{}", line());
         } else {
             self.suppressed += 1;
         }
@@ -65,8 +67,8 @@ impl LogLimiter {
     fn roll(&mut self, now: Now, what: &str) {
         if now.ms >= self.window_start_ms + Self::WINDOW_MS {
             if self.suppressed > 0 {
-                eprintln!(
-                    "ringlock: {} more {what} in the last {} s not shown",
+                tracing::warn!(
+                    "{} more {what} in the last {} s not shown",
                     self.suppressed,
                     Self::WINDOW_MS / 1000
                 );
@@ -100,6 +102,37 @@ pub struct Node {
     /// Connections to close, for the loop ([`Node::take_doomed`]).
     doomed: Vec<(ConnId, String)>,
     peer_log: LogLimiter,
+    stats: NodeStats,
+    /// With `--metrics-listen`: where the counters are published.
+    publish: Option<Publish>,
+    /// Refused connections and protocol errors, summed up in the log once
+    /// per [`SUMMARY_EVERY_MS`] at most.
+    summary: Summary,
+}
+
+/// How often, at most, refused connections and protocol errors are summed
+/// up in the log.
+pub const SUMMARY_EVERY_MS: u64 = 10_000;
+
+#[derive(Debug, Default)]
+struct Summary {
+    /// When the current window started.
+    since_ms: u64,
+    /// The counts logged so far.
+    refused: u64,
+    refused_requests: u64,
+    errors: u64,
+}
+
+/// Publishing the counters to the metrics listener's thread.
+struct Publish {
+    shared: Shared,
+    next_ms: u64,
+    /// [`Node::activity`] when last published: nothing to publish while it
+    /// has not moved (a cluster publishes every time: its heartbeats wake
+    /// the loop anyway, and its gauges move without requests).
+    activity: u64,
+    published: bool,
 }
 
 impl Node {
@@ -115,7 +148,143 @@ impl Node {
             peer_only: Vec::new(),
             doomed: Vec::new(),
             peer_log: LogLimiter::default(),
+            stats: NodeStats::default(),
+            publish: None,
+            summary: Summary {
+                since_ms: now.ms,
+                ..Summary::default()
+            },
         }
+    }
+
+    /// Publishes the counters into `shared` from now on, at most every
+    /// [`PUBLISH_EVERY_MS`] and only when something moved.
+    pub fn publish_to(&mut self, shared: Shared) {
+        self.publish = Some(Publish {
+            shared,
+            next_ms: 0,
+            activity: 0,
+            published: false,
+        });
+    }
+
+    /// What the node has counted around the engine.
+    pub fn stats(&self) -> &NodeStats {
+        &self.stats
+    }
+
+    /// A loop turn took `turn` (from waking to waiting again).
+    pub fn turn_ended(&mut self, turn: std::time::Duration) {
+        self.stats.turn_us.record(turn.as_micros() as u64);
+    }
+
+    /// A sum that moves whenever a published number may have: requests,
+    /// timers, connections.
+    fn activity(&self) -> u64 {
+        let e = self.engine.stats();
+        let n = &self.stats;
+        e.granted_now
+            .wrapping_add(e.wait_ms.count())
+            .wrapping_add(e.timed_out)
+            .wrapping_add(e.redirected)
+            .wrapping_add(e.withdrawn)
+            .wrapping_add(e.hold.count())
+            .wrapping_add(e.release_stale)
+            .wrapping_add(e.renewed)
+            .wrapping_add(e.renew_stale)
+            .wrapping_add(e.status)
+            .wrapping_add(e.lease_expiries)
+            .wrapping_add(n.conns_opened)
+            .wrapping_add(n.conns_closed)
+            .wrapping_add(n.conns_refused)
+            .wrapping_add(n.requests_refused)
+            .wrapping_add(n.protocol_errors)
+    }
+
+    /// Whether a publish is owed: something moved since the last one.
+    fn publish_owed(&self) -> Option<u64> {
+        let p = self.publish.as_ref()?;
+        let owed = !p.published || self.cluster.is_some() || p.activity != self.activity();
+        owed.then_some(p.next_ms)
+    }
+
+    /// The numbers of the moment, as the metrics listener serves them.
+    pub fn snapshot(&self) -> Snapshot {
+        let engine = &self.engine;
+        let cluster = self.cluster.as_ref();
+        let followers = cluster
+            .map(|c| {
+                c.followers()
+                    .map(|(addr, conn)| (addr.to_string(), engine.output_len(conn) as u64))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let active = self.role() == Role::Active;
+        Snapshot {
+            published: true,
+            engine: *engine.stats(),
+            node: self.stats,
+            cluster: cluster.map(|c| *c.stats()).unwrap_or_default(),
+            clustered: cluster.is_some(),
+            active,
+            ready: match cluster {
+                Some(c) => c.is_ready(),
+                None => active,
+            },
+            leaving: cluster.is_some_and(|c| c.is_leaving()) || (cluster.is_none() && !active),
+            highest_token: engine.highest_token(),
+            locks: engine.lock_count() as u64,
+            waiters: engine.waiter_count() as u64,
+            peers_up: cluster.map_or(0, |c| c.peers_up() as u64),
+            followers,
+        }
+    }
+
+    fn publish(&mut self, now: Now) {
+        let snapshot = self.snapshot();
+        let activity = self.activity();
+        if let Some(p) = &mut self.publish {
+            match p.shared.lock() {
+                Ok(mut shared) => *shared = snapshot,
+                Err(poisoned) => *poisoned.into_inner() = snapshot,
+            }
+            p.next_ms = now.ms + PUBLISH_EVERY_MS;
+            p.activity = activity;
+            p.published = true;
+        }
+    }
+
+    /// Logs how many connections were refused and how many broke the
+    /// protocol since the last summary, once per [`SUMMARY_EVERY_MS`] at
+    /// most, and only if there were any.
+    #[cold]
+    fn summarize(&mut self, now: Now) {
+        let s = &mut self.summary;
+        let refused = self.stats.conns_refused.saturating_sub(s.refused);
+        let refused_requests = self
+            .stats
+            .requests_refused
+            .saturating_sub(s.refused_requests);
+        let errors = self.stats.protocol_errors.saturating_sub(s.errors);
+        if refused + refused_requests + errors > 0 {
+            tracing::warn!(
+                refused_connections = refused,
+                refused_requests,
+                protocol_errors = errors,
+                "in the last {} s: {refused} connections refused (--max-conns), {refused_requests} \
+                 requests refused, {errors} connections broke the protocol",
+                now.ms.saturating_sub(s.since_ms).div_ceil(1000)
+            );
+        }
+        s.since_ms = now.ms;
+        s.refused = self.stats.conns_refused;
+        s.refused_requests = self.stats.requests_refused;
+        s.errors = self.stats.protocol_errors;
+    }
+
+    /// A line that broke the protocol: counted (and summed up in the log).
+    pub fn protocol_error(&mut self) {
+        self.stats.protocol_errors += 1;
     }
 
     /// The cluster state machine, if this node has peers.
@@ -142,7 +311,7 @@ impl Node {
 
     /// Whether to take a connection just accepted when `open_conns`
     /// connections (clients, peer links, closing ones) are open.
-    pub fn admit(&self, open_conns: usize, max_conns: usize) -> Admission {
+    pub fn admit(&mut self, open_conns: usize, max_conns: usize) -> Admission {
         let (links, reserve) = self
             .cluster
             .as_ref()
@@ -152,6 +321,7 @@ impl Node {
         } else if open_conns < max_conns + reserve {
             Admission::PeerOnly
         } else {
+            self.stats.conns_refused += 1;
             Admission::Refuse
         }
     }
@@ -161,6 +331,7 @@ impl Node {
     /// closed, and a client request on it is refused.
     pub fn open_peer_only(&mut self, now: Now, conn: ConnId) {
         self.engine.open(conn);
+        self.stats.conns_opened += 1;
         let timeout = self
             .cluster
             .as_ref()
@@ -227,11 +398,13 @@ impl Node {
 
     pub fn open(&mut self, conn: ConnId) {
         self.engine.open(conn);
+        self.stats.conns_opened += 1;
     }
 
     /// Forgets a connection (client or peer link).
     pub fn close(&mut self, now: Now, conn: ConnId) {
         self.engine.close(conn);
+        self.stats.conns_closed += 1;
         if let Some(remote) = self.remotes.get_mut(conn as usize) {
             *remote = None;
         }
@@ -262,6 +435,14 @@ impl Node {
         // A flood that stopped still gets its count logged.
         if self.peer_log.suppressed > 0 {
             self.peer_log.roll(now, "peer link errors");
+        }
+        if now.ms >= self.summary.since_ms + SUMMARY_EVERY_MS {
+            self.summarize(now);
+        }
+        if let Some(next_ms) = self.publish_owed()
+            && now.ms >= next_ms
+        {
+            self.publish(now);
         }
     }
 
@@ -307,9 +488,14 @@ impl Node {
         request: Request<'_>,
     ) -> Result<(), Refusal> {
         if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
+            self.stats.requests_refused += 1;
             return Err(Refusal::TooManyConns);
         }
-        self.engine.handle(now, conn, request)
+        let result = self.engine.handle(now, conn, request);
+        if result.is_err() {
+            self.stats.requests_refused += 1;
+        }
+        result
     }
 
     /// True if `conn` is a peer link (either way, authenticated or not): a
@@ -358,10 +544,17 @@ impl Node {
     pub fn next_deadline(&self) -> Option<u64> {
         let engine = self.engine.next_deadline();
         let cluster = self.cluster.as_ref().map(Cluster::next_deadline);
+        // A summary is owed only when something was refused or broke.
+        let summary = (self.stats.conns_refused != self.summary.refused
+            || self.stats.requests_refused != self.summary.refused_requests
+            || self.stats.protocol_errors != self.summary.errors)
+            .then_some(self.summary.since_ms + SUMMARY_EVERY_MS);
         engine
             .into_iter()
             .chain(cluster)
             .chain(self.peer_only_deadline())
+            .chain(summary)
+            .chain(self.publish_owed())
             .min()
     }
 
@@ -381,6 +574,7 @@ impl Node {
     /// A dial to `peer` succeeded as connection `conn` (not yet opened).
     pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize) {
         self.engine.open(conn);
+        self.stats.conns_opened += 1;
         if let Some(cluster) = &mut self.cluster {
             cluster.outbound_open(now, conn, peer, &mut self.engine);
         }
@@ -398,6 +592,19 @@ impl Node {
         if let Some(cluster) = &mut self.cluster {
             // The hand-off and the last deltas go out with this turn's sends.
             cluster.flush_replication(now, &mut self.engine);
+        }
+        match &successor {
+            Some(to) => tracing::info!(to = %to, "leaving: handed the active role to {to}"),
+            None if self.cluster.is_some() => {
+                tracing::info!(
+                    "leaving: this node steps down (it was not active, or no peer could take over)"
+                )
+            }
+            None => {}
+        }
+        if self.publish.is_some() {
+            // /ready says "shutting down" at once.
+            self.publish(now);
         }
         successor
     }

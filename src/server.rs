@@ -49,6 +49,14 @@ pub struct ServeArgs {
     /// node). Peer links prove it both ways before anything else.
     #[arg(long, value_name = "PATH")]
     pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics at /metrics, and /health and /ready, over
+    /// HTTP on this address (e.g. 127.0.0.1:9171). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// Log lines as text or as JSON objects, one per line, on stderr;
+    /// RUST_LOG filters them (default: info).
+    #[arg(long, value_enum, default_value_t = crate::log::LogFormat::Text)]
+    pub log_format: crate::log::LogFormat,
 }
 
 /// Errors that stop the server from starting or running.
@@ -86,6 +94,14 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             "--max-locks must be between 1 and {MAX_LOCKS_LIMIT}"
         )));
     }
+    let metrics_listen = args
+        .metrics_listen
+        .as_deref()
+        .map(|addr| {
+            resolve(addr)
+                .map_err(|_| ServeError::Config(format!("bad --metrics-listen address {addr:?}")))
+        })
+        .transpose()?;
     let listener = bind_with_retry(listen)
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
@@ -95,9 +111,8 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     io::disable_huge_pages();
     let fd_limit = io::raise_fd_limit();
     if let Some(limit) = fd_limit.filter(|&l| (l as usize) < args.max_conns + 64) {
-        eprintln!(
-            "ringlock: warning: open file limit {limit} is below --max-conns {} (+64); \
-             raise it with ulimit -n",
+        tracing::warn!(
+            "open file limit {limit} is below --max-conns {} (+64); raise it with ulimit -n",
             args.max_conns
         );
     }
@@ -117,11 +132,22 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             max_locks: args.max_locks,
         },
     );
+    let mut node = node;
+    if let Some(addr) = metrics_listen {
+        let metrics = crate::metrics::bind(addr).map_err(|e| {
+            ServeError::Config(format!("cannot listen on {addr} (--metrics-listen): {e}"))
+        })?;
+        let bound = metrics.local_addr()?;
+        let shared = crate::metrics::Shared::default();
+        node.publish_to(shared.clone());
+        crate::metrics::spawn(metrics, shared)?;
+        tracing::info!("metrics on http://{bound}/metrics (and /health, /ready)");
+    }
     let reserved = node.engine().reserved_locks();
     if reserved < args.max_locks as usize {
-        eprintln!(
-            "ringlock: warning: room for only {reserved} of --max-locks {} locks could be \
-             reserved; past that the table stops the loop to copy itself as it grows",
+        tracing::warn!(
+            "room for only {reserved} of --max-locks {} locks could be reserved; past that \
+             the table stops the loop to copy itself as it grows",
             args.max_locks
         );
     }
@@ -130,18 +156,18 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         spin_us: args.spin_us,
     };
     match &backend {
-        Backend::Uring => eprintln!("ringlock: listening on {bound} (io: uring)"),
-        Backend::Epoll { why: None } => eprintln!("ringlock: listening on {bound} (io: epoll)"),
+        Backend::Uring => tracing::info!("listening on {bound} (io: uring)"),
+        Backend::Epoll { why: None } => tracing::info!("listening on {bound} (io: epoll)"),
         Backend::Epoll { why: Some(why) } => {
-            eprintln!("ringlock: listening on {bound} (io: epoll; io_uring unavailable: {why})")
+            tracing::info!("listening on {bound} (io: epoll; io_uring unavailable: {why})")
         }
     }
     let turns = match backend {
         Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
         Backend::Epoll { .. } => io::epoll::run(listener, signals, node, clock, &config)?,
     };
-    eprintln!(
-        "ringlock: stopped (longest loop turn {:.1} ms)",
+    tracing::info!(
+        "stopped (longest loop turn {:.1} ms)",
         turns.longest().as_secs_f64() * 1e3
     );
     Ok(())
@@ -194,7 +220,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
     };
     let (secret, warning) = Secret::from_file(path).map_err(ServeError::Config)?;
     if let Some(warning) = warning {
-        eprintln!("ringlock: warning: {warning}");
+        tracing::warn!("{warning}");
     }
     let incarnation = auth::random_u64()
         .map_err(|e| ServeError::Config(format!("no random numbers from the OS: {e}")))?;

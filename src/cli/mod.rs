@@ -1,5 +1,5 @@
 //! The command line for people: `acquire`, `release`, `renew`, `run`,
-//! `status`, all built on [`ringlock_client`].
+//! `status`, `locks`, all built on [`ringlock_client`].
 //!
 //! Servers come from `--server ADDR,ADDR,...`, else from the environment
 //! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`.
@@ -36,7 +36,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 use ringlock_client::{
     Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, check_key,
-    node_problem, node_status,
+    list_locks, node_problem, node_status,
 };
 
 /// Exit status: `release`/`renew` found no grant with that token.
@@ -101,6 +101,33 @@ pub enum ClientCommand {
     /// answered names it; 1 when not (no active node, several, or nodes
     /// disagreeing), 69 if no node answers. The last line says which.
     Status(StatusArgs),
+    /// List the locks of the active node: key, holder's token, lease
+    /// left, acquires waiting.
+    ///
+    /// Asks the active node (the first of --server that says it is; any
+    /// node that answers otherwise: a standby lists the grants it holds
+    /// replicated, without waiters) page by page with the `L` request.
+    /// Stops after --max locks. Exits 69 if no node answers, 70 if the node
+    /// does not know `L` (a server older than this request).
+    Locks(LocksArgs),
+}
+
+#[derive(clap::Args)]
+pub struct LocksArgs {
+    /// Only keys that start with this.
+    #[arg(long, default_value = "", value_parser = clap::value_parser!(OsString))]
+    pub prefix: OsString,
+    /// Show at most this many locks.
+    #[arg(long, default_value_t = 10_000)]
+    pub max: u64,
+    /// Locks asked for per request (1 to 1000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub page: u32,
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// How long each request has to be answered, in seconds.
+    #[arg(long, default_value = "5", value_parser = parse_lease, value_name = "SECONDS")]
+    pub timeout: u64,
 }
 
 #[derive(clap::Args)]
@@ -207,6 +234,7 @@ pub fn run(cmd: ClientCommand) -> ExitCode {
             ClientCommand::Renew(args) => renew(args).await,
             ClientCommand::Run(args) => run_command(args).await,
             ClientCommand::Status(args) => status(args).await,
+            ClientCommand::Locks(args) => locks(args).await,
         }
     });
     // Do not wait for background tasks (a connection being redialled).
@@ -659,6 +687,89 @@ fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
             ),
         )
     }
+}
+
+async fn locks(args: LocksArgs) -> u8 {
+    let prefix = args.prefix.as_bytes();
+    if !prefix.is_empty()
+        && let Err(e) = check_key(prefix)
+    {
+        return fail(&e);
+    }
+    let limit = Duration::from_millis(args.timeout);
+    let addrs = servers(&args.server);
+    // The active node has the waiters; without one, any node that answers.
+    let mut chosen = None;
+    for addr in &addrs {
+        match node_status(addr, limit).await {
+            Ok(st) if st.role == Role::Active => {
+                chosen = Some(addr.clone());
+                break;
+            }
+            Ok(_) if chosen.is_none() => chosen = Some(addr.clone()),
+            _ => {}
+        }
+    }
+    let Some(addr) = chosen else {
+        eprintln!("ringlock: no node of {} answered", addrs.join(","));
+        return EXIT_UNAVAILABLE;
+    };
+    let mut rows = vec![[
+        "KEY".to_string(),
+        "TOKEN".to_string(),
+        "LEASE LEFT".to_string(),
+        "WAITING".to_string(),
+    ]];
+    let mut cursor = 0;
+    let mut shown = 0u64;
+    let more = loop {
+        let page = args
+            .page
+            .min(u32::try_from(args.max - shown).unwrap_or(u32::MAX));
+        if page == 0 {
+            break cursor != 0;
+        }
+        let (locks, next) = match list_locks(&addr, prefix, cursor, page, limit).await {
+            Ok(answer) => answer,
+            Err(e) => return fail(&e),
+        };
+        for lock in locks {
+            shown += 1;
+            rows.push([
+                show_key(&lock.key),
+                if lock.token == 0 {
+                    "-".into()
+                } else {
+                    lock.token.to_string()
+                },
+                format!("{:.3} s", lock.lease_ms as f64 / 1000.0),
+                lock.waiters.to_string(),
+            ]);
+        }
+        if next == 0 {
+            break false;
+        }
+        cursor = next;
+    };
+    let widths: Vec<usize> = (0..4)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        println!(
+            "{:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3],
+        );
+    }
+    let more = if more { " (more not shown: --max)" } else { "" };
+    println!("{shown} locks on {addr}{more}");
+    0
 }
 
 async fn status(args: StatusArgs) -> u8 {

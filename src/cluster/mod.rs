@@ -42,6 +42,7 @@ use std::collections::HashMap;
 
 use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
+use crate::stats::ClusterStats;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use wire::PeerMsg;
 
@@ -183,6 +184,7 @@ pub struct Cluster {
     /// The engine's replication events of the turn, swapped with its log by
     /// [`Cluster::flush_replication`] (both are reused).
     events: ReplicationLog,
+    stats: ClusterStats,
 }
 
 impl Cluster {
@@ -212,6 +214,7 @@ impl Cluster {
             given_up: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
+            stats: ClusterStats::default(),
             scratch: Vec::new(),
             events: ReplicationLog::new(),
         }
@@ -403,6 +406,40 @@ impl Cluster {
         self.role
     }
 
+    /// What the cluster has counted.
+    pub fn stats(&self) -> &ClusterStats {
+        &self.stats
+    }
+
+    /// A standby that follows an active and holds its complete snapshot;
+    /// an active that is not leaving. What `/ready` answers.
+    pub fn is_ready(&self) -> bool {
+        match self.role {
+            Role::Active => !self.leaving,
+            Role::Standby { following } => following.is_some() && self.synced && !self.leaving,
+        }
+    }
+
+    /// Shutting down (SIGINT/SIGTERM): no more role changes.
+    pub fn is_leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// Peers heard from within the peer timeout.
+    pub fn peers_up(&self) -> usize {
+        (0..self.peers.len()).filter(|&p| self.alive(p)).count()
+    }
+
+    /// For each peer that follows this active node over an authenticated
+    /// link: its address and our connection to it.
+    pub fn followers(&self) -> impl Iterator<Item = (&str, ConnId)> {
+        let me = self.cfg.me;
+        self.peers.iter().enumerate().filter_map(move |(i, p)| {
+            let conn = p.out.filter(|_| p.out_authed && p.following == Some(me))?;
+            (self.role == Role::Active).then_some((self.cfg.peers[i].as_str(), conn))
+        })
+    }
+
     /// The address of peer `i` as listed in `--peers`.
     pub fn peer_addr(&self, i: usize) -> &str {
         &self.cfg.peers[i]
@@ -521,11 +558,20 @@ impl Cluster {
         if let Some(k) = given_up {
             self.given_up.swap_remove(k);
         }
+        if let Some(i) = touched {
+            let why = if given_up.is_some() {
+                "the peer gave it up"
+            } else {
+                "closed"
+            };
+            tracing::info!(peer = %self.cfg.peers[i], "a link with {} is down: {why}", self.cfg.peers[i]);
+        }
         if let Some(i) = touched.filter(|_| given_up.is_none()) {
             let p = &mut self.peers[i];
             if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
                 p.heard_ms = None;
                 p.claims_active = false;
+                tracing::warn!(peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
                 self.evaluate(now, engine);
             }
         }
@@ -714,7 +760,12 @@ impl Cluster {
             p.synced = false;
             p.snapshot_sent = false;
         }
-        p.heard_ms = Some(now.ms);
+        if p.heard_ms.is_none() {
+            tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);
+        } else {
+            tracing::info!(peer = %self.cfg.peers[from], "link from {} up (authenticated)", self.cfg.peers[from]);
+        }
+        self.peers[from].heard_ms = Some(now.ms);
         self.evaluate(now, engine);
         Ok(())
     }
@@ -771,6 +822,7 @@ impl Cluster {
         }
         self.peers[peer].out_authed = true;
         self.authenticated_any = true;
+        tracing::info!(peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);
@@ -786,6 +838,9 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), String> {
+        if self.peers[from].heard_ms.is_none() {
+            tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
+        }
         self.peers[from].heard_ms = Some(now.ms);
         let following_sender = self.role
             == Role::Standby {
@@ -833,7 +888,12 @@ impl Cluster {
                 }
             }
             PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),
-            PeerMsg::Synced if following_sender => self.synced = true,
+            PeerMsg::Synced if following_sender => {
+                if !self.synced {
+                    tracing::info!(active = %self.cfg.peers[from], "holds a full snapshot of the active {}", self.cfg.peers[from]);
+                }
+                self.synced = true;
+            }
             PeerMsg::Handoff { highest } if following_sender => {
                 engine.observe_token(highest);
                 // The sender gave the role up and follows us now, without
@@ -843,7 +903,8 @@ impl Cluster {
                 p.following = Some(self.cfg.me);
                 p.synced = false;
                 if !self.leaving {
-                    self.become_active(engine);
+                    let reason = format!("{} handed the active role over", self.cfg.peers[from]);
+                    self.become_active(engine, &reason);
                 }
             }
             PeerMsg::Handoff { highest } => {
@@ -946,6 +1007,7 @@ impl Cluster {
                 }
             } else {
                 let body = snapshot.get_or_insert_with(|| encode_snapshot(now, engine));
+                self.stats.snapshots_sent += 1;
                 engine.write_to(conn, body);
                 let p = &mut self.peers[i];
                 p.snapshot_sent = true;
@@ -981,6 +1043,7 @@ impl Cluster {
             "{} silent for {} ms: closing its links, dialing afresh",
             self.cfg.peers[i], self.cfg.peer_timeout_ms
         );
+        tracing::warn!(peer = %self.cfg.peers[i], "peer {} is down: {silent}", self.cfg.peers[i]);
         let p = &mut self.peers[i];
         if let Some(conn) = p.out {
             // Nothing more goes on it; `on_close` forgets it.
@@ -1066,6 +1129,12 @@ impl Cluster {
             // (the caller steps the engine down), and the peers fail over
             // as after a crash.
             self.role = Role::Standby { following: None };
+            self.stats.stepped_down += 1;
+            tracing::warn!(
+                role = "standby",
+                "role: active -> standby (leaving, and no live peer follows this node to hand \
+                 over to: the peers fail over as after a crash)"
+            );
             return None;
         };
         self.hand_off(now, successor, engine);
@@ -1085,31 +1154,50 @@ impl Cluster {
             Role::Active if !eligible => {
                 // A peer with another configuration may be active: of two
                 // configurations only the lower fingerprint serves.
-                self.follow(active_peer, engine);
+                let why = self.problem(now).unwrap_or("not eligible").to_string();
+                self.follow(active_peer, engine, &why);
             }
             Role::Active => {
                 if let Some(higher) = active_peer.filter(|&p| p < me) {
                     // Two actives: the lower priority steps down.
-                    self.follow(Some(higher), engine);
+                    let why = format!(
+                        "two actives: {} has the higher priority",
+                        self.cfg.peers[higher]
+                    );
+                    self.follow(Some(higher), engine, &why);
                     return;
                 }
                 let first_alive = (0..me).find(|&p| self.alive(p));
                 if let Some(p) = first_alive {
                     let peer = &self.peers[p];
                     if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
+                        tracing::info!(
+                            to = %self.cfg.peers[p],
+                            "handing the active role back to {}: it has the higher priority and \
+                             holds a full snapshot",
+                            self.cfg.peers[p]
+                        );
                         self.hand_off(now, p, engine);
                     }
                 }
             }
             Role::Standby { following } => match active_peer {
-                Some(a) if following != Some(a) => self.follow(Some(a), engine),
+                Some(a) if following != Some(a) => {
+                    let why = format!("{} is active", self.cfg.peers[a]);
+                    self.follow(Some(a), engine, &why);
+                }
                 Some(_) => {}
                 None => {
                     // Keep following a higher-priority node that is alive
                     // but not active yet (a hand-off on its way to it): it
                     // decides before we may.
-                    if following.is_some_and(|f| !self.alive(f) || f > me) {
-                        self.follow(None, engine);
+                    if let Some(f) = following.filter(|&f| !self.alive(f) || f > me) {
+                        let why = if self.alive(f) {
+                            format!("{} is no longer active", self.cfg.peers[f])
+                        } else {
+                            format!("{} is down", self.cfg.peers[f])
+                        };
+                        self.follow(None, engine, &why);
                     }
                     let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
                     // A node without state (started, never synced, follows
@@ -1123,15 +1211,34 @@ impl Cluster {
                     let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
                     let higher_alive = (0..me).any(blocks);
                     if eligible && grace_over && (!me_empty || !any_state) && !higher_alive {
-                        self.become_active(engine);
+                        self.become_active(
+                            engine,
+                            "no node is active and no node of higher priority is up",
+                        );
                     }
                 }
             },
         }
     }
 
-    fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {
+    fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
+        let before = self.role;
         self.role = Role::Standby { following: active };
+        let following = active.map_or("-", |a| self.cfg.peers[a].as_str());
+        if before == Role::Active {
+            self.stats.stepped_down += 1;
+            tracing::warn!(
+                role = "standby",
+                following,
+                "role: active -> standby, following {following} ({why})"
+            );
+        } else if before != self.role {
+            tracing::info!(
+                role = "standby",
+                following,
+                "role: standby, now following {following} ({why})"
+            );
+        }
         // Tell the peers at once (next turn), not at the next heartbeat.
         self.next_heartbeat_ms = 0;
         // Synced to a new active only once its snapshot is in; following
@@ -1143,7 +1250,11 @@ impl Cluster {
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
     }
 
-    fn become_active(&mut self, engine: &mut Engine) {
+    fn become_active(&mut self, engine: &mut Engine, why: &str) {
+        if self.role != Role::Active {
+            self.stats.became_active += 1;
+            tracing::warn!(role = "active", "role: standby -> active ({why})");
+        }
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.
@@ -1168,9 +1279,12 @@ impl Cluster {
             // that it has everything before HANDOFF.
             let snapshot = encode_snapshot(now, engine);
             engine.write_to(conn, &snapshot);
+            self.stats.snapshots_sent += 1;
             self.peers[to].snapshot_sent = true;
         }
-        self.follow(Some(to), engine);
+        let why = format!("hand-off to {}", self.cfg.peers[to]);
+        self.stats.handoffs += 1;
+        self.follow(Some(to), engine, &why);
         self.scratch.clear();
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });

@@ -724,3 +724,29 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     }
     c.check_invariants(now, &e);
 }
+
+#[test]
+fn ready_means_active_or_following_with_the_whole_snapshot() {
+    // Node 2 follows nobody (start-up grace): not ready.
+    let (mut c, mut e) = node(2);
+    assert!(!c.is_ready());
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, at(2), 11, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    // Following node 1, but its snapshot is not in yet: not ready.
+    assert!(!c.is_ready());
+    c.on_message(at(3), 11, PeerMsg::Snapshot { highest: 7 }, &mut e)
+        .unwrap();
+    assert!(!c.is_ready());
+    c.on_message(at(4), 11, PeerMsg::Synced, &mut e).unwrap();
+    assert!(c.is_ready());
+    // Node 1 hands over: active, ready.
+    c.on_message(at(5), 11, PeerMsg::Handoff { highest: 8 }, &mut e)
+        .unwrap();
+    assert_eq!(c.role(), Role::Active);
+    assert!(c.is_ready());
+    assert_eq!(c.stats().became_active, 1);
+    // Leaving: not ready any more.
+    c.leave(at(6), &mut e);
+    assert!(!c.is_ready());
+}

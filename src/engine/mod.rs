@@ -18,12 +18,14 @@
 //! inside tests with a fake clock.
 
 pub mod replication;
+pub mod stats;
 pub mod table;
 pub mod token;
 pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
 pub use replication::{Replication, ReplicationLog};
+use stats::{EngineStats, HOLD_SHIFT};
 use table::{NIL, Table, WaiterState};
 use token::TokenClock;
 use wheel::Wheel;
@@ -45,6 +47,15 @@ pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
 /// by default: `ringlock serve --max-locks`. A million held locks took
 /// about 140 MiB at peak (docs/performance.md).
 pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
+
+/// Table slots one `L` request looks at, at most: a page may hold fewer
+/// than its limit (its cursor says where to go on), but no request holds
+/// the loop for long (well under a millisecond).
+pub const LIST_SCAN: usize = 65_536;
+
+/// The waiters `L` counts on one lock, at most (the count is a walk of the
+/// queue): a lock with more is listed with this many.
+pub const LIST_WAITERS_CAP: u64 = 65_536;
 
 /// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
 /// index; this leaves half of the timing wheel's indices to waits, beside
@@ -199,6 +210,8 @@ pub struct Engine {
     /// Changes of the table since the last [`Engine::take_replication`];
     /// `None` on a node without peers.
     replication: Option<ReplicationLog>,
+    /// Counters, bumped inline ([`stats`]).
+    stats: EngineStats,
 }
 
 impl Engine {
@@ -227,7 +240,24 @@ impl Engine {
             advertise: advertise.as_bytes().into(),
             problem: None,
             replication: None,
+            stats: EngineStats::default(),
         }
+    }
+
+    /// What the engine has counted since it was made.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Waiting acquires (queued or with a held-back `T`).
+    pub fn waiter_count(&self) -> usize {
+        self.table.waiter_count()
+    }
+
+    /// Bytes in `conn`'s output not yet taken by the loop (0 for a
+    /// connection the engine does not know).
+    pub fn output_len(&self, conn: ConnId) -> usize {
+        self.conns.get(conn as usize).map_or(0, |c| c.out.len())
     }
 
     /// The highest token issued or seen (what `S` reports).
@@ -298,6 +328,7 @@ impl Engine {
             }
             let waiter = self.table.finish(w);
             self.table.remove_if_idle(waiter.lock);
+            self.stats.withdrawn += 1;
         }
     }
 
@@ -333,6 +364,7 @@ impl Engine {
                     let grant = self.table.lock_mut(lock).holder.take();
                     debug_assert!(grant.is_some(), "lease timer of a free lock");
                     if let Some(grant) = grant {
+                        self.stats.lease_expiries += 1;
                         self.replicate_release(lock, grant.token);
                     }
                     self.hand_off(now, lock);
@@ -356,6 +388,7 @@ impl Engine {
                 addr: active.as_deref(),
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.stats.redirected += 1;
             return Ok(());
         }
         match request {
@@ -366,6 +399,9 @@ impl Engine {
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
                 let ok = self.release(now, key, token);
+                if !ok {
+                    self.stats.release_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -379,6 +415,11 @@ impl Engine {
                 lease_ms,
             } => {
                 let ok = self.renew(now, key, token, lease_ms);
+                if ok {
+                    self.stats.renewed += 1;
+                } else {
+                    self.stats.renew_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -387,6 +428,11 @@ impl Engine {
                 );
             }
             Request::Status | Request::Health => self.status(conn, request),
+            Request::List {
+                cursor,
+                limit,
+                prefix,
+            } => self.list(now, conn, cursor, limit, prefix),
         }
         Ok(())
     }
@@ -395,6 +441,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn status(&mut self, conn: ConnId, request: Request<'_>) {
+        self.stats.status += 1;
         let answer = if request == Request::Health {
             Answer::Health {
                 problem: self.problem.as_deref(),
@@ -408,6 +455,50 @@ impl Engine {
             Answer::Status { role, addr, token }
         };
         emit(&mut self.conns, &mut self.dirty, conn, answer);
+    }
+
+    /// `L`: up to `limit` locks whose key starts with `prefix`, from table
+    /// slot `cursor` on, looking at no more than [`LIST_SCAN`] slots; then
+    /// `L <next cursor>` (0: the end). Rare (an operator's request) and
+    /// bounded, so one request never holds the loop long.
+    #[cold]
+    #[inline(never)]
+    fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8]) {
+        let bound = self.table.slot_bound();
+        let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
+        let end = start.saturating_add(LIST_SCAN).min(bound);
+        let mut listed = 0;
+        let mut next = end;
+        for i in start..end {
+            let Some(lock) = self.table.lock_at(i) else {
+                continue;
+            };
+            if !lock.key().starts_with(prefix) {
+                continue;
+            }
+            if listed == limit {
+                next = i;
+                break;
+            }
+            listed += 1;
+            let (token, lease_ms) = lock
+                .holder
+                .map_or((0, 0), |g| (g.token, g.expires_ms.saturating_sub(now.ms)));
+            let answer = Answer::Lock {
+                key: lock.key(),
+                token,
+                lease_ms,
+                waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+            };
+            emit(&mut self.conns, &mut self.dirty, conn, answer);
+        }
+        let cursor = if next >= bound { 0 } else { next as u64 };
+        emit(
+            &mut self.conns,
+            &mut self.dirty,
+            conn,
+            Answer::ListEnd { cursor },
+        );
     }
 
     /// What `H` answers from now on: a problem (one line of printable
@@ -433,10 +524,13 @@ impl Engine {
                 let waiter = self.table.waiter(w);
                 let key = self.table.lock(waiter.lock).key();
                 let answer = match waiter.state {
-                    WaiterState::Queued => Answer::Moved {
-                        key,
-                        addr: active.as_deref(),
-                    },
+                    WaiterState::Queued => {
+                        self.stats.redirected += 1;
+                        Answer::Moved {
+                            key,
+                            addr: active.as_deref(),
+                        }
+                    }
                     WaiterState::HeldBack => Answer::TimedOut { key },
                 };
                 emit(&mut self.conns, &mut self.dirty, conn, answer);
@@ -473,12 +567,13 @@ impl Engine {
                 return Err(Refusal::TokensExhausted);
             };
             self.grant(now, lock, conn, lease_ms, token);
+            self.stats.granted_now += 1;
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
             return Err(Refusal::TooManyWaiting);
         }
-        let w = self.table.enqueue(lock, conn, lease_ms);
+        let w = self.table.enqueue(lock, conn, lease_ms, now.ms);
         if wait_ms > 0 {
             let timer = self.wheel.insert(deadline(now, wait_ms), Timer::Wait(w));
             self.table.waiter_mut(w).timer = Some(timer);
@@ -495,6 +590,11 @@ impl Engine {
             Some(grant) if grant.token == token => {
                 *holder = None;
                 self.wheel.cancel(grant.timer);
+                // A token is the wall clock's ns at its grant (unless the
+                // token clock ran ahead of it): no field of its own.
+                self.stats
+                    .hold
+                    .record(now.unix_ns.saturating_sub(token) >> HOLD_SHIFT);
                 self.replicate_release(lock, token);
                 self.hand_off(now, lock);
                 true
@@ -560,13 +660,15 @@ impl Engine {
             return;
         };
         let waiter = self.table.waiter_mut(w);
-        let (conn, lease_ms) = (waiter.conn, waiter.lease_ms);
+        let (conn, lease_ms, queued_ms) =
+            (waiter.conn, u64::from(waiter.lease_ms), waiter.queued_ms);
         if let Some(timer) = waiter.timer.take() {
             self.wheel.cancel(timer);
         }
         match self.tokens.next(now.unix_ns) {
             Some(token) => {
                 self.grant(now, lock, conn, lease_ms, token);
+                self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
                 self.answered(w);
             }
             None => self.time_out_all(lock, w),
@@ -606,6 +708,7 @@ impl Engine {
     /// it has left the queue and will never be granted. The lock stays in
     /// the table even if nothing keeps it any more: the caller removes it.
     fn time_out(&mut self, w: u32) {
+        self.stats.timed_out += 1;
         let (conn, lock) = {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock)

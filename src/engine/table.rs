@@ -173,7 +173,10 @@ pub enum WaiterState {
 pub struct Waiter {
     pub conn: ConnId,
     pub lock: u32,
-    pub lease_ms: u64,
+    /// At most [`crate::proto::MAX_DURATION_MS`], which fits.
+    pub lease_ms: u32,
+    /// Monotonic ms of the acquire: for the wait histogram.
+    pub queued_ms: u64,
     /// The wait timer, if the acquire has a wait limit and is queued.
     pub timer: Option<TimerId>,
     pub state: WaiterState,
@@ -344,6 +347,30 @@ impl Table {
         self.locks.iter().map(|(_, lock)| lock)
     }
 
+    /// One past the highest slot a live lock has (0: none): the bound of
+    /// [`Table::lock_at`]'s indices.
+    pub fn slot_bound(&self) -> usize {
+        self.locks.iter().next_back().map_or(0, |(i, _)| i + 1)
+    }
+
+    /// The live lock in slot `i`, if any (for listing the table a page at
+    /// a time: slots are stable while a lock lives).
+    pub fn lock_at(&self, i: usize) -> Option<&Lock> {
+        self.locks.get(i)
+    }
+
+    /// How many acquires wait in the queue of the lock in slot `i`,
+    /// counted up to `cap`.
+    pub fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
+        let mut n = 0;
+        let mut w = lock.head;
+        while w != NIL && n < cap {
+            n += 1;
+            w = self.waiters[w as usize].q_next;
+        }
+        n
+    }
+
     /// The indices of every live lock.
     pub fn lock_ids(&self) -> Vec<u32> {
         self.locks.iter().map(|(i, _)| i as u32).collect()
@@ -397,7 +424,7 @@ impl Table {
     }
 
     /// Queues a new waiter at the tail of `lock`'s FIFO and of `conn`'s list.
-    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64) -> u32 {
+    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64, queued_ms: u64) -> u32 {
         if self.conns.len() <= conn as usize {
             self.conns.resize(conn as usize + 1, ConnList::EMPTY);
         }
@@ -407,7 +434,8 @@ impl Table {
         let w = self.waiters.insert(Waiter {
             conn,
             lock,
-            lease_ms,
+            lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
+            queued_ms,
             timer: None,
             state: WaiterState::Queued,
             holds_back: false,

@@ -84,7 +84,9 @@ pub fn run(
     let mut turns = LongestTurn::default();
     loop {
         let (now, at) = clock.now_precise();
-        turns.end(at);
+        if let Some(turn) = turns.end(at) {
+            node.turn_ended(turn);
+        }
         let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
         if let Err(e) = wait(
             &mut poll,
@@ -109,8 +111,8 @@ pub fn run(
                     let mut byte = [0u8; 16];
                     while matches!(signals.read(&mut byte), Ok(n) if n > 0) {}
                     if shutting_down_until.is_none() {
-                        eprintln!(
-                            "ringlock: shutting down: answering waiting acquires, closing connections"
+                        tracing::info!(
+                            "shutting down: answering waiting acquires, closing connections"
                         );
                         // Closed at once: new clients are refused rather than
                         // queued on a socket nobody will accept from.
@@ -118,7 +120,7 @@ pub fn run(
                             poll.registry().deregister(&mut l)?;
                         }
                         if let Some(to) = node.leave(now) {
-                            eprintln!("ringlock: handed the active role over to {to}");
+                            tracing::info!("handed the active role over to {to}");
                         }
                         state.close_all(&mut node, now);
                         shutting_down_until = Some(now.ms + LINGER_MS);
@@ -163,7 +165,7 @@ pub fn run(
             }
         }
         if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
-            turns.end(clock.now_precise().1);
+            let _ = turns.end(clock.now_precise().1);
             return Ok(turns);
         }
     }
@@ -213,7 +215,7 @@ impl Loop {
                 Err(e) => {
                     // Out of descriptors or memory: leave the backlog for
                     // later rather than stop serving everyone.
-                    eprintln!("ringlock: accept: {e}");
+                    tracing::warn!("accept: {e}");
                     return Ok(());
                 }
             };

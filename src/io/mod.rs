@@ -217,11 +217,13 @@ impl LongestTurn {
         self.started = Some(at);
     }
 
-    /// The loop is about to wait again, at `at`.
-    pub fn end(&mut self, at: Duration) {
-        if let Some(started) = self.started.take() {
-            self.longest = self.longest.max(at.saturating_sub(started));
-        }
+    /// The loop is about to wait again, at `at`: returns how long the turn
+    /// took (`None` before the first one).
+    pub fn end(&mut self, at: Duration) -> Option<Duration> {
+        let started = self.started.take()?;
+        let turn = at.saturating_sub(started);
+        self.longest = self.longest.max(turn);
+        Some(turn)
     }
 
     /// The longest turn ended so far.
@@ -293,6 +295,7 @@ impl Session {
                 }
                 None if self.partial.len() + data.len() >= MAX_LINE => {
                     self.lines += 1;
+                    node.protocol_error();
                     return broken(node, conn, self.lines, "line longer than 512 bytes");
                 }
                 None => {
@@ -337,6 +340,7 @@ impl Session {
                 let Some(nl) = memchr::memchr(b'\n', window) else {
                     if data.len() >= MAX_LINE {
                         self.lines += 1;
+                        node.protocol_error();
                         return broken(node, conn, self.lines, "line longer than 512 bytes");
                     }
                     self.partial.extend_from_slice(data);
@@ -348,6 +352,7 @@ impl Session {
                         // No `E` answers an `E`: the other side is gone.
                         return Flow::Broken;
                     }
+                    node.protocol_error();
                     return broken(node, conn, self.lines, reason);
                 }
                 data = &data[nl + 1..];
@@ -367,6 +372,7 @@ impl Session {
                 }
                 Err(err) => {
                     self.lines += 1;
+                    node.protocol_error();
                     return broken(node, conn, self.lines, err);
                 }
             }

@@ -266,7 +266,9 @@ pub fn run(
     let mut turns = LongestTurn::default();
     loop {
         let (now, at) = clock.now_precise();
-        turns.end(at);
+        if let Some(turn) = turns.end(at) {
+            node.turn_ended(turn);
+        }
         lp.wait(lp.timeout_ms(&node, now.ms))?;
         let (now, at) = clock.now_precise();
         turns.begin(at);
@@ -297,7 +299,7 @@ pub fn run(
             .shutdown_until
             .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)
         {
-            turns.end(clock.now_precise().1);
+            let _ = turns.end(clock.now_precise().1);
             return Ok(turns);
         }
     }
@@ -537,7 +539,7 @@ impl Uring {
             // Out of descriptors or memory: this connection is lost, the
             // others go on.
             if res != -libc::ECANCELED {
-                eprintln!("ringlock: accept: {}", io::Error::from_raw_os_error(-res));
+                tracing::warn!("accept: {}", io::Error::from_raw_os_error(-res));
             }
             return;
         }
@@ -594,13 +596,13 @@ impl Uring {
                     Some(data) if res > 0 => conn.life.received(node, now, id, data),
                     Some(_) => {}
                     None => {
-                        eprintln!("ringlock: io_uring received {res} bytes into a smaller buffer");
+                        tracing::error!("io_uring received {res} bytes into a smaller buffer");
                         res = -libc::EIO;
                     }
                 }
                 self.bufs.give_back(buf);
             } else {
-                eprintln!("ringlock: io_uring handed over receive buffer {bid}, not the kernel's");
+                tracing::error!("io_uring handed over receive buffer {bid}, not the kernel's");
                 res = -libc::EIO;
             }
         }
@@ -638,7 +640,7 @@ impl Uring {
             }
             return;
         }
-        eprintln!("ringlock: shutting down: answering waiting acquires, closing connections");
+        tracing::info!("shutting down: answering waiting acquires, closing connections");
         self.shutdown_until = Some(now.ms + LINGER_MS);
         let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0, 0))
             .build()
@@ -649,7 +651,7 @@ impl Uring {
         // is cancelled): new clients are refused, not queued.
         self.listener = None;
         if let Some(to) = node.leave(now) {
-            eprintln!("ringlock: handed the active role over to {to}");
+            tracing::info!("handed the active role over to {to}");
         }
         let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
         for id in ids {

@@ -2636,6 +2636,8 @@ impl Sim {
                 Answer::Status { .. } => (b"", b"S"),
                 Answer::Health { .. } => (b"", b"H"),
                 Answer::Error { .. } if self.clients[c].expects_error => continue,
+                // The simulated clients never send `L`.
+                Answer::Lock { .. } | Answer::ListEnd { .. } => (b"", b"L"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2707,7 +2709,11 @@ impl Sim {
                         _ => {}
                     }
                 }
-                Answer::Status { .. } | Answer::Health { .. } | Answer::Error { .. } => {}
+                Answer::Status { .. }
+                | Answer::Health { .. }
+                | Answer::Error { .. }
+                | Answer::Lock { .. }
+                | Answer::ListEnd { .. } => {}
             }
             if self.failure.is_some() {
                 return;

@@ -11,7 +11,7 @@
 //!
 //! With `--stop-server-log FILE` (and `--server-pid`), the server is sent
 //! SIGTERM once the fill is done, and its longest loop turn is read from
-//! the line it prints when it stops (`ringlock: stopped (longest loop turn
+//! the line it prints when it stops (`stopped (longest loop turn
 //! X ms)`), which FILE (its stderr) must receive.
 //!
 //! One thread, one mio loop, like the rest of the generator: send times are
@@ -433,7 +433,10 @@ fn stop_server(pid: u32, log: &std::path::Path) -> crate::Result<Option<f64>> {
     let deadline = Instant::now() + STOP_TIMEOUT;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("ringlock: stopped")) {
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.contains("stopped (longest loop turn"))
+        {
             let turn = line
                 .split("longest loop turn ")
                 .nth(1)

@@ -718,8 +718,10 @@ fn dispatch(
                 token,
             });
         }
-        // This client never sends `H` on its pooled connections.
-        Answer::Health { .. } => return Err(unmatched()),
+        // This client never sends `H` or `L` on its pooled connections.
+        Answer::Health { .. } | Answer::Lock { .. } | Answer::ListEnd { .. } => {
+            return Err(unmatched());
+        }
     }
     Ok(())
 }

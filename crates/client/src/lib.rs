@@ -1146,6 +1146,98 @@ async fn one_off(
     }
 }
 
+/// One lock of a node's table, as `L` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    pub key: Vec<u8>,
+    /// The holder's fencing token; 0 when nobody holds it (only held-back
+    /// `T` answers keep it in the table).
+    pub token: u64,
+    /// The holder's lease left, ms.
+    pub lease_ms: u64,
+    /// Acquires waiting for it.
+    pub waiters: u64,
+}
+
+/// One page of a node's lock table (`L cursor limit [prefix]`, an
+/// operator's request; docs/protocol.md), on a one-off connection with
+/// `timeout` for the whole exchange. Returns the locks and the cursor of
+/// the next page (0: the listing is complete). A node too old to know `L`
+/// answers `E`, which comes back as [`Error::Protocol`].
+pub async fn list_locks(
+    addr: &str,
+    prefix: &[u8],
+    cursor: u64,
+    limit: u32,
+    timeout: Duration,
+) -> Result<(Vec<LockInfo>, u64), Error> {
+    let mut request = Vec::new();
+    ringlock_proto::Request::List {
+        cursor,
+        limit,
+        prefix,
+    }
+    .encode(&mut request);
+    let exchange = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| Error::Connection(format!("connect to {addr}: {e}")))?;
+        let (rd, mut wr) = stream.into_split();
+        wr.write_all(&request)
+            .await
+            .map_err(|e| Error::Connection(format!("write to {addr}: {e}")))?;
+        // At most `limit` lock lines and the end line, each bounded.
+        let most = (u64::from(limit) + 1) * MAX_STATUS_LINE as u64;
+        let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, most));
+        let mut locks = Vec::new();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            rd.read_until(b'\n', &mut line)
+                .await
+                .map_err(|e| Error::Connection(format!("read from {addr}: {e}")))?;
+            if line.pop() != Some(b'\n') {
+                return Err(Error::Connection(format!(
+                    "{addr} closed the connection in the middle of an L answer"
+                )));
+            }
+            match parse_answer(&line) {
+                Ok(Answer::Lock {
+                    key,
+                    token,
+                    lease_ms,
+                    waiters,
+                }) if locks.len() < limit as usize => locks.push(LockInfo {
+                    key: key.to_vec(),
+                    token,
+                    lease_ms,
+                    waiters,
+                }),
+                Ok(Answer::ListEnd { cursor }) => return Ok((locks, cursor)),
+                Ok(Answer::Error { reason }) => {
+                    return Err(Error::Protocol(format!(
+                        "{addr} says: E {}",
+                        String::from_utf8_lossy(reason)
+                    )));
+                }
+                _ => {
+                    return Err(Error::Protocol(format!(
+                        "{addr} answered L with {:?}",
+                        String::from_utf8_lossy(&line)
+                    )));
+                }
+            }
+        }
+    };
+    let timeout = setting(timeout);
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Connection(format!(
+            "{addr}: no answer within {timeout:?}"
+        ))),
+    }
+}
+
 /// Asks one node whether it knows of a problem in its cluster (`H`), on a
 /// one-off connection with `timeout` for the whole exchange: `None` when it
 /// knows of none. A server that does not know `H` counts as knowing none.

@@ -53,6 +53,18 @@ pub enum Answer<'a> {
     /// `H ok`, or `H <problem...>`: what this node knows to be wrong in its
     /// cluster (`None`: nothing).
     Health { problem: Option<&'a [u8]> },
+    /// `K <key> <token> <lease_ms> <waiters>`: one lock of an `L` answer:
+    /// its holder's token (0: none), the holder's lease left in ms, and
+    /// the acquires waiting for it.
+    Lock {
+        key: &'a [u8],
+        token: u64,
+        lease_ms: u64,
+        waiters: u64,
+    },
+    /// `L <cursor>`: the end of an `L` answer; ask again from `cursor` for
+    /// the next page (0: there is none).
+    ListEnd { cursor: u64 },
 }
 
 impl Answer<'_> {
@@ -88,6 +100,22 @@ impl Answer<'_> {
             }
             Answer::Error { reason } => line_start(out, b'E', reason),
             Answer::Health { problem } => line_start(out, b'H', problem.unwrap_or(b"ok")),
+            Answer::Lock {
+                key,
+                token,
+                lease_ms,
+                waiters,
+            } => {
+                line_start(out, b'K', key);
+                for n in [token, lease_ms, waiters] {
+                    out.push(b' ');
+                    write_u64(out, n);
+                }
+            }
+            Answer::ListEnd { cursor } => {
+                out.extend_from_slice(b"L ");
+                write_u64(out, cursor);
+            }
         }
         out.push(b'\n');
     }
@@ -128,6 +156,21 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         let problem = (text != b"ok").then_some(text);
         return Ok(Answer::Health { problem });
     }
+    if let Some(rest) = line.strip_prefix(b"K ") {
+        let mut f = rest.split(|&b| b == b' ');
+        let (Some(key), Some(token), Some(lease), Some(waiters), None) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(bad());
+        };
+        let num = |v: &[u8]| parse_u64(v).ok_or_else(bad);
+        return Ok(Answer::Lock {
+            key: Some(key).filter(|k| is_valid_key(k)).ok_or_else(bad)?,
+            token: num(token)?,
+            lease_ms: num(lease)?,
+            waiters: num(waiters)?,
+        });
+    }
     let mut fields = line.split(|&b| b == b' ');
     let op = fields.next().ok_or_else(bad)?;
     let first = fields.next().ok_or_else(bad)?;
@@ -146,6 +189,9 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         (b"A", Some(token), None) => Answer::Granted {
             key: key().ok_or_else(bad)?,
             token: parse_u64(token).filter(|&t| t > 0).ok_or_else(bad)?,
+        },
+        (b"L", None, None) => Answer::ListEnd {
+            cursor: parse_u64(first).ok_or_else(bad)?,
         },
         (b"T", None, None) => Answer::TimedOut {
             key: key().ok_or_else(bad)?,
@@ -188,6 +234,14 @@ mod tests {
                 token: u64::MAX,
             },
             Answer::TimedOut { key: b"k\x80" },
+            Answer::Lock {
+                key: b"k",
+                token: 7,
+                lease_ms: 0,
+                waiters: 4096,
+            },
+            Answer::ListEnd { cursor: 0 },
+            Answer::ListEnd { cursor: u64::MAX },
             Answer::Moved {
                 key: b"k",
                 addr: Some(b"10.0.0.1:7171"),

@@ -24,6 +24,8 @@ pub const MAX_LINE: usize = 512;
 pub const MAX_KEY: usize = 250;
 /// Longest lease or wait: 86400 seconds, in milliseconds.
 pub const MAX_DURATION_MS: u64 = 86_400_000;
+/// The most locks one `L` answer lists.
+pub const MAX_LIST: u32 = 1000;
 
 /// True for a byte the protocol allows in a key: 0x21..=0x7E or >= 0x80.
 #[inline]

@@ -113,6 +113,22 @@ fn every_valid_request_form() {
         (b"S\r\n", Request::Status),
         (b"H\n", Request::Health),
         (b"H\r\n", Request::Health),
+        (
+            b"L 0 100\n",
+            Request::List {
+                cursor: 0,
+                limit: 100,
+                prefix: b"",
+            },
+        ),
+        (
+            b"L 18446744073709551615 1000 jobs/\n",
+            Request::List {
+                cursor: u64::MAX,
+                limit: 1000,
+                prefix: b"jobs/",
+            },
+        ),
         (b"A k 30 0\r\n", acquire(b"k", 30_000, 0)),
         (
             b"R k 5\r\n",
@@ -1110,5 +1126,31 @@ fn write_u64_is_the_decimal_form() {
         out.extend_from_slice(b"x");
         write_u64(&mut out, n);
         assert_eq!(out, format!("x{n}").into_bytes());
+    }
+}
+
+#[test]
+fn list_requests_are_bounded() {
+    for (line, want) in [
+        (&b"L 0 0\n"[..], "bad limit \"0\" (1 to 1000)"),
+        (b"L 0 1001\n", "bad limit \"1001\" (1 to 1000)"),
+        (b"L -1 10\n", "bad cursor \"-1\""),
+        (
+            b"L 18446744073709551616 10\n",
+            "bad cursor \"18446744073709551616\"",
+        ),
+        (b"L 0\n", "wrong number of fields for L: 2, expected 3"),
+        (
+            b"L 0 1 p q\n",
+            "wrong number of fields for L: 5, expected 4",
+        ),
+        (b"L 0 1 \x7f\n", "forbidden byte 0x7f in key"),
+    ] {
+        let err = one(line).unwrap_err();
+        assert_eq!(err.to_string(), want, "{}", esc(line));
+        assert_eq!(
+            crate::reference::parse_request(line).map(|r| r.map(|(q, _)| q)),
+            Err(err)
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! as the model the optimised ones are tested against (`parser_tests.rs`):
 //! same results, same errors, on every generated input. Test builds only.
 
-use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, ParseError, Request, is_key_byte};
+use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, ParseError, Request, is_key_byte};
 
 pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
     let window = &buf[..buf.len().min(MAX_LINE)];
@@ -38,6 +38,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"N" => (b'N', 4),
         b"S" => (b'S', 1),
         b"H" => (b'H', 1),
+        // `L <cursor> <limit>` or `L <cursor> <limit> <prefix>`.
+        b"L" => (b'L', count.clamp(3, 4)),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -65,6 +67,13 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
             lease_ms: lease(fields[3])?,
         },
         b'S' => Request::Status,
+        b'L' => Request::List {
+            cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
+            limit: parse_u64(fields[2])
+                .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
+                .ok_or(ParseError::Limit(fields[2]))? as u32,
+            prefix: if count == 4 { key(fields[3])? } else { b"" },
+        },
         _ => Request::Health,
     };
     Ok(request)

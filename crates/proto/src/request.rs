@@ -3,8 +3,8 @@
 use std::fmt;
 
 use super::{
-    MAX_DURATION_MS, MAX_KEY, MAX_LINE, is_key_byte, parse_seconds, parse_u64, write_seconds,
-    write_u64,
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, is_key_byte, parse_seconds, parse_u64,
+    write_seconds, write_u64,
 };
 
 /// One request, borrowing its key from the buffer it was parsed from.
@@ -28,6 +28,14 @@ pub enum Request<'a> {
     Status,
     /// `H`: does this node know of a problem in its cluster?
     Health,
+    /// `L <cursor> <limit> [<prefix>]`: a page of the lock table (an
+    /// operator's inspection; docs/protocol.md). `prefix` is empty for
+    /// every key.
+    List {
+        cursor: u64,
+        limit: u32,
+        prefix: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -68,6 +76,20 @@ impl<'a> Request<'a> {
             }
             Request::Status => out.push(b'S'),
             Request::Health => out.push(b'H'),
+            Request::List {
+                cursor,
+                limit,
+                prefix,
+            } => {
+                out.extend_from_slice(b"L ");
+                write_u64(out, cursor);
+                out.push(b' ');
+                write_u64(out, u64::from(limit));
+                if !prefix.is_empty() {
+                    out.push(b' ');
+                    out.extend_from_slice(prefix);
+                }
+            }
         }
         out.push(b'\n');
     }
@@ -78,7 +100,7 @@ impl<'a> Request<'a> {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::Renew { key, .. } => Some(key),
-            Request::Status | Request::Health => None,
+            Request::Status | Request::Health | Request::List { .. } => None,
         }
     }
 }
@@ -104,6 +126,8 @@ pub enum ParseError<'a> {
     Lease(&'a [u8]),
     Wait(&'a [u8]),
     Token(&'a [u8]),
+    Cursor(&'a [u8]),
+    Limit(&'a [u8]),
 }
 
 impl fmt::Display for ParseError<'_> {
@@ -124,6 +148,8 @@ impl fmt::Display for ParseError<'_> {
             ParseError::Lease(v) => write!(f, "bad lease \"{}\"", Quoted(v)),
             ParseError::Wait(v) => write!(f, "bad wait \"{}\"", Quoted(v)),
             ParseError::Token(v) => write!(f, "bad token \"{}\"", Quoted(v)),
+            ParseError::Cursor(v) => write!(f, "bad cursor \"{}\"", Quoted(v)),
+            ParseError::Limit(v) => write!(f, "bad limit \"{}\" (1 to {MAX_LIST})", Quoted(v)),
         }
     }
 }
@@ -215,6 +241,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"N" => (b'N', 4),
         b"S" => (b'S', 1),
         b"H" => (b'H', 1),
+        // An operator's request, out of the requests' way.
+        b"L" => return parse_list(&fields, count),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -245,6 +273,28 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         _ => Request::Health,
     };
     Ok(request)
+}
+
+/// `L <cursor> <limit>` or `L <cursor> <limit> <prefix>` (`count` fields,
+/// the first five in `fields`).
+#[cold]
+#[inline(never)]
+fn parse_list<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, ParseError<'a>> {
+    let want = count.clamp(3, 4);
+    if count != want {
+        return Err(ParseError::FieldCount {
+            op: b'L',
+            got: count,
+            want,
+        });
+    }
+    Ok(Request::List {
+        cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
+        limit: parse_u64(fields[2])
+            .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
+            .ok_or(ParseError::Limit(fields[2]))? as u32,
+        prefix: if count == 4 { key(fields[3])? } else { b"" },
+    })
 }
 
 /// Eight bytes at once, little-endian, for the word-at-a-time scans below.

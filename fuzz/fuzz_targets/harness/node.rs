@@ -729,7 +729,8 @@ impl Harness {
                 (0, _) | (_, true) => self.token(input).max(1),
                 (n, false) => known[usize::from(input.u8()) % n],
             };
-            let req = match kind % 6 {
+            let prefix = &key[..usize::from(input.u8()) % (key.len() + 1)];
+            let req = match kind % 7 {
                 0 | 1 => Request::Acquire {
                     key: &key,
                     lease_ms: self.duration(input, 1),
@@ -742,7 +743,16 @@ impl Harness {
                     lease_ms: self.duration(input, 1),
                 },
                 4 => Request::Status,
-                _ => Request::Health,
+                5 => Request::Health,
+                _ => Request::List {
+                    cursor: match input.u8() % 3 {
+                        0 => 0,
+                        1 => u64::from(input.u16()),
+                        _ => input.u64(),
+                    },
+                    limit: 1 + u32::from(input.u16()) % 1000,
+                    prefix,
+                },
             };
             req.encode(&mut data);
         }
@@ -1449,6 +1459,16 @@ impl Harness {
                     self.tokens.push((key.to_vec(), token));
                 }
                 Answer::Status { token, .. } => assert!(token <= highest_now),
+                Answer::Lock { token, waiters, .. } => {
+                    assert!(
+                        token <= highest_now,
+                        "L lists token {token} above {highest_now}"
+                    );
+                    assert!(waiters <= ringlock::engine::LIST_WAITERS_CAP);
+                    // Part of one `L` answer: its `L <cursor>` line is the
+                    // one answer counted.
+                    return;
+                }
                 _ => {}
             }
         }

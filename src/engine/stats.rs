@@ -1,0 +1,134 @@
+//! What the engine counts: plain integers bumped inline by the loop's
+//! thread (no atomics). The node publishes copies of them; the engine
+//! does not know where they go.
+
+/// Buckets of a [`Log2Histogram`]: bucket 0 holds the value 0, bucket `i`
+/// (1 ≤ i < 31) the values `2^(i-1) ..= 2^i - 1`, bucket 31 the rest.
+pub const LOG2_BUCKETS: usize = 32;
+
+/// A histogram of integer values (milliseconds or microseconds) with
+/// power-of-two buckets: recording one value is a count of leading zeros,
+/// a `min` and two additions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Log2Histogram {
+    pub buckets: [u64; LOG2_BUCKETS],
+    pub sum: u64,
+}
+
+impl Default for Log2Histogram {
+    fn default() -> Self {
+        Log2Histogram {
+            buckets: [0; LOG2_BUCKETS],
+            sum: 0,
+        }
+    }
+}
+
+impl Log2Histogram {
+    #[inline]
+    pub fn record(&mut self, value: u64) {
+        let i = ((u64::BITS - value.leading_zeros()) as usize).min(LOG2_BUCKETS - 1);
+        self.buckets[i] += 1;
+        self.sum = self.sum.wrapping_add(value);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// The largest value bucket `i` holds (`None`: the last, unbounded).
+    pub fn upper_bound(i: usize) -> Option<u64> {
+        (i < LOG2_BUCKETS - 1).then(|| (1u64 << i) - 1)
+    }
+}
+
+/// What the engine counts: requests by outcome, timers, and the time
+/// from acquire to grant and from grant to release (ms).
+///
+/// What the request path pays is kept to the least: a grant at once is one
+/// increment (it is not recorded in `wait_ms`, see
+/// [`EngineStats::wait_all`]); a release with the right token is one
+/// histogram record (its count is the count of releases); a hand-off to a
+/// waiter is one histogram record (its count is the count of grants after
+/// a wait).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// `A` answered with a grant at once.
+    pub granted_now: u64,
+    /// `A` answered `T`.
+    pub timed_out: u64,
+    /// `A`, `R` or `N` answered `M` (a standby).
+    pub redirected: u64,
+    /// `A` withdrawn unanswered: its connection closed while it waited.
+    pub withdrawn: u64,
+    /// `R` answered `R key 0`: no grant carries that token (any more).
+    pub release_stale: u64,
+    pub renewed: u64,
+    pub renew_stale: u64,
+    /// `S` and `H`.
+    pub status: u64,
+    /// Leases that ran out.
+    pub lease_expiries: u64,
+    /// From acquire to grant, ms, of the acquires that waited in a queue
+    /// (a hand-off on a release or an expiry).
+    pub wait_ms: Log2Histogram,
+    /// From grant to release (renewals included) of the grants released
+    /// with their token, in units of 2^[`HOLD_SHIFT`] ns (1.048576 ms),
+    /// measured from the token: a token is the wall clock in ns when it
+    /// was issued, unless the token clock had run ahead of the wall clock
+    /// (then the hold reads shorter, at least 0). This costs the grant no
+    /// field of its own. Leases that ran out are not in it.
+    pub hold: Log2Histogram,
+}
+
+/// Hold times are recorded in units of 2^20 ns.
+pub const HOLD_SHIFT: u32 = 20;
+
+impl EngineStats {
+    /// `R` answered `R key 1`.
+    pub fn released(&self) -> u64 {
+        self.hold.count()
+    }
+
+    /// `A` granted after waiting in the queue.
+    pub fn granted_after_wait(&self) -> u64 {
+        self.wait_ms.count()
+    }
+
+    /// From acquire to grant, every grant: the grants at once are 0 ms.
+    pub fn wait_all(&self) -> Log2Histogram {
+        let mut all = self.wait_ms;
+        all.buckets[0] += self.granted_now;
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log2_buckets_hold_what_their_bounds_say() {
+        let mut h = Log2Histogram::default();
+        for v in [0, 1, 2, 3, 4, 7, 8, 1000, u64::MAX] {
+            h.record(v);
+        }
+        assert_eq!(h.buckets[0], 1); // 0
+        assert_eq!(h.buckets[1], 1); // 1
+        assert_eq!(h.buckets[2], 2); // 2, 3
+        assert_eq!(h.buckets[3], 2); // 4, 7
+        assert_eq!(h.buckets[4], 1); // 8
+        assert_eq!(h.buckets[10], 1); // 512..=1023
+        assert_eq!(h.buckets[LOG2_BUCKETS - 1], 1);
+        assert_eq!(h.count(), 9);
+        for i in 0..LOG2_BUCKETS - 1 {
+            let top = Log2Histogram::upper_bound(i).unwrap();
+            let mut one = Log2Histogram::default();
+            one.record(top);
+            assert_eq!(one.buckets[i], 1, "bucket {i}");
+            one.record(top + 1);
+            assert_eq!(one.buckets[i + 1], 1, "bucket {}", i + 1);
+        }
+        assert_eq!(Log2Histogram::upper_bound(LOG2_BUCKETS - 1), None);
+    }
+}

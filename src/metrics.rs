@@ -1,0 +1,419 @@
+//! `--metrics-listen ADDR`: Prometheus metrics at `/metrics`, `/health`
+//! and `/ready`, served by a small HTTP/1.1 server on threads of its own.
+//!
+//! The loop never waits for it: it publishes a [`Snapshot`] of its
+//! counters and gauges ([`crate::stats`]) into a mutex at most every
+//! [`crate::stats::PUBLISH_EVERY_MS`] (one lock, taken for a copy, by the
+//! loop at most ten times a second), and the HTTP side reads the latest
+//! one. A scrape sees numbers at most that old.
+//!
+//! The server bounds everything a client sends: one request per
+//! connection, a request head of at most [`MAX_HEAD`] bytes read within
+//! [`IO_TIMEOUT`], at most [`MAX_CONNS`] connections served at once (more
+//! are answered 503 and closed). Hostile input gets a 4xx and a close.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+
+use crate::engine::stats::HOLD_SHIFT;
+use crate::stats::{ClusterStats, EngineStats, LOG2_BUCKETS, Log2Histogram, NodeStats};
+
+/// The longest request head (request line and headers) read.
+pub const MAX_HEAD: usize = 8 * 1024;
+/// Connections served at once; more are answered 503.
+pub const MAX_CONNS: usize = 16;
+/// Deadline for reading a request and for writing its answer.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the loop publishes: its counters and the gauges of the moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The loop has published at least once.
+    pub published: bool,
+    pub engine: EngineStats,
+    pub node: NodeStats,
+    pub cluster: ClusterStats,
+    /// With peers; false for a cluster of one.
+    pub clustered: bool,
+    pub active: bool,
+    /// Active, or a standby that follows an active and holds its complete
+    /// snapshot (`/ready`).
+    pub ready: bool,
+    pub leaving: bool,
+    pub highest_token: u64,
+    pub locks: u64,
+    pub waiters: u64,
+    pub peers_up: u64,
+    /// Per follower: its address and the replication bytes queued for it.
+    pub followers: Vec<(String, u64)>,
+}
+
+/// Where the loop puts its [`Snapshot`] and the HTTP side reads it.
+pub type Shared = Arc<Mutex<Snapshot>>;
+
+/// Starts the metrics listener on `listener`; it serves until the process
+/// exits.
+pub fn spawn(listener: TcpListener, shared: Shared) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || accept_loop(listener, shared))?;
+    Ok(())
+}
+
+fn accept_loop(listener: TcpListener, shared: Shared) {
+    let busy = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else {
+            // Out of descriptors, say: do not spin on it.
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNS {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            let _ = respond(&mut stream, 503, "text/plain", b"busy\n");
+            continue;
+        }
+        let shared = shared.clone();
+        let guard = Busy(busy.clone());
+        let spawned = std::thread::Builder::new()
+            .name("metrics-conn".into())
+            .spawn(move || {
+                let _guard = guard;
+                serve(stream, &shared);
+            });
+        if spawned.is_err() {
+            // The guard went with the closure and was dropped: the count
+            // is right.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Counts a connection being served; uncounted when dropped.
+struct Busy(Arc<AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves one request on `stream`, then closes it.
+fn serve(mut stream: TcpStream, shared: &Shared) {
+    let head = match read_head(&mut stream) {
+        Ok(head) => head,
+        Err(status) => {
+            let _ = respond(&mut stream, status, "text/plain", b"bad request\n");
+            return;
+        }
+    };
+    let (status, kind, body) = route(&head, shared);
+    let _ = respond(&mut stream, status, kind, body.as_bytes());
+}
+
+/// Reads up to the end of the request head (`\r\n\r\n`), within
+/// [`IO_TIMEOUT`] in all and [`MAX_HEAD`] bytes. `Err` is the status to
+/// answer.
+fn read_head(stream: &mut TcpStream) -> Result<String, u16> {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return Err(408);
+        }
+        let n = match stream.read(&mut buf) {
+            Ok(0) => return Err(400),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(408),
+        };
+        head.extend_from_slice(buf.get(..n).unwrap_or_default());
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            break;
+        }
+        if head.len() > MAX_HEAD {
+            return Err(431);
+        }
+    }
+    String::from_utf8(head).map_err(|_| 400)
+}
+
+/// The answer to a request head: status, content type, body.
+fn route(head: &str, shared: &Shared) -> (u16, &'static str, String) {
+    let line = head.lines().next().unwrap_or_default();
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "GET" {
+        return (405, "text/plain", "only GET\n".into());
+    }
+    let path = target.split('?').next().unwrap_or("");
+    let snapshot = match shared.lock() {
+        Ok(s) => s.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    match path {
+        "/metrics" => (
+            200,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            encode(&snapshot),
+        ),
+        "/health" => (200, "text/plain", "ok\n".into()),
+        "/ready" => {
+            if snapshot.ready {
+                let what = if snapshot.active {
+                    "active"
+                } else {
+                    "standby, synced"
+                };
+                (200, "text/plain", format!("ready: {what}\n"))
+            } else {
+                let why = if !snapshot.published {
+                    "starting"
+                } else if snapshot.leaving {
+                    "shutting down"
+                } else {
+                    "standby without a full snapshot of an active"
+                };
+                (503, "text/plain", format!("not ready: {why}\n"))
+            }
+        }
+        _ => (
+            404,
+            "text/plain",
+            "not found: try /metrics, /health, /ready\n".into(),
+        ),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: u16, kind: &str, body: &[u8]) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Error",
+    };
+    let mut head = String::new();
+    let _ = write!(
+        head,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
+/// A histogram from a [`Log2Histogram`], scaled to seconds.
+#[derive(Debug)]
+struct Hist {
+    sum: f64,
+    count: u64,
+    /// Per bucket (not cumulative): upper bound in seconds, count.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Hist {
+    /// `per_second`: units in a second (1000 for ms).
+    fn new(h: &Log2Histogram, per_second: f64, top: usize) -> Hist {
+        let mut buckets = Vec::with_capacity(top + 1);
+        let mut rest = 0;
+        for (i, &n) in h.buckets.iter().enumerate() {
+            match Log2Histogram::upper_bound(i).filter(|_| i < top) {
+                Some(bound) => buckets.push((bound as f64 / per_second, n)),
+                None => rest += n,
+            }
+        }
+        buckets.push((f64::INFINITY, rest));
+        debug_assert!(top <= LOG2_BUCKETS);
+        Hist {
+            sum: h.sum as f64 / per_second,
+            count: h.count(),
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for Hist {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.sum,
+            self.count,
+            &self.buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The snapshot as OpenMetrics text (which Prometheus scrapes).
+pub fn encode(s: &Snapshot) -> String {
+    let mut r = Registry::default();
+    let e = &s.engine;
+    // A family of counters from values: the counters' own type counts up
+    // only, so each value is set once on a fresh one.
+    let counters = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+    for (kind, outcome, v) in [
+        ("acquire", "granted_at_once", e.granted_now),
+        ("acquire", "granted_after_wait", e.granted_after_wait()),
+        ("acquire", "timed_out", e.timed_out),
+        ("acquire", "withdrawn", e.withdrawn),
+        ("any", "redirected", e.redirected),
+        ("any", "refused", s.node.requests_refused),
+        ("release", "released", e.released()),
+        ("release", "stale_token", e.release_stale),
+        ("renew", "renewed", e.renewed),
+        ("renew", "stale_token", e.renew_stale),
+        ("status", "answered", e.status),
+    ] {
+        counters
+            .get_or_create(&vec![("kind", kind), ("outcome", outcome)])
+            .inc_by(v);
+    }
+    r.register(
+        "ringlock_requests",
+        "Requests by kind and outcome (acquire outcomes are the answers; redirected: M from a standby; refused: E for a request that parsed)",
+        counters,
+    );
+    r.register(
+        "ringlock_protocol_errors",
+        "Lines that broke the protocol (E, then the connection closes)",
+        ConstCounter::new(s.node.protocol_errors),
+    );
+    r.register(
+        "ringlock_lease_expiries",
+        "Leases that ran out",
+        ConstCounter::new(e.lease_expiries),
+    );
+    r.register(
+        "ringlock_lock_handoffs",
+        "Locks passed to the head waiter on a release or an expiry",
+        ConstCounter::new(e.granted_after_wait()),
+    );
+    r.register(
+        "ringlock_connections_opened",
+        "Connections taken (clients and peer links)",
+        ConstCounter::new(s.node.conns_opened),
+    );
+    r.register(
+        "ringlock_connections_refused",
+        "Connections closed at once: beyond --max-conns and the peers' reserve",
+        ConstCounter::new(s.node.conns_refused),
+    );
+    r.register(
+        "ringlock_connections_open",
+        "Connections open (clients and peer links)",
+        ConstGauge::new(s.node.conns_opened.saturating_sub(s.node.conns_closed) as i64),
+    );
+    r.register(
+        "ringlock_locks",
+        "Live locks: keys held, waited for, or owing a held-back T",
+        ConstGauge::new(s.locks as i64),
+    );
+    r.register(
+        "ringlock_waiters",
+        "Acquires waiting in queues",
+        ConstGauge::new(s.waiters as i64),
+    );
+    r.register(
+        "ringlock_highest_token",
+        "The highest fencing token issued or seen",
+        ConstGauge::new(i64::try_from(s.highest_token).unwrap_or(i64::MAX)),
+    );
+    r.register(
+        "ringlock_active",
+        "1 while this node is the active one (serves clients)",
+        ConstGauge::new(i64::from(s.active)),
+    );
+    r.register(
+        "ringlock_ready",
+        "1 while active, or a standby holding a full snapshot of the active (what /ready says)",
+        ConstGauge::new(i64::from(s.ready)),
+    );
+    r.register(
+        "ringlock_wait_seconds",
+        "Time from acquire to grant (0 for a grant at once); whole milliseconds",
+        Hist::new(&e.wait_all(), 1e3, 26),
+    );
+    r.register(
+        "ringlock_hold_seconds",
+        "Time from grant to release with the grant's token (measured from the token, the wall clock's ns at the grant; leases that ran out are not counted); units of 1.048576 ms",
+        Hist::new(&e.hold, 1e9 / f64::from(1u32 << HOLD_SHIFT), 28),
+    );
+    r.register(
+        "ringlock_loop_turn_seconds",
+        "Event loop turns, from waking up to waiting again; whole microseconds",
+        Hist::new(&s.node.turn_us, 1e6, 24),
+    );
+    if s.clustered {
+        r.register(
+            "ringlock_peers_up",
+            "Peers heard from within the peer timeout",
+            ConstGauge::new(s.peers_up as i64),
+        );
+        r.register(
+            "ringlock_snapshots_sent",
+            "Snapshots of the table sent to followers",
+            ConstCounter::new(s.cluster.snapshots_sent),
+        );
+        r.register(
+            "ringlock_role_handoffs",
+            "Times this node handed the active role to a peer",
+            ConstCounter::new(s.cluster.handoffs),
+        );
+        r.register(
+            "ringlock_became_active",
+            "Times this node became the active one",
+            ConstCounter::new(s.cluster.became_active),
+        );
+        r.register(
+            "ringlock_stepped_down",
+            "Times this node stopped being the active one",
+            ConstCounter::new(s.cluster.stepped_down),
+        );
+        let queued = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        for (addr, bytes) in &s.followers {
+            queued
+                .get_or_create(&vec![("follower", addr.clone())])
+                .set(*bytes as i64);
+        }
+        r.register(
+            "ringlock_replication_queued_bytes",
+            "Replication bytes queued for each follower, not yet handed to the kernel",
+            queued,
+        );
+    }
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+        out.clear();
+        out.push_str("# EOF\n");
+    }
+    out
+}
+
+/// Binds the metrics listener.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+}

@@ -1,0 +1,729 @@
+//! Operating a node: the metrics listener (`/metrics` parses as Prometheus
+//! text and its counters follow a scripted session, `/ready` follows the
+//! role through a failover, hostile HTTP input), and the log (timestamps,
+//! role changes, JSON lines).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::{BACKENDS, Cluster, Server, StderrLog, poll_until, skip};
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// The metrics address a node logged (`metrics on http://ADDR/metrics`).
+fn metrics_addr(log: &StderrLog) -> SocketAddr {
+    let line = log.wait_for("metrics on http://", WITHIN);
+    line.split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+}
+
+/// One HTTP request, its status and body. Every wait has a deadline.
+fn http(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(request).expect("write request");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read answer");
+    let text = String::from_utf8(raw).expect("utf-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|l| l.trim().parse().ok())
+        .expect("Content-Length");
+    assert_eq!(body.len(), length, "body length");
+    (status, body.to_string())
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes(),
+    )
+}
+
+/// `/metrics`, checked line by line against the exposition format (a
+/// `# HELP` and a `# TYPE` before each family's samples, samples of that
+/// family only, numeric values, `# EOF` last), then parsed by
+/// `prometheus-parse`. Returns each sample (name with its labels as
+/// written) and value.
+fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
+    let (status, body) = get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    let mut samples = HashMap::new();
+    let mut family: Option<(String, String)> = None;
+    let mut help_for = None;
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "no # EOF at the end");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap();
+            help_for = Some(name.to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            assert_eq!(help_for.as_deref(), Some(name), "TYPE without HELP: {line}");
+            assert!(
+                ["counter", "gauge", "histogram"].contains(&kind),
+                "type {kind}"
+            );
+            family = Some((name.to_string(), kind.to_string()));
+            continue;
+        }
+        assert!(!line.starts_with('#'), "unexpected comment {line:?}");
+        let (series, value) = line.rsplit_once(' ').expect("name and value");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name {name:?}"
+        );
+        if let Some(labels) = series.strip_prefix(name)
+            && !labels.is_empty()
+        {
+            assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
+        }
+        let (fam, kind) = family.as_ref().expect("a sample before any TYPE");
+        let suffixes: &[&str] = match kind.as_str() {
+            "counter" => &["_total"],
+            "gauge" => &[""],
+            _ => &["_sum", "_count", "_bucket"],
+        };
+        assert!(
+            suffixes.iter().any(|s| name == format!("{fam}{s}")),
+            "{name} is not of the family {fam} ({kind})"
+        );
+        assert!(
+            samples.insert(series.to_string(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    // And a parser of the format agrees on every counter and gauge (it
+    // folds a histogram's series into one sample).
+    let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("prometheus-parse takes it");
+    let mut theirs: Vec<(String, u64)> = Vec::new();
+    let mut histograms = 0;
+    for sample in &parsed.samples {
+        match sample.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => {
+                theirs.push((sample.metric.clone(), v.to_bits()))
+            }
+            // OpenMetrics names a counter's family without `_total` (its
+            // samples have it); the classic parser then calls them untyped.
+            prometheus_parse::Value::Untyped(v) if sample.metric.ends_with("_total") => {
+                theirs.push((sample.metric.clone(), v.to_bits()))
+            }
+            prometheus_parse::Value::Histogram(_) => histograms += 1,
+            // It takes a histogram's `_sum` and `_count` apart from its
+            // buckets when they come first (as OpenMetrics allows).
+            prometheus_parse::Value::Untyped(_)
+                if sample.metric.ends_with("_sum") || sample.metric.ends_with("_count") => {}
+            ref other => panic!("{}: {other:?}", sample.metric),
+        }
+    }
+    let mut ours: Vec<(String, u64)> = samples
+        .iter()
+        .filter(|(series, _)| {
+            !series.contains("_bucket") && !series.ends_with("_sum") && !series.ends_with("_count")
+        })
+        .map(|(series, v)| (series.split('{').next().unwrap().to_string(), v.to_bits()))
+        .collect();
+    theirs.sort();
+    ours.sort();
+    assert_eq!(theirs, ours, "prometheus-parse reads other values");
+    assert_eq!(histograms, 3, "the three histograms");
+    samples
+}
+
+fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    *samples
+        .get(series)
+        .unwrap_or_else(|| panic!("no {series} in {samples:#?}"))
+}
+
+fn requests(samples: &HashMap<String, f64>, kind: &str, outcome: &str) -> f64 {
+    value(
+        samples,
+        &format!("ringlock_requests_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}"),
+    )
+}
+
+fn metrics_follow_a_scripted_session(io: &str) {
+    if skip(io) {
+        return;
+    }
+    let (server, log) = Server::start_logged(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--io",
+        io,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let m = metrics_addr(&log);
+    // Before anything: a fresh node counts nothing.
+    let s = poll_until(
+        "a first publish",
+        WITHIN,
+        || scrape(m),
+        |s| s.get("ringlock_active") == Some(&1.0),
+    )
+    .1;
+    assert_eq!(requests(&s, "acquire", "granted_at_once"), 0.0);
+    assert_eq!(value(&s, "ringlock_ready"), 1.0);
+
+    let mut a = server.connect();
+    let mut b = server.connect();
+    let t1 = common::Conn::token_of(&a.call("A ops/k 30 0"));
+    assert_eq!(b.call("A ops/k 30 0.1"), "T ops/k"); // waits 100 ms, times out
+    b.line("A ops/k 30 0"); // waits
+    assert_eq!(a.call("R ops/k 1"), "R ops/k 0"); // stale token
+    std::thread::sleep(Duration::from_millis(20)); // a hold time above 0 ms... at least 20
+    assert_eq!(a.call(&format!("R ops/k {t1}")), "R ops/k 1");
+    let t2 = common::Conn::token_of(&b.recv()); // granted after waiting
+    assert_eq!(b.call(&format!("N ops/k {t2} 30")), "N ops/k 1");
+    assert_eq!(b.call("N ops/k 1 30"), "N ops/k 0");
+    let t3 = common::Conn::token_of(&a.call("A ops/short 0.05 0")); // expires in 50 ms
+    let mut bad = server.connect();
+    bad.line("X what");
+    assert!(bad.recv().starts_with("E unknown op"));
+
+    let s = poll_until(
+        "the session's counters",
+        WITHIN,
+        || scrape(m),
+        |s| {
+            s.get("ringlock_lease_expiries_total") == Some(&1.0)
+                && s.get("ringlock_protocol_errors_total") == Some(&1.0)
+        },
+    )
+    .1;
+    assert_eq!(requests(&s, "acquire", "granted_at_once"), 2.0);
+    assert_eq!(requests(&s, "acquire", "granted_after_wait"), 1.0);
+    assert_eq!(requests(&s, "acquire", "timed_out"), 1.0);
+    assert_eq!(requests(&s, "release", "released"), 1.0);
+    assert_eq!(requests(&s, "release", "stale_token"), 1.0);
+    assert_eq!(requests(&s, "renew", "renewed"), 1.0);
+    assert_eq!(requests(&s, "renew", "stale_token"), 1.0);
+    assert_eq!(requests(&s, "any", "redirected"), 0.0);
+    assert_eq!(value(&s, "ringlock_lock_handoffs_total"), 1.0);
+    assert_eq!(value(&s, "ringlock_connections_opened_total"), 3.0);
+    // ops/k held by b; ops/short expired and gone.
+    assert_eq!(value(&s, "ringlock_locks"), 1.0);
+    assert_eq!(value(&s, "ringlock_waiters"), 0.0);
+    assert_eq!(value(&s, "ringlock_highest_token"), t3 as f64);
+    // Three grants (two at once: 0 ms).
+    assert_eq!(value(&s, "ringlock_wait_seconds_count"), 3.0);
+    assert_eq!(value(&s, "ringlock_wait_seconds_bucket{le=\"0.0\"}"), 2.0);
+    // One hold ended by a release (an expiry is not a hold time): at least
+    // the 100 ms wait that timed out and the 20 ms sleep.
+    assert_eq!(value(&s, "ringlock_hold_seconds_count"), 1.0);
+    assert_eq!(value(&s, "ringlock_hold_seconds_bucket{le=\"0.0\"}"), 0.0);
+    assert!(value(&s, "ringlock_hold_seconds_sum") >= 0.12, "{s:?}");
+    assert!(value(&s, "ringlock_loop_turn_seconds_count") > 0.0);
+    // The protocol error closed its connection.
+    let s = poll_until(
+        "the broken connection closed",
+        WITHIN,
+        || scrape(m),
+        |s| s.get("ringlock_connections_open") == Some(&2.0),
+    )
+    .1;
+    assert_eq!(value(&s, "ringlock_connections_refused_total"), 0.0);
+    drop(server);
+}
+
+#[test]
+fn metrics_follow_a_scripted_session_uring() {
+    metrics_follow_a_scripted_session(BACKENDS[0]);
+}
+
+#[test]
+fn metrics_follow_a_scripted_session_epoll() {
+    metrics_follow_a_scripted_session(BACKENDS[1]);
+}
+
+/// Hostile input to the metrics listener: a head that never ends, a head
+/// that is too long, another method, an unknown path. Each is answered
+/// and closed, and the listener serves others meanwhile.
+#[test]
+fn the_metrics_listener_bounds_what_it_reads() {
+    let (_server, log) = Server::start_logged(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--io",
+        "epoll",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let m = metrics_addr(&log);
+    // A client that sends half a head and waits: it holds one connection,
+    // not the listener.
+    let mut slow = TcpStream::connect(m).unwrap();
+    slow.write_all(b"GET /metr").unwrap();
+    let (status, body) = get(m, "/health");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    // A head past the bound: 431, closed.
+    let mut long = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 20_000));
+    let (status, _) = http(m, &long);
+    assert_eq!(status, 431);
+    assert_eq!(http(m, b"POST /metrics HTTP/1.1\r\n\r\n").0, 405);
+    assert_eq!(get(m, "/nothing").0, 404);
+    assert_eq!(http(m, b"\xff\xfe\r\n\r\n").0, 400);
+    // The slow one is answered 408 within the listener's 5 s deadline.
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut raw = Vec::new();
+    slow.read_to_end(&mut raw).unwrap();
+    assert!(
+        String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 408"),
+        "{raw:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(6));
+    // Still serving.
+    assert_eq!(get(m, "/ready").0, 200);
+}
+
+/// `/ready`: 503 for a standby that follows nobody, 200 once it is active,
+/// 200 as a standby holding the active's snapshot after handing the role
+/// back, and 200 again as the active after that active dies. The log of
+/// the node says each role change, with its reason and an RFC 3339 time.
+#[test]
+fn ready_follows_the_role_through_a_failover() {
+    let mut c = Cluster::configure(2, "epoll", &["--metrics-listen", "127.0.0.1:0"]);
+    // A long start-up grace: node 1, alone, waits 2 s before it takes over.
+    c.peer_timeout_ms = 2000;
+    let log1 = c.start_node_logged(1);
+    let m1 = metrics_addr(&log1);
+    let (status, body) = get(m1, "/ready");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready"), "{body}");
+    poll_until(
+        "node 1 ready as the active",
+        WITHIN,
+        || get(m1, "/ready"),
+        |r| r.0 == 200,
+    );
+    assert_eq!(get(m1, "/ready").1, "ready: active\n");
+
+    // Node 0 (higher priority) joins: it takes the role back once it holds
+    // node 1's snapshot, and node 1 follows it with a full snapshot.
+    let log0 = c.start_node_logged(0);
+    let m0 = metrics_addr(&log0);
+    c.wait_settled(0, WITHIN);
+    poll_until(
+        "node 1 ready as a synced standby",
+        WITHIN,
+        || get(m1, "/ready"),
+        |r| r == &(200, "ready: standby, synced\n".to_string()),
+    );
+    // What the listener serves is at most 100 ms old.
+    poll_until(
+        "node 0 ready as the active",
+        WITHIN,
+        || get(m0, "/ready"),
+        |r| r == &(200, "ready: active\n".to_string()),
+    );
+    let s1 = poll_until(
+        "node 1's gauges",
+        WITHIN,
+        || scrape(m1),
+        |s| s.get("ringlock_active") == Some(&0.0) && s.get("ringlock_peers_up") == Some(&1.0),
+    )
+    .1;
+    assert_eq!(value(&s1, "ringlock_role_handoffs_total"), 1.0);
+    assert_eq!(value(&s1, "ringlock_became_active_total"), 1.0);
+    let s0 = scrape(m0);
+    assert!(value(&s0, "ringlock_snapshots_sent_total") >= 1.0);
+    let follower = format!(
+        "ringlock_replication_queued_bytes{{follower=\"{}\"}}",
+        c.addr(1)
+    );
+    assert!(s0.contains_key(&follower), "{s0:#?}");
+
+    // Node 0 dies: node 1 becomes active again.
+    c.kill9(0);
+    c.wait_settled(1, WITHIN);
+    poll_until(
+        "node 1 ready as the active again",
+        WITHIN,
+        || scrape(m1),
+        |s| s.get("ringlock_active") == Some(&1.0),
+    );
+    assert_eq!(get(m1, "/ready"), (200, "ready: active\n".to_string()));
+    let s1 = scrape(m1);
+    assert_eq!(value(&s1, "ringlock_became_active_total"), 2.0);
+    assert_eq!(value(&s1, "ringlock_stepped_down_total"), 1.0);
+    assert_eq!(value(&s1, "ringlock_peers_up"), 0.0);
+
+    // The log: every role change of node 1, with its reason, each line
+    // starting with an RFC 3339 UTC time and a level.
+    let text = log1.text();
+    let changes: Vec<&str> = text.lines().filter(|l| l.contains("role: ")).collect();
+    assert_eq!(changes.len(), 4, "{text}");
+    for line in &changes {
+        assert_rfc3339_start(line);
+    }
+    assert!(
+        changes[0].contains("WARN ringlock::cluster: role: standby -> active (no node is active")
+    );
+    assert!(changes[1].contains(&format!(
+        "role: active -> standby, following {} (hand-off to {})",
+        c.addr(0),
+        c.addr(0)
+    )));
+    assert!(
+        changes[2].contains(&format!(
+            "role: standby, now following - ({} is down)",
+            c.addr(0)
+        )),
+        "{}",
+        changes[2]
+    );
+    assert!(
+        changes[3].contains("role: standby -> active (no node is active"),
+        "{}",
+        changes[3]
+    );
+    assert!(
+        text.contains(&format!("peer {} is down", c.addr(0))),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "holds a full snapshot of the active {}",
+        c.addr(0)
+    )));
+}
+
+/// `2026-12-01T01:40:50.463934Z  INFO ...`: a time in UTC with
+/// microseconds, then the level.
+fn assert_rfc3339_start(line: &str) {
+    let (time, rest) = line.split_once(' ').unwrap_or_else(|| panic!("{line}"));
+    let b = time.as_bytes();
+    let shape = time.len() == 27
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[19] == b'.'
+        && b[26] == b'Z'
+        && time
+            .char_indices()
+            .all(|(i, c)| [4, 7, 10, 13, 16, 19, 26].contains(&i) || c.is_ascii_digit());
+    assert!(shape, "not an RFC 3339 UTC time: {time:?} in {line:?}");
+    let level = rest.trim_start().split(' ').next().unwrap();
+    assert!(
+        ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level),
+        "{line}"
+    );
+}
+
+/// `--log-format json`: every line is one JSON object with a timestamp, a
+/// level, a target and the message; `RUST_LOG` filters.
+#[test]
+fn json_logs_and_rust_log() {
+    let (mut server, log) = Server::start_logged(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--io",
+        "epoll",
+        "--log-format",
+        "json",
+    ]);
+    server.signal(libc::SIGTERM);
+    server.wait_timeout(WITHIN).expect("stopped");
+    log.wait_for("stopped (longest loop turn", WITHIN);
+    let text = log.text();
+    let mut messages = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let ts = v["timestamp"].as_str().expect("timestamp");
+        assert_rfc3339_start(&format!("{ts} {}", v["level"].as_str().unwrap()));
+        assert!(v["target"].as_str().unwrap().starts_with("ringlock::"));
+        messages.push(v["fields"]["message"].as_str().unwrap().to_string());
+    }
+    assert!(
+        messages[0].starts_with("listening on 127.0.0.1:"),
+        "{messages:?}"
+    );
+    assert!(messages.iter().any(|m| m.starts_with("shutting down")));
+
+    // RUST_LOG=warn: a clean start and stop say nothing.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--io", "epoll"])
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+/// Runs `ringlock ARGS...` with a deadline; its status and stdout.
+fn cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ringlock");
+    let deadline = Instant::now() + WITHIN;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "ringlock {args:?} did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `ringlock locks` lists holders and queue lengths, filtered by prefix,
+/// across pages; `L` answers are bounded and paged on the wire.
+fn locks_lists_holders_and_queues(io: &str) {
+    if skip(io) {
+        return;
+    }
+    let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
+    let addr = server.addr.to_string();
+    let mut a = server.connect();
+    let ta = common::Conn::token_of(&a.call("A jobs/a 60 0"));
+    let tb = common::Conn::token_of(&a.call("A jobs/b 60 0"));
+    common::Conn::token_of(&a.call("A other 60 0"));
+    // Two waiters on jobs/a, one on jobs/b, from another connection.
+    let mut w = server.connect();
+    w.line("A jobs/a 60 0");
+    w.line("A jobs/a 60 0");
+    w.line("A jobs/b 60 0");
+    // 30 more keys, to page through.
+    for i in 0..30 {
+        common::Conn::token_of(&a.call(&format!("A many/{i:02} 60 0")));
+    }
+    // The waiters are queued once a later request on their connection is
+    // answered (requests of one connection are handled in order).
+    assert!(w.call("S").starts_with("S active"));
+
+    let (code, out, err) = cli(&["locks", "--server", &addr, "--prefix", "jobs/"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    let row = |key: &str| -> Vec<String> {
+        lines
+            .iter()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in {out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let ra = row("jobs/a");
+    assert_eq!(ra[1], ta.to_string());
+    assert_eq!(ra[4], "2", "{out}");
+    let lease: f64 = ra[2].parse().unwrap();
+    assert!(lease > 50.0 && lease <= 60.0, "{out}");
+    let rb = row("jobs/b");
+    assert_eq!(
+        (rb[1].as_str(), rb[4].as_str()),
+        (tb.to_string().as_str(), "1")
+    );
+    assert_eq!(lines[3], format!("2 locks on {addr}"));
+
+    // Every key, three at a time: 33 locks, each once.
+    let (code, out, _) = cli(&["locks", "--server", &addr, "--page", "3"]);
+    assert_eq!(code, Some(0));
+    let keys: std::collections::HashSet<&str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|k| !k.chars().next().unwrap().is_ascii_digit())
+        .collect();
+    assert_eq!(keys.len(), 33, "{out}");
+    assert!(out.ends_with(&format!("33 locks on {addr}\n")), "{out}");
+    // --max cuts it.
+    let (_, out, _) = cli(&["locks", "--server", &addr, "--max", "5"]);
+    assert!(
+        out.ends_with(&format!("5 locks on {addr} (more not shown: --max)\n")),
+        "{out}"
+    );
+
+    // On the wire: a page of at most `limit` K lines, then `L cursor`.
+    let mut c = server.connect();
+    c.line("L 0 2 many/");
+    let first = (c.recv(), c.recv());
+    assert!(first.0.starts_with("K many/") && first.1.starts_with("K many/"));
+    let end = c.recv();
+    let cursor: u64 = end.strip_prefix("L ").unwrap().parse().unwrap();
+    assert!(cursor > 0, "{end}");
+    // A bad limit breaks the connection like any bad line.
+    assert_eq!(
+        c.call("L 0 1001"),
+        "E bad limit \"1001\" (1 to 1000) in line 2"
+    );
+}
+
+#[test]
+fn locks_lists_holders_and_queues_uring() {
+    locks_lists_holders_and_queues(BACKENDS[0]);
+}
+
+#[test]
+fn locks_lists_holders_and_queues_epoll() {
+    locks_lists_holders_and_queues(BACKENDS[1]);
+}
+
+/// deploy/compose.yaml's layout, run as processes on loopback (where there
+/// is no Docker daemon): each node's `command` line from the file, with
+/// the service names mapped to loopback addresses and the secret to the
+/// tests' one; then what Prometheus would see scraping the targets of
+/// deploy/prometheus/prometheus.yml: exactly one active node, every node
+/// ready and up, and the counters of a client's work on the active.
+#[test]
+fn the_compose_layout_runs_as_processes() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let compose = std::fs::read_to_string(format!("{root}/deploy/compose.yaml")).unwrap();
+    let commands: Vec<Vec<String>> = compose
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("command: [\"serve\""))
+        .map(|rest| serde_json::from_str(&format!("[\"serve\"{rest}")).expect("a JSON array"))
+        .collect();
+    assert_eq!(commands.len(), 3, "three nodes in {compose}");
+    let prometheus =
+        std::fs::read_to_string(format!("{root}/deploy/prometheus/prometheus.yml")).unwrap();
+    let targets: Vec<String> = prometheus
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- targets: "))
+        .map(|t| serde_json::from_str(t).expect("a JSON list of targets"))
+        .expect("a targets line");
+    assert_eq!(targets, ["node1:9171", "node2:9171", "node3:9171"]);
+
+    // Service name -> loopback address, as compose's network resolves it.
+    let addrs = common::free_addrs(common::loopback_ip(), 3);
+    let map = |arg: &str| -> String {
+        let mut arg = arg.to_string();
+        for (i, a) in addrs.iter().enumerate() {
+            arg = arg.replace(&format!("node{}:7171", i + 1), &a.to_string());
+        }
+        arg.replace("/run/secrets/cluster_secret", common::secret_file())
+            .replace("0.0.0.0:9171", "127.0.0.1:0")
+    };
+    let mut nodes = Vec::new();
+    for (i, command) in commands.iter().enumerate() {
+        let mut args: Vec<String> = command[1..].iter().map(|a| map(a)).collect();
+        // `--listen 0.0.0.0:7171`: here, each node's own loopback address.
+        let at = args.iter().position(|a| a == "--listen").unwrap() + 1;
+        assert_eq!(args[at], "0.0.0.0:7171");
+        args[at] = addrs[i].to_string();
+        args.extend(["--io".to_string(), "epoll".to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (server, log) = Server::start_logged(&args);
+        let metrics = metrics_addr(&log);
+        nodes.push((server, metrics));
+    }
+    let scrape_all =
+        || -> Vec<HashMap<String, f64>> { nodes.iter().map(|(_, m)| scrape(*m)).collect() };
+    let settled = |all: &Vec<HashMap<String, f64>>| {
+        let active: Vec<bool> = all
+            .iter()
+            .map(|s| s.get("ringlock_active") == Some(&1.0))
+            .collect();
+        active == [true, false, false]
+            && all.iter().all(|s| {
+                s.get("ringlock_ready") == Some(&1.0) && s.get("ringlock_peers_up") == Some(&2.0)
+            })
+    };
+    poll_until(
+        "the compose cluster settled on node1",
+        WITHIN,
+        scrape_all,
+        settled,
+    );
+    let mut client = nodes[0].0.connect();
+    for i in 0..10 {
+        let t = common::Conn::token_of(&client.call(&format!("A compose/{i} 30 0")));
+        assert_eq!(
+            client.call(&format!("R compose/{i} {t}")),
+            format!("R compose/{i} 1")
+        );
+    }
+    let all = poll_until("the work counted on node1", WITHIN, scrape_all, |all| {
+        all[0].get("ringlock_requests_total{kind=\"release\",outcome=\"released\"}") == Some(&10.0)
+    })
+    .1;
+    assert_eq!(requests(&all[0], "acquire", "granted_at_once"), 10.0);
+    for s in &all[1..] {
+        assert_eq!(requests(s, "acquire", "granted_at_once"), 0.0);
+    }
+}
+
+/// deploy/ringlock.service passes `systemd-analyze verify` (with the
+/// binary path pointed at this build's), and says what the operator
+/// relies on. Skipped, visibly, where systemd-analyze is missing.
+#[test]
+fn the_systemd_unit_verifies() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let unit = std::fs::read_to_string(format!("{root}/deploy/ringlock.service")).unwrap();
+    for line in [
+        "DynamicUser=yes",
+        "NoNewPrivileges=yes",
+        "LimitNOFILE=65536",
+        "Restart=on-failure",
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=30",
+        "ExecStart=/usr/local/bin/ringlock serve $RINGLOCK_ARGS",
+    ] {
+        assert!(unit.lines().any(|l| l == line), "no {line:?} in the unit");
+    }
+    let Ok(which) = std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("skipping systemd-analyze verify: systemd-analyze is not installed");
+        return;
+    };
+    assert!(which.status.success());
+    let dir = std::env::temp_dir().join(format!("ringlock-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ringlock.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/ringlock", env!("CARGO_BIN_EXE_ringlock")),
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.trim().is_empty(), "{err}");
+}
