@@ -10,9 +10,13 @@
 //!   active. With no active alive, the highest-priority alive node becomes
 //!   active, but only after one `peer_timeout_ms` from its own start, so that
 //!   a restarted node hears an existing active before it decides anything.
-//! - An active that hears a higher-priority active steps down (demotion
+//! - An active that hears an active that outranks it steps down (demotion
 //!   after a split brain); one that sees a higher-priority peer following it
-//!   with a complete snapshot hands the role over to it (failback).
+//!   with a complete snapshot hands the role over to it (failback). Of two
+//!   actives, one that holds the cluster's state outranks one that does
+//!   not (a node that started cut off from every peer and took the role
+//!   with an empty table); between two alike, the higher priority wins. A
+//!   standby follows the active that outranks the others.
 //! - The active replicates every change of its table to the peers that
 //!   follow it: a snapshot first on each link, then the deltas of each loop
 //!   turn in one write.
@@ -154,7 +158,13 @@ pub struct Cluster {
     nonces: u64,
     peers: Vec<Peer>,
     role: Role,
-    /// As a standby: a complete snapshot from `following` has arrived.
+    /// This node holds the cluster's state (what heartbeats say in their
+    /// last field). As a standby: a complete snapshot from `following` has
+    /// arrived (kept when that active dies: the copy is still here). As an
+    /// active: it took the role holding that state (a synced standby, a
+    /// hand-off), or a follower has since synced to it. Only a node that
+    /// took the role with no state anywhere in reach (a start cut off from
+    /// every peer) is active without it, until its first follower syncs.
     synced: bool,
     started_ms: u64,
     /// When `tick` last ran.
@@ -1079,7 +1089,7 @@ impl Cluster {
         }
         let me = self.cfg.me;
         let n = self.peers.len();
-        let active_peer = (0..n).find(|&p| self.alive(p) && self.peers[p].claims_active);
+        let active_peer = self.best_active_peer();
         let eligible = self.eligible(now);
         match self.role {
             Role::Active if !eligible => {
@@ -1088,9 +1098,23 @@ impl Cluster {
                 self.follow(active_peer, engine);
             }
             Role::Active => {
-                if let Some(higher) = active_peer.filter(|&p| p < me) {
-                    // Two actives: the lower priority steps down.
-                    self.follow(Some(higher), engine);
+                if !self.synced
+                    && (0..n).any(|p| {
+                        let peer = &self.peers[p];
+                        self.alive(p)
+                            && peer.following == Some(me)
+                            && peer.synced
+                            && peer.snapshot_sent
+                    })
+                {
+                    // A follower holds our snapshot: our table is the
+                    // cluster's state now.
+                    self.synced = true;
+                    self.next_heartbeat_ms = 0;
+                }
+                if let Some(better) = active_peer.filter(|&p| self.outranks(p)) {
+                    // Two actives: the outranked one steps down.
+                    self.follow(Some(better), engine);
                     return;
                 }
                 let first_alive = (0..me).find(|&p| self.alive(p));
@@ -1130,6 +1154,26 @@ impl Cluster {
         }
     }
 
+    /// Of two actives, peer `p` (alive, active) and this node: whether `p`
+    /// is the one to stay. One that holds the cluster's state (`synced`)
+    /// outranks one that does not; between two alike, the higher priority
+    /// (lower index). Both sides of a heal decide the same way from each
+    /// other's heartbeats; a stale heartbeat can only understate a peer's
+    /// state (an active gains it, never loses it), so two actives may
+    /// both stay for a heartbeat, never both step down.
+    fn outranks(&self, p: usize) -> bool {
+        let theirs = self.peers[p].synced;
+        theirs && !self.synced || (theirs == self.synced && p < self.cfg.me)
+    }
+
+    /// The alive peer claiming the role that outranks every other such
+    /// peer (the same order as [`Cluster::outranks`]).
+    fn best_active_peer(&self) -> Option<usize> {
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p) && self.peers[p].claims_active)
+            .min_by_key(|&p| (!self.peers[p].synced, p))
+    }
+
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {
         self.role = Role::Standby { following: active };
         // Tell the peers at once (next turn), not at the next heartbeat.
@@ -1148,7 +1192,8 @@ impl Cluster {
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.
         self.next_heartbeat_ms = 0;
-        self.synced = false;
+        // `synced` stays what it was: whether the table we serve from is
+        // the cluster's state (see the field).
         for p in &mut self.peers {
             p.snapshot_sent = false;
         }

@@ -724,3 +724,120 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     }
     c.check_invariants(now, &e);
 }
+
+fn heartbeat_synced(
+    c: &mut Cluster,
+    e: &mut Engine,
+    now: Now,
+    conn: ConnId,
+    active: bool,
+    following: Option<usize>,
+    synced: bool,
+) {
+    let msg = PeerMsg::Heartbeat {
+        active,
+        following,
+        highest: 0,
+        synced,
+    };
+    c.on_message(now, conn, msg, e).unwrap();
+}
+
+/// Node `me`, started with no peer in reach: active alone after its
+/// start-up wait, with an empty table and no claim to the cluster's state.
+fn fresh_active(me: usize) -> (Cluster, Engine) {
+    let (mut c, mut e) = node(me);
+    for ms in (0..=TIMEOUT_MS + 50).step_by(50) {
+        c.tick(at(ms), &mut e);
+    }
+    assert_eq!(c.role(), Role::Active);
+    assert!(!c.synced, "took the role with no state anywhere in reach");
+    (c, e)
+}
+
+#[test]
+fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
+    let now = at(TIMEOUT_MS + 60);
+    // Node 0 restarted cut off and took the role alone; node 1 served the
+    // cluster meanwhile. Node 0 has the priority, node 1 the state: node 1
+    // wins.
+    let (mut c, mut e) = fresh_active(0);
+    link_in(&mut c, &mut e, now, 10, 1);
+    heartbeat_synced(&mut c, &mut e, now, 10, true, None, true);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert!(!e.is_active());
+    c.check_invariants(now, &e);
+
+    // Two actives alike (neither holds the state): the priority decides.
+    let (mut c, mut e) = fresh_active(0);
+    link_in(&mut c, &mut e, now, 10, 1);
+    heartbeat_synced(&mut c, &mut e, now, 10, true, None, false);
+    assert_eq!(c.role(), Role::Active);
+
+    // Node 2 hears both: it follows the one that holds the state, as the
+    // two actives themselves decide.
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    heartbeat_synced(&mut c, &mut e, at(2), 10, true, None, false);
+    heartbeat_synced(&mut c, &mut e, at(2), 11, true, None, true);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    // Should node 0 come to hold the state too, the priority decides.
+    heartbeat_synced(&mut c, &mut e, at(3), 10, true, None, true);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+}
+
+#[test]
+fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
+    // Node 1 follows node 0 and takes its snapshot; node 0 goes silent and
+    // node 1 takes over, holding the state.
+    let (mut c, mut e) = node(1);
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    heartbeat(&mut c, &mut e, at(1), 10, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    c.on_message(at(2), 10, PeerMsg::Snapshot { highest: 7 }, &mut e)
+        .unwrap();
+    c.on_message(at(2), 10, PeerMsg::Synced, &mut e).unwrap();
+    assert!(c.synced);
+    let mut ms = 2;
+    while c.role() != Role::Active {
+        ms += 50;
+        assert!(ms < 3 * TIMEOUT_MS, "node 1 never took over");
+        c.tick(at(ms), &mut e);
+    }
+    assert!(c.synced, "it took the role holding the state");
+    c.on_close(at(ms), 10, &mut e);
+    // Node 0 restarted (a new incarnation), alone and active with nothing:
+    // node 1 keeps the role.
+    let mut restarted = Remote::new(0);
+    restarted.incarnation = 2;
+    restarted.dial(&mut c, &mut e, at(ms), 12).unwrap();
+    heartbeat_synced(&mut c, &mut e, at(ms), 12, true, None, false);
+    assert_eq!(c.role(), Role::Active);
+    c.check_invariants(at(ms), &e);
+    // Its heartbeats say it holds the state.
+    e.open(20);
+    c.outbound_open(at(ms), 20, 0, &mut e);
+    let lines = restarted.accept(&mut c, &mut e, at(ms), 20).unwrap();
+    let hb = lines.iter().find(|l| l.starts_with("P HB ")).unwrap();
+    assert!(hb.starts_with("P HB A - ") && hb.ends_with(" 1"), "{hb}");
+}
+
+#[test]
+fn a_fresh_active_holds_the_state_once_a_follower_synced_to_it() {
+    let (mut c, mut e) = active_node0();
+    assert!(!c.synced);
+    let now = at(TIMEOUT_MS + 60);
+    heartbeat_synced(&mut c, &mut e, now, 10, false, Some(0), false);
+    // Not before it has our snapshot.
+    assert!(!c.synced);
+    c.flush_replication(now, &mut e);
+    assert!(lines_of(&mut e, 20).iter().any(|l| l == "P SYNCED"));
+    heartbeat_synced(&mut c, &mut e, now, 10, false, Some(0), true);
+    assert!(
+        c.synced,
+        "a follower holds our table: it is the cluster's state"
+    );
+    assert_eq!(c.role(), Role::Active);
+    c.check_invariants(now, &e);
+}
