@@ -370,6 +370,54 @@ fn a_restarted_node_without_state_does_not_take_over_from_a_synced_standby() {
 }
 
 #[test]
+fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
+    // n0 (the active) is cut off; n1 takes over with "a" and grants "b".
+    // n0 restarts while still cut off: after its start-up wait it is active
+    // alone, with an empty table. At the heal the node holding the
+    // cluster's state must win: n0 steps down, syncs from n1, and gets the
+    // role back by hand-off, with "a" and "b".
+    let mut sim = cluster(3);
+    sim.set_drift_ms(0, 150);
+    sim.set_drift_ms(1, -150);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.partition_with_clients(vec![0, 1, 1], vec![1, 1]);
+    until_active(&mut sim, 1, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    assert_eq!(sim.table(1), grants(&[("a", a)]));
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 30_000).unwrap();
+    sim.crash(0);
+    sim.run_for(100);
+    sim.restart(0);
+    until_active(&mut sim, 0, PEER_TIMEOUT_MS + 100);
+    assert_eq!(sim.actives(), [0, 1]);
+    assert_eq!(sim.table(0), grants(&[]), "n0 starts empty");
+    sim.run_for(1_000);
+    let before = sim.issued_max().max(sim.highest_token(0));
+    sim.heal();
+    // One dial (at most about 0.6 s), the snapshot, then the hand-back.
+    sim.run_for(2_000);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0], "{}", sim.report());
+    for x in 0..3 {
+        assert_eq!(
+            sim.table(x),
+            grants(&[("a", a), ("b", b)]),
+            "n{x} lost grants at the heal: {}",
+            sim.report()
+        );
+    }
+    for x in [1, 2] {
+        assert_eq!(sim.role(x), Some(Role::Standby { following: Some(0) }));
+    }
+    // Tokens go on above everything either active issued or saw.
+    sim.set_target(0, 0);
+    let c = sim.acquire(0, "c", 5_000).unwrap();
+    assert!(c > before, "token {c} not above {before}");
+    assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
+    ok(&sim);
+}
+
+#[test]
 fn no_node_loop_spins() {
     // A standby that waits for a higher-priority node (here: the restarted
     // first node, in its start-up grace) must not leave its deadline in the

@@ -1187,6 +1187,20 @@ impl Sim {
         });
     }
 
+    /// Symmetric partition with the clients' sides given too (scripted
+    /// scenarios): `client_side[c]` for each client.
+    pub fn partition_with_clients(&mut self, node_side: Vec<u8>, client_side: Vec<u8>) {
+        self.log(format!(
+            "PARTITION nodes {node_side:?} clients {client_side:?}"
+        ));
+        self.open_window("partition");
+        self.partition = Some(Partition {
+            node_side,
+            client_side,
+            one_way: Vec::new(),
+        });
+    }
+
     /// Bytes from `from` to `to` stop getting through.
     pub fn one_way(&mut self, from: usize, to: usize) {
         self.log(format!("ONE-WAY block n{from} -> n{to}"));
