@@ -418,6 +418,57 @@ fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
 }
 
 #[test]
+fn a_standby_cut_off_from_the_active_one_way_sends_clients_to_it() {
+    // The active's packets to n2 are lost: n2 hears no active, but n1
+    // (alive, holding the state) keeps it from taking over, and n1 follows
+    // n0. A client that asks n2 is sent to n0, not told `M key -` for as
+    // long as the fault lasts.
+    let mut sim = cluster(3);
+    sim.one_way(0, 2);
+    sim.run_for(3 * PEER_TIMEOUT_MS);
+    assert_eq!(sim.actives(), [0]);
+    assert_eq!(sim.role(2), Some(Role::Standby { following: None }));
+    sim.set_target(0, 2);
+    let a = sim.acquire(0, "a", 5_000).unwrap();
+    let answers = sim.answers(0);
+    let from_n2: Vec<&String> = answers
+        .iter()
+        .filter(|(n, _)| *n == 2)
+        .map(|(_, line)| line)
+        .collect();
+    assert_eq!(from_n2, [&format!("M a {}", sim::addr(0))]);
+    assert_eq!(answers.last().unwrap(), &(0, format!("A a {a}")));
+    ok(&sim);
+}
+
+#[test]
+fn a_standby_whose_packets_to_the_active_are_lost_does_not_take_over() {
+    // n1's packets to n0 are lost. n0 stops hearing n1 and drops its links;
+    // n1 then hears n0 no more, but n2 still follows n0: n1 waits instead
+    // of making a second active for the length of the fault.
+    let mut sim = cluster(3);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.one_way(1, 0);
+    for _ in 0..6 * PEER_TIMEOUT_MS {
+        assert!(sim.run_for(1), "{}", sim.report());
+        assert_eq!(sim.actives(), [0], "{}", sim.report());
+    }
+    assert_eq!(sim.role(1), Some(Role::Standby { following: None }));
+    assert_eq!(sim.role(2), Some(Role::Standby { following: Some(0) }));
+    // Clients that ask n1 are sent to n0.
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 5_000).unwrap();
+    assert_eq!(sim.answers(1).last().unwrap(), &(0, format!("A b {b}")));
+    // Once n0 is really gone, n1 (or n2) takes over with the grants.
+    sim.crash(0);
+    sim.run_for(PEER_TIMEOUT_MS + 100);
+    let actives = sim.actives();
+    assert_eq!(actives.len(), 1, "{}", sim.report());
+    assert!(sim.table(actives[0]).contains(&("a".to_string(), a)));
+    ok(&sim);
+}
+
+#[test]
 fn no_node_loop_spins() {
     // A standby that waits for a higher-priority node (here: the restarted
     // first node, in its start-up grace) must not leave its deadline in the

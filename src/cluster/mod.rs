@@ -9,7 +9,9 @@
 //! - A standby follows the highest-priority alive peer that claims to be
 //!   active. With no active alive, the highest-priority alive node becomes
 //!   active, but only after one `peer_timeout_ms` from its own start, so that
-//!   a restarted node hears an existing active before it decides anything.
+//!   a restarted node hears an existing active before it decides anything,
+//!   and not while a live peer still follows an active (then only our path
+//!   from that active is broken; our `M` answers name it).
 //! - An active that hears an active that outranks it steps down (demotion
 //!   after a split brain); one that sees a higher-priority peer following it
 //!   with a complete snapshot hands the role over to it (failback). Of two
@@ -167,6 +169,10 @@ pub struct Cluster {
     /// every peer) is active without it, until its first follower syncs.
     synced: bool,
     started_ms: u64,
+    /// As a standby that follows nobody: the active its live peers follow,
+    /// which its `M` answers name (hearsay: a hint for clients, not a node
+    /// it takes replication from).
+    named: Option<usize>,
     /// When `tick` last ran.
     last_tick_ms: u64,
     next_heartbeat_ms: u64,
@@ -212,6 +218,7 @@ impl Cluster {
             role: Role::Standby { following: None },
             synced: false,
             started_ms: now.ms,
+            named: None,
             last_tick_ms: now.ms,
             next_heartbeat_ms: now.ms,
             links_in: Vec::new(),
@@ -1146,8 +1153,24 @@ impl Cluster {
                         !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
                     let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
                     let higher_alive = (0..me).any(blocks);
-                    if eligible && grace_over && (!me_empty || !any_state) && !higher_alive {
+                    // A live peer still follows an active other than us:
+                    // that active is alive and serving, and only our path
+                    // from it is broken (its packets to us are lost, or a
+                    // fault cut us from it alone). Taking over would make
+                    // two actives for as long as the fault lasts; we wait,
+                    // and name it to clients. Should it be gone, that peer
+                    // stops following it within its own timeout.
+                    let active_elsewhere = (0..n)
+                        .any(|p| self.alive(p) && self.peers[p].following.is_some_and(|f| f != me));
+                    if eligible
+                        && grace_over
+                        && (!me_empty || !any_state)
+                        && !higher_alive
+                        && !active_elsewhere
+                    {
                         self.become_active(engine);
+                    } else if self.role == (Role::Standby { following: None }) {
+                        self.name_hearsay_active(engine);
                     }
                 }
             },
@@ -1174,7 +1197,26 @@ impl Cluster {
             .min_by_key(|&p| (!self.peers[p].synced, p))
     }
 
+    /// A standby that hears no active (say the active's packets to it are
+    /// lost) while its live peers follow one names that one in its `M`
+    /// answers: clients that asked it go there rather than wait and retry
+    /// here (`M key -`) for as long as the fault lasts. It does not follow
+    /// it: it has no link from it to take replication on.
+    fn name_hearsay_active(&mut self, engine: &mut Engine) {
+        let me = self.cfg.me;
+        let named = (0..self.peers.len())
+            .filter(|&p| self.alive(p))
+            .filter_map(|p| self.peers[p].following)
+            .filter(|&a| a != me)
+            .min();
+        if named != self.named {
+            self.named = named;
+            engine.step_down(named.map(|a| self.cfg.peers[a].as_str()));
+        }
+    }
+
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {
+        self.named = None;
         self.role = Role::Standby { following: active };
         // Tell the peers at once (next turn), not at the next heartbeat.
         self.next_heartbeat_ms = 0;
@@ -1188,6 +1230,7 @@ impl Cluster {
     }
 
     fn become_active(&mut self, engine: &mut Engine) {
+        self.named = None;
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.

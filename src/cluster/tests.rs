@@ -841,3 +841,59 @@ fn a_fresh_active_holds_the_state_once_a_follower_synced_to_it() {
     assert_eq!(c.role(), Role::Active);
     c.check_invariants(now, &e);
 }
+
+#[test]
+fn a_standby_that_hears_no_active_names_the_one_its_peers_follow() {
+    // Node 2 hears node 1, which follows node 0; node 0's packets to node 2
+    // are lost. Node 2 does not take over (node 1, alive, holds the state)
+    // and names node 0 to clients rather than `-`.
+    let (mut c, mut e) = node(2);
+    e.open(0);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    let mut ms = 1;
+    while ms < 3 * TIMEOUT_MS {
+        heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+        c.tick(at(ms), &mut e);
+        ms += 50;
+    }
+    assert_eq!(c.role(), Role::Standby { following: None });
+    client(&mut e, at(ms), 0, "A k 10 0");
+    assert_eq!(lines_of(&mut e, 0), ["M k 127.0.0.1:7000"]);
+    // Once its peers follow nobody either, it names nobody.
+    heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+    client(&mut e, at(ms), 0, "A k 10 0");
+    assert_eq!(lines_of(&mut e, 0), ["M k -"]);
+    // Hearing the active itself, it follows it.
+    link_in(&mut c, &mut e, at(ms), 10, 0);
+    heartbeat(&mut c, &mut e, at(ms), 10, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    client(&mut e, at(ms), 0, "A k 10 0");
+    assert_eq!(lines_of(&mut e, 0), ["M k 127.0.0.1:7000"]);
+    c.check_invariants(at(ms), &e);
+}
+
+#[test]
+fn a_standby_does_not_take_over_while_a_live_peer_follows_the_active() {
+    // Node 1 holds node 0's state; node 0's packets to it stop. Node 2
+    // still hears node 0 and follows it: node 1 waits.
+    let (mut c, mut e) = node(1);
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    link_in(&mut c, &mut e, at(1), 12, 2);
+    heartbeat(&mut c, &mut e, at(1), 10, true, None);
+    c.on_message(at(1), 10, PeerMsg::Snapshot { highest: 7 }, &mut e)
+        .unwrap();
+    c.on_message(at(1), 10, PeerMsg::Synced, &mut e).unwrap();
+    let mut ms = 1;
+    while ms < 4 * TIMEOUT_MS {
+        heartbeat(&mut c, &mut e, at(ms), 12, false, Some(0));
+        c.tick(at(ms), &mut e);
+        ms += 50;
+    }
+    assert!(c.peers[0].heard_ms.is_none(), "node 0 is silent here");
+    assert_eq!(c.role(), Role::Standby { following: None });
+    c.check_invariants(at(ms), &e);
+    // Node 2 finds node 0 gone too: node 1 takes over, with the state.
+    heartbeat(&mut c, &mut e, at(ms), 12, false, None);
+    assert_eq!(c.role(), Role::Active);
+    assert!(c.synced);
+}
