@@ -1153,15 +1153,14 @@ impl Cluster {
                         !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
                     let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
                     let higher_alive = (0..me).any(blocks);
-                    // A live peer still follows an active other than us:
+                    // A live peer still follows an active we do not hear:
                     // that active is alive and serving, and only our path
                     // from it is broken (its packets to us are lost, or a
                     // fault cut us from it alone). Taking over would make
                     // two actives for as long as the fault lasts; we wait,
                     // and name it to clients. Should it be gone, that peer
                     // stops following it within its own timeout.
-                    let active_elsewhere = (0..n)
-                        .any(|p| self.alive(p) && self.peers[p].following.is_some_and(|f| f != me));
+                    let active_elsewhere = self.hearsay_active().is_some();
                     if eligible
                         && grace_over
                         && (!me_empty || !any_state)
@@ -1203,16 +1202,25 @@ impl Cluster {
     /// here (`M key -`) for as long as the fault lasts. It does not follow
     /// it: it has no link from it to take replication on.
     fn name_hearsay_active(&mut self, engine: &mut Engine) {
-        let me = self.cfg.me;
-        let named = (0..self.peers.len())
-            .filter(|&p| self.alive(p))
-            .filter_map(|p| self.peers[p].following)
-            .filter(|&a| a != me)
-            .min();
+        let named = self.hearsay_active();
         if named != self.named {
             self.named = named;
             engine.step_down(named.map(|a| self.cfg.peers[a].as_str()));
         }
+    }
+
+    /// The active a live peer follows that we do not hear ourselves (the
+    /// highest-priority one, should they differ). A node we hear is left
+    /// out: were it active we would follow it, and a peer that still
+    /// follows it while it is not (it stepped down, or a hand-off is on its
+    /// way) says nothing of an active elsewhere.
+    fn hearsay_active(&self) -> Option<usize> {
+        let me = self.cfg.me;
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p))
+            .filter_map(|p| self.peers[p].following)
+            .filter(|&a| a != me && !self.alive(a))
+            .min()
     }
 
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine) {

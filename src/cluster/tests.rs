@@ -897,3 +897,33 @@ fn a_standby_does_not_take_over_while_a_live_peer_follows_the_active() {
     assert_eq!(c.role(), Role::Active);
     assert!(c.synced);
 }
+
+#[test]
+fn a_peer_still_following_a_node_we_hear_as_a_standby_does_not_hold_us_back() {
+    // Node 0 follows node 1 and holds its state. Node 1 steps down (it
+    // follows nobody now) while node 2 still follows it, as a standby
+    // keeps following a live higher-priority node. That is no active
+    // elsewhere: node 0 hears node 1 itself, so node 0 takes the role.
+    let (mut c, mut e) = node(0);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    link_in(&mut c, &mut e, at(1), 12, 2);
+    heartbeat(&mut c, &mut e, at(1), 11, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    c.on_message(at(1), 11, PeerMsg::Snapshot { highest: 7 }, &mut e)
+        .unwrap();
+    c.on_message(at(1), 11, PeerMsg::Synced, &mut e).unwrap();
+    let mut ms = 1;
+    while ms < 2 * TIMEOUT_MS {
+        heartbeat(&mut c, &mut e, at(ms), 11, true, None);
+        heartbeat(&mut c, &mut e, at(ms), 12, false, Some(1));
+        c.tick(at(ms), &mut e);
+        ms += 50;
+    }
+    heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+    assert_eq!(
+        c.role(),
+        Role::Active,
+        "not held back by node 2's stale view"
+    );
+    c.check_invariants(at(ms), &e);
+}
