@@ -899,6 +899,19 @@ impl Cluster {
                 // Stalled in the start-up grace: it starts over.
                 self.started_ms = now.ms;
             }
+            // So do handshakes in progress: the peer's answer may be
+            // waiting unread, and closing the link now would refuse it as
+            // a line out of place.
+            let until = now.ms + self.cfg.peer_timeout_ms;
+            for pending in self.pending.values_mut() {
+                pending.deadline_ms = pending.deadline_ms.max(until);
+            }
+            for p in &mut self.peers {
+                if p.out.is_some() && !p.out_authed {
+                    // (u64::MAX, a link already given up, stays.)
+                    p.out_deadline_ms = p.out_deadline_ms.max(until);
+                }
+            }
         }
         self.last_tick_ms = now.ms;
         for i in 0..self.peers.len() {

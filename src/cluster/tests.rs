@@ -383,6 +383,11 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     c.outbound_open(at(1), 6, 1, &mut e);
     assert!(c.next_deadline() <= 1 + TIMEOUT_MS);
     let mut doomed = Vec::new();
+    // Ticks as the loop does, at least once per heartbeat (a longer gap
+    // reads as a stall of this process, which gives handshakes more time).
+    for ms in (50..TIMEOUT_MS).step_by(50) {
+        c.tick(at(ms), &mut e);
+    }
     c.tick(at(TIMEOUT_MS), &mut e);
     c.take_doomed(&mut doomed);
     assert!(doomed.is_empty(), "not yet: {doomed:?}");
@@ -926,4 +931,59 @@ fn a_peer_still_following_a_node_we_hear_as_a_standby_does_not_hold_us_back() {
         "not held back by node 2's stale view"
     );
     c.check_invariants(at(ms), &e);
+}
+
+#[test]
+fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
+    // A peer's HELLO is answered; then this process does not run for
+    // longer than the handshake timeout (SIGSTOP, a VM stall). The peer's
+    // AUTH waits unread meanwhile: it must be taken, as heartbeats are
+    // after a stall, not refused as a line out of place.
+    let (mut c, mut e) = node(2);
+    c.tick(at(1), &mut e);
+    e.open(5);
+    let peer = Remote::new(0);
+    let nonce = [9u8; auth::NONCE_LEN];
+    let me = peer.identity(nonce);
+    let hello = PeerMsg::Hello {
+        fingerprint: me.fingerprint,
+        from: 0,
+        addr: me.addr,
+        incarnation: 1,
+        nonce,
+    };
+    c.on_message(at(1), 5, hello, &mut e).unwrap();
+    let challenge = lines_of(&mut e, 5).remove(0);
+    let Ok(PeerMsg::Challenge {
+        fingerprint,
+        index,
+        addr,
+        nonce: theirs,
+        ..
+    }) = wire::parse(challenge.as_bytes())
+    else {
+        panic!("{challenge}")
+    };
+    let transcript = Transcript {
+        dialer: me,
+        dialer_incarnation: 1,
+        acceptor: Identity {
+            fingerprint,
+            index: index as u64,
+            addr,
+            nonce: theirs,
+        },
+    };
+    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    // The process resumes 3 timeouts later: its first turn ticks, then
+    // reads what waited.
+    let resumed = at(1 + 3 * TIMEOUT_MS);
+    c.tick(resumed, &mut e);
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert!(doomed.is_empty(), "{doomed:?}");
+    c.on_message(resumed, 5, PeerMsg::Auth { mac }, &mut e)
+        .unwrap();
+    assert!(c.is_authenticated_in(5));
+    c.check_invariants(resumed, &e);
 }
