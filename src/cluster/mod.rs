@@ -121,6 +121,9 @@ struct Peer {
     claims_active: bool,
     following: Option<usize>,
     synced: bool,
+    /// Since when it has claimed the role while we are active and outrank
+    /// it (see [`Cluster::redial_deaf_rivals`]).
+    rival_since: Option<u64>,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -925,6 +928,7 @@ impl Cluster {
             }
         }
         self.expire_handshakes(now, engine);
+        self.redial_deaf_rivals(now, engine);
         self.conflicts.retain(|c| c.until_ms > now.ms);
         self.evaluate(now, engine);
         if now.ms >= self.next_heartbeat_ms {
@@ -1027,6 +1031,41 @@ impl Cluster {
             .collect();
         for conn in inbound {
             self.doom(conn, silent.clone(), engine);
+        }
+    }
+
+    /// Another active that we outrank steps down within a delivery of our
+    /// heartbeat. One that still claims the role half a peer timeout after
+    /// we first heard it does not hear us: our link to it is dead at its
+    /// end (it closed it while the network was down, and the close waits
+    /// in TCP's back-off) while its new link to us works. Waiting for TCP
+    /// would keep two actives for as long as that back-off; our link is
+    /// closed and dialed afresh instead.
+    fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
+        let active = self.role == Role::Active;
+        for i in 0..self.peers.len() {
+            let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
+            if !rival {
+                self.peers[i].rival_since = None;
+                continue;
+            }
+            let since = *self.peers[i].rival_since.get_or_insert(now.ms);
+            let p = &mut self.peers[i];
+            if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out_authed {
+                continue;
+            }
+            let Some(conn) = p.out else { continue };
+            p.rival_since = Some(now.ms);
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.out_deadline_ms = u64::MAX;
+            let reason = format!(
+                "{} has claimed the active role for {} ms although this node, active, outranks \
+                 it: it does not hear this link; closing it, dialing afresh",
+                self.cfg.peers[i],
+                now.ms - since
+            );
+            self.doom(conn, reason, engine);
         }
     }
 

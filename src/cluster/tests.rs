@@ -987,3 +987,41 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     assert!(c.is_authenticated_in(5));
     c.check_invariants(resumed, &e);
 }
+
+#[test]
+fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
+    // Node 1 claims the role; node 0, active, outranks it. Were our link to
+    // node 1 working, node 1 would step down within a delivery. It keeps
+    // claiming: its end of our link is gone (closed during a partition,
+    // the close still in TCP's back-off), so ours is closed and dialed anew.
+    let (mut c, mut e) = active_node0();
+    let start = TIMEOUT_MS + 60;
+    let mut doomed = Vec::new();
+    let mut ms = start;
+    while ms < start + TIMEOUT_MS / 2 {
+        heartbeat_synced(&mut c, &mut e, at(ms), 10, true, None, false);
+        heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+        c.tick(at(ms), &mut e);
+        c.take_doomed(&mut doomed);
+        assert!(doomed.is_empty(), "too soon, at {ms}: {doomed:?}");
+        ms += 50;
+    }
+    heartbeat_synced(&mut c, &mut e, at(ms), 10, true, None, false);
+    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+    c.tick(at(ms), &mut e);
+    c.take_doomed(&mut doomed);
+    let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+    assert_eq!(conns, [20], "our link to node 1, only");
+    assert!(
+        doomed[0].1.contains("does not hear this link"),
+        "{doomed:?}"
+    );
+    assert_eq!(c.role(), Role::Active);
+    c.on_close(at(ms), 20, &mut e);
+    assert!(c.alive(1), "we still hear it");
+    let mut dials = Vec::new();
+    c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);
+    assert_eq!(dials.len(), 1);
+    assert_eq!(dials[0].0, 1);
+    c.check_invariants(at(ms), &e);
+}

@@ -794,12 +794,13 @@ impl Sim {
         });
         for (peer, line) in found {
             // A link the node gave up on (a handshake that a fault cut, a
-            // peer silent for a whole timeout) ends with an E line saying
-            // so: not a protocol error.
+            // peer silent for a whole timeout, a rival active that does not
+            // hear it) ends with an E line saying so: not a protocol error.
             let given_up = [
                 &b"peer handshake not finished"[..],
                 b"did not answer this node's HELLO",
                 b"silent for",
+                b"does not hear this link",
             ]
             .iter()
             .any(|why| line.windows(why.len()).any(|w| w == *why));
