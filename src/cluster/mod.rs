@@ -193,6 +193,12 @@ pub struct Cluster {
     /// Authenticated links the peer gave up with an `E` line, not yet
     /// closed: their close is no sign of a crash.
     given_up: Vec<ConnId>,
+    /// Authenticated inbound links of a peer that has since linked to us
+    /// again: a peer dials anew only once its old link is closed at its
+    /// end, so what these still carry (delivered late by TCP after a
+    /// partition) is older than the new link's and is ignored until they
+    /// close.
+    superseded: Vec<ConnId>,
     /// Links to close (with the reason), for the loop: see
     /// [`Cluster::take_doomed`].
     doomed: Vec<(ConnId, String)>,
@@ -230,6 +236,7 @@ impl Cluster {
             authenticated_any: false,
             auth_failure: None,
             given_up: Vec::new(),
+            superseded: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
             scratch: Vec::new(),
@@ -537,6 +544,7 @@ impl Cluster {
         // Dead at once only when every link, both ways, is gone (a crashed
         // process's sockets all close); one broken link is not a crash, and
         // neither is a link the peer gave up with an `E` line.
+        self.superseded.retain(|&c| c != conn);
         let given_up = self.given_up.iter().position(|&c| c == conn);
         if let Some(k) = given_up {
             self.given_up.swap_remove(k);
@@ -585,6 +593,9 @@ impl Cluster {
             };
         }
         if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
+            if self.superseded.contains(&conn) {
+                return Ok(()); // stale: the peer's newer link speaks for it
+            }
             return self.on_peer_message(now, from, msg, engine);
         }
         match msg {
@@ -721,6 +732,20 @@ impl Cluster {
         }
         let from = claim.from;
         self.authenticated_any = true;
+        let older: Vec<ConnId> = self
+            .links_in
+            .iter()
+            .filter(|&&(c, p)| p == from && !self.superseded.contains(&c))
+            .map(|&(c, _)| c)
+            .collect();
+        for old in older {
+            self.superseded.push(old);
+            let reason = format!(
+                "{} linked to this node again: its older link is closed",
+                self.cfg.peers[from]
+            );
+            self.doom(old, reason, engine);
+        }
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
@@ -1396,6 +1421,12 @@ impl Cluster {
         }
         for conn in self.pending.keys() {
             assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+        }
+        for &conn in &self.superseded {
+            assert!(
+                self.is_authenticated_in(conn),
+                "a superseded link is an authenticated inbound one, until it closes"
+            );
         }
         for &conn in &self.given_up {
             assert!(

@@ -1025,3 +1025,30 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     assert_eq!(dials[0].0, 1);
     c.check_invariants(at(ms), &e);
 }
+
+#[test]
+fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
+    // Node 2 follows node 0 over link 10. Node 0 links again (link 12):
+    // it dials anew only once its old link is closed at its end, so what
+    // link 10 still delivers (late, after a partition) is stale.
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    heartbeat(&mut c, &mut e, at(1), 10, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    link_in(&mut c, &mut e, at(2), 12, 0);
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+    assert_eq!(conns, [10]);
+    // A stale heartbeat on the old link changes nothing.
+    heartbeat(&mut c, &mut e, at(3), 10, false, Some(1));
+    assert!(c.peers[0].claims_active);
+    assert_eq!(c.peers[0].following, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    c.check_invariants(at(3), &e);
+    // Its close leaves the peer alive: the new link is open.
+    c.on_close(at(4), 10, &mut e);
+    assert!(c.alive(0) && c.superseded.is_empty());
+    heartbeat(&mut c, &mut e, at(5), 12, true, None);
+    c.check_invariants(at(5), &e);
+}

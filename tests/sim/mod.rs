@@ -801,6 +801,7 @@ impl Sim {
                 b"did not answer this node's HELLO",
                 b"silent for",
                 b"does not hear this link",
+                b"its older link is closed",
             ]
             .iter()
             .any(|why| line.windows(why.len()).any(|w| w == *why));
