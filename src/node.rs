@@ -541,7 +541,18 @@ impl Node {
         self.engine.output_mut(conn)
     }
 
+    /// When the loop must turn again: the earliest timer of the engine,
+    /// the cluster or a peer-only connection, or 0 (now) while answers
+    /// wait that the loop has not collected ([`Node::take_dirty`]). Work
+    /// done after the loop collected its turn's answers (input kept back by
+    /// a pause, handled as the answers are sent; a link closed after the
+    /// collection) can answer other connections; without this the loop
+    /// would sleep and those answers would wait for an unrelated event, a
+    /// grant perhaps until after its lease.
     pub fn next_deadline(&self) -> Option<u64> {
+        if self.engine.has_uncollected_output() {
+            return Some(0);
+        }
         let engine = self.engine.next_deadline();
         let cluster = self.cluster.as_ref().map(Cluster::next_deadline);
         // A summary is owed only when something was refused or broke.

@@ -372,6 +372,105 @@ fn a_restarted_node_without_state_does_not_take_over_from_a_synced_standby() {
 }
 
 #[test]
+fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
+    // n0 (the active) is cut off; n1 takes over with "a" and grants "b".
+    // n0 restarts while still cut off: after its start-up wait it is active
+    // alone, with an empty table. At the heal the node holding the
+    // cluster's state must win: n0 steps down, syncs from n1, and gets the
+    // role back by hand-off, with "a" and "b".
+    let mut sim = cluster(3);
+    sim.set_drift_ms(0, 150);
+    sim.set_drift_ms(1, -150);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.partition_with_clients(vec![0, 1, 1], vec![1, 1]);
+    until_active(&mut sim, 1, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    assert_eq!(sim.table(1), grants(&[("a", a)]));
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 30_000).unwrap();
+    sim.crash(0);
+    sim.run_for(100);
+    sim.restart(0);
+    until_active(&mut sim, 0, PEER_TIMEOUT_MS + 100);
+    assert_eq!(sim.actives(), [0, 1]);
+    assert_eq!(sim.table(0), grants(&[]), "n0 starts empty");
+    sim.run_for(1_000);
+    let before = sim.issued_max().max(sim.highest_token(0));
+    sim.heal();
+    // One dial (at most about 0.6 s), the snapshot, then the hand-back.
+    sim.run_for(2_000);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0], "{}", sim.report());
+    for x in 0..3 {
+        assert_eq!(
+            sim.table(x),
+            grants(&[("a", a), ("b", b)]),
+            "n{x} lost grants at the heal: {}",
+            sim.report()
+        );
+    }
+    for x in [1, 2] {
+        assert_eq!(sim.role(x), Some(Role::Standby { following: Some(0) }));
+    }
+    // Tokens go on above everything either active issued or saw.
+    sim.set_target(0, 0);
+    let c = sim.acquire(0, "c", 5_000).unwrap();
+    assert!(c > before, "token {c} not above {before}");
+    assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
+    ok(&sim);
+}
+
+#[test]
+fn a_standby_cut_off_from_the_active_one_way_sends_clients_to_it() {
+    // The active's packets to n2 are lost: n2 hears no active, but n1
+    // (alive, holding the state) keeps it from taking over, and n1 follows
+    // n0. A client that asks n2 is sent to n0, not told `M key -` for as
+    // long as the fault lasts.
+    let mut sim = cluster(3);
+    sim.one_way(0, 2);
+    sim.run_for(3 * PEER_TIMEOUT_MS);
+    assert_eq!(sim.actives(), [0]);
+    assert_eq!(sim.role(2), Some(Role::Standby { following: None }));
+    sim.set_target(0, 2);
+    let a = sim.acquire(0, "a", 5_000).unwrap();
+    let answers = sim.answers(0);
+    let from_n2: Vec<&String> = answers
+        .iter()
+        .filter(|(n, _)| *n == 2)
+        .map(|(_, line)| line)
+        .collect();
+    assert_eq!(from_n2, [&format!("M a {}", sim::addr(0))]);
+    assert_eq!(answers.last().unwrap(), &(0, format!("A a {a}")));
+    ok(&sim);
+}
+
+#[test]
+fn a_standby_whose_packets_to_the_active_are_lost_does_not_take_over() {
+    // n1's packets to n0 are lost. n0 stops hearing n1 and drops its links;
+    // n1 then hears n0 no more, but n2 still follows n0: n1 waits instead
+    // of making a second active for the length of the fault.
+    let mut sim = cluster(3);
+    let a = sim.acquire(0, "a", 30_000).unwrap();
+    sim.one_way(1, 0);
+    for _ in 0..6 * PEER_TIMEOUT_MS {
+        assert!(sim.run_for(1), "{}", sim.report());
+        assert_eq!(sim.actives(), [0], "{}", sim.report());
+    }
+    assert_eq!(sim.role(1), Some(Role::Standby { following: None }));
+    assert_eq!(sim.role(2), Some(Role::Standby { following: Some(0) }));
+    // Clients that ask n1 are sent to n0.
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 5_000).unwrap();
+    assert_eq!(sim.answers(1).last().unwrap(), &(0, format!("A b {b}")));
+    // Once n0 is really gone, n1 (or n2) takes over with the grants.
+    sim.crash(0);
+    sim.run_for(PEER_TIMEOUT_MS + 100);
+    let actives = sim.actives();
+    assert_eq!(actives.len(), 1, "{}", sim.report());
+    assert!(sim.table(actives[0]).contains(&("a".to_string(), a)));
+    ok(&sim);
+}
+
+#[test]
 fn no_node_loop_spins() {
     // A standby that waits for a higher-priority node (here: the restarted
     // first node, in its start-up grace) must not leave its deadline in the

@@ -54,6 +54,40 @@ fn spin_mode(io: &str) {
     );
 }
 
+/// A client sends more than the server answers before pausing it, with a
+/// release at the end: the release is kept back and handled as that
+/// client's answers go out. The lock it frees goes to a waiter on another
+/// connection, whose grant must go out at once, not when some unrelated
+/// event next wakes the loop (on a quiet server: the new grant's own lease
+/// running out, after which the client would read a grant already over).
+fn grant_from_a_kept_back_release_goes_out_at_once(io: &str) {
+    let s = Server::start(io);
+    let mut holder = s.connect();
+    let t1 = acquire(&mut holder, "k", "30", "0");
+    let mut waiter = s.connect();
+    waiter.line("A k 30 60");
+    status(&mut waiter, &s);
+    let mut burst = s.connect();
+    // About 150 KiB of answers: past the 64 KiB pause within one read.
+    let mut input = b"S\n".repeat(5_000);
+    input.extend_from_slice(format!("R k {t1}\n").as_bytes());
+    burst.send(&input);
+    for _ in 0..5_000 {
+        let answer = burst.recv();
+        assert!(answer.starts_with("S active "), "{answer:?}");
+    }
+    assert_eq!(burst.recv(), "R k 1");
+    let released = Instant::now();
+    waiter.set_timeout(SLACK + SLACK);
+    let answer = waiter.recv();
+    let late = released.elapsed();
+    assert!(grant_of("k", &answer) > t1, "{answer:?}");
+    assert!(
+        late < SLACK,
+        "the grant came {late:?} after the release was answered"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Test generation: every scenario under both backends.
 
@@ -97,6 +131,9 @@ macro_rules! bad_input {
 on_both! {
     basic: basic_uring, basic_epoll;
     spin_mode: spin_mode_uring, spin_mode_epoll;
+    grant_from_a_kept_back_release_goes_out_at_once:
+        grant_from_a_kept_back_release_goes_out_at_once_uring,
+        grant_from_a_kept_back_release_goes_out_at_once_epoll;
     fifo_handoff: fifo_handoff_uring, fifo_handoff_epoll;
     lease_expiry_hands_over: lease_expiry_hands_over_uring, lease_expiry_hands_over_epoll;
     wait_timeout: wait_timeout_uring, wait_timeout_epoll;

@@ -9,10 +9,16 @@
 //! - A standby follows the highest-priority alive peer that claims to be
 //!   active. With no active alive, the highest-priority alive node becomes
 //!   active, but only after one `peer_timeout_ms` from its own start, so that
-//!   a restarted node hears an existing active before it decides anything.
-//! - An active that hears a higher-priority active steps down (demotion
+//!   a restarted node hears an existing active before it decides anything,
+//!   and not while a live peer still follows an active (then only our path
+//!   from that active is broken; our `M` answers name it).
+//! - An active that hears an active that outranks it steps down (demotion
 //!   after a split brain); one that sees a higher-priority peer following it
-//!   with a complete snapshot hands the role over to it (failback).
+//!   with a complete snapshot hands the role over to it (failback). Of two
+//!   actives, one that holds the cluster's state outranks one that does
+//!   not (a node that started cut off from every peer and took the role
+//!   with an empty table); between two alike, the higher priority wins. A
+//!   standby follows the active that outranks the others.
 //! - The active replicates every change of its table to the peers that
 //!   follow it: a snapshot first on each link, then the deltas of each loop
 //!   turn in one write.
@@ -116,6 +122,9 @@ struct Peer {
     claims_active: bool,
     following: Option<usize>,
     synced: bool,
+    /// Since when it has claimed the role while we are active and outrank
+    /// it (see [`Cluster::redial_deaf_rivals`]).
+    rival_since: Option<u64>,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -155,9 +164,19 @@ pub struct Cluster {
     nonces: u64,
     peers: Vec<Peer>,
     role: Role,
-    /// As a standby: a complete snapshot from `following` has arrived.
+    /// This node holds the cluster's state (what heartbeats say in their
+    /// last field). As a standby: a complete snapshot from `following` has
+    /// arrived (kept when that active dies: the copy is still here). As an
+    /// active: it took the role holding that state (a synced standby, a
+    /// hand-off), or a follower has since synced to it. Only a node that
+    /// took the role with no state anywhere in reach (a start cut off from
+    /// every peer) is active without it, until its first follower syncs.
     synced: bool,
     started_ms: u64,
+    /// As a standby that follows nobody: the active its live peers follow,
+    /// which its `M` answers name (hearsay: a hint for clients, not a node
+    /// it takes replication from).
+    named: Option<usize>,
     /// When `tick` last ran.
     last_tick_ms: u64,
     next_heartbeat_ms: u64,
@@ -175,6 +194,12 @@ pub struct Cluster {
     /// Authenticated links the peer gave up with an `E` line, not yet
     /// closed: their close is no sign of a crash.
     given_up: Vec<ConnId>,
+    /// Authenticated inbound links of a peer that has since linked to us
+    /// again: a peer dials anew only once its old link is closed at its
+    /// end, so what these still carry (delivered late by TCP after a
+    /// partition) is older than the new link's and is ignored until they
+    /// close.
+    superseded: Vec<ConnId>,
     /// Links to close (with the reason), for the loop: see
     /// [`Cluster::take_doomed`].
     doomed: Vec<(ConnId, String)>,
@@ -204,6 +229,7 @@ impl Cluster {
             role: Role::Standby { following: None },
             synced: false,
             started_ms: now.ms,
+            named: None,
             last_tick_ms: now.ms,
             next_heartbeat_ms: now.ms,
             links_in: Vec::new(),
@@ -212,6 +238,7 @@ impl Cluster {
             authenticated_any: false,
             auth_failure: None,
             given_up: Vec::new(),
+            superseded: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
             stats: ClusterStats::default(),
@@ -554,6 +581,7 @@ impl Cluster {
         // Dead at once only when every link, both ways, is gone (a crashed
         // process's sockets all close); one broken link is not a crash, and
         // neither is a link the peer gave up with an `E` line.
+        self.superseded.retain(|&c| c != conn);
         let given_up = self.given_up.iter().position(|&c| c == conn);
         if let Some(k) = given_up {
             self.given_up.swap_remove(k);
@@ -611,6 +639,9 @@ impl Cluster {
             };
         }
         if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
+            if self.superseded.contains(&conn) {
+                return Ok(()); // stale: the peer's newer link speaks for it
+            }
             return self.on_peer_message(now, from, msg, engine);
         }
         match msg {
@@ -747,6 +778,20 @@ impl Cluster {
         }
         let from = claim.from;
         self.authenticated_any = true;
+        let older: Vec<ConnId> = self
+            .links_in
+            .iter()
+            .filter(|&&(c, p)| p == from && !self.superseded.contains(&c))
+            .map(|&(c, _)| c)
+            .collect();
+        for old in older {
+            self.superseded.push(old);
+            let reason = format!(
+                "{} linked to this node again: its older link is closed",
+                self.cfg.peers[from]
+            );
+            self.doom(old, reason, engine);
+        }
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
@@ -943,6 +988,19 @@ impl Cluster {
                 // Stalled in the start-up grace: it starts over.
                 self.started_ms = now.ms;
             }
+            // So do handshakes in progress: the peer's answer may be
+            // waiting unread, and closing the link now would refuse it as
+            // a line out of place.
+            let until = now.ms + self.cfg.peer_timeout_ms;
+            for pending in self.pending.values_mut() {
+                pending.deadline_ms = pending.deadline_ms.max(until);
+            }
+            for p in &mut self.peers {
+                if p.out.is_some() && !p.out_authed {
+                    // (u64::MAX, a link already given up, stays.)
+                    p.out_deadline_ms = p.out_deadline_ms.max(until);
+                }
+            }
         }
         self.last_tick_ms = now.ms;
         for i in 0..self.peers.len() {
@@ -956,6 +1014,7 @@ impl Cluster {
             }
         }
         self.expire_handshakes(now, engine);
+        self.redial_deaf_rivals(now, engine);
         self.conflicts.retain(|c| c.until_ms > now.ms);
         self.evaluate(now, engine);
         if now.ms >= self.next_heartbeat_ms {
@@ -1063,6 +1122,41 @@ impl Cluster {
         }
     }
 
+    /// Another active that we outrank steps down within a delivery of our
+    /// heartbeat. One that still claims the role half a peer timeout after
+    /// we first heard it does not hear us: our link to it is dead at its
+    /// end (it closed it while the network was down, and the close waits
+    /// in TCP's back-off) while its new link to us works. Waiting for TCP
+    /// would keep two actives for as long as that back-off; our link is
+    /// closed and dialed afresh instead.
+    fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
+        let active = self.role == Role::Active;
+        for i in 0..self.peers.len() {
+            let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
+            if !rival {
+                self.peers[i].rival_since = None;
+                continue;
+            }
+            let since = *self.peers[i].rival_since.get_or_insert(now.ms);
+            let p = &mut self.peers[i];
+            if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out_authed {
+                continue;
+            }
+            let Some(conn) = p.out else { continue };
+            p.rival_since = Some(now.ms);
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.out_deadline_ms = u64::MAX;
+            let reason = format!(
+                "{} has claimed the active role for {} ms although this node, active, outranks \
+                 it: it does not hear this link; closing it, dialing afresh",
+                self.cfg.peers[i],
+                now.ms - since
+            );
+            self.doom(conn, reason, engine);
+        }
+    }
+
     /// Closes the links whose handshake did not finish in time.
     fn expire_handshakes(&mut self, now: Now, engine: &mut Engine) {
         let mut expired: Vec<ConnId> = self
@@ -1148,7 +1242,7 @@ impl Cluster {
         }
         let me = self.cfg.me;
         let n = self.peers.len();
-        let active_peer = (0..n).find(|&p| self.alive(p) && self.peers[p].claims_active);
+        let active_peer = self.best_active_peer();
         let eligible = self.eligible(now);
         match self.role {
             Role::Active if !eligible => {
@@ -1158,13 +1252,34 @@ impl Cluster {
                 self.follow(active_peer, engine, &why);
             }
             Role::Active => {
-                if let Some(higher) = active_peer.filter(|&p| p < me) {
-                    // Two actives: the lower priority steps down.
-                    let why = format!(
-                        "two actives: {} has the higher priority",
-                        self.cfg.peers[higher]
-                    );
-                    self.follow(Some(higher), engine, &why);
+                if !self.synced
+                    && (0..n).any(|p| {
+                        let peer = &self.peers[p];
+                        self.alive(p)
+                            && peer.following == Some(me)
+                            && peer.synced
+                            && peer.snapshot_sent
+                    })
+                {
+                    // A follower holds our snapshot: our table is the
+                    // cluster's state now.
+                    self.synced = true;
+                    self.next_heartbeat_ms = 0;
+                }
+                if let Some(better) = active_peer.filter(|&p| self.outranks(p)) {
+                    // Two actives: the outranked one steps down.
+                    let why = if self.peers[better].synced && !self.synced {
+                        format!(
+                            "two actives: {} holds the cluster's state",
+                            self.cfg.peers[better]
+                        )
+                    } else {
+                        format!(
+                            "two actives: {} has the higher priority",
+                            self.cfg.peers[better]
+                        )
+                    };
+                    self.follow(Some(better), engine, &why);
                     return;
                 }
                 let first_alive = (0..me).find(|&p| self.alive(p));
@@ -1210,18 +1325,81 @@ impl Cluster {
                         !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
                     let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
                     let higher_alive = (0..me).any(blocks);
-                    if eligible && grace_over && (!me_empty || !any_state) && !higher_alive {
+                    // A live peer still follows an active we do not hear:
+                    // that active is alive and serving, and only our path
+                    // from it is broken (its packets to us are lost, or a
+                    // fault cut us from it alone). Taking over would make
+                    // two actives for as long as the fault lasts; we wait,
+                    // and name it to clients. Should it be gone, that peer
+                    // stops following it within its own timeout.
+                    let active_elsewhere = self.hearsay_active().is_some();
+                    if eligible
+                        && grace_over
+                        && (!me_empty || !any_state)
+                        && !higher_alive
+                        && !active_elsewhere
+                    {
                         self.become_active(
                             engine,
                             "no node is active and no node of higher priority is up",
                         );
+                    } else if self.role == (Role::Standby { following: None }) {
+                        self.name_hearsay_active(engine);
                     }
                 }
             },
         }
     }
 
+    /// Of two actives, peer `p` (alive, active) and this node: whether `p`
+    /// is the one to stay. One that holds the cluster's state (`synced`)
+    /// outranks one that does not; between two alike, the higher priority
+    /// (lower index). Both sides of a heal decide the same way from each
+    /// other's heartbeats; a stale heartbeat can only understate a peer's
+    /// state (an active gains it, never loses it), so two actives may
+    /// both stay for a heartbeat, never both step down.
+    fn outranks(&self, p: usize) -> bool {
+        let theirs = self.peers[p].synced;
+        theirs && !self.synced || (theirs == self.synced && p < self.cfg.me)
+    }
+
+    /// The alive peer claiming the role that outranks every other such
+    /// peer (the same order as [`Cluster::outranks`]).
+    fn best_active_peer(&self) -> Option<usize> {
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p) && self.peers[p].claims_active)
+            .min_by_key(|&p| (!self.peers[p].synced, p))
+    }
+
+    /// A standby that hears no active (say the active's packets to it are
+    /// lost) while its live peers follow one names that one in its `M`
+    /// answers: clients that asked it go there rather than wait and retry
+    /// here (`M key -`) for as long as the fault lasts. It does not follow
+    /// it: it has no link from it to take replication on.
+    fn name_hearsay_active(&mut self, engine: &mut Engine) {
+        let named = self.hearsay_active();
+        if named != self.named {
+            self.named = named;
+            engine.step_down(named.map(|a| self.cfg.peers[a].as_str()));
+        }
+    }
+
+    /// The active a live peer follows that we do not hear ourselves (the
+    /// highest-priority one, should they differ). A node we hear is left
+    /// out: were it active we would follow it, and a peer that still
+    /// follows it while it is not (it stepped down, or a hand-off is on its
+    /// way) says nothing of an active elsewhere.
+    fn hearsay_active(&self) -> Option<usize> {
+        let me = self.cfg.me;
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p))
+            .filter_map(|p| self.peers[p].following)
+            .filter(|&a| a != me && !self.alive(a))
+            .min()
+    }
+
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
+        self.named = None;
         let before = self.role;
         self.role = Role::Standby { following: active };
         let following = active.map_or("-", |a| self.cfg.peers[a].as_str());
@@ -1251,6 +1429,7 @@ impl Cluster {
     }
 
     fn become_active(&mut self, engine: &mut Engine, why: &str) {
+        self.named = None;
         if self.role != Role::Active {
             self.stats.became_active += 1;
             tracing::warn!(role = "active", "role: standby -> active ({why})");
@@ -1259,7 +1438,8 @@ impl Cluster {
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.
         self.next_heartbeat_ms = 0;
-        self.synced = false;
+        // `synced` stays what it was: whether the table we serve from is
+        // the cluster's state (see the field).
         for p in &mut self.peers {
             p.snapshot_sent = false;
         }
@@ -1362,6 +1542,12 @@ impl Cluster {
         }
         for conn in self.pending.keys() {
             assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+        }
+        for &conn in &self.superseded {
+            assert!(
+                self.is_authenticated_in(conn),
+                "a superseded link is an authenticated inbound one, until it closes"
+            );
         }
         for &conn in &self.given_up {
             assert!(

@@ -356,6 +356,17 @@ impl Engine {
         self.wheel.next_deadline()
     }
 
+    /// True if some open connection has answers that the next
+    /// [`Engine::take_dirty`] would return: written after the loop took
+    /// this turn's (a grant made by a release handled while another
+    /// connection's answers went out, a step-down when a link closed).
+    pub fn has_uncollected_output(&self) -> bool {
+        self.dirty.iter().any(|&c| {
+            let conn = &self.conns[c as usize];
+            conn.open && !conn.out.is_empty()
+        })
+    }
+
     /// Ends the leases and waits that ran out by `now`.
     pub fn tick(&mut self, now: Now) {
         while let Some(timer) = self.wheel.poll(now.ms) {

@@ -327,6 +327,60 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_made_while_answers_go_out_is_sent_before_the_loop_sleeps() {
+        // Client 1 holds "k" and client 2 waits for it. Client 0's input
+        // runs past the pause, and the release of "k" is in what it keeps
+        // back: it is handled as client 0's answers are sent, after the
+        // loop took the turn's connections with output (as epoll's flush
+        // does). The grant to client 2 must go out without waiting for an
+        // unrelated event (a timer, another request): the loop must not
+        // sleep while it is unsent.
+        let (mut node, now) = node();
+        node.open(1);
+        node.open(2);
+        let mut lives = [Lifecycle::new(), Lifecycle::new(), Lifecycle::new()];
+        lives[1].received(&mut node, now, 1, b"A k 60000 0\n");
+        lives[2].received(&mut node, now, 2, b"A k 60000 60000\n");
+        let mut input = b"S\n".repeat(5_000);
+        input.extend_from_slice(b"R k 5\n");
+        lives[0].received(&mut node, now, 0, &input);
+        assert!(
+            !lives[0].wants_read(&mut node, 0),
+            "paused: the release kept back"
+        );
+        let mut dirty = Vec::new();
+        node.take_dirty(now, &mut dirty);
+        assert!(!dirty.contains(&2), "client 2 waits: nothing for it yet");
+        for &conn in &dirty {
+            let life = &mut lives[conn as usize];
+            loop {
+                let n = life.pending(&mut node, conn).len();
+                if n == 0 {
+                    break;
+                }
+                life.sent(&mut node, now, conn, n);
+            }
+        }
+        assert_eq!(
+            node.output_mut(2).as_slice(),
+            b"A k 6\n",
+            "granted meanwhile"
+        );
+        // The loop sleeps until `next_deadline`: it must be now.
+        let deadline = node.next_deadline();
+        assert!(
+            deadline.is_some_and(|d| d <= now.ms),
+            "client 2's grant would wait for the lease timer ({deadline:?}; now {})",
+            now.ms
+        );
+        node.take_dirty(now, &mut dirty);
+        assert_eq!(dirty, [2]);
+        assert_eq!(lives[2].pending(&mut node, 2), b"A k 6\n");
+        // Once collected, no more hurry: the next deadline is the lease's.
+        assert!(node.next_deadline().is_some_and(|d| d > now.ms));
+    }
+
+    #[test]
     fn a_protocol_break_sends_the_rest_then_lingers_until_the_deadline() {
         let (mut node, now) = node();
         let mut life = Lifecycle::new();

@@ -854,12 +854,14 @@ impl Sim {
         });
         for (peer, line) in found {
             // A link the node gave up on (a handshake that a fault cut, a
-            // peer silent for a whole timeout) ends with an E line saying
-            // so: not a protocol error.
+            // peer silent for a whole timeout, a rival active that does not
+            // hear it) ends with an E line saying so: not a protocol error.
             let given_up = [
                 &b"peer handshake not finished"[..],
                 b"did not answer this node's HELLO",
                 b"silent for",
+                b"does not hear this link",
+                b"its older link is closed",
             ]
             .iter()
             .any(|why| line.windows(why.len()).any(|w| w == *why));
@@ -1397,6 +1399,20 @@ impl Sim {
         let client_side = (0..self.cfg.clients)
             .map(|_| self.rng.below(2) as u8)
             .collect();
+        self.log(format!(
+            "PARTITION nodes {node_side:?} clients {client_side:?}"
+        ));
+        self.open_window("partition");
+        self.partition = Some(Partition {
+            node_side,
+            client_side,
+            one_way: Vec::new(),
+        });
+    }
+
+    /// Symmetric partition with the clients' sides given too (scripted
+    /// scenarios): `client_side[c]` for each client.
+    pub fn partition_with_clients(&mut self, node_side: Vec<u8>, client_side: Vec<u8>) {
         self.log(format!(
             "PARTITION nodes {node_side:?} clients {client_side:?}"
         ));
