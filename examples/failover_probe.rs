@@ -230,6 +230,7 @@ fn crash(pid: i32, successor: &str) -> Result<Value, String> {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 fn handoff(pid: i32, old: &str, successor: &str) -> Result<Value, String> {
     let base = Instant::now();
     let go = Arc::new(Barrier::new(3));

@@ -269,6 +269,7 @@ impl EncodeMetric for Hist {
 }
 
 /// The snapshot as OpenMetrics text (which Prometheus scrapes).
+#[expect(clippy::too_many_lines)]
 pub fn encode(s: &Snapshot) -> String {
     let mut r = Registry::default();
     let e = &s.engine;

@@ -84,6 +84,7 @@ impl From<std::io::Error> for ServeError {
 }
 
 /// Starts the node and serves until SIGINT or SIGTERM.
+#[expect(clippy::too_many_lines)]
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     let listen = resolve(&args.listen)?;
     if args.max_conns == 0 {

@@ -36,6 +36,7 @@ fn usage(why: &str) -> ! {
     std::process::exit(2);
 }
 
+#[expect(clippy::too_many_lines)]
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(mode) = args.first().cloned() else {

@@ -431,6 +431,7 @@ fn seconds(ms: u64) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+#[expect(clippy::too_many_lines)]
 async fn run_command(args: RunArgs) -> u8 {
     let (key, client) = match key_and_client(args.key, &args.server).await {
         Ok(pair) => pair,
@@ -689,6 +690,7 @@ fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 async fn locks(args: LocksArgs) -> u8 {
     let prefix = args.prefix.as_bytes();
     if !prefix.is_empty()

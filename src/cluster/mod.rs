@@ -1236,6 +1236,7 @@ impl Cluster {
     }
 
     /// The role rule (module docs), applied to what we know now.
+    #[expect(clippy::too_many_lines)]
     fn evaluate(&mut self, now: Now, engine: &mut Engine) {
         if self.leaving {
             return;

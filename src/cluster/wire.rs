@@ -94,6 +94,7 @@ pub fn is_peer_line(line: &[u8]) -> bool {
 
 /// Parses a peer line (without its `\n`). Every field is checked against
 /// its bound (module docs); the error says which field was wrong.
+#[expect(clippy::too_many_lines)]
 pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", Quoted(line));
@@ -242,6 +243,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
 }
 
 /// Appends `msg` as a line.
+#[expect(clippy::too_many_lines)]
 pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
     match *msg {
         PeerMsg::Hello {

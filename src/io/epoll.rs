@@ -48,6 +48,7 @@ struct Conn {
 
 /// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
 /// its longest turn.
+#[expect(clippy::too_many_lines)]
 pub fn run(
     listener: std::net::TcpListener,
     signals: StdUnixStream,

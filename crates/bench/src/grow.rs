@@ -57,6 +57,7 @@ enum Probe {
     Done,
 }
 
+#[expect(clippy::too_many_lines)]
 pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if args.conns == 0 || args.pipeline == 0 {
         return Err("--conns and --pipeline must be at least 1".into());

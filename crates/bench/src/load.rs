@@ -863,6 +863,7 @@ pub(crate) fn main(args: RunArgs) -> crate::Result<ExitCode> {
     })
 }
 
+#[expect(clippy::too_many_lines)]
 pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if args.mode == Mode::Grow {
         return crate::grow::run(args);

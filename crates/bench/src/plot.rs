@@ -80,6 +80,7 @@ fn save_png(buf: &[u8], w: u32, h: u32, path: &Path) -> crate::Result<()> {
 
 /// Cycles/s against connections (ping-pong, 1 in flight per connection);
 /// the echo floor as round trips/s / 2, i.e. in cycles.
+#[expect(clippy::too_many_lines)]
 pub(crate) fn throughput(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
     let mut buf = vec![0u8; (W * H * 3) as usize];
     {
@@ -186,6 +187,7 @@ fn meta(r: &Results, key: &str) -> String {
 
 /// Latency percentiles (log scale), one panel per scenario: the cycle for
 /// ping-pong, 50 connections and pipelined; the hand-off for contended.
+#[expect(clippy::too_many_lines)]
 pub(crate) fn latency(r: &Results, path: &Path, _font: Font) -> crate::Result<()> {
     let (w, h) = (1200u32, 900u32);
     let mut buf = vec![0u8; (w * h * 3) as usize];

@@ -286,6 +286,7 @@ pub(crate) const GROWTH: &str = "growth";
 pub(crate) const ECHO: &str = "echo";
 pub(crate) const REDIS: &str = "redis";
 
+#[expect(clippy::too_many_lines)]
 pub(crate) fn check_targets(r: &Results) -> Vec<TargetCheck> {
     let mut checks = Vec::new();
     let fig = |scenario: &str, label: &str, figure: &str| -> Option<f64> {
@@ -520,6 +521,7 @@ fn range(g: &Group, figure: &str, fmt: fn(f64) -> String) -> String {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     let mut md = String::new();
     let meta = &r.meta;

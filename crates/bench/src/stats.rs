@@ -241,6 +241,7 @@ impl RunResult {
     }
 
     /// A human-readable summary.
+    #[expect(clippy::too_many_lines)]
     pub(crate) fn print(&self) {
         println!(
             "{} {} ({}): {} conns x {} in flight, {} keys, {:.1} s measured",

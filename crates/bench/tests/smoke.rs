@@ -115,6 +115,7 @@ fn contended_clients_share_the_lock_evenly_under_epoll() {
 }
 
 #[test]
+#[expect(clippy::too_many_lines)]
 fn load_generator_report_and_compare() {
     let echo = Running::start(GEN, &["echo-server", "--listen", "127.0.0.1:0"]);
     let server = Running::start(

@@ -498,6 +498,7 @@ enum Watch {
 
 /// Runs one connection until it ends. Returns why it ended, or `None` if the
 /// client was dropped.
+#[expect(clippy::too_many_lines)]
 async fn serve(
     slot: &Arc<Slot>,
     shared: &Arc<Shared>,

@@ -505,6 +505,7 @@ impl Client {
         }
     }
 
+    #[expect(clippy::too_many_lines)]
     async fn acquire_loop(
         &self,
         key: &[u8],

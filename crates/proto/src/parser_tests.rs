@@ -45,6 +45,7 @@ fn assert_reason_ok(err: &ParseError<'_>) {
 // ---------------------------------------------------------------- valid forms
 
 #[test]
+#[expect(clippy::too_many_lines)]
 fn every_valid_request_form() {
     let cases: &[(&[u8], Request<'_>)] = &[
         (b"A k 30 0\n", acquire(b"k", 30_000, 0)),

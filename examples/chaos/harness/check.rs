@@ -233,6 +233,7 @@ fn stat(values: &[Option<f64>]) -> String {
     s
 }
 
+#[expect(clippy::too_many_lines)]
 pub fn analyse(cfg: &Config, rec: &Record) -> Report {
     let settle = cfg.settle_ms * 1000;
     let windows: Vec<(u64, u64)> = rec
@@ -523,6 +524,7 @@ fn describe_grant(g: &GrantRec, origin: u64) -> String {
     )
 }
 
+#[expect(clippy::too_many_lines)]
 fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     let mut o = String::new();
     let span = secs(rec.end, rec.origin);

@@ -296,6 +296,7 @@ impl Client {
         self.rr
     }
 
+    #[expect(clippy::too_many_lines)]
     fn acquire(&mut self, key: usize) -> Option<GrantRec> {
         self.stats.acquires += 1;
         let name = key_name(key);

@@ -474,6 +474,7 @@ fn status_once(i: usize, timeout: Duration) -> Option<(bool, Option<usize>)> {
 
 /// Builds the lab, runs the schedule with clients and pollers, tears
 /// everything down and returns what was recorded.
+#[expect(clippy::too_many_lines)]
 pub fn run(cfg: &Config) -> Result<Record, String> {
     let t0 = Instant::now();
     std::fs::create_dir_all(&cfg.out).map_err(|e| format!("{}: {e}", cfg.out.display()))?;

@@ -916,6 +916,7 @@ impl Harness {
 
     /// A peer message on a connection (an authenticated link, mostly).
     /// Returns the peer a HANDOFF came from.
+    #[expect(clippy::too_many_lines)]
     fn peer_message(&mut self, input: &mut Input<'_>, kind: PeerKind) -> Option<usize> {
         let node = &self.node;
         let ci = self.pick(input, |c| {
@@ -1067,6 +1068,7 @@ impl Harness {
 
     /// Answers the node's HELLO on a link it dialed, as the peer it dialed
     /// (or as someone else, or with a wrong MAC).
+    #[expect(clippy::too_many_lines)]
     fn challenge(&mut self, input: &mut Input<'_>) {
         let Some(ci) = self.pick(input, |c| {
             c.node_hello.is_some() && c.sent_challenge.is_none()
