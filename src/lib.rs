@@ -23,5 +23,6 @@ pub mod node;
 pub mod server;
 #[doc(hidden)]
 pub mod testing;
+pub mod tls;
 
 pub use ringlock_proto as proto;

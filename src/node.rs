@@ -100,6 +100,8 @@ pub struct Node {
     /// Connections to close, for the loop ([`Node::take_doomed`]).
     doomed: Vec<(ConnId, String)>,
     peer_log: LogLimiter,
+    /// TLS failures of connections (handshakes, plain text on a TLS port).
+    tls_log: LogLimiter,
 }
 
 impl Node {
@@ -115,7 +117,17 @@ impl Node {
             peer_only: Vec::new(),
             doomed: Vec::new(),
             peer_log: LogLimiter::default(),
+            tls_log: LogLimiter::default(),
         }
+    }
+
+    /// Logs why a TLS connection failed, with its remote address
+    /// (rate-limited, so a flood of bad handshakes cannot fill the log).
+    pub fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
+        let remote = self.remote(conn);
+        self.tls_log.log(now, "TLS failures", || {
+            format!("TLS connection from {remote} closed: {}", why())
+        });
     }
 
     /// The cluster state machine, if this node has peers.
