@@ -2,7 +2,11 @@
 //! `status`, all built on [`ringlock_client`].
 //!
 //! Servers come from `--server ADDR,ADDR,...`, else from the environment
-//! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`.
+//! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`. TLS is
+//! on with `--tls-ca PATH` (else `RINGLOCK_TLS_CA`), with a client
+//! certificate from `--tls-cert`/`--tls-key` (else `RINGLOCK_TLS_CERT`,
+//! `RINGLOCK_TLS_KEY`) and a name override `--tls-server-name` (else
+//! `RINGLOCK_TLS_SERVER_NAME`).
 //! Durations are in the protocol's seconds form: `30`, `1.5`, `0.25` (at
 //! most three decimals).
 //!
@@ -35,8 +39,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 use ringlock_client::{
-    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, check_key,
-    node_problem, node_status,
+    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, TlsConfig,
+    check_key, node_problem, node_problem_tls, node_status, node_status_tls,
 };
 
 /// Exit status: `release`/`renew` found no grant with that token.
@@ -109,6 +113,70 @@ pub struct ServerArg {
     /// else 127.0.0.1:7171].
     #[arg(long = "server", short = 's', value_name = "ADDR,...")]
     pub server: Option<String>,
+    /// TLS: speak TLS, trusting the servers' certificates signed by this CA
+    /// (PEM) [default: $RINGLOCK_TLS_CA; without either, plain text].
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS: the client certificate (PEM) for servers that require one
+    /// [default: $RINGLOCK_TLS_CERT].
+    #[arg(long, value_name = "PATH")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// TLS: the private key of --tls-cert (PEM) [default: $RINGLOCK_TLS_KEY].
+    #[arg(long, value_name = "PATH")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// TLS: the name the servers' certificates must carry, instead of the
+    /// host of each address [default: $RINGLOCK_TLS_SERVER_NAME].
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+const TLS_CA_ENV: &str = "RINGLOCK_TLS_CA";
+const TLS_CERT_ENV: &str = "RINGLOCK_TLS_CERT";
+const TLS_KEY_ENV: &str = "RINGLOCK_TLS_KEY";
+const TLS_SERVER_NAME_ENV: &str = "RINGLOCK_TLS_SERVER_NAME";
+
+/// A flag, else its environment variable (unset or empty: none).
+fn flag_or_env(flag: &Option<std::path::PathBuf>, env: &str) -> Option<std::path::PathBuf> {
+    flag.clone().or_else(|| {
+        std::env::var_os(env)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    })
+}
+
+/// TLS from the flags and the environment: `None` for plain text (no CA).
+fn tls_of(arg: &ServerArg) -> Result<Option<TlsConfig>, Error> {
+    let ca = flag_or_env(&arg.tls_ca, TLS_CA_ENV);
+    let cert = flag_or_env(&arg.tls_cert, TLS_CERT_ENV);
+    let key = flag_or_env(&arg.tls_key, TLS_KEY_ENV);
+    let name = arg.tls_server_name.clone().or_else(|| {
+        std::env::var(TLS_SERVER_NAME_ENV)
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
+    let Some(ca) = ca else {
+        if cert.is_some() || key.is_some() || name.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "TLS needs --tls-ca (or ${TLS_CA_ENV}): the CA that signs the servers' \
+                 certificates"
+            )));
+        }
+        return Ok(None);
+    };
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::InvalidArgument(
+                "--tls-cert and --tls-key go together".into(),
+            ));
+        }
+    };
+    let tls = TlsConfig::from_pem_files(ca, client)?;
+    Ok(Some(match name {
+        Some(name) => tls.server_name(name),
+        None => tls,
+    }))
 }
 
 #[derive(clap::Args)]
@@ -270,7 +338,12 @@ fn fail(err: &Error) -> u8 {
 }
 
 async fn connect(arg: &ServerArg) -> Result<Client, Error> {
-    Client::connect(servers(arg)).await
+    let builder = Client::builder(servers(arg));
+    let builder = match tls_of(arg)? {
+        Some(tls) => builder.tls(tls),
+        None => builder,
+    };
+    builder.connect().await
 }
 
 fn key_bytes(key: OsString) -> Result<Vec<u8>, u8> {
@@ -664,12 +737,22 @@ fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
 async fn status(args: StatusArgs) -> u8 {
     let addrs = servers(&args.server);
     let limit = Duration::from_millis(args.timeout);
+    let tls = match tls_of(&args.server) {
+        Ok(tls) => tls,
+        Err(e) => return fail(&e),
+    };
     let mut tasks = Vec::new();
     for addr in &addrs {
         let addr = addr.clone();
+        let tls = tls.clone();
         tasks.push(tokio::spawn(async move {
-            let (status, problem) =
-                tokio::join!(node_status(&addr, limit), node_problem(&addr, limit));
+            let (status, problem) = match &tls {
+                None => tokio::join!(node_status(&addr, limit), node_problem(&addr, limit)),
+                Some(tls) => tokio::join!(
+                    node_status_tls(&addr, limit, tls),
+                    node_problem_tls(&addr, limit, tls)
+                ),
+            };
             status.map(|st| (st, problem.ok().flatten()))
         }));
     }
