@@ -44,6 +44,7 @@ on_both! {
     untrusted_and_expired_server_certificates: bad_server_cert_uring, bad_server_cert_epoll;
     stalled_handshake_is_closed: stalled_handshake_uring, stalled_handshake_epoll;
     rotation_on_sighup_under_load: rotation_uring, rotation_epoll;
+    cluster_over_tls_fails_over_and_hands_off: tls_cluster_uring, tls_cluster_epoll;
 }
 
 // ---------------------------------------------------------------------------
@@ -593,4 +594,197 @@ fn rotation_on_sighup_under_load(io: &str) {
     let mut after = TlsConn::new(server.addr, new_only);
     assert!(after.call("S").starts_with("S active"));
     let _ = std::fs::remove_dir_all(&pki.dir);
+}
+
+// ---------------------------------------------------------------------------
+// A cluster whose peer links are TLS.
+
+/// Asks a TLS node for its status; `None` if it cannot be reached or does
+/// not answer within `limit`.
+fn tls_status(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    limit: Duration,
+) -> Option<common::NodeStatus> {
+    let tcp = TcpStream::connect_timeout(&addr, limit).ok()?;
+    tcp.set_read_timeout(Some(limit)).ok()?;
+    tcp.set_write_timeout(Some(limit)).ok()?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let conn = rustls::ClientConnection::new(config.clone(), name).ok()?;
+    let mut stream = BufReader::new(rustls::StreamOwned::new(conn, tcp));
+    stream.get_mut().write_all(b"S\n").ok()?;
+    stream.get_mut().flush().ok()?;
+    let mut line = String::new();
+    stream.read_line(&mut line).ok()?;
+    common::NodeStatus::parse(line.strip_suffix('\n')?)
+}
+
+struct TlsCluster {
+    addrs: Vec<SocketAddr>,
+    args: Vec<Vec<String>>,
+    nodes: Vec<Option<(Server, StderrLog)>>,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl TlsCluster {
+    fn start_node(&mut self, i: usize) {
+        let args: Vec<&str> = self.args[i].iter().map(String::as_str).collect();
+        self.nodes[i] = Some(Server::start_logged(&args));
+    }
+
+    fn statuses(&self) -> Vec<Option<common::NodeStatus>> {
+        self.addrs
+            .iter()
+            .map(|&a| tls_status(a, &self.client, Duration::from_millis(500)))
+            .collect()
+    }
+
+    /// Waits until node `active` is active and every other live node
+    /// follows it.
+    fn wait_settled(&self, active: usize, alive: &[usize]) {
+        let name = self.addrs[active].to_string();
+        common::poll_until(
+            &format!("the TLS cluster settled on node {active}"),
+            Duration::from_secs(15),
+            || self.statuses(),
+            |st| {
+                alive.iter().all(|&i| {
+                    st[i].as_ref().is_some_and(|s| {
+                        if i == active {
+                            s.is_active()
+                        } else {
+                            s.follows(&name)
+                        }
+                    })
+                })
+            },
+        );
+    }
+
+    fn connect(&self, i: usize) -> TlsConn {
+        TlsConn::new(self.addrs[i], self.client.clone())
+    }
+}
+
+/// Three nodes with TLS peer links (certificates from a node CA, clients
+/// without certificates): they come up, a client cannot pose as a peer,
+/// kill -9 of the active fails over to node 1 with the grants, and SIGTERM
+/// of node 1 hands over to node 2, as over plain links.
+fn cluster_over_tls_fails_over_and_hands_off(io: &str) {
+    let dir = scratch(&format!("cluster-{io}"));
+    let server_ca = Ca::new(&dir, "server-ca");
+    let node_ca = Ca::new(&dir, "node-ca");
+    let ip = common::loopback_ip();
+    let addrs = common::free_addrs(ip, 3);
+    let peers = addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let ip_name = ip.to_string();
+    let mut args = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        // Each node's certificate names the address its peers dial, and
+        // "localhost" for the test's clients; the node CA signs it, so it
+        // serves clients and proves the node to its peers.
+        let (cert, key) = node_ca.issue(&dir, &format!("node{i}"), &[&ip_name, "localhost"], false);
+        args.push(
+            [
+                "--listen",
+                &addr.to_string(),
+                "--peers",
+                &peers,
+                "--io",
+                io,
+                "--cluster-secret-file",
+                common::secret_file(),
+                "--tls-cert",
+                s(&cert),
+                "--tls-key",
+                s(&key),
+                "--tls-peer-ca",
+                s(&node_ca.pem),
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    }
+    let _ = server_ca;
+    let mut c = TlsCluster {
+        addrs: addrs.clone(),
+        args,
+        nodes: vec![None, None, None],
+        client: client_config(&node_ca.pem, None),
+    };
+    for i in 0..3 {
+        c.start_node(i);
+    }
+    c.wait_settled(0, &[0, 1, 2]);
+
+    // A client (no certificate from the node CA) cannot speak as a peer.
+    let mut intruder = c.connect(0);
+    intruder.send(b"P HELLO 1 2 3\n").expect("send a peer line");
+    let answer = intruder.recv().expect("an E answer");
+    assert!(
+        answer.contains("without a certificate signed by the peer CA"),
+        "{answer}"
+    );
+
+    let mut n0 = c.connect(0);
+    let held = token_of(&n0.call("A tls/held 60 0"));
+    // Replicated to both standbys before node 0 dies.
+    common::poll_until(
+        "the standbys have node 0's grant",
+        Duration::from_secs(10),
+        || c.statuses(),
+        |st| {
+            st[1].as_ref().is_some_and(|s| s.token >= held)
+                && st[2].as_ref().is_some_and(|s| s.token >= held)
+        },
+    );
+    drop(n0);
+    let (mut node0, _) = c.nodes[0].take().unwrap();
+    node0.kill9();
+    c.wait_settled(1, &[1, 2]);
+    let mut n1 = c.connect(1);
+    assert_eq!(
+        n1.call("A tls/held 60 0.2"),
+        "T tls/held",
+        "the grant survived"
+    );
+    let t1 = token_of(&n1.call("A tls/new 60 0"));
+    assert!(t1 > held, "tokens go on rising: {t1} after {held}");
+    common::poll_until(
+        "node 2 has node 1's grant",
+        Duration::from_secs(10),
+        || c.statuses(),
+        |st| st[2].as_ref().is_some_and(|s| s.token >= t1),
+    );
+
+    // SIGTERM: node 1 hands over to node 2 at once.
+    let (mut node1, _) = c.nodes[1].take().unwrap();
+    node1.signal(libc::SIGTERM);
+    let status = node1
+        .wait_timeout(Duration::from_secs(10))
+        .expect("node 1 exits after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    c.wait_settled(2, &[2]);
+    let mut n2 = c.connect(2);
+    assert_eq!(
+        n2.call("A tls/new 60 0.2"),
+        "T tls/new",
+        "node 1's grant came along"
+    );
+    assert!(token_of(&n2.call("A tls/third 60 0")) > t1);
+    // The handshake between peers went over TLS: the log of node 2 has
+    // no TLS failure.
+    let log2 = &c.nodes[2].as_ref().unwrap().1;
+    assert!(
+        log2.lines_with("TLS connection")
+            .iter()
+            .all(|l| !l.contains("certificate")),
+        "{}",
+        log2.text()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
