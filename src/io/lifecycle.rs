@@ -600,6 +600,176 @@ mod tests {
         assert!(life.is_closed());
     }
 
+    /// A TLS server lifecycle and an in-memory rustls client for it.
+    fn tls_pair(now: Now) -> (Lifecycle, rustls::ClientConnection) {
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        let provider = || Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let life = Lifecycle::with_tls(
+            rustls::Connection::Server(rustls::ServerConnection::new(Arc::new(server)).unwrap()),
+            now.ms + 1000,
+            None,
+        );
+        let client = rustls::ClientConnection::new(
+            Arc::new(client),
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+        )
+        .unwrap();
+        (life, client)
+    }
+
+    /// Moves bytes both ways until neither side has any; returns the
+    /// plaintext the client received. The server's records are taken
+    /// `chunk` bytes at a time.
+    fn pump(
+        life: &mut Lifecycle,
+        client: &mut rustls::ClientConnection,
+        node: &mut Node,
+        now: Now,
+        chunk: usize,
+    ) -> Vec<u8> {
+        use std::io::Read;
+        let mut plain = Vec::new();
+        loop {
+            let mut to_server = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut to_server).unwrap();
+            }
+            if !to_server.is_empty() {
+                life.received(node, now, 0, &to_server);
+            }
+            let to_client = drain(life, node, now, chunk);
+            let mut rest = &to_client[..];
+            while !rest.is_empty() {
+                client.read_tls(&mut rest).unwrap();
+                client.process_new_packets().unwrap();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = client.reader().read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    plain.extend_from_slice(&buf[..n]);
+                }
+            }
+            if to_server.is_empty() && to_client.is_empty() {
+                return plain;
+            }
+        }
+    }
+
+    #[test]
+    fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
+        use std::io::Write as _;
+        let (mut node, now) = node();
+        let (mut life, mut client) = tls_pair(now);
+        assert!(life.is_tls());
+        assert!(pump(&mut life, &mut client, &mut node, now, 1000).is_empty());
+        assert!(!client.is_handshaking(), "handshake done");
+        // 10 000 requests: their answers pass the 64 KiB pause; all come.
+        client.writer().write_all(&b"S\n".repeat(10_000)).unwrap();
+        let got = pump(&mut life, &mut client, &mut node, now, 4096);
+        assert_eq!(got, b"S active x:1 0\n".repeat(10_000));
+        assert!(!life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 5000,
+                ..now
+            },
+            0
+        ));
+        // Our side ends it: last answers, then close_notify, then shut.
+        client.writer().write_all(b"S\n").unwrap();
+        let mut to_server = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut to_server).unwrap();
+        }
+        life.received(&mut node, now, 0, &to_server);
+        life.finish(&mut node, now, 0);
+        assert_eq!(life.advance(now.ms), Step::Stay, "not sent yet");
+        let mut rest = &drain(&mut life, &mut node, now, 100)[..];
+        while !rest.is_empty() {
+            client.read_tls(&mut rest).unwrap();
+        }
+        let state = client.process_new_packets().unwrap();
+        assert!(state.peer_has_closed(), "close_notify sent");
+        let mut last = String::new();
+        std::io::Read::read_to_string(&mut client.reader(), &mut last).unwrap();
+        assert_eq!(last, "S active x:1 0\n");
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn plain_text_on_a_tls_connection_gets_a_plain_e_line_and_closes() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(&mut node, now, 0, b"S\n");
+        assert_eq!(life.phase(), Phase::Closing);
+        assert_eq!(drain(&mut life, &mut node, now, 7), PLAIN_ON_TLS_ANSWER);
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn garbage_after_a_handshake_record_header_closes_without_a_crash() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(
+            &mut node,
+            now,
+            0,
+            &[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5],
+        );
+        life.received(&mut node, now, 0, &[0xff; 300]);
+        assert_eq!(life.phase(), Phase::Closing);
+        // Whatever rustls queued (an alert) goes out, then the socket shuts.
+        let _ = drain(&mut life, &mut node, now, 64);
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn a_handshake_past_its_deadline_is_closed() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(&mut node, now, 0, &[0x16, 0x03, 0x01]);
+        assert!(!life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 999,
+                ..now
+            },
+            0
+        ));
+        assert!(life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 1000,
+                ..now
+            },
+            0
+        ));
+        assert!(life.is_closed());
+        assert_eq!(life.advance(now.ms + 1000), Step::Close);
+    }
+
     #[test]
     fn a_failed_socket_closes_now_and_keeps_the_send_in_flight_in_place() {
         let (mut node, now) = node();
