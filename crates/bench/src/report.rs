@@ -534,6 +534,10 @@ pub(crate) struct TlsCost {
     pub plain_cps: Option<f64>,
     pub tls_p50: Option<f64>,
     pub plain_p50: Option<f64>,
+    /// The server's CPU per cycle (µs): the cost least moved by what else
+    /// runs on the machine.
+    pub tls_cpu: Option<f64>,
+    pub plain_cpu: Option<f64>,
 }
 
 /// Every `<label>-tls` group beside the `<label>` group of its scenario.
@@ -551,6 +555,8 @@ pub(crate) fn tls_costs(r: &Results) -> Vec<TlsCost> {
             plain_cps: p.and_then(|p| p.get("cycles_per_s")),
             tls_p50: g.get("cycle_p50_us"),
             plain_p50: p.and_then(|p| p.get("cycle_p50_us")),
+            tls_cpu: g.get("server_cpu_per_cycle_us"),
+            plain_cpu: p.and_then(|p| p.get("server_cpu_per_cycle_us")),
         });
     }
     rows
@@ -647,15 +653,16 @@ pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
         let _ = writeln!(
             md,
             "Each `-tls` server against the same server in plain text, measured in the same \
-             rounds (targets alternated): throughput ratio (TLS / plain, below 1 is a cost) \
-             and the cycle p50 ratio (above 1 is a cost). TLS 1.3, the handshake done \
-             before the clock starts.\n"
+             rounds (targets alternated): the server's CPU per cycle (µs; the ratio above 1 \
+             is the cost, and the figure least moved by what else runs on the machine), \
+             throughput (TLS / plain, below 1 is a cost) and the cycle p50 (above 1 is a \
+             cost). TLS 1.3, the handshake done before the clock starts.\n"
         );
         let _ = writeln!(
             md,
-            "| scenario | server | cycles/s TLS | cycles/s plain | ratio | cycle p50 TLS | cycle p50 plain | ratio |"
+            "| scenario | server | server CPU/cycle TLS | plain | ratio | cycles/s TLS | plain | ratio | cycle p50 TLS | plain | ratio |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
         for c in &costs {
             let ratio = |a: Option<f64>, b: Option<f64>| {
                 a.zip(b)
@@ -663,9 +670,12 @@ pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 c.scenario,
                 c.label,
+                fmt_us(c.tls_cpu),
+                fmt_us(c.plain_cpu),
+                ratio(c.tls_cpu, c.plain_cpu),
                 c.tls_cps.map_or("-".into(), fmt_rate),
                 c.plain_cps.map_or("-".into(), fmt_rate),
                 ratio(c.tls_cps, c.plain_cps),
