@@ -45,6 +45,7 @@ on_both! {
     stalled_handshake_is_closed: stalled_handshake_uring, stalled_handshake_epoll;
     rotation_on_sighup_under_load: rotation_uring, rotation_epoll;
     cluster_over_tls_fails_over_and_hands_off: tls_cluster_uring, tls_cluster_epoll;
+    plain_text_without_tls_flags: plain_without_tls_uring, plain_without_tls_epoll;
 }
 
 // ---------------------------------------------------------------------------
@@ -290,6 +291,29 @@ fn requests_over_tls(io: &str) {
         String::from_utf8_lossy(&out.stdout).contains("active"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&pki.dir);
+}
+
+/// Without TLS flags the port speaks plain text exactly as before, says so
+/// on its first line, and a TLS client is not answered in TLS.
+fn plain_text_without_tls_flags(io: &str) {
+    let pki = pki(&format!("plain-off-{io}"));
+    let (server, log) = Server::start_logged(&["--listen", "127.0.0.1:0", "--io", io]);
+    assert!(log.text().contains("; plain text)"), "{}", log.text());
+    let mut c = server.connect();
+    assert_eq!(c.call("S"), format!("S active {} 0", server.addr));
+    let out = cli(&["acquire", "-s", &server.addr.to_string(), "k"], &[]);
+    assert!(out.status.success(), "{}", err_of(&out));
+    let mut tls = TlsConn::new(server.addr, client_config(&pki.ca.pem, None));
+    let answer = tls.send(b"S\n").and_then(|()| tls.recv());
+    assert!(
+        answer.is_err(),
+        "a TLS client got {answer:?} from a plain port"
+    );
+    assert!(
+        c.call("S").starts_with("S active"),
+        "the plain client carries on"
     );
     let _ = std::fs::remove_dir_all(&pki.dir);
 }
