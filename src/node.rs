@@ -121,12 +121,20 @@ impl Node {
         }
     }
 
+    /// The TLS handshake of a peer link we dialed failed: counts like a
+    /// wrong MAC from that peer ([`Cluster::dial_tls_failed`]).
+    pub fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.dial_tls_failed(now, conn, why, &mut self.engine);
+        }
+    }
+
     /// Logs why a TLS connection failed, with its remote address
     /// (rate-limited, so a flood of bad handshakes cannot fill the log).
     pub fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
         let remote = self.remote(conn);
         self.tls_log.log(now, "TLS failures", || {
-            format!("TLS connection from {remote} closed: {}", why())
+            format!("TLS connection with {remote} closed: {}", why())
         });
     }
 

@@ -46,6 +46,8 @@ on_both! {
     rotation_on_sighup_under_load: rotation_uring, rotation_epoll;
     cluster_over_tls_fails_over_and_hands_off: tls_cluster_uring, tls_cluster_epoll;
     plain_text_without_tls_flags: plain_without_tls_uring, plain_without_tls_epoll;
+    node_with_a_foreign_certificate_does_not_serve:
+        foreign_node_cert_uring, foreign_node_cert_epoll;
 }
 
 // ---------------------------------------------------------------------------
@@ -810,5 +812,83 @@ fn cluster_over_tls_fails_over_and_hands_off(io: &str) {
         "{}",
         log2.text()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A node whose certificate another CA signed (its cluster secret is
+/// right) cannot join: its dials fail their TLS handshake, it says why
+/// (`H`), and it does not take the active role beside the others, as a
+/// node with the wrong secret would not; the other two serve on.
+fn node_with_a_foreign_certificate_does_not_serve(io: &str) {
+    let dir = scratch(&format!("foreign-{io}"));
+    let node_ca = Ca::new(&dir, "node-ca");
+    let foreign_ca = Ca::new(&dir, "foreign-ca");
+    let both = dir.join("both.pem");
+    std::fs::write(
+        &both,
+        std::fs::read_to_string(&node_ca.pem).unwrap()
+            + &std::fs::read_to_string(&foreign_ca.pem).unwrap(),
+    )
+    .unwrap();
+    let ip = common::loopback_ip();
+    let addrs = common::free_addrs(ip, 3);
+    let peers = addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let ip_name = ip.to_string();
+    let mut args = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let ca = if i == 2 { &foreign_ca } else { &node_ca };
+        let (cert, key) = ca.issue(&dir, &format!("node{i}"), &[&ip_name, "localhost"], false);
+        args.push(
+            [
+                "--listen",
+                &addr.to_string(),
+                "--peers",
+                &peers,
+                "--io",
+                io,
+                "--cluster-secret-file",
+                common::secret_file(),
+                "--tls-cert",
+                s(&cert),
+                "--tls-key",
+                s(&key),
+                "--tls-peer-ca",
+                s(&node_ca.pem),
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    }
+    let mut c = TlsCluster {
+        addrs: addrs.clone(),
+        args,
+        nodes: vec![None, None, None],
+        client: client_config(&both, None),
+    };
+    c.start_node(0);
+    c.start_node(1);
+    c.wait_settled(0, &[0, 1]);
+    c.start_node(2);
+    // Six peer timeouts: node 2 never active, nodes 0 and 1 unmoved.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let st = c.statuses();
+        assert!(
+            !st[2].as_ref().is_some_and(|s| s.is_active()),
+            "node 2, whose certificate its peers refuse, took the active role: {st:#?}"
+        );
+        assert!(st[0].as_ref().is_some_and(|s| s.is_active()), "{st:#?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut n2 = c.connect(2);
+    let problem = n2.call("H");
+    assert!(problem.contains("peer TLS failed"), "{problem}");
+    let log2 = &c.nodes[2].as_ref().unwrap().1;
+    log2.wait_for("TLS connection with", Duration::from_secs(5));
+    c.wait_settled(0, &[0, 1]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -274,6 +274,10 @@ impl Lifecycle {
                 Err(e) => Some(format!("TLS input refused: {e}")),
             };
             if let Some(why) = failure {
+                if matches!(tls.conn, rustls::Connection::Client(_)) {
+                    // A peer link we dialed.
+                    node.peer_tls_failed(now, conn, &why);
+                }
                 node.tls_log(now, conn, || why);
                 tls.dead = true;
                 broken = true;
