@@ -196,6 +196,14 @@ fn tls_config(args: &ServeArgs, cluster: bool) -> Result<Option<io::LoopTls>, Se
         client_ca: args.tls_client_ca.clone(),
         peer_ca: args.tls_peer_ca.clone(),
     };
+    if cluster {
+        // Each dialed peer's certificate is checked against the host of
+        // its --peers entry: one TLS cannot check is refused now, not at
+        // every dial.
+        for peer in &args.peers {
+            crate::tls::peer_server_name(peer).map_err(ServeError::Config)?;
+        }
+    }
     let tls = Tls::load(files, cluster).map_err(ServeError::Config)?;
     Ok(Some(io::LoopTls {
         tls: Arc::new(tls),
