@@ -21,6 +21,13 @@
 # (taskset, the same for every target); runs the matrix with the targets
 # alternated inside each round; writes <date>-<commit>.json, .md and
 # -throughput.png / -latency.png. Everything it started is stopped on exit.
+#
+# TLS rows: ringlock-uring-tls and ringlock-epoll-tls (and redis-tls where
+# the installed redis-server was built with TLS) run the 1-connection
+# ping-pong, 50-connection and pipelined scenarios beside the plain servers,
+# with certificates made for the run (openssl, ECDSA P-256, TLS 1.3); the
+# report's "The cost of TLS" table gives each one's ratio to the same server
+# in plain text.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -87,6 +94,9 @@ fi
 if ! command -v taskset >/dev/null; then
     apt_install util-linux
 fi
+if [ -z "$ONLY" ] && ! command -v openssl >/dev/null; then
+    apt_install openssl
+fi
 if [ -z "$ONLY" ] && [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     say "installing fonts-dejavu-core (text in the plots)"
     apt_install fonts-dejavu-core
@@ -135,7 +145,7 @@ trap 'exit 130' INT TERM
 
 # Servers by label: address, pid, what the generator should speak, and how
 # to start it again.
-declare -A ADDR PID KIND RESTART_CMD
+declare -A ADDR PID KIND RESTART_CMD GEN_EXTRA
 RESTARTS=0
 
 # waits for "listening on ADDR" in a log; prints ADDR
@@ -163,6 +173,9 @@ start_ringlock() { # LABEL IO [server args...]
     ADDR[$label]=$(wait_listening "$WORK/$label.log" "$pid")
     grep -q "(io: $io" "$WORK/$label.log" || { say "$label: not running $io"; cat "$WORK/$label.log" >&2; exit 1; }
     PID[$label]=$pid KIND[$label]=ringlock RESTART_CMD[$label]="start_ringlock $label $io $*"
+    case " $* " in
+        *" --tls-cert "*) GEN_EXTRA[$label]="--tls-ca $WORK/tls/ca.pem" ;;
+    esac
 }
 
 start_echo() { # LABEL [echo-server args...]
@@ -173,6 +186,40 @@ start_echo() { # LABEL [echo-server args...]
     PIDS+=("$pid")
     ADDR[$label]=$(wait_listening "$WORK/$label.log" "$pid")
     PID[$label]=$pid KIND[$label]=echo RESTART_CMD[$label]="start_echo $label $*"
+}
+
+# Certificates for the TLS rows: a CA and a server certificate for
+# localhost / 127.0.0.1, made for this run.
+make_certs() {
+    local d=$WORK/tls
+    mkdir -p "$d"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/ca.key" \
+        -out "$d/ca.pem" -days 2 -subj "/CN=bench CA" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/server.key" \
+        -out "$d/server.csr" -subj "/CN=localhost" 2>/dev/null
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+        -days 2 -out "$d/server.pem" \
+        -extfile <(printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth') \
+        2>/dev/null
+}
+
+start_redis_tls() { # LABEL: returns non-zero if this redis-server has no TLS
+    local label=$1 port d=$WORK/tls
+    port=$("$GEN" free-port)
+    taskset -c "$SERVER_CORE" redis-server --port 0 --tls-port "$port" --bind 127.0.0.1 --save '' \
+        --appendonly no --protected-mode no --tls-cert-file "$d/server.pem" \
+        --tls-key-file "$d/server.key" --tls-ca-cert-file "$d/ca.pem" --tls-auth-clients no \
+        --logfile "$WORK/$label.log" &
+    local pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    ADDR[$label]=127.0.0.1:$port PID[$label]=$pid KIND[$label]=redis
+    GEN_EXTRA[$label]="--tls-ca $d/ca.pem"
+    RESTART_CMD[$label]="start_redis_tls $label"
 }
 
 start_redis() { # LABEL
@@ -226,6 +273,16 @@ start_echo echo-spin --spin-us "$SPIN_US"
 LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
 ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
 PINGPONG_EXTRA=(echo-spin)
+# ---- TLS variants: "<label>-tls", compared with <label> by the report --
+make_certs
+start_ringlock ringlock-uring-tls uring --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+start_ringlock ringlock-epoll-tls epoll --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+TLS_LABELS=(ringlock-uring-tls ringlock-epoll-tls)
+if start_redis_tls redis-tls; then
+    TLS_LABELS+=(redis-tls)
+else
+    say "redis-server has no TLS here: no redis-tls row"
+fi
 # ---- spin variants (`ringlock serve --spin-us N`) ----------------------
 # Started as soon as the server has the option. Their label must be
 # "<label>-spin": the report compares it with <label> for the spin target.
@@ -246,12 +303,12 @@ done
 # ---------------------------------------------------------------- matrix
 # name | generator arguments | which labels
 SCENARIOS=(
-    "conns-1|--conns 1|all+pingpong"
+    "conns-1|--conns 1|all+pingpong+tls"
     "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
     "conns-4|--conns 4|all"
     "conns-16|--conns 16|all"
-    "conns-50|--conns 50|all"
-    "pipelined|--conns 4 --pipeline 32|all"
+    "conns-50|--conns 50|all+tls"
+    "pipelined|--conns 4 --pipeline 32|all+tls"
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
 
@@ -288,7 +345,8 @@ run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run fail
     LAST_OUT=
     out=$(taskset -c "$CLIENT_CORE" "$GEN" --target "${KIND[$label]}" --addr "${ADDR[$label]}" \
         --server-pid "${PID[$label]}" --scenario "$scenario" --label "$label" --round "$round" \
-        --warmup "$WARMUP" --duration "$DURATION" --json --quiet "$@" 2>"$WORK/gen.err") || rc=$?
+        --warmup "$WARMUP" --duration "$DURATION" --json --quiet ${GEN_EXTRA[$label]:-} "$@" \
+        2>"$WORK/gen.err") || rc=$?
     if [ "$rc" != 0 ]; then
         FAILED=$((FAILED + 1))
         say "  FAILED ($rc): $label $scenario: $(tail -1 "$WORK/gen.err")"
@@ -312,6 +370,8 @@ for round in $(seq "$ROUNDS"); do
             locks) labels=("${LOCK_LABELS[@]}") ;;
             all) labels=("${ALL_LABELS[@]}") ;;
             all+pingpong) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}") ;;
+            all+tls) labels=("${ALL_LABELS[@]}" "${TLS_LABELS[@]}") ;;
+            all+pingpong+tls) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}" "${TLS_LABELS[@]}") ;;
         esac
         # Alternate: each round starts the rotation one target later.
         n=${#labels[@]}

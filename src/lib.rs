@@ -26,5 +26,6 @@ pub mod server;
 pub mod stats;
 #[doc(hidden)]
 pub mod testing;
+pub mod tls;
 
 pub use ringlock_proto as proto;

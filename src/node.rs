@@ -108,6 +108,8 @@ pub struct Node {
     /// Refused connections and protocol errors, summed up in the log once
     /// per [`SUMMARY_EVERY_MS`] at most.
     summary: Summary,
+    /// TLS failures of connections (handshakes, plain text on a TLS port).
+    tls_log: LogLimiter,
 }
 
 /// How often, at most, refused connections and protocol errors are summed
@@ -154,6 +156,7 @@ impl Node {
                 since_ms: now.ms,
                 ..Summary::default()
             },
+            tls_log: LogLimiter::default(),
         }
     }
 
@@ -285,6 +288,23 @@ impl Node {
     /// A line that broke the protocol: counted (and summed up in the log).
     pub fn protocol_error(&mut self) {
         self.stats.protocol_errors += 1;
+    }
+
+    /// The TLS handshake of a peer link we dialed failed: counts like a
+    /// wrong MAC from that peer ([`Cluster::dial_tls_failed`]).
+    pub fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.dial_tls_failed(now, conn, why, &mut self.engine);
+        }
+    }
+
+    /// Logs why a TLS connection failed, with its remote address
+    /// (rate-limited, so a flood of bad handshakes cannot fill the log).
+    pub fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
+        let remote = self.remote(conn);
+        self.tls_log.log(now, "TLS failures", || {
+            format!("TLS connection with {remote} closed: {}", why())
+        });
     }
 
     /// The cluster state machine, if this node has peers.

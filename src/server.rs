@@ -2,12 +2,14 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 
 use crate::cluster::auth::{self, Secret};
 use crate::cluster::{ClusterConfig, wire};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
 use crate::node::{Node, NodeConfig};
+use crate::tls::{Tls, TlsFiles};
 
 /// `ringlock serve` options (docs/protocol.md, "13. The server's command line").
 #[derive(Debug, Clone, clap::Args)]
@@ -57,6 +59,25 @@ pub struct ServeArgs {
     /// RUST_LOG filters them (default: info).
     #[arg(long, value_enum, default_value_t = crate::log::LogFormat::Text)]
     pub log_format: crate::log::LogFormat,
+    /// TLS: this node's certificate chain (PEM). With --tls-key, the port
+    /// speaks TLS only (clients and peers); without, plain text.
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// TLS: the private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// TLS: admit only clients whose certificate this CA (PEM) signed
+    /// (mutual TLS). Also the peer CA unless --tls-peer-ca is given.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+    /// TLS: the CA (PEM) that signs the nodes' certificates; peer links
+    /// verify each other against it (default: --tls-client-ca).
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_peer_ca: Option<std::path::PathBuf>,
+    /// TLS: a connection whose handshake is not done within this many
+    /// milliseconds is closed.
+    #[arg(long, default_value_t = 5_000, value_name = "MS")]
+    pub tls_handshake_timeout_ms: u64,
 }
 
 /// Errors that stop the server from starting or running.
@@ -108,6 +129,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     let bound = listener.local_addr()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| bound.to_string());
     let cluster = cluster_config(&args, &advertise)?;
+    let tls = tls_config(&args, cluster.is_some())?;
     // Before the engine's tables are made: see the function.
     io::disable_huge_pages();
     let fd_limit = io::raise_fd_limit();
@@ -152,16 +174,27 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             args.max_locks
         );
     }
+    if let Some(tls) = &tls {
+        spawn_reloader(tls.tls.clone())?;
+    }
     let config = LoopConfig {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
+        tls,
+    };
+    let security = match &config.tls {
+        None => "plain text",
+        Some(t) if t.tls.files().client_ca.is_some() => "TLS, client certificates required",
+        Some(_) => "TLS",
     };
     match &backend {
-        Backend::Uring => tracing::info!("listening on {bound} (io: uring)"),
-        Backend::Epoll { why: None } => tracing::info!("listening on {bound} (io: epoll)"),
-        Backend::Epoll { why: Some(why) } => {
-            tracing::info!("listening on {bound} (io: epoll; io_uring unavailable: {why})")
+        Backend::Uring => tracing::info!("listening on {bound} (io: uring; {security})"),
+        Backend::Epoll { why: None } => {
+            tracing::info!("listening on {bound} (io: epoll; {security})")
         }
+        Backend::Epoll { why: Some(why) } => tracing::info!(
+            "listening on {bound} (io: epoll; io_uring unavailable: {why}; {security})"
+        ),
     }
     let turns = match backend {
         Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
@@ -171,6 +204,59 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         "stopped (longest loop turn {:.1} ms)",
         turns.longest().as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// TLS from `--tls-*`: `None` without `--tls-cert` (plain text).
+fn tls_config(args: &ServeArgs, cluster: bool) -> Result<Option<io::LoopTls>, ServeError> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    if args.tls_handshake_timeout_ms == 0 {
+        return Err(ServeError::Config(
+            "--tls-handshake-timeout-ms must be at least 1".into(),
+        ));
+    }
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.tls_client_ca.clone(),
+        peer_ca: args.tls_peer_ca.clone(),
+    };
+    if cluster {
+        // Each dialed peer's certificate is checked against the host of
+        // its --peers entry: one TLS cannot check is refused now, not at
+        // every dial.
+        for peer in &args.peers {
+            crate::tls::peer_server_name(peer).map_err(ServeError::Config)?;
+        }
+    }
+    let tls = Tls::load(files, cluster).map_err(ServeError::Config)?;
+    Ok(Some(io::LoopTls {
+        tls: Arc::new(tls),
+        handshake_ms: args.tls_handshake_timeout_ms,
+    }))
+}
+
+/// Reloads the certificates on SIGHUP, on a thread of its own (reading
+/// files and parsing keys never stalls the loop). New connections use the
+/// new ones; a failed reload keeps the old ones and says why.
+fn spawn_reloader(tls: Arc<Tls>) -> Result<(), ServeError> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
+    std::thread::Builder::new()
+        .name("ringlock-tls-reload".into())
+        .spawn(move || {
+            for _ in signals.forever() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!(
+                        "SIGHUP: TLS certificates reloaded; new connections use them"
+                    ),
+                    Err(e) => tracing::warn!(
+                        "SIGHUP: TLS reload failed, keeping the certificates in use: {e}"
+                    ),
+                }
+            }
+        })?;
     Ok(())
 }
 

@@ -333,6 +333,7 @@ fn sigterm_hands_over_at_once(io: &str) {
 /// two actives see each other and node 1, of lower priority, steps down at
 /// once; node 0 stays active, keeps its grants and issues tokens above every
 /// token node 1 issued.
+#[expect(clippy::too_many_lines)]
 fn sigstop_split_brain_heals_by_demotion(io: &str) {
     let c = Cluster::start(3, io);
     let (a0, a1) = (c.addr(0), c.addr(1));

@@ -676,6 +676,7 @@ fn forged_snapshot_and_grant_leave_the_standby_copy_intact(io: &str) {
 /// well, before and after node 0 is killed: node 1 still takes over at once
 /// and grants every acquire, and node 2 follows node 1 and never sends
 /// clients to the dead node 0.
+#[expect(clippy::too_many_lines)]
 fn forged_heartbeats_do_not_keep_a_dead_active_alive(io: &str) {
     let mut c = Cluster::start(3, io);
     let fp = fingerprint(&c);
@@ -1349,6 +1350,7 @@ fn a_flood_of_bad_handshakes_is_survived_and_logged_briefly(io: &str) {
 /// a scheduling hiccup. Node 1 never synced and node 0 is alive and active,
 /// so node 1 must never be active beside it, must never grant the key node
 /// 0 holds, and follows node 0 once the stranger stops.
+#[expect(clippy::too_many_lines)]
 fn unfinished_handshakes_never_give_a_restarted_node_the_role(io: &str) {
     let mut c = Cluster::start(3, io);
     let fp = fingerprint(&c);

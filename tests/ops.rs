@@ -60,6 +60,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
 /// family only, numeric values, `# EOF` last), then parsed by
 /// `prometheus-parse`. Returns each sample (name with its labels as
 /// written) and value.
+#[expect(clippy::too_many_lines)]
 fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
     let (status, body) = get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
@@ -310,6 +311,7 @@ fn the_metrics_listener_bounds_what_it_reads() {
 /// back, and 200 again as the active after that active dies. The log of
 /// the node says each role change, with its reason and an RFC 3339 time.
 #[test]
+#[expect(clippy::too_many_lines)]
 fn ready_follows_the_role_through_a_failover() {
     let mut c = Cluster::configure(2, "epoll", &["--metrics-listen", "127.0.0.1:0"]);
     // A long start-up grace: node 1, alone, waits 2 s before it takes over.

@@ -2,7 +2,11 @@
 //! `status`, `locks`, all built on [`ringlock_client`].
 //!
 //! Servers come from `--server ADDR,ADDR,...`, else from the environment
-//! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`.
+//! variable `RINGLOCK_SERVERS` (same form), else `127.0.0.1:7171`. TLS is
+//! on with `--tls-ca PATH` (else `RINGLOCK_TLS_CA`), with a client
+//! certificate from `--tls-cert`/`--tls-key` (else `RINGLOCK_TLS_CERT`,
+//! `RINGLOCK_TLS_KEY`) and a name override `--tls-server-name` (else
+//! `RINGLOCK_TLS_SERVER_NAME`).
 //! Durations are in the protocol's seconds form: `30`, `1.5`, `0.25` (at
 //! most three decimals).
 //!
@@ -35,8 +39,9 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 use ringlock_client::{
-    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, check_key,
-    list_locks, node_problem, node_status,
+    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, TlsConfig,
+    check_key, list_locks, list_locks_tls, node_problem, node_problem_tls, node_status,
+    node_status_tls,
 };
 
 /// Exit status: `release`/`renew` found no grant with that token.
@@ -136,6 +141,70 @@ pub struct ServerArg {
     /// else 127.0.0.1:7171].
     #[arg(long = "server", short = 's', value_name = "ADDR,...")]
     pub server: Option<String>,
+    /// TLS: speak TLS, trusting the servers' certificates signed by this CA
+    /// (PEM) [default: $RINGLOCK_TLS_CA; without either, plain text].
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS: the client certificate (PEM) for servers that require one
+    /// [default: $RINGLOCK_TLS_CERT].
+    #[arg(long, value_name = "PATH")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// TLS: the private key of --tls-cert (PEM) [default: $RINGLOCK_TLS_KEY].
+    #[arg(long, value_name = "PATH")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// TLS: the name the servers' certificates must carry, instead of the
+    /// host of each address [default: $RINGLOCK_TLS_SERVER_NAME].
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+const TLS_CA_ENV: &str = "RINGLOCK_TLS_CA";
+const TLS_CERT_ENV: &str = "RINGLOCK_TLS_CERT";
+const TLS_KEY_ENV: &str = "RINGLOCK_TLS_KEY";
+const TLS_SERVER_NAME_ENV: &str = "RINGLOCK_TLS_SERVER_NAME";
+
+/// A flag, else its environment variable (unset or empty: none).
+fn flag_or_env(flag: &Option<std::path::PathBuf>, env: &str) -> Option<std::path::PathBuf> {
+    flag.clone().or_else(|| {
+        std::env::var_os(env)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    })
+}
+
+/// TLS from the flags and the environment: `None` for plain text (no CA).
+fn tls_of(arg: &ServerArg) -> Result<Option<TlsConfig>, Error> {
+    let ca = flag_or_env(&arg.tls_ca, TLS_CA_ENV);
+    let cert = flag_or_env(&arg.tls_cert, TLS_CERT_ENV);
+    let key = flag_or_env(&arg.tls_key, TLS_KEY_ENV);
+    let name = arg.tls_server_name.clone().or_else(|| {
+        std::env::var(TLS_SERVER_NAME_ENV)
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
+    let Some(ca) = ca else {
+        if cert.is_some() || key.is_some() || name.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "TLS needs --tls-ca (or ${TLS_CA_ENV}): the CA that signs the servers' \
+                 certificates"
+            )));
+        }
+        return Ok(None);
+    };
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::InvalidArgument(
+                "--tls-cert and --tls-key go together".into(),
+            ));
+        }
+    };
+    let tls = TlsConfig::from_pem_files(ca, client)?;
+    Ok(Some(match name {
+        Some(name) => tls.server_name(name),
+        None => tls,
+    }))
 }
 
 #[derive(clap::Args)]
@@ -298,7 +367,12 @@ fn fail(err: &Error) -> u8 {
 }
 
 async fn connect(arg: &ServerArg) -> Result<Client, Error> {
-    Client::connect(servers(arg)).await
+    let builder = Client::builder(servers(arg));
+    let builder = match tls_of(arg)? {
+        Some(tls) => builder.tls(tls),
+        None => builder,
+    };
+    builder.connect().await
 }
 
 fn key_bytes(key: OsString) -> Result<Vec<u8>, u8> {
@@ -690,7 +764,6 @@ fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
     }
 }
 
-#[expect(clippy::too_many_lines)]
 async fn locks(args: LocksArgs) -> u8 {
     let prefix = args.prefix.as_bytes();
     if !prefix.is_empty()
@@ -700,19 +773,11 @@ async fn locks(args: LocksArgs) -> u8 {
     }
     let limit = Duration::from_millis(args.timeout);
     let addrs = servers(&args.server);
-    // The active node has the waiters; without one, any node that answers.
-    let mut chosen = None;
-    for addr in &addrs {
-        match node_status(addr, limit).await {
-            Ok(st) if st.role == Role::Active => {
-                chosen = Some(addr.clone());
-                break;
-            }
-            Ok(_) if chosen.is_none() => chosen = Some(addr.clone()),
-            _ => {}
-        }
-    }
-    let Some(addr) = chosen else {
+    let tls = match tls_of(&args.server) {
+        Ok(tls) => tls,
+        Err(e) => return fail(&e),
+    };
+    let Some(addr) = node_to_list(&addrs, limit, tls.as_ref()).await else {
         eprintln!("ringlock: no node of {} answered", addrs.join(","));
         return EXIT_UNAVAILABLE;
     };
@@ -731,7 +796,11 @@ async fn locks(args: LocksArgs) -> u8 {
         if page == 0 {
             break cursor != 0;
         }
-        let (locks, next) = match list_locks(&addr, prefix, cursor, page, limit).await {
+        let answer = match &tls {
+            None => list_locks(&addr, prefix, cursor, page, limit).await,
+            Some(tls) => list_locks_tls(&addr, prefix, cursor, page, limit, tls).await,
+        };
+        let (locks, next) = match answer {
             Ok(answer) => answer,
             Err(e) => return fail(&e),
         };
@@ -753,36 +822,71 @@ async fn locks(args: LocksArgs) -> u8 {
         }
         cursor = next;
     };
-    let widths: Vec<usize> = (0..4)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    for row in &rows {
-        println!(
-            "{:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3],
-        );
-    }
+    print_table(&rows, true);
     let more = if more { " (more not shown: --max)" } else { "" };
     println!("{shown} locks on {addr}{more}");
     0
 }
 
+/// The node whose table `ringlock locks` shows: the active one, which has
+/// the waiters; without one, any node that answers.
+async fn node_to_list(
+    addrs: &[String],
+    limit: Duration,
+    tls: Option<&TlsConfig>,
+) -> Option<String> {
+    let mut chosen = None;
+    for addr in addrs {
+        let status = match tls {
+            None => node_status(addr, limit).await,
+            Some(tls) => node_status_tls(addr, limit, tls).await,
+        };
+        match status {
+            Ok(st) if st.role == Role::Active => return Some(addr.clone()),
+            Ok(_) if chosen.is_none() => chosen = Some(addr.clone()),
+            _ => {}
+        }
+    }
+    chosen
+}
+
+/// Prints four columns, each as wide as its widest cell: the first left
+/// aligned, the others right aligned (`numbers`) or left aligned (the last
+/// one then unpadded).
+fn print_table(rows: &[[String; 4]], numbers: bool) {
+    let widths: Vec<usize> = (0..4)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let [a, b, c, d] = row;
+        let (w0, w1, w2, w3) = (widths[0], widths[1], widths[2], widths[3]);
+        if numbers {
+            println!("{a:<w0$}  {b:>w1$}  {c:>w2$}  {d:>w3$}");
+        } else {
+            println!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}");
+        }
+    }
+}
+
 async fn status(args: StatusArgs) -> u8 {
     let addrs = servers(&args.server);
     let limit = Duration::from_millis(args.timeout);
+    let tls = match tls_of(&args.server) {
+        Ok(tls) => tls,
+        Err(e) => return fail(&e),
+    };
     let mut tasks = Vec::new();
     for addr in &addrs {
         let addr = addr.clone();
+        let tls = tls.clone();
         tasks.push(tokio::spawn(async move {
-            let (status, problem) =
-                tokio::join!(node_status(&addr, limit), node_problem(&addr, limit));
+            let (status, problem) = match &tls {
+                None => tokio::join!(node_status(&addr, limit), node_problem(&addr, limit)),
+                Some(tls) => tokio::join!(
+                    node_status_tls(&addr, limit, tls),
+                    node_problem_tls(&addr, limit, tls)
+                ),
+            };
             status.map(|st| (st, problem.ok().flatten()))
         }));
     }
@@ -823,21 +927,7 @@ async fn status(args: StatusArgs) -> u8 {
             }
         });
     }
-    let widths: Vec<usize> = (0..4)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    for row in &rows {
-        println!(
-            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2]
-        );
-    }
+    print_table(&rows, false);
     for problem in &problems {
         println!("problem: {problem}");
     }

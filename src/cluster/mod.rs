@@ -677,6 +677,24 @@ impl Cluster {
     /// peer has just proved it is alive: the close that follows is not a
     /// crash, so it does not make the peer dead at once (see
     /// [`Cluster::on_close`]); its heartbeats decide, as after any pause.
+    /// The TLS handshake of a link we dialed failed (the peer's certificate
+    /// is not the peer CA's, or it refused ours): like a wrong MAC, a live
+    /// process at a peer's address that cannot prove itself, or cannot
+    /// accept our proof. Our own certificates are then suspect, so a node
+    /// that has met no peer since its start does not serve meanwhile (see
+    /// [`Cluster::eligible`]).
+    pub fn dial_tls_failed(&mut self, now: Now, conn: ConnId, why: &str, engine: &mut Engine) {
+        let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) else {
+            return;
+        };
+        let reason = format!(
+            "peer TLS failed with {}: {why}; are --tls-cert and --tls-peer-ca right on every node?",
+            self.cfg.peers[peer]
+        );
+        self.auth_failure = Some((now.ms + 2 * self.cfg.peer_timeout_ms, reason));
+        self.evaluate(now, engine);
+    }
+
     pub fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
         let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
         let out = self

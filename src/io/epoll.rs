@@ -20,7 +20,10 @@ use slab::Slab;
 use std::os::fd::AsRawFd;
 
 use super::lifecycle::Phase;
-use super::{Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, Step};
+use super::{
+    Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, LoopTls, Step,
+    accepted_lifecycle, dialed_lifecycle,
+};
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
 
@@ -78,7 +81,9 @@ pub fn run(
         dirty: Vec::new(),
         from_engine: Vec::new(),
         lingering: LingerQueue::default(),
+        handshakes: LingerQueue::default(),
         max_conns: config.max_conns,
+        tls: config.tls.clone(),
     };
     let mut events = Events::with_capacity(1024);
     let mut shutting_down_until: Option<u64> = None;
@@ -158,6 +163,7 @@ pub fn run(
         state.read_ready(&mut node, now);
         state.flush(&mut node, now);
         state.expire_lingering(now.ms);
+        state.expire_handshakes(&mut node, now);
         if shutting_down_until.is_none() {
             dials.clear();
             node.take_dials(now, &mut dials);
@@ -182,7 +188,10 @@ struct Loop {
     /// Scratch for [`Engine::take_dirty`].
     from_engine: Vec<ConnId>,
     lingering: LingerQueue,
+    /// TLS connections by handshake deadline.
+    handshakes: LingerQueue,
     max_conns: usize,
+    tls: Option<LoopTls>,
 }
 
 impl Loop {
@@ -196,6 +205,7 @@ impl Loop {
         node.next_deadline()
             .into_iter()
             .chain(self.lingering.next_deadline())
+            .chain(self.handshakes.next_deadline())
             .chain(shutdown)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
@@ -226,7 +236,14 @@ impl Loop {
                 continue;
             }
             stream.set_nodelay(true)?;
-            let id = self.insert(stream, poll)?;
+            let life = match accepted_lifecycle(self.tls.as_ref(), now.ms) {
+                Ok(life) => life,
+                Err(e) => {
+                    tracing::warn!("TLS: {e}");
+                    continue;
+                }
+            };
+            let id = self.insert(stream, life, now.ms, poll)?;
             if admission == Admission::PeerOnly {
                 node.open_peer_only(now, id);
             } else {
@@ -238,7 +255,13 @@ impl Loop {
 
     /// Registers a new connection's socket and gives it a slot; it is read
     /// this turn.
-    fn insert(&mut self, mut stream: TcpStream, poll: &Poll) -> io::Result<ConnId> {
+    fn insert(
+        &mut self,
+        mut stream: TcpStream,
+        life: Lifecycle,
+        now_ms: u64,
+        poll: &Poll,
+    ) -> io::Result<ConnId> {
         let entry = self.conns.vacant_entry();
         let id = entry.key();
         poll.registry().register(
@@ -246,9 +269,15 @@ impl Loop {
             Token(id),
             Interest::READABLE | Interest::WRITABLE,
         )?;
+        if life.is_tls()
+            && let Some(tls) = &self.tls
+        {
+            self.handshakes
+                .push(now_ms.saturating_add(tls.handshake_ms), id as ConnId);
+        }
         entry.insert(Conn {
             stream,
-            life: Lifecycle::new(),
+            life,
             readable: true,
             read_closed: false,
             in_ready: false,
@@ -267,8 +296,18 @@ impl Loop {
         now: Now,
     ) -> io::Result<()> {
         let remote = stream.peer_addr().ok();
-        let id = self.insert(TcpStream::from_std(stream), poll)?;
+        let life = match dialed_lifecycle(self.tls.as_ref(), node, peer, now.ms) {
+            Ok(life) => life,
+            Err(e) => {
+                tracing::warn!("TLS: {e}");
+                node.dial_failed(now, peer);
+                return Ok(());
+            }
+        };
+        let id = self.insert(TcpStream::from_std(stream), life, now.ms, poll)?;
         node.outbound_open(now, id, peer);
+        // A TLS link starts with our handshake.
+        self.dirty.push(id);
         if let Some(remote) = remote {
             node.set_remote(id, remote);
         }
@@ -322,6 +361,9 @@ impl Loop {
                         }
                         let data = self.buf.get(..n).unwrap_or_default();
                         conn.life.received(node, now, id, data);
+                        if conn.life.is_tls() {
+                            self.dirty.push(id); // a handshake answer, maybe
+                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -408,6 +450,20 @@ impl Loop {
             // A stale entry (its connection gone, the slot reused) is
             // harmless: the lifecycle only acts on its own deadline.
             self.settle(now_ms, id);
+        }
+    }
+
+    /// Closes the TLS connections whose handshake is not done by its
+    /// deadline.
+    fn expire_handshakes(&mut self, node: &mut Node, now: Now) {
+        while let Some((_, id)) = self.handshakes.pop_due(now.ms) {
+            // A stale entry is harmless: the lifecycle acts on its own
+            // deadline only, and only while its handshake is under way.
+            if let Some(conn) = self.conns.get_mut(id as usize)
+                && conn.life.handshake_expired(node, now, id)
+            {
+                self.settle(now.ms, id);
+            }
         }
     }
 

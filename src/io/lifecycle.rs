@@ -10,9 +10,19 @@
 //! ([`OUTPUT_PAUSE_BYTES`]) and the linger after our last answers
 //! ([`LINGER_MS`]). The loops keep only the syscalls.
 
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use rustls::server::danger::ClientCertVerifier;
+
 use super::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
+
+/// What a plain-text client that connects to a TLS port is told (in plain
+/// text, which it can read) before the connection closes.
+pub const PLAIN_ON_TLS_ANSWER: &[u8] =
+    b"E this port speaks TLS: connect with TLS (ringlock --tls-ca PATH)\n";
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +73,35 @@ pub struct Lifecycle {
     sent: usize,
     /// A closing connection's last answers not yet moved to `out`.
     last: Vec<u8>,
+    /// TLS between the socket and the session, if the connection has it.
+    /// Without it (plain text) every method takes one branch more.
+    tls: Option<Box<TlsLayer>>,
+}
+
+/// A TLS connection's state: rustls's (sans-I/O) connection and the TLS
+/// records to send. Received records are decrypted into the session; the
+/// engine's answers are encrypted into `out`, which
+/// [`Lifecycle::pending`] hands to the loop instead of the plaintext.
+#[derive(Debug)]
+struct TlsLayer {
+    conn: rustls::Connection,
+    /// TLS records being sent, and how much of them is sent.
+    out: Vec<u8>,
+    sent: usize,
+    /// The handshake must be done by then (loop ms), or the connection is
+    /// closed.
+    handshake_until: u64,
+    /// Nothing received yet: the first byte tells a plain-text client.
+    first: bool,
+    /// For accepted connections of a node with peers: checks that a
+    /// connection's certificate is signed by the peer CA before it may
+    /// speak as a peer.
+    peer_check: Option<Arc<dyn ClientCertVerifier>>,
+    /// Our `close_notify` is queued (a closing connection).
+    close_queued: bool,
+    /// TLS failed (or the client spoke plain text): nothing more is
+    /// encrypted; `out` holds the last bytes (an alert, or a plain `E`).
+    dead: bool,
 }
 
 impl Default for Lifecycle {
@@ -81,7 +120,58 @@ impl Lifecycle {
             out: Vec::new(),
             sent: 0,
             last: Vec::new(),
+            tls: None,
         }
+    }
+
+    /// A connection that speaks TLS: `conn` is a rustls server connection
+    /// (accepted) or client connection (a dialed peer link). Its handshake
+    /// must be over by `handshake_until` ([`Lifecycle::handshake_expired`]).
+    /// With `peer_check` (accepted, node with peers), peer lines are
+    /// refused unless the certificate passes it.
+    pub fn with_tls(
+        conn: rustls::Connection,
+        handshake_until: u64,
+        peer_check: Option<Arc<dyn ClientCertVerifier>>,
+    ) -> Lifecycle {
+        let mut life = Lifecycle::new();
+        if matches!(conn, rustls::Connection::Server(_)) {
+            // Until the handshake shows a peer certificate.
+            life.session.refuse_peer_lines(true);
+        }
+        life.tls = Some(Box::new(TlsLayer {
+            conn,
+            out: Vec::new(),
+            sent: 0,
+            handshake_until,
+            first: true,
+            peer_check,
+            close_queued: false,
+            dead: false,
+        }));
+        life
+    }
+
+    /// True for a TLS connection: after it receives bytes it may have some
+    /// to send (its handshake), so the loop looks at [`Lifecycle::pending`].
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// For the loop's handshake deadline: a TLS connection still in its
+    /// handshake at `now` past its deadline is closed (logged). True if so.
+    pub fn handshake_expired(&mut self, node: &mut Node, now: Now, conn: ConnId) -> bool {
+        let Some(tls) = self.tls.as_deref() else {
+            return false;
+        };
+        if self.phase != Phase::Open || !tls.conn.is_handshaking() || now.ms < tls.handshake_until {
+            return false;
+        }
+        node.tls_log(now, conn, || {
+            "TLS handshake not finished in time (a stalled or very slow client)".into()
+        });
+        self.failed(node, now, conn);
+        true
     }
 
     pub fn phase(&self) -> Phase {
@@ -136,7 +226,8 @@ impl Lifecycle {
     /// Answers of an open connection not yet taken by the socket.
     fn unsent(&self, node: &mut Node, conn: ConnId) -> usize {
         debug_assert!(self.sent <= self.out.len());
-        node.output_mut(conn).len() + (self.out.len() - self.sent)
+        let tls = self.tls.as_deref().map_or(0, |t| t.out.len() - t.sent);
+        node.output_mut(conn).len() + (self.out.len() - self.sent) + tls
     }
 
     /// Bytes arrived. An open connection feeds them to the engine (a
@@ -145,8 +236,102 @@ impl Lifecycle {
         if self.phase != Phase::Open {
             return;
         }
+        if self.tls.is_some() {
+            return self.received_tls(node, now, conn, data);
+        }
         debug_assert!(!self.session.has_stash(), "read while paused");
         if self.session.feed(node, now, conn, data) == Flow::Broken {
+            self.finish(node, now, conn);
+        }
+    }
+
+    /// [`Lifecycle::received`] for a TLS connection: the records are
+    /// decrypted and their plaintext fed to the session; a TLS failure is
+    /// logged and the connection closed (after the alert rustls queued).
+    fn received_tls(&mut self, node: &mut Node, now: Now, conn: ConnId, mut data: &[u8]) {
+        let Some(tls) = self.tls.as_deref_mut() else {
+            return;
+        };
+        if tls.dead {
+            return;
+        }
+        if std::mem::take(&mut tls.first)
+            && matches!(tls.conn, rustls::Connection::Server(_))
+            && data.first().is_some_and(|&b| b != 0x16)
+        {
+            // Not a TLS handshake record: most likely a plain-text client.
+            // It gets its answer in plain text, which it can read.
+            node.tls_log(now, conn, || {
+                "the client spoke plain text to the TLS port (it must connect with TLS)".into()
+            });
+            tls.dead = true;
+            tls.out.clear();
+            tls.sent = 0;
+            tls.out.extend_from_slice(PLAIN_ON_TLS_ANSWER);
+            self.finish(node, now, conn);
+            return;
+        }
+        let mut broken = false;
+        while !data.is_empty() && !broken {
+            let was_handshaking = tls.conn.is_handshaking();
+            let failure = match tls.conn.read_tls(&mut data) {
+                Ok(_) => tls.conn.process_new_packets().err().map(|e| {
+                    let why = crate::tls::describe(&e);
+                    // The alert rustls queued for the other side.
+                    while tls.conn.wants_write() {
+                        if tls.conn.write_tls(&mut tls.out).is_err() {
+                            break;
+                        }
+                    }
+                    why
+                }),
+                Err(e) => Some(format!("TLS input refused: {e}")),
+            };
+            if let Some(why) = failure {
+                if matches!(tls.conn, rustls::Connection::Client(_)) {
+                    // A peer link we dialed.
+                    node.peer_tls_failed(now, conn, &why);
+                }
+                node.tls_log(now, conn, || why);
+                tls.dead = true;
+                broken = true;
+                break;
+            }
+            if was_handshaking && !tls.conn.is_handshaking() {
+                // The handshake is done: may this connection speak as a peer?
+                if let (Some(check), rustls::Connection::Server(server)) =
+                    (&tls.peer_check, &tls.conn)
+                {
+                    let ok = server
+                        .peer_certificates()
+                        .is_some_and(|chain| crate::tls::is_peer_certificate(&**check, chain));
+                    self.session.refuse_peer_lines(!ok);
+                } else {
+                    self.session.refuse_peer_lines(false);
+                }
+            }
+            // The plaintext, fed where rustls decrypted it.
+            loop {
+                let mut reader = tls.conn.reader();
+                let n = match reader.fill_buf() {
+                    Ok(plain) if !plain.is_empty() => {
+                        if self.session.feed_or_keep(node, now, conn, plain) == Flow::Broken {
+                            broken = true;
+                        }
+                        plain.len()
+                    }
+                    // Empty, or `WouldBlock`: no more plaintext for now;
+                    // an error: the peer closed without `close_notify`,
+                    // which the socket's end of stream will tell.
+                    _ => break,
+                };
+                reader.consume(n);
+                if broken {
+                    break;
+                }
+            }
+        }
+        if broken {
             self.finish(node, now, conn);
         }
     }
@@ -190,6 +375,9 @@ impl Lifecycle {
     /// copied). Empty if there is nothing to send. See the type's
     /// documentation for how long these bytes stay put.
     pub fn pending(&mut self, node: &mut Node, conn: ConnId) -> &[u8] {
+        if self.tls.is_some() {
+            return self.pending_tls(node, conn);
+        }
         if self.sent == self.out.len() {
             match self.phase {
                 Phase::Open => {
@@ -211,11 +399,66 @@ impl Lifecycle {
         }
     }
 
+    /// [`Lifecycle::pending`] for a TLS connection: once the records being
+    /// sent are all out, the next answers are encrypted into new ones (and
+    /// rustls's own records: handshake, alerts, `close_notify`).
+    fn pending_tls(&mut self, node: &mut Node, conn: ConnId) -> &[u8] {
+        let Some(tls) = self.tls.as_deref_mut() else {
+            return &[];
+        };
+        if tls.sent == tls.out.len() {
+            tls.out.clear();
+            tls.sent = 0;
+            if tls.dead {
+                self.last.clear(); // nothing more can be sent
+            } else {
+                match self.phase {
+                    Phase::Open => encrypt(&mut tls.conn, node.output_mut(conn)),
+                    Phase::Closing => {
+                        encrypt(&mut tls.conn, &mut self.last);
+                        if self.last.is_empty() && !tls.close_queued {
+                            tls.conn.send_close_notify();
+                            tls.close_queued = true;
+                        }
+                    }
+                    Phase::Lingering { .. } | Phase::Closed => {}
+                }
+                while tls.conn.wants_write() {
+                    if tls.conn.write_tls(&mut tls.out).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        match self.phase {
+            Phase::Open | Phase::Closing => tls.out.get(tls.sent..).unwrap_or_default(),
+            Phase::Lingering { .. } | Phase::Closed => &[],
+        }
+    }
+
+    /// True once a closing connection's last bytes are all sent.
+    fn all_sent(&self) -> bool {
+        let plain = self.sent == self.out.len() && self.last.is_empty();
+        match self.tls.as_deref() {
+            None => plain,
+            Some(tls) => {
+                plain
+                    && tls.sent == tls.out.len()
+                    && (tls.dead || (tls.close_queued && !tls.conn.wants_write()))
+            }
+        }
+    }
+
     /// The socket took `n` bytes of [`Lifecycle::pending`]. Once the peer
     /// has taken enough answers, input kept back by a pause is processed.
     pub fn sent(&mut self, node: &mut Node, now: Now, conn: ConnId, n: usize) {
-        debug_assert!(n <= self.out.len() - self.sent, "sent more than pending");
-        self.sent = self.sent.saturating_add(n).min(self.out.len());
+        if let Some(tls) = self.tls.as_deref_mut() {
+            debug_assert!(n <= tls.out.len() - tls.sent, "sent more than pending");
+            tls.sent = tls.sent.saturating_add(n).min(tls.out.len());
+        } else {
+            debug_assert!(n <= self.out.len() - self.sent, "sent more than pending");
+            self.sent = self.sent.saturating_add(n).min(self.out.len());
+        }
         if self.phase == Phase::Open
             && self.session.has_stash()
             && self.unsent(node, conn) <= OUTPUT_PAUSE_BYTES
@@ -230,7 +473,7 @@ impl Lifecycle {
     /// already closed); a lingering one whose deadline passed is closed.
     pub fn advance(&mut self, now_ms: u64) -> Step {
         match self.phase {
-            Phase::Closing if self.sent == self.out.len() && self.last.is_empty() => {
+            Phase::Closing if self.all_sent() => {
                 if self.eof {
                     self.phase = Phase::Closed;
                     Step::Shut { linger_until: None }
@@ -249,6 +492,20 @@ impl Lifecycle {
             Phase::Closed => Step::Close,
             Phase::Open | Phase::Closing | Phase::Lingering { .. } => Step::Stay,
         }
+    }
+}
+
+/// Moves as much of `plain` into rustls as it takes (it buffers a bounded
+/// amount); the rest stays in `plain` for the next round.
+fn encrypt(conn: &mut rustls::Connection, plain: &mut Vec<u8>) {
+    if plain.is_empty() {
+        return;
+    }
+    let taken = conn.writer().write(plain).unwrap_or(0);
+    if taken >= plain.len() {
+        plain.clear();
+    } else {
+        plain.drain(..taken);
     }
 }
 
@@ -435,6 +692,176 @@ mod tests {
         assert_eq!(out, b"A k 5\nS active x:1 5\n".to_vec());
         assert_eq!(life.advance(now.ms), Step::Shut { linger_until: None });
         assert!(life.is_closed());
+    }
+
+    /// A TLS server lifecycle and an in-memory rustls client for it.
+    fn tls_pair(now: Now) -> (Lifecycle, rustls::ClientConnection) {
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+        let provider = || Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let life = Lifecycle::with_tls(
+            rustls::Connection::Server(rustls::ServerConnection::new(Arc::new(server)).unwrap()),
+            now.ms + 1000,
+            None,
+        );
+        let client = rustls::ClientConnection::new(
+            Arc::new(client),
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+        )
+        .unwrap();
+        (life, client)
+    }
+
+    /// Moves bytes both ways until neither side has any; returns the
+    /// plaintext the client received. The server's records are taken
+    /// `chunk` bytes at a time.
+    fn pump(
+        life: &mut Lifecycle,
+        client: &mut rustls::ClientConnection,
+        node: &mut Node,
+        now: Now,
+        chunk: usize,
+    ) -> Vec<u8> {
+        use std::io::Read;
+        let mut plain = Vec::new();
+        loop {
+            let mut to_server = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut to_server).unwrap();
+            }
+            if !to_server.is_empty() {
+                life.received(node, now, 0, &to_server);
+            }
+            let to_client = drain(life, node, now, chunk);
+            let mut rest = &to_client[..];
+            while !rest.is_empty() {
+                client.read_tls(&mut rest).unwrap();
+                client.process_new_packets().unwrap();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = client.reader().read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    plain.extend_from_slice(&buf[..n]);
+                }
+            }
+            if to_server.is_empty() && to_client.is_empty() {
+                return plain;
+            }
+        }
+    }
+
+    #[test]
+    fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
+        use std::io::Write as _;
+        let (mut node, now) = node();
+        let (mut life, mut client) = tls_pair(now);
+        assert!(life.is_tls());
+        assert!(pump(&mut life, &mut client, &mut node, now, 1000).is_empty());
+        assert!(!client.is_handshaking(), "handshake done");
+        // 10 000 requests: their answers pass the 64 KiB pause; all come.
+        client.writer().write_all(&b"S\n".repeat(10_000)).unwrap();
+        let got = pump(&mut life, &mut client, &mut node, now, 4096);
+        assert_eq!(got, b"S active x:1 0\n".repeat(10_000));
+        assert!(!life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 5000,
+                ..now
+            },
+            0
+        ));
+        // Our side ends it: last answers, then close_notify, then shut.
+        client.writer().write_all(b"S\n").unwrap();
+        let mut to_server = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut to_server).unwrap();
+        }
+        life.received(&mut node, now, 0, &to_server);
+        life.finish(&mut node, now, 0);
+        assert_eq!(life.advance(now.ms), Step::Stay, "not sent yet");
+        let mut rest = &drain(&mut life, &mut node, now, 100)[..];
+        while !rest.is_empty() {
+            client.read_tls(&mut rest).unwrap();
+        }
+        let state = client.process_new_packets().unwrap();
+        assert!(state.peer_has_closed(), "close_notify sent");
+        let mut last = String::new();
+        std::io::Read::read_to_string(&mut client.reader(), &mut last).unwrap();
+        assert_eq!(last, "S active x:1 0\n");
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn plain_text_on_a_tls_connection_gets_a_plain_e_line_and_closes() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(&mut node, now, 0, b"S\n");
+        assert_eq!(life.phase(), Phase::Closing);
+        assert_eq!(drain(&mut life, &mut node, now, 7), PLAIN_ON_TLS_ANSWER);
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn garbage_after_a_handshake_record_header_closes_without_a_crash() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(
+            &mut node,
+            now,
+            0,
+            &[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5],
+        );
+        life.received(&mut node, now, 0, &[0xff; 300]);
+        assert_eq!(life.phase(), Phase::Closing);
+        // Whatever rustls queued (an alert) goes out, then the socket shuts.
+        let _ = drain(&mut life, &mut node, now, 64);
+        assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
+    }
+
+    #[test]
+    fn a_handshake_past_its_deadline_is_closed() {
+        let (mut node, now) = node();
+        let (mut life, _client) = tls_pair(now);
+        life.received(&mut node, now, 0, &[0x16, 0x03, 0x01]);
+        assert!(!life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 999,
+                ..now
+            },
+            0
+        ));
+        assert!(life.handshake_expired(
+            &mut node,
+            Now {
+                ms: now.ms + 1000,
+                ..now
+            },
+            0
+        ));
+        assert!(life.is_closed());
+        assert_eq!(life.advance(now.ms + 1000), Step::Close);
     }
 
     #[test]

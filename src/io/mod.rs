@@ -31,6 +31,72 @@ pub struct LoopConfig {
     pub max_conns: usize,
     /// `--spin-us`.
     pub spin_us: u64,
+    /// TLS for every connection, if the node has it.
+    pub tls: Option<LoopTls>,
+}
+
+/// TLS as the loops use it.
+#[derive(Debug, Clone)]
+pub struct LoopTls {
+    /// The configurations in force (reloaded on SIGHUP by another thread).
+    pub tls: std::sync::Arc<crate::tls::Tls>,
+    /// How long a new connection's handshake may take before it is closed.
+    pub handshake_ms: u64,
+}
+
+impl LoopTls {
+    /// The lifecycle of a connection just accepted.
+    pub fn accepted(&self, now_ms: u64) -> Result<Lifecycle, String> {
+        let configs = self.tls.current();
+        let conn = rustls::ServerConnection::new(configs.server.clone())
+            .map_err(|e| format!("cannot start TLS: {e}"))?;
+        Ok(Lifecycle::with_tls(
+            rustls::Connection::Server(conn),
+            now_ms.saturating_add(self.handshake_ms),
+            configs.peer_check.clone(),
+        ))
+    }
+
+    /// The lifecycle of a link just dialed to the peer at `addr`.
+    pub fn dialed(&self, addr: &str, now_ms: u64) -> Result<Lifecycle, String> {
+        let configs = self.tls.current();
+        let Some(client) = &configs.peer_client else {
+            return Err("no TLS configuration for peer links".into());
+        };
+        let name = crate::tls::peer_server_name(addr)?;
+        let conn = rustls::ClientConnection::new(client.clone(), name)
+            .map_err(|e| format!("cannot start TLS to {addr}: {e}"))?;
+        Ok(Lifecycle::with_tls(
+            rustls::Connection::Client(conn),
+            now_ms.saturating_add(self.handshake_ms),
+            None,
+        ))
+    }
+}
+
+/// A new connection's lifecycle: plain, or TLS if the node has it. `Err`:
+/// TLS could not start (the connection is dropped; the reason logged).
+pub fn accepted_lifecycle(tls: Option<&LoopTls>, now_ms: u64) -> Result<Lifecycle, String> {
+    match tls {
+        None => Ok(Lifecycle::new()),
+        Some(tls) => tls.accepted(now_ms),
+    }
+}
+
+/// A dialed peer link's lifecycle, like [`accepted_lifecycle`].
+pub fn dialed_lifecycle(
+    tls: Option<&LoopTls>,
+    node: &Node,
+    peer: usize,
+    now_ms: u64,
+) -> Result<Lifecycle, String> {
+    match tls {
+        None => Ok(Lifecycle::new()),
+        Some(tls) => match node.cluster() {
+            Some(cluster) => tls.dialed(cluster.peer_addr(peer), now_ms),
+            None => Err("a dial without a cluster".into()),
+        },
+    }
 }
 
 /// Answers not yet taken by a client beyond which its connection is not read
@@ -254,6 +320,9 @@ pub struct Session {
     partial: Vec<u8>,
     stash: Vec<u8>,
     lines: u64,
+    /// Peer lines are refused: a TLS connection that has not shown a
+    /// certificate signed by the peer CA (docs/security.md).
+    peer_refused: bool,
 }
 
 impl Session {
@@ -307,6 +376,22 @@ impl Session {
         self.run_lines(node, now, conn, data)
     }
 
+    /// Refuses (or allows again) peer lines on this connection.
+    pub fn refuse_peer_lines(&mut self, refused: bool) {
+        self.peer_refused = refused;
+    }
+
+    /// Like [`Session::feed`], but while paused `data` joins the input kept
+    /// back (it comes after it). For input that arrives in pieces the loop
+    /// cannot hold back, such as the plaintext of one TLS read.
+    pub fn feed_or_keep(&mut self, node: &mut Node, now: Now, conn: ConnId, data: &[u8]) -> Flow {
+        if self.has_stash() {
+            self.stash.extend_from_slice(data);
+            return Flow::Paused;
+        }
+        self.feed(node, now, conn, data)
+    }
+
     /// Processes the input kept back by a pause (it may pause again).
     pub fn resume(&mut self, node: &mut Node, now: Now, conn: ConnId) -> Flow {
         if self.stash.is_empty() {
@@ -333,6 +418,15 @@ impl Session {
                 _ => false,
             };
             let refusal = peer && data.starts_with(b"E ");
+            if peer && self.peer_refused {
+                self.lines += 1;
+                return broken(
+                    node,
+                    conn,
+                    self.lines,
+                    "peer message on a connection without a certificate signed by the peer CA",
+                );
+            }
             if peer {
                 // A peer line: the cluster's, not the client protocol's (an
                 // `E` line on a peer link is the peer giving the link up).

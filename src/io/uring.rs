@@ -39,7 +39,10 @@ use io_uring::{IoUring, cqueue, opcode, squeue};
 use slab::Slab;
 
 use super::lifecycle::Phase;
-use super::{Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, Step};
+use super::{
+    Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, LoopTls, Step,
+    accepted_lifecycle, dialed_lifecycle,
+};
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
 
@@ -225,6 +228,9 @@ struct Uring {
     /// Connections to look at after the turn (to free or to re-arm).
     touched: Vec<ConnId>,
     lingering: LingerQueue,
+    /// TLS connections by handshake deadline.
+    handshakes: LingerQueue,
+    tls: Option<LoopTls>,
     shutdown_until: Option<u64>,
 }
 
@@ -255,6 +261,8 @@ pub fn run(
         to_send: Vec::new(),
         touched: Vec::new(),
         lingering: LingerQueue::default(),
+        handshakes: LingerQueue::default(),
+        tls: config.tls.clone(),
         shutdown_until: None,
     };
     lp.arm_accept();
@@ -375,6 +383,7 @@ impl Uring {
         node.next_deadline()
             .into_iter()
             .chain(self.lingering.next_deadline())
+            .chain(self.handshakes.next_deadline())
             .chain(self.shutdown_until)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
@@ -446,12 +455,22 @@ impl Uring {
             match result {
                 Ok(stream) if self.shutdown_until.is_none() => {
                     let remote = stream.peer_addr().ok();
-                    let id = self.insert_conn(OwnedFd::from(stream));
+                    let life = match dialed_lifecycle(self.tls.as_ref(), node, peer, now.ms) {
+                        Ok(life) => life,
+                        Err(e) => {
+                            tracing::warn!("TLS: {e}");
+                            node.dial_failed(now, peer);
+                            continue;
+                        }
+                    };
+                    let id = self.insert_conn(OwnedFd::from(stream), life, now.ms);
                     node.outbound_open(now, id, peer);
                     if let Some(remote) = remote {
                         node.set_remote(id, remote);
                     }
                     self.arm_recv(id);
+                    // A TLS link starts with our handshake.
+                    self.to_send.push(id);
                 }
                 Ok(_) => {}
                 Err(_) => node.dial_failed(now, peer),
@@ -459,11 +478,18 @@ impl Uring {
         }
     }
 
-    fn insert_conn(&mut self, fd: OwnedFd) -> ConnId {
-        self.generations.bump(self.conns.vacant_key() as ConnId);
+    fn insert_conn(&mut self, fd: OwnedFd, life: Lifecycle, now_ms: u64) -> ConnId {
+        let id = self.conns.vacant_key() as ConnId;
+        self.generations.bump(id);
+        if life.is_tls()
+            && let Some(tls) = &self.tls
+        {
+            self.handshakes
+                .push(now_ms.saturating_add(tls.handshake_ms), id);
+        }
         self.conns.insert(Conn {
             fd,
-            life: Lifecycle::new(),
+            life,
             recv_in_flight: false,
             input_waiting: true,
             send_in_flight: false,
@@ -554,7 +580,14 @@ impl Uring {
         let socket = socket2::SockRef::from(&borrowed);
         let _ = socket.set_nodelay(true);
         let remote = socket.peer_addr().ok().and_then(|a| a.as_socket());
-        let id = self.insert_conn(fd);
+        let life = match accepted_lifecycle(self.tls.as_ref(), now.ms) {
+            Ok(life) => life,
+            Err(e) => {
+                tracing::warn!("TLS: {e}");
+                return; // dropped: closed at once
+            }
+        };
+        let id = self.insert_conn(fd, life, now.ms);
         if admission == Admission::PeerOnly {
             node.open_peer_only(now, id);
         } else {
@@ -593,7 +626,12 @@ impl Uring {
             // this connection, not the process.
             if let Some(buf) = self.bufs.take(bid) {
                 match self.bufs.bytes(&buf, res.max(0) as usize) {
-                    Some(data) if res > 0 => conn.life.received(node, now, id, data),
+                    Some(data) if res > 0 => {
+                        conn.life.received(node, now, id, data);
+                        if conn.life.is_tls() {
+                            self.to_send.push(id); // a handshake answer, maybe
+                        }
+                    }
                     Some(_) => {}
                     None => {
                         tracing::error!("io_uring received {res} bytes into a smaller buffer");
@@ -703,6 +741,15 @@ impl Uring {
             // A stale entry (slot reused) is harmless: the lifecycle only
             // acts on its own deadline.
             if self.conns.contains(id as usize) {
+                self.touched.push(id);
+            }
+        }
+        while let Some((_, id)) = self.handshakes.pop_due(now_ms) {
+            // Stale entries are harmless, as above: the lifecycle acts on
+            // its own deadline, and only while its handshake is under way.
+            if let Some(conn) = self.conns.get_mut(id as usize)
+                && conn.life.handshake_expired(node, now, id)
+            {
                 self.touched.push(id);
             }
         }

@@ -502,6 +502,7 @@ pub struct ConnView {
 const LOG_KEEP: usize = 400;
 
 impl Sim {
+    #[expect(clippy::too_many_lines)]
     pub fn new(seed: u64, cfg: SimConfig) -> Sim {
         let mut rng = Rng::new(seed);
         let n = cfg.nodes;
@@ -1572,6 +1573,7 @@ impl Sim {
 
     // ----- the random scenario -----
 
+    #[expect(clippy::too_many_lines)]
     fn random_fault(&mut self) {
         let kind = FAULTS[self.rng.weighted(&self.cfg.weights)];
         let up: Vec<usize> = (0..self.cfg.nodes).filter(|&x| self.runs(x)).collect();
@@ -2015,6 +2017,7 @@ impl Sim {
         })
     }
 
+    #[expect(clippy::too_many_lines)]
     fn node_turn(&mut self, x: usize) {
         let t = self.now;
         self.stats.node_turns += 1;
@@ -2221,6 +2224,7 @@ impl Sim {
     /// at a time (sometimes a line in two pieces), checking after each. If
     /// the connection pauses, the rest stays in the socket.
     #[allow(clippy::too_many_arguments)]
+    #[expect(clippy::too_many_lines)]
     fn node_input(
         &mut self,
         x: usize,
@@ -2629,6 +2633,7 @@ impl Sim {
         }
     }
 
+    #[expect(clippy::too_many_lines)]
     fn client_input(&mut self, c: usize, sc: usize, bytes: &[u8], sent: u64) {
         let n = match self.conns[sc].as_ref().unwrap().parties[1] {
             Party::Node(n) => n,
@@ -2826,6 +2831,7 @@ impl Sim {
 
     // ----- checks -----
 
+    #[expect(clippy::too_many_lines)]
     fn check_step(&mut self) {
         if self.failure.is_some() {
             return;

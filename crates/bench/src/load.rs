@@ -131,6 +131,13 @@ pub(crate) struct RunArgs {
     /// No progress line.
     #[arg(long)]
     pub quiet: bool,
+    /// Speak TLS, trusting the server certificates this CA (PEM) signed;
+    /// each connection's handshake is done before the clock starts.
+    #[arg(long, value_name = "PATH")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS: the name the server's certificate must carry.
+    #[arg(long, default_value = "localhost")]
+    pub tls_server_name: String,
 }
 
 /// How long the end of a run may take to release what is held.
@@ -317,6 +324,9 @@ struct Slot {
 
 struct Conn {
     stream: TcpStream,
+    /// TLS (`--tls-ca`): requests are encrypted on their way out, answers
+    /// decrypted into `rbuf`.
+    tls: Option<rustls::ClientConnection>,
     /// Receive buffer: `rbuf[..rlen]` holds unprocessed bytes.
     rbuf: Box<[u8]>,
     rlen: usize,
@@ -470,7 +480,7 @@ impl<'a> Worker<'a> {
                 self.shared.fail("an answer longer than 64 KiB".into());
                 return;
             }
-            let n = match conn.stream.read(&mut conn.rbuf[conn.rlen..]) {
+            let n = match conn_read(&mut conn.stream, &mut conn.tls, &mut conn.rbuf[conn.rlen..]) {
                 Ok(0) => {
                     if !self.draining || !self.idle() {
                         self.shared
@@ -777,7 +787,7 @@ impl<'a> Worker<'a> {
         }
         conn.unstamped.clear();
         while conn.out_pos < conn.out.len() {
-            match conn.stream.write(&conn.out[conn.out_pos..]) {
+            match conn_write(&mut conn.stream, &mut conn.tls, &conn.out[conn.out_pos..]) {
                 Ok(0) => {
                     self.shared
                         .fail(format!("connection {c}: write returned 0"));
@@ -809,16 +819,126 @@ fn connect(addr: SocketAddr) -> crate::Result<StdTcpStream> {
     Ok(stream)
 }
 
-/// `SCRIPT LOAD` of the release script; returns its sha1.
-fn redis_load_script(addr: SocketAddr) -> crate::Result<Vec<u8>> {
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// The TLS configuration of `--tls-ca`.
+fn tls_config(ca: &std::path::Path) -> crate::Result<std::sync::Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+        roots.add(cert.map_err(|e| format!("{}: {e}", ca.display()))?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
+
+/// Connects and, with TLS, completes the handshake (blocking, with a
+/// deadline) before the clock starts.
+fn connect_maybe_tls(
+    addr: SocketAddr,
+    tls: Option<&(std::sync::Arc<rustls::ClientConfig>, String)>,
+) -> crate::Result<(StdTcpStream, Option<rustls::ClientConnection>)> {
     let mut stream = connect(addr)?;
+    let Some((config, name)) = tls else {
+        return Ok((stream, None));
+    };
+    let name = rustls::pki_types::ServerName::try_from(name.clone())?;
+    let mut conn = rustls::ClientConnection::new(config.clone(), name)?;
+    // Unbounded: the generator's own requests, which it bounds.
+    conn.set_buffer_limit(None);
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut stream)
+            .map_err(|e| format!("TLS handshake with {addr}: {e}"))?;
+    }
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok((stream, Some(conn)))
+}
+
+/// Writes out the TLS records rustls holds, until the socket takes no more.
+fn push_records(stream: &mut TcpStream, tls: &mut rustls::ClientConnection) -> io::Result<()> {
+    while tls.wants_write() {
+        match tls.write_tls(stream) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A read of the connection's (decrypted) input: like `read` on a
+/// non-blocking socket.
+fn conn_read(
+    stream: &mut TcpStream,
+    tls: &mut Option<rustls::ClientConnection>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    let Some(tls) = tls else {
+        return stream.read(buf);
+    };
+    loop {
+        match tls.reader().read(buf) {
+            Ok(n) => return Ok(n), // 0: the server's close_notify
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        // Records still held (the socket was full) go out first.
+        push_records(stream, tls)?;
+        match tls.read_tls(stream) {
+            Ok(0) => return Ok(0),
+            Ok(_) => {
+                tls.process_new_packets().map_err(io::Error::other)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A write of requests: with TLS they are encrypted (rustls takes them
+/// all) and the records written until the socket takes no more; what it
+/// does not take goes out with the next read or write.
+fn conn_write(
+    stream: &mut TcpStream,
+    tls: &mut Option<rustls::ClientConnection>,
+    buf: &[u8],
+) -> io::Result<usize> {
+    let Some(tls) = tls else {
+        return stream.write(buf);
+    };
+    let n = tls.writer().write(buf)?;
+    push_records(stream, tls)?;
+    Ok(n)
+}
+
+/// `SCRIPT LOAD` of the release script; returns its sha1.
+fn redis_load_script(
+    addr: SocketAddr,
+    tls: Option<&(std::sync::Arc<rustls::ClientConfig>, String)>,
+) -> crate::Result<Vec<u8>> {
+    let (stream, conn) = connect_maybe_tls(addr, tls)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut req = Vec::new();
     req.extend_from_slice(b"*3\r\n");
     bulk(&mut req, b"SCRIPT");
     bulk(&mut req, b"LOAD");
     bulk(&mut req, REDIS_RELEASE.as_bytes());
+    let mut stream: Box<dyn ReadWrite> = match conn {
+        Some(conn) => Box::new(rustls::StreamOwned::new(conn, stream)),
+        None => Box::new(stream),
+    };
     stream.write_all(&req)?;
+    stream.flush()?;
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -887,6 +1007,10 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         Mode::Contended => u64::from(args.keys.unwrap_or(1).max(1)),
         Mode::Memory | Mode::Grow => args.locks,
     };
+    let tls = match &args.tls_ca {
+        Some(ca) => Some((tls_config(ca)?, args.tls_server_name.clone())),
+        None => None,
+    };
     let prefix = run_prefix();
     let wire = Wire {
         target: args.target,
@@ -898,7 +1022,7 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         prefix,
         lease_ms: (args.lease * 1000.0).round() as u64,
         sha: if args.target == Target::Redis && args.mode != Mode::Memory {
-            redis_load_script(addr)?
+            redis_load_script(addr, tls.as_ref())?
         } else {
             Vec::new()
         },
@@ -920,9 +1044,11 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     };
 
     // Connect everything before the clock starts.
-    let mut per_thread: Vec<Vec<(u32, StdTcpStream)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut per_thread: Vec<Vec<(u32, StdTcpStream, Option<rustls::ClientConnection>)>> =
+        (0..threads).map(|_| Vec::new()).collect();
     for c in 0..args.conns {
-        per_thread[(c % threads) as usize].push((c, connect(addr)?));
+        let (stream, tls) = connect_maybe_tls(addr, tls.as_ref())?;
+        per_thread[(c % threads) as usize].push((c, stream, tls));
     }
     let rss_before = match (args.mode, args.server_pid) {
         (Mode::Memory, Some(pid)) => proc::rss_kib(pid).map(|r| r.0),
@@ -1106,13 +1232,13 @@ fn build_worker<'a>(
     wire: &'a Wire,
     args: &RunArgs,
     thread: u64,
-    streams: Vec<(u32, StdTcpStream)>,
+    streams: Vec<(u32, StdTcpStream, Option<rustls::ClientConnection>)>,
 ) -> crate::Result<Worker<'a>> {
     let poll = Poll::new()?;
     let mut conns = Vec::new();
     let mut slots = Vec::new();
     let p = args.pipeline;
-    for (local, (global, stream)) in streams.into_iter().enumerate() {
+    for (local, (global, stream, tls)) in streams.into_iter().enumerate() {
         stream.set_nonblocking(true)?;
         let mut stream = TcpStream::from_std(stream);
         poll.registry().register(
@@ -1153,6 +1279,7 @@ fn build_worker<'a>(
         }
         conns.push(Conn {
             stream,
+            tls,
             rbuf: vec![0u8; RBUF].into_boxed_slice(),
             rlen: 0,
             out: Vec::with_capacity(4096),

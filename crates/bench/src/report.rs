@@ -299,7 +299,12 @@ pub(crate) fn check_targets(r: &Results) -> Vec<TargetCheck> {
     let redis50_cpu = fig(CONNS50, REDIS, "server_cpu_per_cycle_us");
     let redis_pipe = fig(PIPELINED, REDIS, "cycles_per_s");
     let labels = ringlock_labels(&r.groups);
-    for label in labels.iter().filter(|l| !l.ends_with("-spin")) {
+    // The TLS variants have a table of their own (their cost against the
+    // same server in plain text, see `tls_costs`), not the plain targets.
+    for label in labels
+        .iter()
+        .filter(|l| !l.ends_with("-spin") && !l.ends_with("-tls"))
+    {
         let mut push = |target: &str,
                         goal: &str,
                         measured: String,
@@ -521,6 +526,43 @@ fn range(g: &Group, figure: &str, fmt: fn(f64) -> String) -> String {
     }
 }
 
+/// One row of the TLS cost table.
+#[derive(Debug)]
+pub(crate) struct TlsCost {
+    pub scenario: String,
+    pub label: String,
+    pub tls_cps: Option<f64>,
+    pub plain_cps: Option<f64>,
+    pub tls_p50: Option<f64>,
+    pub plain_p50: Option<f64>,
+    /// The server's CPU per cycle (µs): the cost least moved by what else
+    /// runs on the machine.
+    pub tls_cpu: Option<f64>,
+    pub plain_cpu: Option<f64>,
+}
+
+/// Every `<label>-tls` group beside the `<label>` group of its scenario.
+pub(crate) fn tls_costs(r: &Results) -> Vec<TlsCost> {
+    let mut rows = Vec::new();
+    for g in &r.groups {
+        let Some(plain) = g.label.strip_suffix("-tls") else {
+            continue;
+        };
+        let p = r.group(&g.scenario, plain);
+        rows.push(TlsCost {
+            scenario: g.scenario.clone(),
+            label: g.label.clone(),
+            tls_cps: g.get("cycles_per_s"),
+            plain_cps: p.and_then(|p| p.get("cycles_per_s")),
+            tls_p50: g.get("cycle_p50_us"),
+            plain_p50: p.and_then(|p| p.get("cycle_p50_us")),
+            tls_cpu: g.get("server_cpu_per_cycle_us"),
+            plain_cpu: p.and_then(|p| p.get("server_cpu_per_cycle_us")),
+        });
+    }
+    rows
+}
+
 #[expect(clippy::too_many_lines)]
 pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
     let mut md = String::new();
@@ -598,6 +640,50 @@ pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
                 t.ratio
                     .map_or("-".into(), |x| format!("{x:.2} ({:.2})", t.limit)),
                 t.verdict
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    let costs = tls_costs(r);
+    if !costs.is_empty() {
+        let _ = writeln!(
+            md,
+            "## The cost of TLS
+"
+        );
+        let _ = writeln!(
+            md,
+            "Each `-tls` server against the same server in plain text, measured in the same \
+             rounds (targets alternated): the server's CPU per cycle (µs; the ratio above 1 \
+             is the cost, and the figure least moved by what else runs on the machine), \
+             throughput (TLS / plain, below 1 is a cost) and the cycle p50 (above 1 is a \
+             cost). TLS 1.3, the handshake done before the clock starts.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| scenario | server | server CPU/cycle TLS | plain | ratio | cycles/s TLS | plain | ratio | cycle p50 TLS | plain | ratio |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for c in &costs {
+            let ratio = |a: Option<f64>, b: Option<f64>| {
+                a.zip(b)
+                    .map_or("-".into(), |(a, b)| format!("{:.2}", a / b))
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                c.scenario,
+                c.label,
+                fmt_us(c.tls_cpu),
+                fmt_us(c.plain_cpu),
+                ratio(c.tls_cpu, c.plain_cpu),
+                c.tls_cps.map_or("-".into(), fmt_rate),
+                c.plain_cps.map_or("-".into(), fmt_rate),
+                ratio(c.tls_cps, c.plain_cps),
+                fmt_us(c.tls_p50),
+                fmt_us(c.plain_p50),
+                ratio(c.tls_p50, c.plain_p50),
             );
         }
         let _ = writeln!(md);

@@ -70,6 +70,16 @@ pub(crate) fn tcp_dialer() -> Dialer {
     })
 }
 
+/// Says what an I/O error means: a TLS failure in words (feature `tls`),
+/// anything else as the OS says it.
+pub(crate) fn why(err: &io::Error) -> String {
+    #[cfg(feature = "tls")]
+    if let Some(explained) = crate::tls::explain(err) {
+        return explained;
+    }
+    err.to_string()
+}
+
 /// The op of a request, for matching answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -328,7 +338,7 @@ async fn dial(addr: &str, shared: &Shared) -> Result<(BufReader<ReadHalf>, Write
     let (rd, mut wr) =
         match tokio::time::timeout(timing.connect_timeout, (shared.dialer)(addr)).await {
             Ok(Ok(halves)) => halves,
-            Ok(Err(e)) => return Err(format!("connect to {addr}: {e}")),
+            Ok(Err(e)) => return Err(format!("connect to {addr}: {}", why(&e))),
             Err(_) => {
                 return Err(format!(
                     "connect to {addr}: timed out after {:?}",
@@ -340,7 +350,7 @@ async fn dial(addr: &str, shared: &Shared) -> Result<(BufReader<ReadHalf>, Write
     let hello = async {
         wr.write_all(b"S\n")
             .await
-            .map_err(|e| format!("write to {addr}: {e}"))?;
+            .map_err(|e| format!("write to {addr}: {}", why(&e)))?;
         let mut line = Vec::with_capacity(128);
         read_line(&mut rd, &mut line, MAX_ANSWER_LINE, addr)
             .await
@@ -379,7 +389,7 @@ async fn read_line<R: AsyncBufRead + Unpin>(
     line.clear();
     let read = (&mut *rd).take(max as u64).read_until(b'\n', line).await;
     match read {
-        Err(e) => return Err(End::Closed(format!("read from {addr}: {e}"))),
+        Err(e) => return Err(End::Closed(format!("read from {addr}: {}", why(&e)))),
         Ok(0) => return Err(End::Closed(format!("{addr} closed the connection"))),
         Ok(_) => {}
     }

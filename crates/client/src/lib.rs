@@ -66,6 +66,8 @@ mod grant;
 mod renew;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "tls")]
+mod tls;
 // Tests in virtual time (tokio's `test-util`, a dev-dependency).
 #[cfg(test)]
 mod virtual_time {
@@ -78,7 +80,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -88,6 +89,8 @@ pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
 pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
 pub use ringlock_proto::Role;
 use ringlock_proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
+#[cfg(feature = "tls")]
+pub use tls::TlsConfig;
 
 /// The protocol's redial period for a dropped connection.
 pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);
@@ -238,6 +241,15 @@ impl ClientBuilder {
     /// the protocol's.
     pub fn redial_interval(mut self, interval: Duration) -> ClientBuilder {
         self.timing.redial = setting(interval);
+        self
+    }
+
+    /// Speaks TLS to the servers (feature `tls`), as `tls` says: the CA
+    /// that signs their certificates, and the client certificate for
+    /// servers that require one.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: TlsConfig) -> ClientBuilder {
+        self.dialer = Some(tls.dialer());
         self
     }
 
@@ -1109,25 +1121,24 @@ const MAX_HEALTH_LINE: usize = 64 * 1024;
 /// answer line (without its `\n`, at most `max` bytes), with `timeout` for
 /// the whole exchange.
 async fn one_off(
+    dialer: Dialer,
     addr: &str,
     request: &[u8],
     max: usize,
     timeout: Duration,
 ) -> Result<Vec<u8>, Error> {
     let exchange = async {
-        let stream = TcpStream::connect(addr)
+        let (rd, mut wr) = dialer(addr)
             .await
-            .map_err(|e| Error::Connection(format!("connect to {addr}: {e}")))?;
-        let _ = stream.set_nodelay(true);
-        let (rd, mut wr) = stream.into_split();
+            .map_err(|e| Error::Connection(format!("connect to {addr}: {}", conn::why(&e))))?;
         wr.write_all(request)
             .await
-            .map_err(|e| Error::Connection(format!("write to {addr}: {e}")))?;
+            .map_err(|e| Error::Connection(format!("write to {addr}: {}", conn::why(&e))))?;
         let mut line = Vec::new();
         let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, max as u64));
         rd.read_until(b'\n', &mut line)
             .await
-            .map_err(|e| Error::Connection(format!("read from {addr}: {e}")))?;
+            .map_err(|e| Error::Connection(format!("read from {addr}: {}", conn::why(&e))))?;
         if line.pop() != Some(b'\n') {
             if line.len() >= max {
                 return Err(Error::Protocol(format!(
@@ -1172,6 +1183,30 @@ pub async fn list_locks(
     limit: u32,
     timeout: Duration,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
+    locks_via(conn::tcp_dialer(), addr, prefix, cursor, limit, timeout).await
+}
+
+/// [`list_locks`] over TLS (feature `tls`).
+#[cfg(feature = "tls")]
+pub async fn list_locks_tls(
+    addr: &str,
+    prefix: &[u8],
+    cursor: u64,
+    limit: u32,
+    timeout: Duration,
+    tls: &TlsConfig,
+) -> Result<(Vec<LockInfo>, u64), Error> {
+    locks_via(tls.dialer(), addr, prefix, cursor, limit, timeout).await
+}
+
+async fn locks_via(
+    dialer: Dialer,
+    addr: &str,
+    prefix: &[u8],
+    cursor: u64,
+    limit: u32,
+    timeout: Duration,
+) -> Result<(Vec<LockInfo>, u64), Error> {
     let mut request = Vec::new();
     ringlock_proto::Request::List {
         cursor,
@@ -1180,13 +1215,12 @@ pub async fn list_locks(
     }
     .encode(&mut request);
     let exchange = async {
-        let stream = TcpStream::connect(addr)
+        let (rd, mut wr) = dialer(addr)
             .await
-            .map_err(|e| Error::Connection(format!("connect to {addr}: {e}")))?;
-        let (rd, mut wr) = stream.into_split();
+            .map_err(|e| Error::Connection(format!("connect to {addr}: {}", conn::why(&e))))?;
         wr.write_all(&request)
             .await
-            .map_err(|e| Error::Connection(format!("write to {addr}: {e}")))?;
+            .map_err(|e| Error::Connection(format!("write to {addr}: {}", conn::why(&e))))?;
         // At most `limit` lock lines and the end line, each bounded.
         let most = (u64::from(limit) + 1) * MAX_STATUS_LINE as u64;
         let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, most));
@@ -1196,7 +1230,7 @@ pub async fn list_locks(
             line.clear();
             rd.read_until(b'\n', &mut line)
                 .await
-                .map_err(|e| Error::Connection(format!("read from {addr}: {e}")))?;
+                .map_err(|e| Error::Connection(format!("read from {addr}: {}", conn::why(&e))))?;
             if line.pop() != Some(b'\n') {
                 return Err(Error::Connection(format!(
                     "{addr} closed the connection in the middle of an L answer"
@@ -1243,7 +1277,25 @@ pub async fn list_locks(
 /// one-off connection with `timeout` for the whole exchange: `None` when it
 /// knows of none. A server that does not know `H` counts as knowing none.
 pub async fn node_problem(addr: &str, timeout: Duration) -> Result<Option<String>, Error> {
-    let line = one_off(addr, b"H\n", MAX_HEALTH_LINE, timeout).await?;
+    problem_via(conn::tcp_dialer(), addr, timeout).await
+}
+
+/// [`node_problem`] over TLS (feature `tls`).
+#[cfg(feature = "tls")]
+pub async fn node_problem_tls(
+    addr: &str,
+    timeout: Duration,
+    tls: &TlsConfig,
+) -> Result<Option<String>, Error> {
+    problem_via(tls.dialer(), addr, timeout).await
+}
+
+async fn problem_via(
+    dialer: Dialer,
+    addr: &str,
+    timeout: Duration,
+) -> Result<Option<String>, Error> {
+    let line = one_off(dialer, addr, b"H\n", MAX_HEALTH_LINE, timeout).await?;
     match parse_answer(&line) {
         Ok(Answer::Health { problem }) => {
             Ok(problem.map(|p| String::from_utf8_lossy(p).into_owned()))
@@ -1259,7 +1311,21 @@ pub async fn node_problem(addr: &str, timeout: Duration) -> Result<Option<String
 /// Asks one node for its status on a one-off connection, with `timeout` for
 /// the whole exchange.
 pub async fn node_status(addr: &str, timeout: Duration) -> Result<NodeStatus, Error> {
-    let line = one_off(addr, b"S\n", MAX_STATUS_LINE, timeout).await?;
+    status_via(conn::tcp_dialer(), addr, timeout).await
+}
+
+/// [`node_status`] over TLS (feature `tls`).
+#[cfg(feature = "tls")]
+pub async fn node_status_tls(
+    addr: &str,
+    timeout: Duration,
+    tls: &TlsConfig,
+) -> Result<NodeStatus, Error> {
+    status_via(tls.dialer(), addr, timeout).await
+}
+
+async fn status_via(dialer: Dialer, addr: &str, timeout: Duration) -> Result<NodeStatus, Error> {
+    let line = one_off(dialer, addr, b"S\n", MAX_STATUS_LINE, timeout).await?;
     match parse_answer(&line) {
         Ok(Answer::Status { role, addr, token }) => Ok(NodeStatus {
             role,
