@@ -212,6 +212,11 @@ pub struct Table {
     locks: Slab<Lock>,
     waiters: Slab<Waiter>,
     conns: Vec<ConnList>,
+    /// One past the highest slot a lock has had since the table was last
+    /// empty: the bound of [`Table::lock_at`]'s indices. Kept here because
+    /// the slab can only find its highest live slot by walking back over
+    /// every freed one.
+    slot_bound: usize,
 }
 
 impl Default for Table {
@@ -245,6 +250,7 @@ impl Table {
             locks: Slab::with_capacity(reservable::<Lock>(locks)),
             waiters: Slab::with_capacity(reservable::<Waiter>(RESERVED_WAITERS)),
             conns: Vec::new(),
+            slot_bound: 0,
         }
     }
 
@@ -307,6 +313,7 @@ impl Table {
             tail: NIL,
             held_back: 0,
         });
+        self.slot_bound = self.slot_bound.max(i + 1);
         // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
         let i = u32::try_from(i).expect("lock table over u32::MAX entries");
         let locks = &self.locks;
@@ -339,6 +346,9 @@ impl Table {
             Err(_) => unreachable!("live lock {lock} missing from the index"),
         }
         self.locks.remove(lock as usize);
+        if self.locks.is_empty() {
+            self.slot_bound = 0;
+        }
         true
     }
 
@@ -347,10 +357,11 @@ impl Table {
         self.locks.iter().map(|(_, lock)| lock)
     }
 
-    /// One past the highest slot a live lock has (0: none): the bound of
-    /// [`Table::lock_at`]'s indices.
+    /// One past the highest slot a lock has had since the table was last
+    /// empty (0: empty): the bound of [`Table::lock_at`]'s indices. O(1):
+    /// slots above the highest live one may be free, which a listing skips.
     pub fn slot_bound(&self) -> usize {
-        self.locks.iter().next_back().map_or(0, |(i, _)| i + 1)
+        self.slot_bound
     }
 
     /// The live lock in slot `i`, if any (for listing the table a page at

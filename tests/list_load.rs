@@ -1,0 +1,109 @@
+//! `L` from a hostile client: pipelined list requests must not hold the
+//! loop. Each test measures the round trip of `S` on another connection
+//! while one connection floods `L`, and fails if a turn stalls.
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::{BACKENDS, Conn, Server, skip};
+
+/// The slowest `S` round trip tolerated while the flood runs. A turn that
+/// handles a few thousand `L` requests in well-bounded work takes a few
+/// milliseconds; the stalls these tests catch take seconds.
+const STALL: Duration = Duration::from_millis(300);
+
+/// Sends `lines` (each with its `\n`) on `c` in batches, reading each
+/// batch's answers before the next.
+fn pipelined(c: &mut Conn, lines: impl Iterator<Item = String>) -> Vec<String> {
+    let mut answers = Vec::new();
+    let lines: Vec<String> = lines.collect();
+    for batch in lines.chunks(5000) {
+        c.send(batch.concat().as_bytes());
+        for _ in batch {
+            answers.push(c.recv());
+        }
+    }
+    answers
+}
+
+/// Floods `L` requests (`line`, `count` times) on a fresh connection whose
+/// answers a thread drains, and returns the slowest `S` round trip on
+/// another connection while the flood is answered.
+fn slowest_status_during_flood(server: &Server, line: &str, count: usize) -> Duration {
+    let mut probe = server.connect();
+    assert!(probe.call("S").starts_with("S active"));
+    let mut flood = server.connect();
+    let mut writer = flood.stream().try_clone().unwrap();
+    let payload = line.repeat(count);
+    let drain = std::thread::spawn(move || {
+        let mut ends = 0;
+        while ends < count {
+            let answer = flood.recv();
+            if answer.starts_with("L ") {
+                ends += 1;
+            } else {
+                assert!(answer.starts_with("K "), "{answer}");
+            }
+        }
+    });
+    let started = Instant::now();
+    writer.write_all(payload.as_bytes()).unwrap();
+    let mut slowest = Duration::ZERO;
+    // Probe for as long as the flood is being answered, and a little after.
+    let limit = Duration::from_secs(60);
+    while !drain.is_finished() && started.elapsed() < limit {
+        let t = Instant::now();
+        assert!(probe.call("S").starts_with("S active"));
+        slowest = slowest.max(t.elapsed());
+    }
+    drain.join().unwrap();
+    eprintln!(
+        "{count} x {:?}: answered in {:?}, slowest S {:?}",
+        line.trim_end(),
+        started.elapsed(),
+        slowest
+    );
+    slowest
+}
+
+/// A table that once held many locks and no longer does: listing it from
+/// the start, thousands of times in one write, must not hold the loop.
+fn list_after_a_large_table_does_not_stall(io: &str) {
+    if skip(io) {
+        return;
+    }
+    let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
+    let mut c = server.connect();
+    let n = 200_000;
+    let grants = pipelined(&mut c, (0..n).map(|i| format!("A k{i} 600 0\n")));
+    // Released last to first: the table reuses the slot freed last, so the
+    // one lock taken afterwards sits in the lowest slot, below 199999 free
+    // ones.
+    let releases = pipelined(
+        &mut c,
+        grants
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, g)| format!("R k{i} {}\n", Conn::token_of(g))),
+    );
+    assert!(releases.iter().all(|r| r.ends_with(" 1")));
+    Conn::token_of(&c.call("A last 600 0"));
+    let slowest = slowest_status_during_flood(&server, "L 0 1 zz\n", 12_000);
+    assert!(
+        slowest < STALL,
+        "S took {slowest:?} while L requests were answered"
+    );
+}
+
+#[test]
+fn list_after_a_large_table_does_not_stall_uring() {
+    list_after_a_large_table_does_not_stall(BACKENDS[0]);
+}
+
+#[test]
+fn list_after_a_large_table_does_not_stall_epoll() {
+    list_after_a_large_table_does_not_stall(BACKENDS[1]);
+}
