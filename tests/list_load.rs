@@ -107,3 +107,40 @@ fn list_after_a_large_table_does_not_stall_uring() {
 fn list_after_a_large_table_does_not_stall_epoll() {
     list_after_a_large_table_does_not_stall(BACKENDS[1]);
 }
+
+/// A lock with 65536 waiters (16 connections of 4096), listed thousands of
+/// times in one write: counting its queue must not hold the loop.
+fn list_of_a_long_queue_does_not_stall(io: &str) {
+    if skip(io) {
+        return;
+    }
+    let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
+    let mut holder = server.connect();
+    Conn::token_of(&holder.call("A hot 600 0"));
+    let mut waiters: Vec<Conn> = (0..16).map(|_| server.connect()).collect();
+    for w in &mut waiters {
+        w.send("A hot 600 0\n".repeat(4096).as_bytes());
+        // Requests of one connection are handled in order: once S is
+        // answered, its 4096 acquires are queued.
+        assert!(w.call("S").starts_with("S active"));
+    }
+    holder.line("L 0 1 hot");
+    let k = holder.recv();
+    assert!(k.ends_with(" 65536"), "{k}");
+    assert_eq!(holder.recv(), "L 0");
+    let slowest = slowest_status_during_flood(&server, "L 0 1 hot\n", 12_000);
+    assert!(
+        slowest < STALL,
+        "S took {slowest:?} while L requests were answered"
+    );
+}
+
+#[test]
+fn list_of_a_long_queue_does_not_stall_uring() {
+    list_of_a_long_queue_does_not_stall(BACKENDS[0]);
+}
+
+#[test]
+fn list_of_a_long_queue_does_not_stall_epoll() {
+    list_of_a_long_queue_does_not_stall(BACKENDS[1]);
+}

@@ -65,8 +65,8 @@ pub const LIST_TURN_SCAN: usize = LIST_SCAN;
 /// cost of a few short requests.
 pub const LIST_MIN_SCAN: usize = 64;
 
-/// The waiters `L` counts on one lock, at most (the count is a walk of the
-/// queue): a lock with more is listed with this many.
+/// The waiters `L` reports on one lock, at most: a lock with more is listed
+/// with this many (the count is kept, not walked).
 pub const LIST_WAITERS_CAP: u64 = 65_536;
 
 /// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`

@@ -147,6 +147,8 @@ pub struct Lock {
     tail: u32,
     /// Timed-out waiters of this key whose `T` is held back.
     held_back: u32,
+    /// Waiters in the FIFO (`head` to `tail`), so that `L` need not walk it.
+    queued: u32,
 }
 
 impl Lock {
@@ -312,6 +314,7 @@ impl Table {
             head: NIL,
             tail: NIL,
             held_back: 0,
+            queued: 0,
         });
         self.slot_bound = self.slot_bound.max(i + 1);
         // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
@@ -370,16 +373,9 @@ impl Table {
         self.locks.get(i)
     }
 
-    /// How many acquires wait in the queue of the lock in slot `i`,
-    /// counted up to `cap`.
+    /// How many acquires wait in the queue of `lock`, up to `cap`. O(1).
     pub fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
-        let mut n = 0;
-        let mut w = lock.head;
-        while w != NIL && n < cap {
-            n += 1;
-            w = self.waiters[w as usize].q_next;
-        }
-        n
+        u64::from(lock.queued).min(cap)
     }
 
     /// The indices of every live lock.
@@ -460,7 +456,9 @@ impl Table {
             NIL => self.locks[lock as usize].head = w,
             tail => self.waiters[tail as usize].q_next = w,
         }
-        self.locks[lock as usize].tail = w;
+        let l = &mut self.locks[lock as usize];
+        l.tail = w;
+        l.queued += 1;
         match list.tail {
             NIL => self.conns[conn as usize].head = w,
             tail => self.waiters[tail as usize].c_next = w,
@@ -491,7 +489,9 @@ impl Table {
             NIL => self.locks[lock as usize].tail = prev,
             n => self.waiters[n as usize].q_prev = prev,
         }
-        self.locks[lock as usize].held_back += 1;
+        let l = &mut self.locks[lock as usize];
+        l.held_back += 1;
+        l.queued -= 1;
     }
 
     /// Forgets an answered (or withdrawn) waiter: out of its lock's FIFO if
@@ -515,6 +515,17 @@ impl Table {
         w
     }
 
+    /// The length of `lock`'s FIFO, walked (for [`Table::check_invariants`]).
+    fn queue_walk(&self, lock: &Lock) -> usize {
+        let mut n = 0;
+        let mut w = lock.head;
+        while w != NIL {
+            n += 1;
+            w = self.waiters[w as usize].q_next;
+        }
+        n
+    }
+
     /// Checks every list against the slabs. For tests: O(size of the table).
     pub fn check_invariants(&self) {
         let mut queued = 0;
@@ -535,6 +546,7 @@ impl Table {
                 w = waiter.q_next;
             }
             assert_eq!(lock.tail, prev);
+            assert_eq!(lock.queued as usize, self.queue_walk(lock));
             held_back += lock.held_back as usize;
         }
         let mut listed = 0;
