@@ -78,6 +78,7 @@ pub fn run(
         from_engine: Vec::new(),
         lingering: LingerQueue::default(),
         max_conns: config.max_conns,
+        accept_retry_at: None,
     };
     let mut events = Events::with_capacity(1024);
     let mut shutting_down_until: Option<u64> = None;
@@ -154,6 +155,12 @@ pub fn run(
                 }
             }
         }
+        if state.accept_retry_at.is_some_and(|at| now.ms >= at) {
+            state.accept_retry_at = None;
+            if let Some(l) = &listener {
+                state.accept(l, &poll, &mut node, now)?;
+            }
+        }
         state.read_ready(&mut node, now);
         state.flush(&mut node, now);
         state.expire_lingering(now.ms);
@@ -182,6 +189,9 @@ struct Loop {
     from_engine: Vec<ConnId>,
     lingering: LingerQueue,
     max_conns: usize,
+    /// When to try accepting again after an accept failed
+    /// ([`super::ACCEPT_RETRY_MS`]).
+    accept_retry_at: Option<u64>,
 }
 
 impl Loop {
@@ -196,6 +206,7 @@ impl Loop {
             .into_iter()
             .chain(self.lingering.next_deadline())
             .chain(shutdown)
+            .chain(self.accept_retry_at)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
     }
@@ -215,7 +226,8 @@ impl Loop {
                 Err(e) => {
                     // Out of descriptors or memory: leave the backlog for
                     // later rather than stop serving everyone.
-                    tracing::warn!("accept: {e}");
+                    node.accept_failed(now, &e);
+                    self.accept_retry_at = Some(now.ms + super::ACCEPT_RETRY_MS);
                     return Ok(());
                 }
             };
