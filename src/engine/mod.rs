@@ -65,6 +65,12 @@ pub const LIST_TURN_SCAN: usize = LIST_SCAN;
 /// cost of a few short requests.
 pub const LIST_MIN_SCAN: usize = 64;
 
+/// The bytes of lock lines after which an `L` answer stops (its cursor
+/// says where to go on): a connection is no longer read past 64 KiB of
+/// unsent answers, and one `L` answer of 1000 long keys (about 290 KB)
+/// would otherwise go far past that.
+pub const LIST_ANSWER_BYTES: usize = 16 * 1024;
+
 /// The waiters `L` reports on one lock, at most: a lock with more is listed
 /// with this many (the count is kept, not walked).
 pub const LIST_WAITERS_CAP: u64 = 65_536;
@@ -485,7 +491,8 @@ impl Engine {
         emit(&mut self.conns, &mut self.dirty, conn, answer);
     }
 
-    /// `L`: up to `limit` locks whose key starts with `prefix`, from table
+    /// `L`: up to `limit` locks whose key starts with `prefix`, about
+    /// [`LIST_ANSWER_BYTES`] of them at most, from table
     /// slot `cursor` on, looking at no more than [`LIST_SCAN`] slots (less
     /// once this turn's [`LIST_TURN_SCAN`] is spent, down to
     /// [`LIST_MIN_SCAN`]); then `L <next cursor>` (0: the end). Rare (an
@@ -501,6 +508,7 @@ impl Engine {
         self.list_budget = self.list_budget.saturating_sub(end - start);
         let mut listed = 0;
         let mut next = end;
+        let out_start = self.conns[conn as usize].out.len();
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {
                 continue;
@@ -508,7 +516,8 @@ impl Engine {
             if !lock.key().starts_with(prefix) {
                 continue;
             }
-            if listed == limit {
+            let written = self.conns[conn as usize].out.len() - out_start;
+            if listed == limit || written >= LIST_ANSWER_BYTES {
                 next = i;
                 break;
             }
