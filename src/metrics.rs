@@ -59,6 +59,12 @@ pub struct Snapshot {
     /// snapshot (`/ready`).
     pub ready: bool,
     pub leaving: bool,
+    /// When the loop took this snapshot.
+    pub published_at: Option<Instant>,
+    /// With peers: a snapshot older than this means the loop has stopped
+    /// turning (a clustered loop turns at least every heartbeat), and
+    /// `/ready` says so whatever it holds.
+    pub stale_after: Option<Duration>,
     pub highest_token: u64,
     pub locks: u64,
     pub waiters: u64,
@@ -219,6 +225,23 @@ fn route(head: &str, shared: &Shared) -> (u16, &'static str, String) {
         ),
         "/health" => (200, "text/plain", "ok\n".into()),
         "/ready" => {
+            let stalled = snapshot
+                .stale_after
+                .zip(snapshot.published_at)
+                .map(|(limit, at)| (limit, at.elapsed()))
+                .filter(|&(limit, age)| age > limit)
+                .map(|(_, age)| age);
+            if let Some(age) = stalled {
+                return (
+                    503,
+                    "text/plain",
+                    format!(
+                        "not ready: the event loop has not turned for {} ms (its peers count \
+                         it as dead)\n",
+                        age.as_millis()
+                    ),
+                );
+            }
             if snapshot.ready {
                 let what = if snapshot.active {
                     "active"
@@ -462,4 +485,49 @@ pub fn encode(s: &Snapshot) -> String {
 /// Binds the metrics listener.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_answer(snapshot: Snapshot) -> (u16, String) {
+        let shared: Shared = Arc::new(Mutex::new(snapshot));
+        let (status, _, body) = route("GET /ready HTTP/1.1\r\n\r\n", &shared);
+        (status, body)
+    }
+
+    /// A node of a cluster whose loop stopped turning (blocked on a full
+    /// log pipe, say) is no longer ready, whatever it last published: its
+    /// peers have counted it dead and taken over.
+    #[test]
+    fn ready_goes_false_when_a_clustered_loop_stops_publishing() {
+        let fresh = Snapshot {
+            published: true,
+            clustered: true,
+            active: true,
+            ready: true,
+            published_at: Some(Instant::now()),
+            stale_after: Some(Duration::from_secs(1)),
+            ..Snapshot::default()
+        };
+        assert_eq!(ready_answer(fresh.clone()).0, 200);
+        let old = Instant::now().checked_sub(Duration::from_secs(5)).unwrap();
+        let stale = Snapshot {
+            published_at: Some(old),
+            ..fresh.clone()
+        };
+        let (status, body) = ready_answer(stale);
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("has not turned"), "{body}");
+        // A node without peers publishes only when something moves: an
+        // idle one is not stale.
+        let idle = Snapshot {
+            clustered: false,
+            published_at: Some(old),
+            stale_after: None,
+            ..fresh
+        };
+        assert_eq!(ready_answer(idle).0, 200);
+    }
 }

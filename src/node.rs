@@ -236,6 +236,13 @@ impl Node {
                 None => active,
             },
             leaving: cluster.is_some_and(|c| c.is_leaving()) || (cluster.is_none() && !active),
+            published_at: Some(std::time::Instant::now()),
+            // A clustered loop turns at least every heartbeat and publishes
+            // every turn (at most every PUBLISH_EVERY_MS): silence past two
+            // peer timeouts means it stopped, and its peers took over.
+            stale_after: cluster.map(|c| {
+                std::time::Duration::from_millis(2 * c.handshake_timeout_ms() + PUBLISH_EVERY_MS)
+            }),
             highest_token: engine.highest_token(),
             locks: engine.lock_count() as u64,
             waiters: engine.waiter_count() as u64,
