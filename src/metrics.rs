@@ -9,8 +9,12 @@
 //!
 //! The server bounds everything a client sends: one request per
 //! connection, a request head of at most [`MAX_HEAD`] bytes read within
-//! [`IO_TIMEOUT`], at most [`MAX_CONNS`] connections served at once (more
-//! are answered 503 and closed). Hostile input gets a 4xx and a close.
+//! [`IO_TIMEOUT`], at most [`MAX_CONNS`] connections reading their head at
+//! once: a new one makes the oldest of those give way (it is shut and
+//! closed), so that connections that send nothing (a slowloris) cannot keep
+//! a probe of `/health` out; a real request sends its head at once. At
+//! most four times [`MAX_CONNS`] threads serve at once (more are answered
+//! 503 and closed). Hostile input gets a 4xx and a close.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -31,8 +35,12 @@ use crate::stats::{ClusterStats, EngineStats, LOG2_BUCKETS, Log2Histogram, NodeS
 
 /// The longest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 * 1024;
-/// Connections served at once; more are answered 503.
+/// Connections reading their request head at once; a new one makes the
+/// oldest of them give way.
 pub const MAX_CONNS: usize = 16;
+/// Threads serving connections at once: those reading their head
+/// ([`MAX_CONNS`]), those answering, and those that gave way and are ending.
+const MAX_THREADS: usize = 4 * MAX_CONNS;
 /// Deadline for reading a request and for writing its answer.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,6 +59,12 @@ pub struct Snapshot {
     /// snapshot (`/ready`).
     pub ready: bool,
     pub leaving: bool,
+    /// When the loop took this snapshot.
+    pub published_at: Option<Instant>,
+    /// With peers: a snapshot older than this means the loop has stopped
+    /// turning (a clustered loop turns at least every heartbeat), and
+    /// `/ready` says so whatever it holds.
+    pub stale_after: Option<Duration>,
     pub highest_token: u64,
     pub locks: u64,
     pub waiters: u64,
@@ -71,8 +85,14 @@ pub fn spawn(listener: TcpListener, shared: Shared) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Connections reading their request head, oldest first: `(id, a handle
+/// to shut it down)`.
+type Reading = Arc<Mutex<Vec<(u64, TcpStream)>>>;
+
 fn accept_loop(listener: TcpListener, shared: Shared) {
     let busy = Arc::new(AtomicUsize::new(0));
+    let reading: Reading = Arc::default();
+    let mut next_id = 0u64;
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else {
             // Out of descriptors, say: do not spin on it.
@@ -80,18 +100,47 @@ fn accept_loop(listener: TcpListener, shared: Shared) {
             continue;
         };
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONNS {
+        {
+            let mut reading = reading.lock().unwrap_or_else(|p| p.into_inner());
+            if reading.len() >= MAX_CONNS {
+                // The oldest still has not sent its head: it gives way. Its
+                // read ends at once, and so does its thread.
+                let (_, oldest) = reading.remove(0);
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        // Connections that gave way end at once, but their threads need a
+        // moment to: wait for them a little before answering 503.
+        for _ in 0..100 {
+            if busy.load(Ordering::Acquire) < MAX_THREADS {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if busy.fetch_add(1, Ordering::AcqRel) >= MAX_THREADS {
             busy.fetch_sub(1, Ordering::AcqRel);
             let _ = respond(&mut stream, 503, "text/plain", b"busy\n");
             continue;
         }
+        let id = next_id;
+        next_id += 1;
+        if let Ok(handle) = stream.try_clone() {
+            reading
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id, handle));
+        }
         let shared = shared.clone();
         let guard = Busy(busy.clone());
+        let reading = reading.clone();
         let spawned = std::thread::Builder::new()
             .name("metrics-conn".into())
             .spawn(move || {
                 let _guard = guard;
-                serve(stream, &shared);
+                serve(stream, &shared, || {
+                    let mut reading = reading.lock().unwrap_or_else(|p| p.into_inner());
+                    reading.retain(|&(i, _)| i != id);
+                });
             });
         if spawned.is_err() {
             // The guard went with the closure and was dropped: the count
@@ -110,9 +159,12 @@ impl Drop for Busy {
     }
 }
 
-/// Serves one request on `stream`, then closes it.
-fn serve(mut stream: TcpStream, shared: &Shared) {
-    let head = match read_head(&mut stream) {
+/// Serves one request on `stream`, then closes it. `head_read` is called
+/// once the head is read (or reading it failed).
+fn serve(mut stream: TcpStream, shared: &Shared, head_read: impl FnOnce()) {
+    let head = read_head(&mut stream);
+    head_read();
+    let head = match head {
         Ok(head) => head,
         Err(status) => {
             let _ = respond(&mut stream, status, "text/plain", b"bad request\n");
@@ -173,6 +225,23 @@ fn route(head: &str, shared: &Shared) -> (u16, &'static str, String) {
         ),
         "/health" => (200, "text/plain", "ok\n".into()),
         "/ready" => {
+            let stalled = snapshot
+                .stale_after
+                .zip(snapshot.published_at)
+                .map(|(limit, at)| (limit, at.elapsed()))
+                .filter(|&(limit, age)| age > limit)
+                .map(|(_, age)| age);
+            if let Some(age) = stalled {
+                return (
+                    503,
+                    "text/plain",
+                    format!(
+                        "not ready: the event loop has not turned for {} ms (its peers count \
+                         it as dead)\n",
+                        age.as_millis()
+                    ),
+                );
+            }
             if snapshot.ready {
                 let what = if snapshot.active {
                     "active"
@@ -417,4 +486,49 @@ pub fn encode(s: &Snapshot) -> String {
 /// Binds the metrics listener.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_answer(snapshot: Snapshot) -> (u16, String) {
+        let shared: Shared = Arc::new(Mutex::new(snapshot));
+        let (status, _, body) = route("GET /ready HTTP/1.1\r\n\r\n", &shared);
+        (status, body)
+    }
+
+    /// A node of a cluster whose loop stopped turning (blocked on a full
+    /// log pipe, say) is no longer ready, whatever it last published: its
+    /// peers have counted it dead and taken over.
+    #[test]
+    fn ready_goes_false_when_a_clustered_loop_stops_publishing() {
+        let fresh = Snapshot {
+            published: true,
+            clustered: true,
+            active: true,
+            ready: true,
+            published_at: Some(Instant::now()),
+            stale_after: Some(Duration::from_secs(1)),
+            ..Snapshot::default()
+        };
+        assert_eq!(ready_answer(fresh.clone()).0, 200);
+        let old = Instant::now().checked_sub(Duration::from_secs(5)).unwrap();
+        let stale = Snapshot {
+            published_at: Some(old),
+            ..fresh.clone()
+        };
+        let (status, body) = ready_answer(stale);
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("has not turned"), "{body}");
+        // A node without peers publishes only when something moves: an
+        // idle one is not stale.
+        let idle = Snapshot {
+            clustered: false,
+            published_at: Some(old),
+            stale_after: None,
+            ..fresh
+        };
+        assert_eq!(ready_answer(idle).0, 200);
+    }
 }

@@ -102,6 +102,9 @@ pub struct Node {
     /// Connections to close, for the loop ([`Node::take_doomed`]).
     doomed: Vec<(ConnId, String)>,
     peer_log: LogLimiter,
+    /// Failed accepts (out of descriptors, say), which clients can cause
+    /// at the rate they connect.
+    accept_log: LogLimiter,
     stats: NodeStats,
     /// With `--metrics-listen`: where the counters are published.
     publish: Option<Publish>,
@@ -150,6 +153,7 @@ impl Node {
             peer_only: Vec::new(),
             doomed: Vec::new(),
             peer_log: LogLimiter::default(),
+            accept_log: LogLimiter::default(),
             stats: NodeStats::default(),
             publish: None,
             summary: Summary {
@@ -235,6 +239,13 @@ impl Node {
                 None => active,
             },
             leaving: cluster.is_some_and(|c| c.is_leaving()) || (cluster.is_none() && !active),
+            published_at: Some(std::time::Instant::now()),
+            // A clustered loop turns at least every heartbeat and publishes
+            // every turn (at most every PUBLISH_EVERY_MS): silence past two
+            // peer timeouts means it stopped, and its peers took over.
+            stale_after: cluster.map(|c| {
+                std::time::Duration::from_millis(2 * c.handshake_timeout_ms() + PUBLISH_EVERY_MS)
+            }),
             highest_token: engine.highest_token(),
             locks: engine.lock_count() as u64,
             waiters: engine.waiter_count() as u64,
@@ -283,6 +294,16 @@ impl Node {
         s.refused = self.stats.conns_refused;
         s.refused_requests = self.stats.requests_refused;
         s.errors = self.stats.protocol_errors;
+    }
+
+    /// The loop failed to accept a connection (out of descriptors or
+    /// memory): logged, rate-limited, since every client that connects
+    /// meanwhile fails the same way.
+    #[cold]
+    pub fn accept_failed(&mut self, now: Now, error: &std::io::Error) {
+        self.accept_log.log(now, "failed accepts", || {
+            format!("accept: {error} (connections wait in the listen backlog; see ulimit -n and --max-conns)")
+        });
     }
 
     /// A line that broke the protocol: counted (and summed up in the log).
@@ -455,6 +476,9 @@ impl Node {
         // A flood that stopped still gets its count logged.
         if self.peer_log.suppressed > 0 {
             self.peer_log.roll(now, "peer link errors");
+        }
+        if self.accept_log.suppressed > 0 {
+            self.accept_log.roll(now, "failed accepts");
         }
         if now.ms >= self.summary.since_ms + SUMMARY_EVERY_MS {
             self.summarize(now);

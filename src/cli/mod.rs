@@ -764,6 +764,10 @@ fn verdict(nodes: &[(String, Option<NodeStatus>)]) -> (u8, String) {
     }
 }
 
+/// The longest a whole `ringlock locks` listing may take (each request has
+/// `--timeout` besides).
+const LISTING_DEADLINE: Duration = Duration::from_secs(60);
+
 async fn locks(args: LocksArgs) -> u8 {
     let prefix = args.prefix.as_bytes();
     if !prefix.is_empty()
@@ -789,6 +793,7 @@ async fn locks(args: LocksArgs) -> u8 {
     ]];
     let mut cursor = 0;
     let mut shown = 0u64;
+    let started = std::time::Instant::now();
     let more = loop {
         let page = args
             .page
@@ -819,6 +824,19 @@ async fn locks(args: LocksArgs) -> u8 {
         }
         if next == 0 {
             break false;
+        }
+        // Cursors only grow (docs/protocol.md), and the whole listing has a
+        // deadline: a server that never ends a listing cannot keep this
+        // command running.
+        if next <= cursor {
+            return fail(&Error::Protocol(format!(
+                "{addr} answered L {cursor} with cursor {next}, which does not move on"
+            )));
+        }
+        if started.elapsed() > LISTING_DEADLINE {
+            return fail(&Error::Connection(format!(
+                "{addr}: the listing took longer than {LISTING_DEADLINE:?}"
+            )));
         }
         cursor = next;
     };

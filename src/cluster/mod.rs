@@ -564,8 +564,13 @@ impl Cluster {
     /// again.
     pub fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
         let mut touched = None;
+        // Only the close of an authenticated link is news: our dial to a
+        // peer's address may meet anything listening there (the peer is
+        // down and something else has its port), at every retry.
+        let mut authed = false;
         if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
             let p = &mut self.peers[i];
+            authed = p.out_authed;
             p.out = None;
             p.out_authed = false;
             p.snapshot_sent = false;
@@ -577,6 +582,7 @@ impl Cluster {
             let (_, peer) = self.links_in.swap_remove(i);
             self.peers[peer].links_in -= 1;
             touched = Some(peer);
+            authed = true;
         }
         // Dead at once only when every link, both ways, is gone (a crashed
         // process's sockets all close); one broken link is not a crash, and
@@ -586,7 +592,7 @@ impl Cluster {
         if let Some(k) = given_up {
             self.given_up.swap_remove(k);
         }
-        if let Some(i) = touched {
+        if let Some(i) = touched.filter(|_| authed) {
             let why = if given_up.is_some() {
                 "the peer gave it up"
             } else {

@@ -53,8 +53,26 @@ pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
 /// the loop for long (well under a millisecond).
 pub const LIST_SCAN: usize = 65_536;
 
-/// The waiters `L` counts on one lock, at most (the count is a walk of the
-/// queue): a lock with more is listed with this many.
+/// Table slots the `L` requests of one loop turn look at together, beyond
+/// [`LIST_MIN_SCAN`] each: the first request of a turn may look at a whole
+/// [`LIST_SCAN`], later ones at what is left. Many `L` requests pipelined
+/// in one read (thousands fit in 64 KiB) would otherwise each scan
+/// [`LIST_SCAN`] slots and hold the loop for seconds.
+pub const LIST_TURN_SCAN: usize = LIST_SCAN;
+
+/// Table slots an `L` request looks at even when its turn's
+/// [`LIST_TURN_SCAN`] is spent: every request moves its cursor on, at the
+/// cost of a few short requests.
+pub const LIST_MIN_SCAN: usize = 64;
+
+/// The bytes of lock lines after which an `L` answer stops (its cursor
+/// says where to go on): a connection is no longer read past 64 KiB of
+/// unsent answers, and one `L` answer of 1000 long keys (about 290 KB)
+/// would otherwise go far past that.
+pub const LIST_ANSWER_BYTES: usize = 16 * 1024;
+
+/// The waiters `L` reports on one lock, at most: a lock with more is listed
+/// with this many (the count is kept, not walked).
 pub const LIST_WAITERS_CAP: u64 = 65_536;
 
 /// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
@@ -212,6 +230,9 @@ pub struct Engine {
     replication: Option<ReplicationLog>,
     /// Counters, bumped inline ([`stats`]).
     stats: EngineStats,
+    /// Table slots `L` requests may still look at in this loop turn
+    /// ([`LIST_TURN_SCAN`]); renewed by [`Engine::tick`].
+    list_budget: usize,
 }
 
 impl Engine {
@@ -241,6 +262,7 @@ impl Engine {
             problem: None,
             replication: None,
             stats: EngineStats::default(),
+            list_budget: LIST_TURN_SCAN,
         }
     }
 
@@ -369,6 +391,7 @@ impl Engine {
 
     /// Ends the leases and waits that ran out by `now`.
     pub fn tick(&mut self, now: Now) {
+        self.list_budget = LIST_TURN_SCAN;
         while let Some(timer) = self.wheel.poll(now.ms) {
             match timer {
                 Timer::Lease(lock) => {
@@ -468,18 +491,24 @@ impl Engine {
         emit(&mut self.conns, &mut self.dirty, conn, answer);
     }
 
-    /// `L`: up to `limit` locks whose key starts with `prefix`, from table
-    /// slot `cursor` on, looking at no more than [`LIST_SCAN`] slots; then
-    /// `L <next cursor>` (0: the end). Rare (an operator's request) and
-    /// bounded, so one request never holds the loop long.
+    /// `L`: up to `limit` locks whose key starts with `prefix`, about
+    /// [`LIST_ANSWER_BYTES`] of them at most, from table
+    /// slot `cursor` on, looking at no more than [`LIST_SCAN`] slots (less
+    /// once this turn's [`LIST_TURN_SCAN`] is spent, down to
+    /// [`LIST_MIN_SCAN`]); then `L <next cursor>` (0: the end). Rare (an
+    /// operator's request) and bounded, so requests never hold the loop
+    /// long however many arrive at once.
     #[cold]
     #[inline(never)]
     fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8]) {
         let bound = self.table.slot_bound();
         let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
-        let end = start.saturating_add(LIST_SCAN).min(bound);
+        let scan = self.list_budget.clamp(LIST_MIN_SCAN, LIST_SCAN);
+        let end = start.saturating_add(scan).min(bound);
+        self.list_budget = self.list_budget.saturating_sub(end - start);
         let mut listed = 0;
         let mut next = end;
+        let out_start = self.conns[conn as usize].out.len();
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {
                 continue;
@@ -487,7 +516,8 @@ impl Engine {
             if !lock.key().starts_with(prefix) {
                 continue;
             }
-            if listed == limit {
+            let written = self.conns[conn as usize].out.len() - out_start;
+            if listed == limit || written >= LIST_ANSWER_BYTES {
                 next = i;
                 break;
             }

@@ -147,6 +147,8 @@ pub struct Lock {
     tail: u32,
     /// Timed-out waiters of this key whose `T` is held back.
     held_back: u32,
+    /// Waiters in the FIFO (`head` to `tail`), so that `L` need not walk it.
+    queued: u32,
 }
 
 impl Lock {
@@ -212,6 +214,11 @@ pub struct Table {
     locks: Slab<Lock>,
     waiters: Slab<Waiter>,
     conns: Vec<ConnList>,
+    /// One past the highest slot a lock has had since the table was last
+    /// empty: the bound of [`Table::lock_at`]'s indices. Kept here because
+    /// the slab can only find its highest live slot by walking back over
+    /// every freed one.
+    slot_bound: usize,
 }
 
 impl Default for Table {
@@ -245,6 +252,7 @@ impl Table {
             locks: Slab::with_capacity(reservable::<Lock>(locks)),
             waiters: Slab::with_capacity(reservable::<Waiter>(RESERVED_WAITERS)),
             conns: Vec::new(),
+            slot_bound: 0,
         }
     }
 
@@ -306,7 +314,9 @@ impl Table {
             head: NIL,
             tail: NIL,
             held_back: 0,
+            queued: 0,
         });
+        self.slot_bound = self.slot_bound.max(i + 1);
         // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
         let i = u32::try_from(i).expect("lock table over u32::MAX entries");
         let locks = &self.locks;
@@ -339,6 +349,9 @@ impl Table {
             Err(_) => unreachable!("live lock {lock} missing from the index"),
         }
         self.locks.remove(lock as usize);
+        if self.locks.is_empty() {
+            self.slot_bound = 0;
+        }
         true
     }
 
@@ -347,10 +360,11 @@ impl Table {
         self.locks.iter().map(|(_, lock)| lock)
     }
 
-    /// One past the highest slot a live lock has (0: none): the bound of
-    /// [`Table::lock_at`]'s indices.
+    /// One past the highest slot a lock has had since the table was last
+    /// empty (0: empty): the bound of [`Table::lock_at`]'s indices. O(1):
+    /// slots above the highest live one may be free, which a listing skips.
     pub fn slot_bound(&self) -> usize {
-        self.locks.iter().next_back().map_or(0, |(i, _)| i + 1)
+        self.slot_bound
     }
 
     /// The live lock in slot `i`, if any (for listing the table a page at
@@ -359,16 +373,9 @@ impl Table {
         self.locks.get(i)
     }
 
-    /// How many acquires wait in the queue of the lock in slot `i`,
-    /// counted up to `cap`.
+    /// How many acquires wait in the queue of `lock`, up to `cap`. O(1).
     pub fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
-        let mut n = 0;
-        let mut w = lock.head;
-        while w != NIL && n < cap {
-            n += 1;
-            w = self.waiters[w as usize].q_next;
-        }
-        n
+        u64::from(lock.queued).min(cap)
     }
 
     /// The indices of every live lock.
@@ -449,7 +456,9 @@ impl Table {
             NIL => self.locks[lock as usize].head = w,
             tail => self.waiters[tail as usize].q_next = w,
         }
-        self.locks[lock as usize].tail = w;
+        let l = &mut self.locks[lock as usize];
+        l.tail = w;
+        l.queued += 1;
         match list.tail {
             NIL => self.conns[conn as usize].head = w,
             tail => self.waiters[tail as usize].c_next = w,
@@ -480,7 +489,9 @@ impl Table {
             NIL => self.locks[lock as usize].tail = prev,
             n => self.waiters[n as usize].q_prev = prev,
         }
-        self.locks[lock as usize].held_back += 1;
+        let l = &mut self.locks[lock as usize];
+        l.held_back += 1;
+        l.queued -= 1;
     }
 
     /// Forgets an answered (or withdrawn) waiter: out of its lock's FIFO if
@@ -504,6 +515,17 @@ impl Table {
         w
     }
 
+    /// The length of `lock`'s FIFO, walked (for [`Table::check_invariants`]).
+    fn queue_walk(&self, lock: &Lock) -> usize {
+        let mut n = 0;
+        let mut w = lock.head;
+        while w != NIL {
+            n += 1;
+            w = self.waiters[w as usize].q_next;
+        }
+        n
+    }
+
     /// Checks every list against the slabs. For tests: O(size of the table).
     pub fn check_invariants(&self) {
         let mut queued = 0;
@@ -524,6 +546,7 @@ impl Table {
                 w = waiter.q_next;
             }
             assert_eq!(lock.tail, prev);
+            assert_eq!(lock.queued as usize, self.queue_walk(lock));
             held_back += lock.held_back as usize;
         }
         let mut listed = 0;

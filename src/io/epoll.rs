@@ -84,6 +84,7 @@ pub fn run(
         handshakes: LingerQueue::default(),
         max_conns: config.max_conns,
         tls: config.tls.clone(),
+        accept_retry_at: None,
     };
     let mut events = Events::with_capacity(1024);
     let mut shutting_down_until: Option<u64> = None;
@@ -160,6 +161,12 @@ pub fn run(
                 }
             }
         }
+        if state.accept_retry_at.is_some_and(|at| now.ms >= at) {
+            state.accept_retry_at = None;
+            if let Some(l) = &listener {
+                state.accept(l, &poll, &mut node, now)?;
+            }
+        }
         state.read_ready(&mut node, now);
         state.flush(&mut node, now);
         state.expire_lingering(now.ms);
@@ -192,6 +199,9 @@ struct Loop {
     handshakes: LingerQueue,
     max_conns: usize,
     tls: Option<LoopTls>,
+    /// When to try accepting again after an accept failed
+    /// ([`super::ACCEPT_RETRY_MS`]).
+    accept_retry_at: Option<u64>,
 }
 
 impl Loop {
@@ -207,6 +217,7 @@ impl Loop {
             .chain(self.lingering.next_deadline())
             .chain(self.handshakes.next_deadline())
             .chain(shutdown)
+            .chain(self.accept_retry_at)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
     }
@@ -226,7 +237,8 @@ impl Loop {
                 Err(e) => {
                     // Out of descriptors or memory: leave the backlog for
                     // later rather than stop serving everyone.
-                    tracing::warn!("accept: {e}");
+                    node.accept_failed(now, &e);
+                    self.accept_retry_at = Some(now.ms + super::ACCEPT_RETRY_MS);
                     return Ok(());
                 }
             };

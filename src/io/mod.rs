@@ -107,6 +107,12 @@ pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
 /// answers and close its side before the socket is closed anyway.
 pub const LINGER_MS: u64 = 2_000;
 
+/// After an accept failed (out of descriptors, say), how long until the
+/// loop tries again. At once, it would fail again at once for as long as a
+/// connection waits in the backlog (a spin); not at all, connections that
+/// wait there would wait until another one arrives (epoll's edges).
+pub const ACCEPT_RETRY_MS: u64 = 50;
+
 /// Dials peers on a thread of its own, so that a slow or unreachable peer
 /// never blocks the loop. The loop asks with [`Dialer::dial`]; each result
 /// comes back through [`Dialer::results`] with a byte on [`Dialer::wake`],

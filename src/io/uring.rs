@@ -232,6 +232,9 @@ struct Uring {
     handshakes: LingerQueue,
     tls: Option<LoopTls>,
     shutdown_until: Option<u64>,
+    /// When to arm the accept again after it failed
+    /// ([`super::ACCEPT_RETRY_MS`]).
+    accept_retry_at: Option<u64>,
 }
 
 /// Runs the io_uring loop until SIGINT/SIGTERM (a byte on `signals`);
@@ -264,6 +267,7 @@ pub fn run(
         handshakes: LingerQueue::default(),
         tls: config.tls.clone(),
         shutdown_until: None,
+        accept_retry_at: None,
     };
     lp.arm_accept();
     lp.arm_signal();
@@ -385,6 +389,7 @@ impl Uring {
             .chain(self.lingering.next_deadline())
             .chain(self.handshakes.next_deadline())
             .chain(self.shutdown_until)
+            .chain(self.accept_retry_at)
             .min()
             .map(|deadline| deadline.saturating_sub(now_ms))
     }
@@ -558,14 +563,19 @@ impl Uring {
     }
 
     fn accepted(&mut self, node: &mut Node, now: Now, res: i32, flags: u32) {
+        let failed = res < 0 && res != -libc::ECANCELED;
         if !cqueue::more(flags) && self.shutdown_until.is_none() {
-            self.arm_accept();
+            if failed {
+                // Out of descriptors or memory: the connection stays in the
+                // backlog and an accept armed now would fail again at once.
+                self.accept_retry_at = Some(now.ms + super::ACCEPT_RETRY_MS);
+            } else {
+                self.arm_accept();
+            }
         }
         if res < 0 {
-            // Out of descriptors or memory: this connection is lost, the
-            // others go on.
-            if res != -libc::ECANCELED {
-                tracing::warn!("accept: {}", io::Error::from_raw_os_error(-res));
+            if failed {
+                node.accept_failed(now, &io::Error::from_raw_os_error(-res));
             }
             return;
         }
@@ -737,6 +747,12 @@ impl Uring {
     /// flight.
     fn after_turn(&mut self, node: &mut Node, now: Now) {
         let now_ms = now.ms;
+        if self.accept_retry_at.is_some_and(|at| now_ms >= at) {
+            self.accept_retry_at = None;
+            if self.shutdown_until.is_none() {
+                self.arm_accept();
+            }
+        }
         while let Some((_, id)) = self.lingering.pop_due(now_ms) {
             // A stale entry (slot reused) is harmless: the lifecycle only
             // acts on its own deadline.
