@@ -729,3 +729,50 @@ fn the_systemd_unit_verifies() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.trim().is_empty(), "{err}");
 }
+
+/// What can be checked of deploy/Dockerfile without a Docker daemon: it
+/// installs the binary where the systemd unit and docs/operations.md
+/// expect it, runs as the uid that compose.yaml and the docs tell the
+/// operator to give the cluster secret to, and its build context
+/// (deploy/Dockerfile.dockerignore) leaves out target/ and the secret.
+#[test]
+fn the_dockerfile_agrees_with_the_unit_compose_and_docs() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
+    let docker = read("deploy/Dockerfile");
+    let lines: Vec<&str> = docker.lines().filter(|l| !l.starts_with('#')).collect();
+    let has = |l: &str| lines.contains(&l);
+    let bin = "/usr/local/bin/ringlock";
+    for line in [
+        "RUN cargo build --release --locked --bin ringlock \\",
+        "COPY --from=build /out/ringlock /usr/local/bin/ringlock",
+        "FROM gcr.io/distroless/cc-debian12:nonroot",
+        "USER 65532:65532",
+        "STOPSIGNAL SIGTERM",
+        "EXPOSE 7171 9171",
+        "ENTRYPOINT [\"/usr/local/bin/ringlock\"]",
+        "CMD [\"serve\", \"--listen\", \"0.0.0.0:7171\", \"--metrics-listen\", \"0.0.0.0:9171\"]",
+    ] {
+        assert!(has(line), "no {line:?} in deploy/Dockerfile");
+    }
+    assert!(std::path::Path::new(&format!("{root}/Cargo.lock")).exists());
+    assert!(
+        read("deploy/ringlock.service")
+            .lines()
+            .any(|l| l.starts_with(&format!("ExecStart={bin} serve"))),
+        "the unit runs another binary"
+    );
+    let ops = read("docs/operations.md");
+    assert!(ops.contains(&format!("`{bin}`")), "docs: {bin}");
+    let chown = "chown 65532:65532 deploy/cluster.secret";
+    assert!(
+        read("deploy/compose.yaml").contains(chown),
+        "compose: {chown}"
+    );
+    assert!(ops.contains(chown), "docs: {chown}");
+    let ignore = read("deploy/Dockerfile.dockerignore");
+    let ignored: Vec<&str> = ignore.lines().filter(|l| !l.starts_with('#')).collect();
+    for path in ["target", ".git", "deploy/cluster.secret"] {
+        assert!(ignored.contains(&path), "{path} in the build context");
+    }
+}
