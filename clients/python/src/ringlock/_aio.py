@@ -421,6 +421,7 @@ class _Slot:
         self.live: Optional[_Conn] = None
         self.last_error: Optional[str] = None
         self.failures = 0
+        self.dialing_since: Optional[float] = None
         self.task: "Optional[asyncio.Task[None]]" = None
 
 
@@ -612,15 +613,19 @@ class AsyncClient:
         t = self.timeouts
         while not self._closed:
             dialed_at = _now()
+            slot.dialing_since = dialed_at
             try:
                 conn = await self._dial(slot.addr)
             except _End as e:
+                slot.dialing_since = None
                 slot.last_error = e.why
                 slot.failures += 1
             except Exception as e:  # never let the slot's task die
+                slot.dialing_since = None
                 slot.last_error = f"connect to {slot.addr}: {e!r}"
                 slot.failures += 1
             else:
+                slot.dialing_since = None
                 slot.live = conn
                 self._bump()
                 try:
@@ -737,7 +742,15 @@ class AsyncClient:
     def _why_no_connection(self) -> str:
         errors: List[str] = []
         for s in self._slots:
-            why = s.last_error or f"{s.addr}: not connected yet"
+            why = s.last_error
+            if why is None and s.dialing_since is not None:
+                # The first dial, under way: say for how long.
+                what = "TCP connection and TLS handshake" if self.tls is not None else "TCP connection"
+                why = f"connect to {s.addr}: {what} not finished after {_now() - s.dialing_since:.1f}s"
+                if self.tls is not None:
+                    why += " (a stalled node, or a port that does not speak TLS?)"
+            if why is None:
+                why = f"{s.addr}: not connected yet"
             if why not in errors:
                 errors.append(why)
         return f"no live connection ({'; '.join(errors)})"
