@@ -260,6 +260,10 @@ def test_configuration_errors(pki: Pki, tmp_path: Path):
         TlsConfig(str(tmp_path / "missing.pem"))
     with pytest.raises(InvalidArgument, match="do not make a usable client certificate"):
         TlsConfig(pki.node_ca.pem, pki.client_cert, pki.node_key)  # someone else's key
+    encrypted = str(tmp_path / "encrypted.key")
+    _openssl("ec", "-in", pki.client_key, "-out", encrypted, "-aes256", "-passout", "pass:secret", cwd=tmp_path)
+    with pytest.raises(InvalidArgument, match="is encrypted"):
+        TlsConfig(pki.node_ca.pem, pki.client_cert, encrypted)
     with pytest.raises(InvalidArgument, match="must verify"):
         Client("127.0.0.1:1", tls=ssl._create_unverified_context())
     with pytest.raises(InvalidArgument, match="TlsConfig or an ssl.SSLContext"):

@@ -64,7 +64,10 @@ class TlsConfig:
             raise InvalidArgument(f"TLS: {self.ca} holds no PEM CA certificate")
         if self.cert is not None:
             try:
-                ctx.load_cert_chain(self.cert, self.key)
+                # No password: OpenSSL would otherwise ask on the terminal.
+                ctx.load_cert_chain(self.cert, self.key, password=_no_password)
+            except _EncryptedKey:
+                raise InvalidArgument(f"TLS: the private key {self.key} is encrypted: give an unencrypted key (mode 600)") from None
             except (OSError, ssl.SSLError, ValueError) as e:
                 raise InvalidArgument(f"TLS: {self.cert} and {self.key} do not make a usable client certificate: {e}") from None
         self._context = ctx
@@ -121,6 +124,14 @@ class TlsConfig:
         if self.ca is None:
             return f"TlsConfig.from_context(..., server_name={self.server_name!r})"
         return f"TlsConfig(ca={self.ca!r}, cert={self.cert!r}, key={self.key!r}, server_name={self.server_name!r})"
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_password() -> str:
+    raise _EncryptedKey()
 
 
 def _check_name(name: Optional[str]) -> Optional[str]:
