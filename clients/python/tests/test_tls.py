@@ -54,6 +54,8 @@ class Ca:
         _openssl(
             "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", self.key, "-out", self.pem, "-days", "2", "-subj", f"/CN=ringlock test {name}",
+            # Key usage: Python 3.13's create_default_context() wants it.
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
             cwd=dir,
         )  # fmt: skip
 
