@@ -189,6 +189,9 @@ class Cluster:
     """``n`` nodes with the same ``--peers`` list (node 0 first: highest
     priority) on a loopback address of their own."""
 
+    #: What node_status() is given to reach the nodes (a TLS cluster's).
+    tls: object = None
+
     def __init__(self, binary: str, n: int, secret: str) -> None:
         self.binary = binary
         ip = loopback_ip()
@@ -218,14 +221,14 @@ class Cluster:
 
     def role(self, i: int) -> Optional[str]:
         try:
-            st = node_status(self.addrs[i], 0.5)
+            st = node_status(self.addrs[i], 0.5, tls=self.tls)
         except Exception:
             return None
         return st.role if st.role == "standby" else f"active:{st.active}"
 
     def node_status_token(self, i: int) -> int:
         try:
-            return node_status(self.addrs[i], 0.5).token
+            return node_status(self.addrs[i], 0.5, tls=self.tls).token
         except Exception:
             return -1
 
@@ -233,7 +236,7 @@ class Cluster:
         alive = list(range(len(self.addrs))) if alive is None else alive
         for i in alive:
             try:
-                st = node_status(self.addrs[i], 0.5)
+                st = node_status(self.addrs[i], 0.5, tls=self.tls)
             except Exception:
                 return False
             if st.active != self.addrs[active]:

@@ -14,6 +14,9 @@ asyncio::
         async with client.lock("nightly-report", lease=30, wait=10) as lock:
             await write_report(fence=lock.token)
 
+TLS: ``Client(addrs, tls=TlsConfig(ca="node-ca.pem"))`` (or
+``tls=TlsConfig.from_env()``).
+
 See docs/python.md in the ringlock repository.
 """
 
@@ -21,6 +24,7 @@ from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, NodeStatus, Timeout
 from ._aio import node_problem as async_node_problem
 from ._aio import node_status as async_node_status
 from ._sync import Client, Lock, node_problem, node_status
+from ._tls import TlsConfig
 from .errors import (
     ConnectionFailed,
     InvalidArgument,
@@ -42,6 +46,7 @@ __all__ = [
     "NodeStatus",
     "AddrStatus",
     "Timeouts",
+    "TlsConfig",
     "node_status",
     "node_problem",
     "async_node_status",

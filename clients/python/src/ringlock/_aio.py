@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import ssl
 import time
 import weakref
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import (
 
 from . import _proto
 from ._proto import Answer, Key, MalformedAnswer, Seconds
+from ._tls import TlsConfig, explain as _explain_tls, tls_config as _tls_config
 from .errors import (
     ConnectionFailed,
     InvalidArgument,
@@ -336,7 +338,7 @@ class _Conn:
             except asyncio.LimitOverrunError:
                 return _End(f"answer line from {self.addr} longer than {_proto.MAX_ANSWER_LINE} bytes", True)
             except (OSError, EOFError) as e:
-                return _End(f"read from {self.addr}: {e}", False)
+                return _End(f"read from {self.addr}: {_explain_tls(e) or e}", False)
             try:
                 self.dispatch(line[:-1])
             except _End as end:
@@ -419,6 +421,7 @@ class _Slot:
         self.live: Optional[_Conn] = None
         self.last_error: Optional[str] = None
         self.failures = 0
+        self.dialing_since: Optional[float] = None
         self.task: "Optional[asyncio.Task[None]]" = None
 
 
@@ -482,6 +485,9 @@ class AsyncClient:
     comma-separated string), spelled as the nodes spell it. Use it as
     ``async with AsyncClient(addrs) as client:`` or ``client = await
     AsyncClient(addrs).connect()`` ... ``await client.close()``.
+
+    ``tls``: a TlsConfig (or an ``ssl.SSLContext``) for nodes that speak TLS;
+    None (the default): plain text.
     """
 
     def __init__(
@@ -498,8 +504,10 @@ class AsyncClient:
         redial_interval: float = 3.0,
         no_active_timeout: float = 10.0,
         max_waiting_acquires: int = 4096,
+        tls: "Union[TlsConfig, ssl.SSLContext, None]" = None,
     ) -> None:
         self._addrs = _split_addrs(addrs)
+        self.tls = _tls_config(tls)
         self.timeouts = Timeouts(
             connect_timeout=connect_timeout,
             probe_interval=probe_interval,
@@ -605,15 +613,19 @@ class AsyncClient:
         t = self.timeouts
         while not self._closed:
             dialed_at = _now()
+            slot.dialing_since = dialed_at
             try:
                 conn = await self._dial(slot.addr)
             except _End as e:
+                slot.dialing_since = None
                 slot.last_error = e.why
                 slot.failures += 1
             except Exception as e:  # never let the slot's task die
+                slot.dialing_since = None
                 slot.last_error = f"connect to {slot.addr}: {e!r}"
                 slot.failures += 1
             else:
+                slot.dialing_since = None
                 slot.live = conn
                 self._bump()
                 try:
@@ -631,15 +643,12 @@ class AsyncClient:
         probe timeout: a node that accepts connections but is hung never
         gets a request."""
         t = self.timeouts
-        host, port = _proto.split_addr(addr)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=_proto.MAX_ANSWER_LINE), t.connect_timeout
-            )
+            reader, writer = await asyncio.wait_for(_open(addr, _proto.MAX_ANSWER_LINE, self.tls, t.connect_timeout), t.connect_timeout)
         except asyncio.TimeoutError:
-            raise _End(f"connect to {addr}: timed out after {t.connect_timeout:g}s", False) from None
+            raise _End(f"connect to {addr}: {_timed_out(self.tls, t.connect_timeout)}", False) from None
         except (OSError, ValueError, UnicodeError) as e:
-            raise _End(f"connect to {addr}: {e}", False) from None
+            raise _End(f"connect to {addr}: {_explain_tls(e) or e}", False) from None
         try:
             writer.write(b"S\n")
             line = await asyncio.wait_for(reader.readuntil(b"\n"), t.probe_timeout)
@@ -649,6 +658,10 @@ class AsyncClient:
             raise _End(f"{addr} accepted the connection but did not answer S within {t.probe_timeout:g}s (hung?)", False) from None
         except (OSError, EOFError, asyncio.LimitOverrunError, MalformedAnswer) as e:
             writer.close()
+            # With TLS 1.3 a refused client certificate shows at the first read.
+            why = _explain_tls(e)
+            if why is not None:
+                raise _End(f"read from {addr}: {why}", False) from None
             raise _End(f"{addr} did not answer S properly: {e}", False) from None
         except BaseException:
             writer.close()
@@ -729,7 +742,15 @@ class AsyncClient:
     def _why_no_connection(self) -> str:
         errors: List[str] = []
         for s in self._slots:
-            why = s.last_error or f"{s.addr}: not connected yet"
+            why = s.last_error
+            if why is None and s.dialing_since is not None:
+                # The first dial, under way: say for how long.
+                what = "TCP connection and TLS handshake" if self.tls is not None else "TCP connection"
+                why = f"connect to {s.addr}: {what} not finished after {_now() - s.dialing_since:.1f}s"
+                if self.tls is not None:
+                    why += " (a stalled node, or a port that does not speak TLS?)"
+            if why is None:
+                why = f"{s.addr}: not connected yet"
             if why not in errors:
                 errors.append(why)
         return f"no live connection ({'; '.join(errors)})"
@@ -1021,7 +1042,7 @@ class AsyncClient:
                 return NodeStatus(reply.key.decode(), reply.addr, int(reply.value))  # type: ignore[call-overload]
             if isinstance(reply, _Broken):
                 raise ProtocolError(reply.why)
-        return await node_status(addr, self.timeouts.connect_timeout)
+        return await node_status(addr, self.timeouts.connect_timeout, tls=self.tls)
 
     async def sync(self) -> None:
         """A barrier: ``S`` on every live connection. When it returns, every
@@ -1302,14 +1323,39 @@ async def _renew_loop(client: AsyncClient, state: _LockState) -> None:
         raise
 
 
-async def _one_off(addr: str, request: bytes, limit: int, timeout: float) -> bytes:
+def _timed_out(tls: Optional[TlsConfig], timeout: float) -> str:
+    if tls is None:
+        return f"timed out after {timeout:g}s"
+    return f"no TCP connection and TLS handshake within {timeout:g}s (a stalled node, or a port that does not speak TLS?)"
+
+
+async def _open(addr: str, limit: int, tls: Optional[TlsConfig], timeout: float) -> "tuple[asyncio.StreamReader, asyncio.StreamWriter]":
+    """Dials ``addr``, with the TLS handshake if ``tls`` (the caller bounds
+    the whole; the handshake has ``timeout`` too)."""
     host, port = _proto.split_addr(addr)
+    if tls is None:
+        return await asyncio.open_connection(host, port, limit=limit)
+    return await asyncio.open_connection(
+        host,
+        port,
+        limit=limit,
+        ssl=tls.context,
+        server_hostname=tls.name_for(host),
+        ssl_handshake_timeout=timeout,
+    )
+
+
+async def _one_off(addr: str, request: bytes, limit: int, timeout: float, tls: Optional[TlsConfig]) -> bytes:
+    _proto.split_addr(addr)
+    connected = False
 
     async def exchange() -> bytes:
+        nonlocal connected
         try:
-            reader, writer = await asyncio.open_connection(host, port, limit=limit)
+            reader, writer = await _open(addr, limit, tls, timeout)
         except (OSError, ValueError, UnicodeError) as e:
-            raise ConnectionFailed(f"connect to {addr}: {e}") from None
+            raise ConnectionFailed(f"connect to {addr}: {_explain_tls(e) or e}") from None
+        connected = True
         try:
             writer.write(request)
             line = await reader.readuntil(b"\n")
@@ -1319,20 +1365,22 @@ async def _one_off(addr: str, request: bytes, limit: int, timeout: float) -> byt
         except asyncio.LimitOverrunError:
             raise ProtocolError(f"answer line from {addr} longer than {limit} bytes") from None
         except OSError as e:
-            raise ConnectionFailed(f"read from {addr}: {e}") from None
+            raise ConnectionFailed(f"read from {addr}: {_explain_tls(e) or e}") from None
         finally:
             writer.close()
 
     try:
         return await asyncio.wait_for(exchange(), timeout)
     except asyncio.TimeoutError:
+        if not connected and tls is not None:
+            raise ConnectionFailed(f"connect to {addr}: {_timed_out(tls, timeout)}") from None
         raise ConnectionFailed(f"{addr}: no answer within {timeout:g}s") from None
 
 
-async def node_status(addr: str, timeout: float = 3.0) -> NodeStatus:
+async def node_status(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> NodeStatus:
     """Asks one node for its status on a one-off connection (``timeout`` for
-    the whole exchange)."""
-    line = await _one_off(addr, b"S\n", _proto.MAX_ANSWER_LINE, timeout)
+    the whole exchange, TLS handshake included; ``tls`` as for AsyncClient)."""
+    line = await _one_off(addr, b"S\n", _proto.MAX_ANSWER_LINE, timeout, _tls_config(tls))
     try:
         ans = _proto.parse_answer(line)
     except MalformedAnswer as e:
@@ -1344,10 +1392,11 @@ async def node_status(addr: str, timeout: float = 3.0) -> NodeStatus:
     raise ProtocolError(f"{addr} answered S with {line[:200]!r}")
 
 
-async def node_problem(addr: str, timeout: float = 3.0) -> Optional[str]:
+async def node_problem(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> Optional[str]:
     """Asks one node whether it knows of a problem in its cluster (``H``), on
-    a one-off connection: None when it knows of none (or predates ``H``)."""
-    line = await _one_off(addr, b"H\n", _proto.MAX_HEALTH_LINE, timeout)
+    a one-off connection: None when it knows of none (or predates ``H``).
+    ``tls`` as for AsyncClient."""
+    line = await _one_off(addr, b"H\n", _proto.MAX_HEALTH_LINE, timeout, _tls_config(tls))
     try:
         ans = _proto.parse_answer(line)
     except MalformedAnswer as e:

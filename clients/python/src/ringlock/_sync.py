@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ssl
 import threading
 from typing import Any, Callable, Coroutine, Iterable, List, Optional, TypeVar, Union
 
 from . import _proto
 from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, NodeStatus, node_problem as _anode_problem, node_status as _anode_status
 from ._proto import Key, Seconds
+from ._tls import TlsConfig
 from .errors import LockLost, RinglockError
 
 __all__ = ["Client", "Lock", "node_status", "node_problem"]
@@ -79,7 +81,8 @@ class Client:
     ConnectionFailed if no node can be reached within the connect timeout).
     Thread-safe: any number of threads may use one Client at once; their
     requests are pipelined on the shared connections. Keyword arguments are
-    the timeouts of AsyncClient (docs/python.md, "Timeouts").
+    the timeouts of AsyncClient (docs/python.md, "Timeouts") and ``tls``, a
+    TlsConfig (or an ``ssl.SSLContext``) for nodes that speak TLS.
     """
 
     def __init__(self, addrs: Union[str, Iterable[str]], **settings: Any) -> None:
@@ -268,14 +271,16 @@ class Lock:
         return f"<Lock key={self.key.decode('utf-8', 'backslashreplace')!r} token={self.token} lost={self.is_lost()}>"
 
 
-def node_status(addr: str, timeout: float = 3.0) -> NodeStatus:
-    """One node's status (``S``) on a one-off connection."""
+def node_status(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> NodeStatus:
+    """One node's status (``S``) on a one-off connection (``timeout`` for the
+    whole exchange, TLS handshake included; ``tls`` as for Client)."""
     _proto.split_addr(addr)
-    return asyncio.run(_anode_status(addr, timeout))
+    return asyncio.run(_anode_status(addr, timeout, tls=tls))
 
 
-def node_problem(addr: str, timeout: float = 3.0) -> Optional[str]:
-    """One node's problem report (``H``) on a one-off connection; None: none."""
+def node_problem(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> Optional[str]:
+    """One node's problem report (``H``) on a one-off connection; None: none.
+    ``tls`` as for Client."""
     _proto.split_addr(addr)
-    return asyncio.run(_anode_problem(addr, timeout))
+    return asyncio.run(_anode_problem(addr, timeout, tls=tls))
 
