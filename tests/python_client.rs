@@ -54,7 +54,9 @@ fn venv(python: &str) -> PathBuf {
             "python3 -m venv",
         );
         run(
-            Command::new(bin.join("pip")).args([
+            Command::new(bin.join("python")).args([
+                "-m",
+                "pip",
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
@@ -79,8 +81,13 @@ fn python_client_suite() {
     let bin = dir.join("bin");
     let package = root().join("clients/python");
     run(
-        Command::new(bin.join("pip"))
+        // `python -m pip`, not the `pip` script: a script's first line names
+        // the path the environment was made at, so in a copied target/ it
+        // would install into the original's environment.
+        Command::new(bin.join("python"))
             .args([
+                "-m",
+                "pip",
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
