@@ -653,6 +653,58 @@ struct TlsCluster {
 }
 
 impl TlsCluster {
+    /// Three nodes' command lines (not started): TLS peer links checked
+    /// against `peer_ca`, node `i`'s certificate issued by `issuers[i]` for
+    /// the loopback address and "localhost"; the test's clients trust
+    /// `client_trust`.
+    fn new(
+        io: &str,
+        dir: &Path,
+        peer_ca: &Ca,
+        issuers: [&Ca; 3],
+        client_trust: &Path,
+    ) -> TlsCluster {
+        let ip = common::loopback_ip();
+        let addrs = common::free_addrs(ip, 3);
+        let peers = addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let ip_name = ip.to_string();
+        let mut args = Vec::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            let (cert, key) =
+                issuers[i].issue(dir, &format!("node{i}"), &[&ip_name, "localhost"], false);
+            args.push(
+                [
+                    "--listen",
+                    &addr.to_string(),
+                    "--peers",
+                    &peers,
+                    "--io",
+                    io,
+                    "--cluster-secret-file",
+                    common::secret_file(),
+                    "--tls-cert",
+                    s(&cert),
+                    "--tls-key",
+                    s(&key),
+                    "--tls-peer-ca",
+                    s(&peer_ca.pem),
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+        }
+        TlsCluster {
+            addrs,
+            args,
+            nodes: vec![None, None, None],
+            client: client_config(client_trust, None),
+        }
+    }
+
     fn start_node(&mut self, i: usize) {
         let args: Vec<&str> = self.args[i].iter().map(String::as_str).collect();
         self.nodes[i] = Some(Server::start_logged(&args));
@@ -698,47 +750,10 @@ impl TlsCluster {
 fn start_tls_cluster(io: &str) -> (TlsCluster, PathBuf) {
     let dir = scratch(&format!("cluster-{io}"));
     let node_ca = Ca::new(&dir, "node-ca");
-    let ip = common::loopback_ip();
-    let addrs = common::free_addrs(ip, 3);
-    let peers = addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let ip_name = ip.to_string();
-    let mut args = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
-        // Each node's certificate names the address its peers dial, and
-        // "localhost" for the test's clients; the node CA signs it, so it
-        // serves clients and proves the node to its peers.
-        let (cert, key) = node_ca.issue(&dir, &format!("node{i}"), &[&ip_name, "localhost"], false);
-        args.push(
-            [
-                "--listen",
-                &addr.to_string(),
-                "--peers",
-                &peers,
-                "--io",
-                io,
-                "--cluster-secret-file",
-                common::secret_file(),
-                "--tls-cert",
-                s(&cert),
-                "--tls-key",
-                s(&key),
-                "--tls-peer-ca",
-                s(&node_ca.pem),
-            ]
-            .map(String::from)
-            .to_vec(),
-        );
-    }
-    let mut c = TlsCluster {
-        addrs: addrs.clone(),
-        args,
-        nodes: vec![None, None, None],
-        client: client_config(&node_ca.pem, None),
-    };
+    // Each node's certificate names the address its peers dial, and
+    // "localhost" for the test's clients; the node CA signs it, so it
+    // serves clients and proves the node to its peers.
+    let mut c = TlsCluster::new(io, &dir, &node_ca, [&node_ca; 3], &node_ca.pem);
     for i in 0..3 {
         c.start_node(i);
     }
@@ -836,45 +851,8 @@ fn node_with_a_foreign_certificate_does_not_serve(io: &str) {
             + &std::fs::read_to_string(&foreign_ca.pem).unwrap(),
     )
     .unwrap();
-    let ip = common::loopback_ip();
-    let addrs = common::free_addrs(ip, 3);
-    let peers = addrs
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let ip_name = ip.to_string();
-    let mut args = Vec::new();
-    for (i, addr) in addrs.iter().enumerate() {
-        let ca = if i == 2 { &foreign_ca } else { &node_ca };
-        let (cert, key) = ca.issue(&dir, &format!("node{i}"), &[&ip_name, "localhost"], false);
-        args.push(
-            [
-                "--listen",
-                &addr.to_string(),
-                "--peers",
-                &peers,
-                "--io",
-                io,
-                "--cluster-secret-file",
-                common::secret_file(),
-                "--tls-cert",
-                s(&cert),
-                "--tls-key",
-                s(&key),
-                "--tls-peer-ca",
-                s(&node_ca.pem),
-            ]
-            .map(String::from)
-            .to_vec(),
-        );
-    }
-    let mut c = TlsCluster {
-        addrs: addrs.clone(),
-        args,
-        nodes: vec![None, None, None],
-        client: client_config(&both, None),
-    };
+    // Node 2's certificate is signed by another CA.
+    let mut c = TlsCluster::new(io, &dir, &node_ca, [&node_ca, &node_ca, &foreign_ca], &both);
     c.start_node(0);
     c.start_node(1);
     c.wait_settled(0, &[0, 1]);
