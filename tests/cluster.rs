@@ -13,30 +13,13 @@
 //! bounds that are all slack; the deliberate pauses are how long a SIGSTOP
 //! keeps a node stopped, and the CPU window of the start-up test.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{Cluster, Conn, status_of};
 use ringlock_client::{Acquired, Client};
-
-macro_rules! on_both {
-    ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                $scenario("uring")
-            }
-            #[test]
-            fn $epoll() {
-                $scenario("epoll")
-            }
-        )*
-    };
-}
 
 on_both! {
     three_nodes_come_up: three_nodes_come_up_uring, three_nodes_come_up_epoll;

@@ -12,6 +12,7 @@
 //! a read timeout; the nodes run with the default timings spelled out by
 //! `common::Cluster` (heartbeats every 50 ms, a peer dead after 500 ms).
 
+#[macro_use]
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -23,24 +24,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Cluster, Conn, NodeStatus, Server, StderrLog, poll_until, status_of};
 use ringlock::cluster::{auth, wire};
-
-macro_rules! on_both {
-    ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                $scenario("uring")
-            }
-            #[test]
-            fn $epoll() {
-                $scenario("epoll")
-            }
-        )*
-    };
-}
 
 on_both! {
     forged_peer_lines_to_the_active_change_nothing:

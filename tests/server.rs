@@ -7,6 +7,7 @@
 //! checks have a lower bound from the protocol and a generous upper bound
 //! (two cores shared with compilers).
 
+#[macro_use]
 mod common;
 
 use common::{Conn, Server};
@@ -90,24 +91,6 @@ fn grant_from_a_kept_back_release_goes_out_at_once(io: &str) {
 
 // ---------------------------------------------------------------------------
 // Test generation: every scenario under both backends.
-
-macro_rules! on_both {
-    ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                $scenario("uring")
-            }
-            #[test]
-            fn $epoll() {
-                $scenario("epoll")
-            }
-        )*
-    };
-}
 
 /// One test pair per broken request form: `bad_line(io, bytes)`.
 macro_rules! bad_input {

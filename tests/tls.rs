@@ -6,6 +6,7 @@
 //! and handing off. Every certificate is made here (rcgen), none is checked
 //! in.
 
+#[macro_use]
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,24 +18,6 @@ use std::time::{Duration, Instant};
 
 use common::{Server, StderrLog};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-
-macro_rules! on_both {
-    ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                $scenario("uring")
-            }
-            #[test]
-            fn $epoll() {
-                $scenario("epoll")
-            }
-        )*
-    };
-}
 
 on_both! {
     requests_over_tls: requests_over_tls_uring, requests_over_tls_epoll;

@@ -2,7 +2,7 @@
 //! and stops it when dropped.
 // Shared by several test binaries, each using a part of it: `pub` is this
 // module's interface, and what one binary leaves unused is not dead.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_macros)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -18,6 +18,28 @@ pub const BACKENDS: [&str; 2] = ["uring", "epoll"];
 /// ([`ringlock::testing::skip_uring`]).
 pub fn skip(io: &str) -> bool {
     io == "uring" && ringlock::testing::skip_uring()
+}
+
+/// Generates two tests per scenario, `scenario: uring_name, epoll_name;`,
+/// running it under each backend; the io_uring one returns at once where
+/// io_uring cannot run ([`skip`]). Test files take it with `#[macro_use]
+/// mod common;`.
+macro_rules! on_both {
+    ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
+        $(
+            #[test]
+            fn $uring() {
+                if common::skip("uring") {
+                    return;
+                }
+                $scenario("uring")
+            }
+            #[test]
+            fn $epoll() {
+                $scenario("epoll")
+            }
+        )*
+    };
 }
 
 /// A running `ringlock serve` child process.
