@@ -164,6 +164,51 @@ impl Remote {
     }
 }
 
+/// `peer`'s HELLO on connection `conn` (a link it dialed), answered by
+/// `c`'s CHALLENGE: the HELLO and the AUTH MAC that completes it, from
+/// the challenge `c` sent.
+fn hello_and_auth<'a>(
+    peer: &'a Remote,
+    c: &mut Cluster,
+    e: &mut Engine,
+    now: Now,
+    conn: ConnId,
+) -> (PeerMsg<'a>, auth::MacBytes) {
+    let nonce = [9u8; auth::NONCE_LEN];
+    let me = peer.identity(nonce);
+    let hello = PeerMsg::Hello {
+        fingerprint: me.fingerprint,
+        from: peer.index,
+        addr: me.addr,
+        incarnation: 1,
+        nonce,
+    };
+    c.on_message(now, conn, hello, e).unwrap();
+    let challenge = lines_of(e, conn).remove(0);
+    let Ok(PeerMsg::Challenge {
+        fingerprint,
+        index,
+        addr,
+        nonce: n,
+        ..
+    }) = wire::parse(challenge.as_bytes())
+    else {
+        panic!("{challenge}")
+    };
+    let transcript = Transcript {
+        dialer: me,
+        dialer_incarnation: 1,
+        acceptor: Identity {
+            fingerprint,
+            index: index as u64,
+            addr,
+            nonce: n,
+        },
+    };
+    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    (hello, mac)
+}
+
 /// A `HELLO` claiming to be node 0 of the node's own list, with the given
 /// incarnation and a nonce of `nonce_byte`s: what a stranger can send.
 fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'static> {
@@ -310,38 +355,7 @@ fn a_wrong_secret_or_a_replayed_auth_is_refused() {
     let (mut c, mut e) = node(2);
     e.open(5);
     let peer = Remote::new(0);
-    let nonce = [9u8; auth::NONCE_LEN];
-    let me = peer.identity(nonce);
-    let hello = PeerMsg::Hello {
-        fingerprint: me.fingerprint,
-        from: 0,
-        addr: me.addr,
-        incarnation: 1,
-        nonce,
-    };
-    c.on_message(at(1), 5, hello, &mut e).unwrap();
-    let challenge = lines_of(&mut e, 5).remove(0);
-    let Ok(PeerMsg::Challenge {
-        fingerprint,
-        index,
-        addr,
-        nonce: n,
-        ..
-    }) = wire::parse(challenge.as_bytes())
-    else {
-        panic!("{challenge}")
-    };
-    let transcript = Transcript {
-        dialer: me,
-        dialer_incarnation: 1,
-        acceptor: Identity {
-            fingerprint,
-            index: index as u64,
-            addr,
-            nonce: n,
-        },
-    };
-    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    let (hello, mac) = hello_and_auth(&peer, &mut c, &mut e, at(1), 5);
     c.on_message(at(1), 5, PeerMsg::Auth { mac }, &mut e)
         .unwrap();
     e.open(6);
@@ -969,38 +983,7 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     c.tick(at(1), &mut e);
     e.open(5);
     let peer = Remote::new(0);
-    let nonce = [9u8; auth::NONCE_LEN];
-    let me = peer.identity(nonce);
-    let hello = PeerMsg::Hello {
-        fingerprint: me.fingerprint,
-        from: 0,
-        addr: me.addr,
-        incarnation: 1,
-        nonce,
-    };
-    c.on_message(at(1), 5, hello, &mut e).unwrap();
-    let challenge = lines_of(&mut e, 5).remove(0);
-    let Ok(PeerMsg::Challenge {
-        fingerprint,
-        index,
-        addr,
-        nonce: theirs,
-        ..
-    }) = wire::parse(challenge.as_bytes())
-    else {
-        panic!("{challenge}")
-    };
-    let transcript = Transcript {
-        dialer: me,
-        dialer_incarnation: 1,
-        acceptor: Identity {
-            fingerprint,
-            index: index as u64,
-            addr,
-            nonce: theirs,
-        },
-    };
-    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    let (_, mac) = hello_and_auth(&peer, &mut c, &mut e, at(1), 5);
     // The process resumes 3 timeouts later: its first turn ticks, then
     // reads what waited.
     let resumed = at(1 + 3 * TIMEOUT_MS);
