@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 const GEN: &str = env!("CARGO_BIN_EXE_ringlock-bench");
@@ -65,6 +65,24 @@ fn run(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("one JSON result")
+}
+
+/// `ringlock-bench report` over the runs in `runs`, written beside
+/// `prefix` (no plots); returns its markdown.
+fn report(runs: &Path, prefix: &Path) -> String {
+    let out = Command::new(GEN)
+        .args(["report", "--no-plots", "--runs"])
+        .arg(runs)
+        .arg("--out")
+        .arg(prefix)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(prefix.with_extension("md")).unwrap()
 }
 
 fn f(v: &serde_json::Value, path: &[&str]) -> f64 {
@@ -218,20 +236,7 @@ fn load_generator_report_and_compare() {
     let runs_path = dir.join("runs.jsonl");
     let lines: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
     std::fs::write(&runs_path, lines.join("\n") + "\n").unwrap();
-    let prefix: PathBuf = dir.join("result");
-    let out = Command::new(GEN)
-        .args(["report", "--no-plots", "--runs"])
-        .arg(&runs_path)
-        .arg("--out")
-        .arg(&prefix)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("result.md")).unwrap();
+    let md = report(&runs_path, &dir.join("result"));
     assert!(md.contains("## contended"), "{md}");
     assert!(md.contains("ringlock-x"), "{md}");
     assert!(md.contains("generator spinning 100 µs"), "{md}");
@@ -328,19 +333,7 @@ fn grow_mode_and_its_report() {
 
     let runs = dir.join("runs.jsonl");
     std::fs::write(&runs, format!("{r}\n")).unwrap();
-    let out = Command::new(GEN)
-        .args(["report", "--no-plots", "--runs"])
-        .arg(&runs)
-        .arg("--out")
-        .arg(dir.join("result"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let md = std::fs::read_to_string(dir.join("result.md")).unwrap();
+    let md = report(&runs, &dir.join("result"));
     assert!(md.contains("## growth"), "{md}");
     assert!(md.contains("longest loop turn"), "{md}");
     assert!(
