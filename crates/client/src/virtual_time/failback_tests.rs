@@ -2,7 +2,8 @@
 //! `timer_tests`, whose fake network these tests use): an `M` naming a node
 //! the client has no connection to is dialled at once, not at the next
 //! redial tick; `M` storms do not become dial storms; a renewing guard
-//! keeps its lock when the role moves to a node that just started.
+//! keeps its lock when the role moves to a node that just started; and a
+//! lock already known lost does not hold up its release.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -237,6 +238,50 @@ async fn a_renewing_guard_keeps_its_lock_when_a_freshly_started_node_takes_the_r
         assert_eq!(guard.status().failed_attempts, 0);
         assert!(guard.release().await.unwrap());
         assert_eq!(lines_of(&b_log, "R k 9").len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn releasing_a_lock_known_lost_returns_at_once() {
+    bounded(async move {
+        // Refused: nothing to release, nothing sent.
+        let net = Net::default();
+        let log: Log = Arc::default();
+        let renewals = Arc::new(std::sync::Mutex::new(vec!["N k 0"]));
+        serve_all(&net, "n:1", log.clone(), move |line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            match f[0] {
+                "A" => Some("A k 5".into()),
+                "N" => renewals.lock().unwrap().pop().map(str::to_string),
+                "R" => Some("R k 1".into()),
+                _ => Some("S active n:1 0".into()),
+            }
+        });
+        let client = net.client(&["n:1"], |b| b).await;
+        let guard = client
+            .lock_renewing("k", Duration::from_secs(3), None)
+            .await
+            .unwrap();
+        assert_eq!(guard.lost().await, LockLost::Refused);
+        let t = Instant::now();
+        assert!(!guard.release().await.unwrap());
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        sleep(Duration::from_secs(10)).await;
+        assert_eq!(lines_of(&log, "R ").len(), 0);
+
+        // Expired (no renewal answered, though the node is alive): the
+        // release returns at once and is sent in the background.
+        let guard = client
+            .lock_renewing("k", Duration::from_secs(3), None)
+            .await
+            .unwrap();
+        assert!(matches!(guard.lost().await, LockLost::Expired { .. }));
+        let t = Instant::now();
+        assert!(!guard.release().await.unwrap());
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(lines_of(&log, "R k 5").len(), 1);
     })
     .await;
 }
