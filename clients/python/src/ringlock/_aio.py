@@ -666,6 +666,13 @@ class AsyncClient:
             else:
                 slot.dialing_since = None
                 slot.ended = slot.started
+                if self._closed:
+                    # close() cancelled this task as the dial finished: on
+                    # Python before 3.12, asyncio.wait_for then returns the
+                    # result and drops the cancellation. Serving now would
+                    # wait for ever on a healthy idle connection.
+                    conn.writer.close()
+                    return
                 slot.kick_failures = 0
                 slot.kick_failed_at = None
                 slot.live = conn
