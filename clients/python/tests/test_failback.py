@@ -261,3 +261,39 @@ def test_redirect_dials_that_keep_failing_are_spaced_out(make_fake):
             assert max(gaps) >= 0.75, dials
 
     run(main())
+
+
+def test_a_named_node_that_drops_every_connection_is_not_dialled_per_m(make_fake):
+    """b answers the hello, then closes the connection. A connection that a
+    redirect made and that dropped at once counts as a failed redirect
+    dial: the dials are spaced as above, not one per M."""
+    b = make_fake()
+
+    def close_all() -> None:
+        seen = 0
+        while not b.closed:
+            with b.cond:
+                b.cond.wait_for(lambda: len(b.conns) > seen or b.closed, 0.1)
+                new = b.conns[seen:]
+            seen += len(new)
+            for c in new:
+                c.close()
+
+    threading.Thread(target=close_all, daemon=True).start()
+    a = make_fake()
+    serve_all(a, standby_naming(b.addr))
+
+    async def main() -> None:
+        async with AsyncClient([a.addr, b.addr], redial_interval=60, retry_for=3) as client:
+            poll("b's first dial", lambda: len(b.accepted_at) == 1, 5)
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            results = await asyncio.gather(*(client.release(f"k{i}", 5) for i in range(20)), return_exceptions=True)
+            for r in results:
+                assert isinstance(r, ConnectionFailed), r
+            dials = [round(t - started, 3) for t in b.accepted_at if t >= started]
+            assert 3 <= len(dials) <= 8, dials
+            gaps = [y - x for x, y in zip(dials, dials[1:])]
+            assert max(gaps) >= 0.75, dials
+
+    run(main())

@@ -250,10 +250,19 @@ struct Dials {
     dialing: bool,
     /// A redirect asked for a dial the slot has not started yet.
     kicked: bool,
-    /// Redirect dials that failed in a row (reset when a connection comes
-    /// up), and when the last of them ended.
+    /// Redirect dials that failed in a row, a connection they made that
+    /// lasted less than [`KICK_BACKOFF_MAX`] counting as a failure (reset
+    /// by a connection that lasted longer), and when the last of them
+    /// ended.
     kick_failures: u32,
     kick_failed_at: Option<Instant>,
+}
+
+impl Dials {
+    fn kick_failed(&mut self) {
+        self.kick_failures = self.kick_failures.saturating_add(1);
+        self.kick_failed_at = Some(Instant::now());
+    }
 }
 
 /// What [`Slot::dial_now`] did.
@@ -325,12 +334,22 @@ impl Slot {
         let mut d = lock(&self.dials);
         d.dialing = false;
         d.ended = d.started;
-        if connected {
+        if !connected && kicked {
+            d.kick_failed();
+        }
+    }
+
+    /// Marks the end of a connection that lasted `lived`: one that a
+    /// redirect dialled and that dropped at once counts as a failed
+    /// redirect dial (a node that accepts, answers the hello and drops the
+    /// connection does not get a dial per `M`).
+    fn conn_ended(&self, lived: Duration, kicked: bool) {
+        let mut d = lock(&self.dials);
+        if lived >= KICK_BACKOFF_MAX {
             d.kick_failures = 0;
             d.kick_failed_at = None;
         } else if kicked {
-            d.kick_failures = d.kick_failures.saturating_add(1);
-            d.kick_failed_at = Some(Instant::now());
+            d.kick_failed();
         }
     }
 
@@ -415,7 +434,9 @@ pub(crate) async fn run_slot(
         match dialed {
             Ok((rd, wr)) => {
                 slot.ever_connected.store(true, Ordering::Relaxed);
+                let up_at = Instant::now();
                 let why = serve(&slot, &shared, &client, rd, wr, &mut shutdown, kicked).await;
+                slot.conn_ended(up_at.elapsed(), kicked);
                 match why {
                     None => return,
                     Some(why) => slot.set_error(why),

@@ -54,7 +54,8 @@
 //!   for its next redial), and the request waits for that dial and its
 //!   hello, within its own deadline and the connect timeout. At most one
 //!   dial per address is under way; after a redirect dial failed, the next
-//!   one waits 50 ms, doubling up to 1 s while they keep failing. `M key -`
+//!   one waits 50 ms, doubling up to 1 s while they keep failing (a
+//!   connection it made that dropped within 1 s counts as failed). `M key -`
 //!   (no active node known), and an `M` naming a node named before, are
 //!   retried with a growing delay (50 ms up to 1 s) until the no-active
 //!   timeout (10 s by default), then [`Error::NoActiveNode`].

@@ -439,7 +439,9 @@ class _Slot:
         # A redirect asked for a dial not started yet.
         self.kicked = False
         self.kick = asyncio.Event()
-        # Redirect dials that failed in a row, and when the last one ended.
+        # Redirect dials that failed in a row (a connection one made that
+        # lasted less than KICK_BACKOFF_MAX counts as failed; one that lasted
+        # longer resets this), and when the last one ended.
         self.kick_failures = 0
         self.kick_failed_at: Optional[float] = None
 
@@ -673,10 +675,9 @@ class AsyncClient:
                     # wait for ever on a healthy idle connection.
                     conn.writer.close()
                     return
-                slot.kick_failures = 0
-                slot.kick_failed_at = None
                 slot.live = conn
                 self._bump()
+                up_at = _now()
                 try:
                     why = await conn.serve()
                 except Exception as e:
@@ -684,6 +685,14 @@ class AsyncClient:
                 finally:
                     slot.live = None
                 slot.last_error = why
+                if _now() - up_at >= KICK_BACKOFF_MAX:
+                    slot.kick_failures = 0
+                    slot.kick_failed_at = None
+                elif kicked:
+                    # A node that answers the hello and drops the connection
+                    # does not get a dial per M.
+                    slot.kick_failures += 1
+                    slot.kick_failed_at = _now()
             self._bump()
             # The next dial: at the redial tick, or at once if an M names
             # this node meanwhile.

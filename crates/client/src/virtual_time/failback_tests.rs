@@ -285,3 +285,40 @@ async fn releasing_a_lock_known_lost_returns_at_once() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_named_node_that_drops_every_connection_is_not_dialled_per_m() {
+    bounded(async move {
+        // b answers the hello, then drops the connection at once.
+        let net = Net::default();
+        let a_log: Log = Arc::default();
+        serve_all(&net, "a:1", a_log.clone(), standby_naming("b:1"));
+        let mut b_conns = net.node("b:1");
+        tokio::spawn(async move { while b_conns.recv().await.is_some() {} });
+        let client = net.client(&["a:1", "b:1"], |b| b).await;
+        sleep(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        let mut releases = Vec::new();
+        for i in 0..50 {
+            let c = client.clone();
+            releases.push(tokio::spawn(
+                async move { c.release(format!("k{i}"), 5).await },
+            ));
+        }
+        for r in releases {
+            assert!(r.await.unwrap().is_err());
+        }
+        // Connections that a redirect made and that dropped at once count as
+        // failed redirect dials: spaced 50 ms, doubling up to 1 s.
+        let dials: Vec<Duration> = net
+            .dials("b:1")
+            .iter()
+            .filter(|t| **t >= t1)
+            .map(|t| *t - t1)
+            .collect();
+        assert!(dials.len() <= 12, "{} dials: {dials:?}", dials.len());
+        let gaps: Vec<Duration> = dials.windows(2).map(|p| p[1] - p[0]).collect();
+        assert!(gaps.last().is_some_and(|g| *g >= 800 * MS), "{gaps:?}");
+    })
+    .await;
+}
