@@ -52,8 +52,8 @@
 //!   that request named it. If the client has no live connection to `addr`
 //!   it dials it now (a new address, or a known one whose connection waits
 //!   for its next redial), and the request waits for that dial and its
-//!   hello, within its own deadline and the connect timeout. At most one
-//!   dial per address is under way; after a redirect dial failed, the next
+//!   hello, within its own deadline and the connect timeout. An `M` never
+//!   starts a dial to an address that has one under way; after a redirect dial failed, the next
 //!   one waits 50 ms, doubling up to 1 s while they keep failing (a
 //!   connection it made that dropped within 1 s counts as failed). `M key -`
 //!   (no active node known), and an `M` naming a node named before, are
