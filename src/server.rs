@@ -174,9 +174,9 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             args.max_locks
         );
     }
-    if let Some(tls) = &tls {
-        spawn_reloader(tls.tls.clone())?;
-    }
+    // Before the "listening on" line: from then on SIGHUP never ends the
+    // node (its default action would), TLS or not.
+    spawn_reloader(tls.as_ref().map(|t| t.tls.clone()))?;
     let config = LoopConfig {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
@@ -238,15 +238,24 @@ fn tls_config(args: &ServeArgs, cluster: bool) -> Result<Option<io::LoopTls>, Se
     }))
 }
 
-/// Reloads the certificates on SIGHUP, on a thread of its own (reading
-/// files and parsing keys never stalls the loop). New connections use the
-/// new ones; a failed reload keeps the old ones and says why.
-fn spawn_reloader(tls: Arc<Tls>) -> Result<(), ServeError> {
+/// Handles SIGHUP (`systemctl reload`), on a thread of its own (reading
+/// files and parsing keys never stalls the loop): with TLS it reloads the
+/// certificates (new connections use the new ones; a failed reload keeps
+/// the old ones and says why); without TLS there is nothing to reload, and
+/// it says so. Either way the node carries on.
+fn spawn_reloader(tls: Option<Arc<Tls>>) -> Result<(), ServeError> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
     std::thread::Builder::new()
-        .name("ringlock-tls-reload".into())
+        .name("ringlock-reload".into())
         .spawn(move || {
             for _ in signals.forever() {
+                let Some(tls) = &tls else {
+                    tracing::info!(
+                        "SIGHUP: nothing to reload (no --tls-cert; every other setting is read \
+                         at start), carrying on"
+                    );
+                    continue;
+                };
                 match tls.reload() {
                     Ok(()) => tracing::info!(
                         "SIGHUP: TLS certificates reloaded; new connections use them"
