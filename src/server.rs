@@ -120,8 +120,11 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         .metrics_listen
         .as_deref()
         .map(|addr| {
-            resolve(addr)
-                .map_err(|_| ServeError::Config(format!("bad --metrics-listen address {addr:?}")))
+            resolve(addr).map_err(|_| {
+                ServeError::Config(format!(
+                    "bad --metrics-listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:9171"
+                ))
+            })
         })
         .transpose()?;
     let listener = bind_with_retry(listen)
@@ -355,8 +358,22 @@ fn choose_backend(choice: IoChoice) -> Result<Backend, ServeError> {
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, ServeError> {
+    // Without a port (`0.0.0.0`, `[::1]`, `db1`) the resolver's own
+    // "invalid socket address" would not say what is missing.
+    let has_port = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !port.is_empty() && !host.ends_with(':') && !host.is_empty());
+    if !has_port || addr.starts_with('[') && !addr.contains("]:") {
+        return Err(ServeError::Config(format!(
+            "bad --listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:7171 or [::1]:7171"
+        )));
+    }
     addr.to_socket_addrs()
-        .map_err(|e| ServeError::Config(format!("bad --listen address {addr:?}: {e}")))?
+        .map_err(|e| {
+            ServeError::Config(format!(
+                "bad --listen address {addr:?}: {e} (give HOST:PORT, e.g. 127.0.0.1:7171)"
+            ))
+        })?
         .next()
         .ok_or_else(|| ServeError::Config(format!("--listen {addr:?} resolves to nothing")))
 }

@@ -380,7 +380,9 @@ fn ready_follows_the_role_through_a_failover() {
     assert_eq!(value(&s1, "ringlock_peers_up"), 0.0);
 
     // The log: every role change of node 1, with its reason, each line
-    // starting with an RFC 3339 UTC time and a level.
+    // starting with an RFC 3339 UTC time and a level by meaning: the
+    // cluster's first election and the planned hand-back are INFO, the
+    // failover after node 0 died is WARN.
     let text = log1.text();
     let changes: Vec<&str> = text.lines().filter(|l| l.contains("role: ")).collect();
     assert_eq!(changes.len(), 4, "{text}");
@@ -388,13 +390,29 @@ fn ready_follows_the_role_through_a_failover() {
         assert_rfc3339_start(line);
     }
     assert!(
-        changes[0].contains("WARN ringlock::cluster: role: standby -> active (no node is active")
+        changes[0].contains("INFO ringlock::cluster: role: standby -> active (no node is active"),
+        "{}",
+        changes[0]
     );
-    assert!(changes[1].contains(&format!(
-        "role: active -> standby, following {} (hand-off to {})",
-        c.addr(0),
-        c.addr(0)
-    )));
+    assert!(
+        changes[1].contains(&format!(
+            "INFO ringlock::cluster: role: active -> standby, following {} (hand-off to {})",
+            c.addr(0),
+            c.addr(0)
+        )),
+        "{}",
+        changes[1]
+    );
+    let taken = log0.lines_with("role: standby -> active");
+    assert_eq!(taken.len(), 1, "{}", log0.text());
+    assert!(
+        taken[0].contains(&format!(
+            "INFO ringlock::cluster: role: standby -> active ({} handed the active role over)",
+            c.addr(1)
+        )),
+        "{}",
+        taken[0]
+    );
     assert!(
         changes[2].contains(&format!(
             "role: standby, now following - ({} is down)",
@@ -404,7 +422,7 @@ fn ready_follows_the_role_through_a_failover() {
         changes[2]
     );
     assert!(
-        changes[3].contains("role: standby -> active (no node is active"),
+        changes[3].contains("WARN ringlock::cluster: role: standby -> active (no node is active"),
         "{}",
         changes[3]
     );
@@ -600,6 +618,56 @@ fn locks_lists_holders_and_queues_uring() {
 #[test]
 fn locks_lists_holders_and_queues_epoll() {
     locks_lists_holders_and_queues(BACKENDS[1]);
+}
+
+/// Errors in a node's last seconds are summed up before it stops (the
+/// periodic summary would have come only 10 s later): one line, each count
+/// once, in words.
+#[test]
+fn errors_just_before_a_shutdown_are_summed_up() {
+    let (mut server, log) = Server::start_logged(&["--listen", "127.0.0.1:0", "--io", "epoll"]);
+    let mut bad = server.connect();
+    let answer = bad.call("HELLO");
+    assert!(answer.starts_with("E "), "{answer}");
+    server.signal(libc::SIGTERM);
+    let exit = server
+        .wait_timeout(Duration::from_secs(10))
+        .expect("stopped within 10 s of SIGTERM");
+    assert_eq!(exit.code(), Some(0));
+    log.wait_for("stopped (longest loop turn", WITHIN);
+    let text = log.text();
+    let summary = log.lines_with("broke the protocol");
+    assert_eq!(summary.len(), 1, "{text}");
+    let line = &summary[0];
+    let words = line.split(" WARN ringlock::node: in the last ").nth(1);
+    assert!(
+        words
+            .is_some_and(|w| w.ends_with(": 1 connection broke the protocol (answered E, closed)")),
+        "{line}"
+    );
+    assert!(!summary[0].contains("="), "numbers once: {}", summary[0]);
+    let at = |needle: &str| text.find(needle).unwrap();
+    assert!(at("broke the protocol") < at("stopped (longest loop turn"));
+}
+
+/// `--listen` without a port says what it wants.
+#[test]
+fn listen_without_a_port_asks_for_host_and_port() {
+    for addr in ["0.0.0.0", "[::1]", "localhost", "127.0.0.1:"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["serve", "--listen", addr])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{addr}: {err}");
+        assert!(
+            err.contains(&format!(
+                "bad --listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:7171"
+            )),
+            "{addr}: {err}"
+        );
+    }
 }
 
 /// deploy/compose.yaml's three node commands (after `serve`), their
