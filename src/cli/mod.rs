@@ -385,9 +385,19 @@ fn emitted(text: &str, done: u8) -> u8 {
     emit(text).err().unwrap_or(done)
 }
 
+/// An error as the command line shows it: where the client library says
+/// what to do in Rust terms, the command line names its own flag.
+fn said(err: &Error) -> String {
+    err.to_string().replace(
+        ringlock_client::SERVER_NAME_HINT,
+        "if it holds another name, give that one with --tls-server-name NAME or \
+         RINGLOCK_TLS_SERVER_NAME",
+    )
+}
+
 /// Prints an error and gives its exit status.
 fn fail(err: &Error) -> u8 {
-    eprintln!("ringlock: {err}");
+    eprintln!("ringlock: {}", said(err));
     match err {
         Error::Timeout => EXIT_TIMEOUT,
         Error::InvalidArgument(_) => EXIT_USAGE,
@@ -979,7 +989,7 @@ async fn status(args: StatusArgs) -> u8 {
                     addr.clone(),
                     "unreachable".into(),
                     "-".into(),
-                    format!("- ({e})"),
+                    format!("- ({})", said(&e)),
                 ]
             }
         });
