@@ -35,10 +35,13 @@ if ! command -v valgrind >/dev/null; then
     apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >&2
 fi
 
-cargo build --release --quiet --bin ringlock-bench
+# The profiling profile: release's code (same optimisation, same codegen
+# units) with full debug info, so callgrind_annotate can show source lines
+# of a count; the release profile ships without debug info (Cargo.toml).
+cargo build --profile profiling --quiet --bin ringlock-bench
 WORK=$(mktemp -d /tmp/ringlock-instr.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-cp "${CARGO_TARGET_DIR:-target}/release/ringlock-bench" "$WORK/"
+cp "${CARGO_TARGET_DIR:-target}/profiling/ringlock-bench" "$WORK/"
 
 RUSTC=$(rustc --version)
 VALGRIND=$(valgrind --version)

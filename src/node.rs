@@ -127,6 +127,8 @@ struct Summary {
     refused: u64,
     refused_requests: u64,
     errors: u64,
+    /// The last turn's time: what the summary owed at exit is dated by.
+    last_ms: u64,
 }
 
 /// Publishing the counters to the metrics listener's thread.
@@ -280,15 +282,9 @@ impl Node {
             .requests_refused
             .saturating_sub(s.refused_requests);
         let errors = self.stats.protocol_errors.saturating_sub(s.errors);
-        if refused + refused_requests + errors > 0 {
-            tracing::warn!(
-                refused_connections = refused,
-                refused_requests,
-                protocol_errors = errors,
-                "in the last {} s: {refused} connections refused (--max-conns), {refused_requests} \
-                 requests refused, {errors} connections broke the protocol",
-                now.ms.saturating_sub(s.since_ms).div_ceil(1000)
-            );
+        let secs = now.ms.saturating_sub(s.since_ms).div_ceil(1000);
+        if let Some(line) = summary_line(secs, refused, refused_requests, errors) {
+            tracing::warn!("{line}");
         }
         s.since_ms = now.ms;
         s.refused = self.stats.conns_refused;
@@ -304,6 +300,14 @@ impl Node {
         self.accept_log.log(now, "failed accepts", || {
             format!("accept: {error} (connections wait in the listen backlog; see ulimit -n and --max-conns)")
         });
+    }
+
+    /// What is owed to the summary (counts since the last one), at exit:
+    /// errors just before a shutdown are summed up too.
+    fn summary_owed(&self) -> bool {
+        self.stats.conns_refused != self.summary.refused
+            || self.stats.requests_refused != self.summary.refused_requests
+            || self.stats.protocol_errors != self.summary.errors
     }
 
     /// A line that broke the protocol: counted (and summed up in the log).
@@ -458,6 +462,7 @@ impl Node {
     }
 
     pub fn tick(&mut self, now: Now) {
+        self.summary.last_ms = now.ms;
         self.engine.tick(now);
         if let Some(cluster) = &mut self.cluster {
             cluster.tick(now, &mut self.engine);
@@ -600,9 +605,8 @@ impl Node {
         let engine = self.engine.next_deadline();
         let cluster = self.cluster.as_ref().map(Cluster::next_deadline);
         // A summary is owed only when something was refused or broke.
-        let summary = (self.stats.conns_refused != self.summary.refused
-            || self.stats.requests_refused != self.summary.refused_requests
-            || self.stats.protocol_errors != self.summary.errors)
+        let summary = self
+            .summary_owed()
             .then_some(self.summary.since_ms + SUMMARY_EVERY_MS);
         engine
             .into_iter()
@@ -662,5 +666,64 @@ impl Node {
             self.publish(now);
         }
         successor
+    }
+}
+
+/// The loop drops the node when it stops: what was refused or broke since
+/// the last summary (say in the shutdown's last seconds) is logged then,
+/// not lost.
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.summary_owed() {
+            let now = Now {
+                ms: self.summary.last_ms.max(self.summary.since_ms),
+                unix_ns: 0,
+            };
+            self.summarize(now);
+        }
+    }
+}
+
+/// The summary's line: each count that is not zero, once, in words
+/// ("1 connection refused (--max-conns), 2 requests refused"); `None` when
+/// every count is zero.
+fn summary_line(secs: u64, refused: u64, refused_requests: u64, errors: u64) -> Option<String> {
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let parts: Vec<String> = [
+        (refused > 0)
+            .then(|| plural(refused, "connection", "connections") + " refused (--max-conns)"),
+        (refused_requests > 0)
+            .then(|| plural(refused_requests, "request", "requests") + " refused"),
+        (errors > 0).then(|| {
+            plural(errors, "connection", "connections") + " broke the protocol (answered E, closed)"
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| {
+        let s = if secs == 1 { "" } else { "s" };
+        format!("in the last {secs} second{s}: {}", parts.join(", "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summary_line;
+
+    #[test]
+    fn the_summary_says_each_count_once_in_words() {
+        assert_eq!(summary_line(10, 0, 0, 0), None);
+        assert_eq!(
+            summary_line(10, 0, 0, 1).as_deref(),
+            Some("in the last 10 seconds: 1 connection broke the protocol (answered E, closed)")
+        );
+        assert_eq!(
+            summary_line(1, 2, 1, 3).as_deref(),
+            Some(
+                "in the last 1 second: 2 connections refused (--max-conns), 1 request refused, \
+                 3 connections broke the protocol (answered E, closed)"
+            )
+        );
     }
 }

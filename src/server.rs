@@ -120,8 +120,11 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         .metrics_listen
         .as_deref()
         .map(|addr| {
-            resolve(addr)
-                .map_err(|_| ServeError::Config(format!("bad --metrics-listen address {addr:?}")))
+            resolve(addr).map_err(|_| {
+                ServeError::Config(format!(
+                    "bad --metrics-listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:9171"
+                ))
+            })
         })
         .transpose()?;
     let listener = bind_with_retry(listen)
@@ -174,9 +177,9 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
             args.max_locks
         );
     }
-    if let Some(tls) = &tls {
-        spawn_reloader(tls.tls.clone())?;
-    }
+    // Before the "listening on" line: from then on SIGHUP never ends the
+    // node (its default action would), TLS or not.
+    spawn_reloader(tls.as_ref().map(|t| t.tls.clone()))?;
     let config = LoopConfig {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
@@ -238,15 +241,24 @@ fn tls_config(args: &ServeArgs, cluster: bool) -> Result<Option<io::LoopTls>, Se
     }))
 }
 
-/// Reloads the certificates on SIGHUP, on a thread of its own (reading
-/// files and parsing keys never stalls the loop). New connections use the
-/// new ones; a failed reload keeps the old ones and says why.
-fn spawn_reloader(tls: Arc<Tls>) -> Result<(), ServeError> {
+/// Handles SIGHUP (`systemctl reload`), on a thread of its own (reading
+/// files and parsing keys never stalls the loop): with TLS it reloads the
+/// certificates (new connections use the new ones; a failed reload keeps
+/// the old ones and says why); without TLS there is nothing to reload, and
+/// it says so. Either way the node carries on.
+fn spawn_reloader(tls: Option<Arc<Tls>>) -> Result<(), ServeError> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])?;
     std::thread::Builder::new()
-        .name("ringlock-tls-reload".into())
+        .name("ringlock-reload".into())
         .spawn(move || {
             for _ in signals.forever() {
+                let Some(tls) = &tls else {
+                    tracing::info!(
+                        "SIGHUP: nothing to reload (no --tls-cert; every other setting is read \
+                         at start), carrying on"
+                    );
+                    continue;
+                };
                 match tls.reload() {
                     Ok(()) => tracing::info!(
                         "SIGHUP: TLS certificates reloaded; new connections use them"
@@ -346,8 +358,22 @@ fn choose_backend(choice: IoChoice) -> Result<Backend, ServeError> {
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, ServeError> {
+    // Without a port (`0.0.0.0`, `[::1]`, `db1`) the resolver's own
+    // "invalid socket address" would not say what is missing.
+    let has_port = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !port.is_empty() && !host.ends_with(':') && !host.is_empty());
+    if !has_port || addr.starts_with('[') && !addr.contains("]:") {
+        return Err(ServeError::Config(format!(
+            "bad --listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:7171 or [::1]:7171"
+        )));
+    }
     addr.to_socket_addrs()
-        .map_err(|e| ServeError::Config(format!("bad --listen address {addr:?}: {e}")))?
+        .map_err(|e| {
+            ServeError::Config(format!(
+                "bad --listen address {addr:?}: {e} (give HOST:PORT, e.g. 127.0.0.1:7171)"
+            ))
+        })?
         .next()
         .ok_or_else(|| ServeError::Config(format!("--listen {addr:?} resolves to nothing")))
 }

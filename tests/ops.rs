@@ -380,7 +380,9 @@ fn ready_follows_the_role_through_a_failover() {
     assert_eq!(value(&s1, "ringlock_peers_up"), 0.0);
 
     // The log: every role change of node 1, with its reason, each line
-    // starting with an RFC 3339 UTC time and a level.
+    // starting with an RFC 3339 UTC time and a level by meaning: the
+    // cluster's first election and the planned hand-back are INFO, the
+    // failover after node 0 died is WARN.
     let text = log1.text();
     let changes: Vec<&str> = text.lines().filter(|l| l.contains("role: ")).collect();
     assert_eq!(changes.len(), 4, "{text}");
@@ -388,13 +390,29 @@ fn ready_follows_the_role_through_a_failover() {
         assert_rfc3339_start(line);
     }
     assert!(
-        changes[0].contains("WARN ringlock::cluster: role: standby -> active (no node is active")
+        changes[0].contains("INFO ringlock::cluster: role: standby -> active (no node is active"),
+        "{}",
+        changes[0]
     );
-    assert!(changes[1].contains(&format!(
-        "role: active -> standby, following {} (hand-off to {})",
-        c.addr(0),
-        c.addr(0)
-    )));
+    assert!(
+        changes[1].contains(&format!(
+            "INFO ringlock::cluster: role: active -> standby, following {} (hand-off to {})",
+            c.addr(0),
+            c.addr(0)
+        )),
+        "{}",
+        changes[1]
+    );
+    let taken = log0.lines_with("role: standby -> active");
+    assert_eq!(taken.len(), 1, "{}", log0.text());
+    assert!(
+        taken[0].contains(&format!(
+            "INFO ringlock::cluster: role: standby -> active ({} handed the active role over)",
+            c.addr(1)
+        )),
+        "{}",
+        taken[0]
+    );
     assert!(
         changes[2].contains(&format!(
             "role: standby, now following - ({} is down)",
@@ -404,7 +422,7 @@ fn ready_follows_the_role_through_a_failover() {
         changes[2]
     );
     assert!(
-        changes[3].contains("role: standby -> active (no node is active"),
+        changes[3].contains("WARN ringlock::cluster: role: standby -> active (no node is active"),
         "{}",
         changes[3]
     );
@@ -602,14 +620,60 @@ fn locks_lists_holders_and_queues_epoll() {
     locks_lists_holders_and_queues(BACKENDS[1]);
 }
 
-/// deploy/compose.yaml's layout, run as processes on loopback (where there
-/// is no Docker daemon): each node's `command` line from the file, with
-/// the service names mapped to loopback addresses and the secret to the
-/// tests' one; then what Prometheus would see scraping the targets of
-/// deploy/prometheus/prometheus.yml: exactly one active node, every node
-/// ready and up, and the counters of a client's work on the active.
+/// Errors in a node's last seconds are summed up before it stops (the
+/// periodic summary would have come only 10 s later): one line, each count
+/// once, in words.
 #[test]
-fn the_compose_layout_runs_as_processes() {
+fn errors_just_before_a_shutdown_are_summed_up() {
+    let (mut server, log) = Server::start_logged(&["--listen", "127.0.0.1:0", "--io", "epoll"]);
+    let mut bad = server.connect();
+    let answer = bad.call("HELLO");
+    assert!(answer.starts_with("E "), "{answer}");
+    server.signal(libc::SIGTERM);
+    let exit = server
+        .wait_timeout(Duration::from_secs(10))
+        .expect("stopped within 10 s of SIGTERM");
+    assert_eq!(exit.code(), Some(0));
+    log.wait_for("stopped (longest loop turn", WITHIN);
+    let text = log.text();
+    let summary = log.lines_with("broke the protocol");
+    assert_eq!(summary.len(), 1, "{text}");
+    let line = &summary[0];
+    let words = line.split(" WARN ringlock::node: in the last ").nth(1);
+    assert!(
+        words
+            .is_some_and(|w| w.ends_with(": 1 connection broke the protocol (answered E, closed)")),
+        "{line}"
+    );
+    assert!(!summary[0].contains("="), "numbers once: {}", summary[0]);
+    let at = |needle: &str| text.find(needle).unwrap();
+    assert!(at("broke the protocol") < at("stopped (longest loop turn"));
+}
+
+/// `--listen` without a port says what it wants.
+#[test]
+fn listen_without_a_port_asks_for_host_and_port() {
+    for addr in ["0.0.0.0", "[::1]", "localhost", "127.0.0.1:"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["serve", "--listen", addr])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{addr}: {err}");
+        assert!(
+            err.contains(&format!(
+                "bad --listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:7171"
+            )),
+            "{addr}: {err}"
+        );
+    }
+}
+
+/// deploy/compose.yaml's three node commands (after `serve`), their
+/// `--listen` and `--metrics-listen` addresses, checked against each other
+/// and against deploy/prometheus/prometheus.yml's targets.
+fn compose_nodes() -> (Vec<Vec<String>>, Vec<String>, Vec<String>) {
     let root = env!("CARGO_MANIFEST_DIR");
     let compose = std::fs::read_to_string(format!("{root}/deploy/compose.yaml")).unwrap();
     let commands: Vec<Vec<String>> = compose
@@ -625,25 +689,60 @@ fn the_compose_layout_runs_as_processes() {
         .find_map(|l| l.trim().strip_prefix("- targets: "))
         .map(|t| serde_json::from_str(t).expect("a JSON list of targets"))
         .expect("a targets line");
-    assert_eq!(targets, ["node1:9171", "node2:9171", "node3:9171"]);
+    // Host networking: what each node listens on and advertises is an
+    // address of the host, which Prometheus scrapes and clients dial.
+    assert!(
+        compose.lines().any(|l| l == "  network_mode: host"),
+        "the nodes on the host's network"
+    );
+    let settings: Vec<&str> = compose.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(
+        !settings
+            .iter()
+            .any(|l| l.contains("ports:") || l.contains("0.0.0.0")),
+        "nothing published, nothing on every interface"
+    );
+    let flag = |command: &[String], name: &str| -> String {
+        let at = command.iter().position(|a| a == name).expect(name) + 1;
+        command[at].clone()
+    };
+    let metrics_of: Vec<String> = commands
+        .iter()
+        .map(|c| flag(c, "--metrics-listen"))
+        .collect();
+    assert_eq!(targets, metrics_of);
+    let listens: Vec<String> = commands.iter().map(|c| flag(c, "--listen")).collect();
+    for command in &commands {
+        assert_eq!(flag(command, "--peers"), listens.join(","));
+        assert!(!command.contains(&"--advertise".to_string()));
+    }
 
-    // Service name -> loopback address, as compose's network resolves it.
+    (commands, listens, metrics_of)
+}
+
+/// deploy/compose.yaml's layout, run as processes on loopback (where there
+/// is no Docker daemon): each node's `command` line from the file, with
+/// its host addresses mapped to free loopback ports and the secret to the
+/// tests' one; a standby's `M` names the active by an address a client on
+/// the host dials; then what Prometheus would see scraping the targets of
+/// deploy/prometheus/prometheus.yml: exactly one active node, every node
+/// ready and up, and the counters of a client's work on the active.
+#[test]
+fn the_compose_layout_runs_as_processes() {
+    let (commands, listens, metrics_of) = compose_nodes();
+    // The compose addresses -> free loopback ports here.
     let addrs = common::free_addrs(common::loopback_ip(), 3);
     let map = |arg: &str| -> String {
         let mut arg = arg.to_string();
         for (i, a) in addrs.iter().enumerate() {
-            arg = arg.replace(&format!("node{}:7171", i + 1), &a.to_string());
+            arg = arg.replace(&listens[i], &a.to_string());
+            arg = arg.replace(&metrics_of[i], "127.0.0.1:0");
         }
         arg.replace("/run/secrets/cluster_secret", common::secret_file())
-            .replace("0.0.0.0:9171", "127.0.0.1:0")
     };
     let mut nodes = Vec::new();
-    for (i, command) in commands.iter().enumerate() {
+    for command in &commands {
         let mut args: Vec<String> = command[1..].iter().map(|a| map(a)).collect();
-        // `--listen 0.0.0.0:7171`: here, each node's own loopback address.
-        let at = args.iter().position(|a| a == "--listen").unwrap() + 1;
-        assert_eq!(args[at], "0.0.0.0:7171");
-        args[at] = addrs[i].to_string();
         args.extend(["--io".to_string(), "epoll".to_string()]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (server, log) = Server::start_logged(&args);
@@ -668,7 +767,11 @@ fn the_compose_layout_runs_as_processes() {
         scrape_all,
         settled,
     );
-    let mut client = nodes[0].0.connect();
+    // A client that dials a standby is told the active's address, and that
+    // address answers it.
+    let told = nodes[2].0.connect().call("A compose/told 30 0");
+    assert_eq!(told, format!("M compose/told {}", addrs[0]));
+    let mut client = common::Conn::new(addrs[0]);
     for i in 0..10 {
         let t = common::Conn::token_of(&client.call(&format!("A compose/{i} 30 0")));
         assert_eq!(
@@ -686,13 +789,16 @@ fn the_compose_layout_runs_as_processes() {
     }
 }
 
-/// deploy/ringlock.service passes `systemd-analyze verify` (with the
-/// binary path pointed at this build's), and says what the operator
-/// relies on. Skipped, visibly, where systemd-analyze is missing.
+/// deploy/ringlock.service as shipped runs a single node on loopback with
+/// no other file: no credential to load, the default RINGLOCK_ARGS start a
+/// node that listens on 127.0.0.1 (run here, with free ports);
+/// `systemctl reload` sends SIGHUP. Both the unit alone and the unit with its drop-in pass
+/// `systemd-analyze verify` (the binary path pointed at this build's).
 #[test]
 fn the_systemd_unit_verifies() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let unit = std::fs::read_to_string(format!("{root}/deploy/ringlock.service")).unwrap();
+    let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
+    let unit = read("deploy/ringlock.service");
     for line in [
         "DynamicUser=yes",
         "NoNewPrivileges=yes",
@@ -700,10 +806,40 @@ fn the_systemd_unit_verifies() {
         "Restart=on-failure",
         "KillSignal=SIGTERM",
         "TimeoutStopSec=30",
+        "EnvironmentFile=-/etc/ringlock/ringlock.env",
         "ExecStart=/usr/local/bin/ringlock serve $RINGLOCK_ARGS",
+        "ExecReload=/bin/kill -HUP $MAINPID",
     ] {
         assert!(unit.lines().any(|l| l == line), "no {line:?} in the unit");
     }
+    assert!(
+        !unit.lines().any(|l| l.starts_with("LoadCredential")),
+        "a single node must start without the cluster secret"
+    );
+    let default_args = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Environment=\"RINGLOCK_ARGS="))
+        .and_then(|a| a.strip_suffix('"'))
+        .expect("the unit's default RINGLOCK_ARGS");
+    assert_eq!(
+        default_args,
+        "--listen 127.0.0.1:7171 --metrics-listen 127.0.0.1:9171"
+    );
+    let args: Vec<&str> = default_args
+        .split(' ')
+        .map(|a| {
+            if a.starts_with("127.0.0.1:") {
+                "127.0.0.1:0"
+            } else {
+                a
+            }
+        })
+        .collect();
+    let (server, _log) = Server::start_logged(&args);
+    assert!(server.addr.ip().is_loopback(), "{}", server.addr);
+    drop(server);
+
+    let drop_in = read("deploy/ringlock.service.d/cluster.conf");
     let Ok(which) = std::process::Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -713,21 +849,74 @@ fn the_systemd_unit_verifies() {
     };
     assert!(which.status.success());
     let dir = std::env::temp_dir().join(format!("ringlock-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("ringlock.service");
-    std::fs::write(
-        &path,
-        unit.replace("/usr/local/bin/ringlock", env!("CARGO_BIN_EXE_ringlock")),
-    )
-    .unwrap();
-    let out = std::process::Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&path)
-        .output()
+    let verify = |with_drop_in: bool| {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("ringlock.service.d")).unwrap();
+        let path = dir.join("ringlock.service");
+        std::fs::write(
+            &path,
+            unit.replace("/usr/local/bin/ringlock", env!("CARGO_BIN_EXE_ringlock")),
+        )
         .unwrap();
+        if with_drop_in {
+            std::fs::write(dir.join("ringlock.service.d/cluster.conf"), &drop_in).unwrap();
+        }
+        let out = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success() && err.trim().is_empty(),
+            "with the drop-in: {with_drop_in}: {err}"
+        );
+    };
+    verify(false);
+    verify(true);
     let _ = std::fs::remove_dir_all(&dir);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && err.trim().is_empty(), "{err}");
+}
+
+/// The cluster's pieces of the systemd deployment fit together: the
+/// drop-in loads the secret under the name that the cluster line of
+/// deploy/ringlock.env reads it by, no address in them is every interface,
+/// and every RINGLOCK_ARGS line there (the commented cluster one too) is a
+/// command line `ringlock serve` accepts.
+#[test]
+fn the_unit_drop_in_and_env_file_agree() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
+    let unit = read("deploy/ringlock.service");
+    let drop_in = read("deploy/ringlock.service.d/cluster.conf");
+    let credential = "LoadCredential=cluster.secret:/etc/ringlock/cluster.secret";
+    assert!(drop_in.lines().any(|l| l == credential), "{drop_in}");
+    let env = read("deploy/ringlock.env");
+    let cluster_line = env
+        .lines()
+        .find(|l| l.contains("RINGLOCK_ARGS=") && l.contains("--peers"))
+        .expect("a cluster line in ringlock.env");
+    assert!(
+        cluster_line
+            .contains("--cluster-secret-file /run/credentials/ringlock.service/cluster.secret"),
+        "{cluster_line}"
+    );
+    assert!(!env.contains("0.0.0.0") && !unit.contains("0.0.0.0:"));
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        _args: ringlock::server::ServeArgs,
+    }
+    let lines: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.trim_start_matches('#').strip_prefix("RINGLOCK_ARGS="))
+        .collect();
+    assert_eq!(lines.len(), 2, "a single node and a cluster node");
+    for args in lines {
+        let argv = std::iter::once("serve").chain(args.split(' '));
+        if let Err(e) = <Serve as clap::Parser>::try_parse_from(argv) {
+            panic!("ringlock.env: {args}: {e}");
+        }
+    }
 }
 
 /// What can be checked of deploy/Dockerfile without a Docker daemon: it
@@ -744,7 +933,9 @@ fn the_dockerfile_agrees_with_the_unit_compose_and_docs() {
     let has = |l: &str| lines.contains(&l);
     let bin = "/usr/local/bin/ringlock";
     for line in [
-        "RUN cargo build --release --locked --bin ringlock \\",
+        "    cargo build --release --locked --bin ringlock \\",
+        "RUN --mount=type=cache,id=ringlock-cargo-registry,target=/usr/local/cargo/registry \\",
+        "    --mount=type=cache,id=ringlock-target,target=/src/target \\",
         "COPY --from=build /out/ringlock /usr/local/bin/ringlock",
         "FROM gcr.io/distroless/cc-debian12:nonroot",
         "USER 65532:65532",

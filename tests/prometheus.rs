@@ -224,7 +224,7 @@ fn write_config(dir: &Path, targets: &[String]) -> PathBuf {
             "  evaluation_interval: 250ms\n",
         ),
         (
-            "- targets: [\"node1:9171\", \"node2:9171\", \"node3:9171\"]",
+            "- targets: [\"127.0.0.1:9171\", \"127.0.0.1:9172\", \"127.0.0.1:9173\"]",
             &format!("- targets: [{}]", quoted.join(", ")),
         ),
     ] {

@@ -113,3 +113,32 @@ fn long_functions_are_the_listed_exceptions_only() {
         listed.len()
     );
 }
+
+/// A bare `cargo run` at the root (README's first command) runs the
+/// server. Cargo picks the binary only when exactly one of the packages it
+/// selects (the workspace's default members) names a `default-run`; with
+/// two, or none while several binaries exist, it refuses to choose.
+#[test]
+fn bare_cargo_run_runs_the_server() {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with("default-members = ["))
+        .expect("a one-line default-members in Cargo.toml");
+    let members: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+    assert!(members.contains(&"."), "{line}");
+    let runs: Vec<(String, String)> = members
+        .iter()
+        .filter_map(|m| {
+            let toml = std::fs::read_to_string(root().join(m).join("Cargo.toml")).unwrap();
+            toml.lines()
+                .find_map(|l| l.strip_prefix("default-run = "))
+                .map(|r| (m.to_string(), r.trim_matches('"').to_string()))
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [(".".to_string(), "ringlock".to_string())],
+        "default-run among the default members {members:?}"
+    );
+}

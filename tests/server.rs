@@ -135,6 +135,7 @@ on_both! {
     max_locks: max_locks_uring, max_locks_epoll;
     sigterm_answers_waiters: sigterm_answers_waiters_uring, sigterm_answers_waiters_epoll;
     sigint_answers_waiters: sigint_answers_waiters_uring, sigint_answers_waiters_epoll;
+    sighup_without_tls_carries_on: sighup_without_tls_carries_on_uring, sighup_without_tls_carries_on_epoll;
     crlf: crlf_uring, crlf_epoll;
     line_of_512: line_of_512_uring, line_of_512_epoll;
     valid_forms: valid_forms_uring, valid_forms_epoll;
@@ -1206,6 +1207,37 @@ fn sigterm_answers_waiters(io: &str) {
 
 fn sigint_answers_waiters(io: &str) {
     graceful_exit(io, libc::SIGINT)
+}
+
+/// SIGHUP (what `systemctl reload` sends) to a node without TLS: there is
+/// nothing to reload, it says so and serves on (SIGHUP's default action
+/// would end it, with a status systemd counts as a clean exit). The grant
+/// held before it is still held, the connection still answers, new ones
+/// are accepted; a second SIGHUP is handled the same way.
+fn sighup_without_tls_carries_on(io: &str) {
+    let (mut s, log) = Server::start_logged(&["--listen", "127.0.0.1:0", "--io", io]);
+    let mut c = s.connect();
+    let t = acquire(&mut c, "hup", "30", "0");
+    let said = "SIGHUP: nothing to reload (no --tls-cert";
+    for n in 1..=2 {
+        s.signal(libc::SIGHUP);
+        common::poll_until(
+            "the SIGHUP line",
+            Duration::from_secs(10),
+            || log.lines_with(said).len(),
+            |&lines| lines == n,
+        );
+        assert!(
+            s.wait_timeout(Duration::ZERO).is_none(),
+            "SIGHUP ended the node: {}",
+            log.text()
+        );
+        let mut fresh = s.connect();
+        assert_eq!(status(&mut fresh, &s), t);
+    }
+    assert_eq!(c.call(&format!("N hup {t} 30")), "N hup 1");
+    assert_eq!(c.call(&format!("R hup {t}")), "R hup 1");
+    assert!(log.lines_with(" WARN ").is_empty(), "{}", log.text());
 }
 
 // ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ on_both! {
     plain_text_without_tls_flags: plain_without_tls_uring, plain_without_tls_epoll;
     node_with_a_foreign_certificate_does_not_serve:
         foreign_node_cert_uring, foreign_node_cert_epoll;
+    a_certificate_for_another_name: other_name_uring, other_name_epoll;
 }
 
 // ---------------------------------------------------------------------------
@@ -482,6 +483,67 @@ fn untrusted_and_expired_server_certificates(io: &str) {
     );
     assert_eq!(out.status.code(), Some(69));
     assert!(err_of(&out).contains("has expired"), "{}", err_of(&out));
+}
+
+/// A node whose certificate names only `node1.example`, dialed at
+/// 127.0.0.1: the command line refuses it and names its own flag and
+/// variable for the name (not the Rust API's); with either, it connects.
+/// The Rust client's own message names `TlsConfig::server_name`.
+fn a_certificate_for_another_name(io: &str) {
+    let dir = scratch(&format!("othername-{io}"));
+    let ca = Ca::new(&dir, "ca");
+    let (cert, key) = ca.issue(&dir, "node1", &["node1.example"], false);
+    let (server, _log) = Server::start_logged(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--io",
+        io,
+        "--tls-cert",
+        s(&cert),
+        "--tls-key",
+        s(&key),
+    ]);
+    let addr = server.addr.to_string();
+    // `status` shows the cause in its table, `acquire` on stderr.
+    let out = cli(&["status", "-s", &addr, "--tls-ca", s(&ca.pem)], &[]);
+    assert_eq!(out.status.code(), Some(69), "{}", err_of(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("--tls-server-name NAME"), "{table}");
+    let base = ["acquire", "-s", &addr, "--tls-ca", s(&ca.pem), "k"];
+    let out = cli(&base, &[]);
+    assert_eq!(out.status.code(), Some(69), "{}", err_of(&out));
+    let err = err_of(&out);
+    assert!(
+        err.contains("does not name the address dialed (if it holds another name, give that one with --tls-server-name NAME or RINGLOCK_TLS_SERVER_NAME)"),
+        "{err}"
+    );
+    assert!(!err.contains("TlsConfig"), "{err}");
+    let mut named = base.to_vec();
+    named.extend(["--tls-server-name", "node1.example", "--lease", "1"]);
+    let out = cli(&named, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", err_of(&out));
+    let base = ["status", "-s", &addr, "--tls-ca", s(&ca.pem)];
+    let out = cli(&base, &[("RINGLOCK_TLS_SERVER_NAME", "node1.example")]);
+    assert_eq!(out.status.code(), Some(0), "{}", err_of(&out));
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tls = ringlock_client::TlsConfig::from_pem_files(&ca.pem, None::<(&Path, &Path)>).unwrap();
+    let limit = Duration::from_secs(5);
+    let err = runtime
+        .block_on(ringlock_client::node_status_tls(&addr, limit, &tls))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(ringlock_client::SERVER_NAME_HINT), "{err}");
+    assert!(err.contains("TlsConfig::server_name"), "{err}");
+    let tls = tls.server_name("node1.example");
+    assert!(
+        runtime
+            .block_on(ringlock_client::node_status_tls(&addr, limit, &tls))
+            .is_ok()
+    );
 }
 
 /// A connection that opens and never finishes its handshake is closed by

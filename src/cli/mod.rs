@@ -25,11 +25,13 @@
 //! | 70   | protocol error (the server sent `E` or a malformed line) |
 //! | 75   | `acquire`/`run`: the wait ran out (or `--no-wait` and the lock is held), nothing held (CMD not run) |
 //! | 76   | `run`: the lock was lost while CMD ran; CMD was sent SIGTERM |
+//! | 74   | standard output could not be written (a full disk, ...): one line on stderr says why; `acquire` released what it could not print |
 //! | 126, 127 | `run`: CMD could not be started (127: not found) |
+//! | 141  | standard output is a pipe whose reader closed early (`ringlock locks \| head`): ends quietly, as `ls` does (128 + SIGPIPE); `acquire` released what it could not print |
 //! | other | `run`: CMD's own status, 128+N if it was killed by signal N |
 
 use std::ffi::{OsStr, OsString};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
@@ -58,6 +60,13 @@ pub const EXIT_PROTOCOL: u8 = 70;
 pub const EXIT_TIMEOUT: u8 = 75;
 /// Exit status: `run` lost the lock while the command ran.
 pub const EXIT_LOST: u8 = 76;
+/// Exit status: standard output could not be written (EX_IOERR).
+pub const EXIT_OUTPUT: u8 = 74;
+/// Exit status: standard output is a pipe that its reader closed: what a
+/// shell reports for a tool that SIGPIPE ended (128 + 13), as `ls | head`.
+/// (SIGPIPE itself is ignored, as in every Rust program: the sockets to
+/// the servers must not raise it.)
+pub const EXIT_BROKEN_PIPE: u8 = 128 + 13;
 
 const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 const SERVERS_ENV: &str = "RINGLOCK_SERVERS";
@@ -355,9 +364,40 @@ fn show_key(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
 }
 
+/// Writes `text` to standard output, whole. `Err` is the exit status: a
+/// reader that closed the pipe ends the command quietly
+/// ([`EXIT_BROKEN_PIPE`]); any other error is said on stderr
+/// ([`EXIT_OUTPUT`]).
+fn emit(text: &str) -> Result<(), u8> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(EXIT_BROKEN_PIPE),
+        Err(e) => {
+            eprintln!("ringlock: cannot write to standard output: {e}");
+            Err(EXIT_OUTPUT)
+        }
+    }
+}
+
+/// The exit status of a command whose last act is [`emit`].
+fn emitted(text: &str, done: u8) -> u8 {
+    emit(text).err().unwrap_or(done)
+}
+
+/// An error as the command line shows it: where the client library says
+/// what to do in Rust terms, the command line names its own flag.
+fn said(err: &Error) -> String {
+    err.to_string().replace(
+        ringlock_client::SERVER_NAME_HINT,
+        "if it holds another name, give that one with --tls-server-name NAME or \
+         RINGLOCK_TLS_SERVER_NAME",
+    )
+}
+
 /// Prints an error and gives its exit status.
 fn fail(err: &Error) -> u8 {
-    eprintln!("ringlock: {err}");
+    eprintln!("ringlock: {}", said(err));
     match err {
         Error::Timeout => EXIT_TIMEOUT,
         Error::InvalidArgument(_) => EXIT_USAGE,
@@ -445,10 +485,15 @@ async fn acquire(args: AcquireArgs) -> u8 {
         () = waiting_notice(&key, args.wait, args.no_wait) => unreachable!("never resolves"),
     };
     match acquired {
-        Ok(Acquired::Granted(grant)) => {
-            println!("{}", grant.token());
-            0
-        }
+        Ok(Acquired::Granted(grant)) => match emit(&format!("{}\n", grant.token())) {
+            Ok(()) => 0,
+            Err(code) => {
+                // Nobody was told the token, so nobody could release it:
+                // give the lock back rather than leave it to its lease.
+                let _ = client.release_grant(&grant).await;
+                code
+            }
+        },
         Ok(Acquired::TimedOut) => {
             eprintln!("{}", timed_out(&key, args.wait, args.no_wait));
             EXIT_TIMEOUT
@@ -855,10 +900,10 @@ async fn locks(args: LocksArgs) -> u8 {
         }
         cursor = next;
     };
-    print_table(&rows, true);
+    let mut text = table(&rows, true);
     let more = if more { " (more not shown: --max)" } else { "" };
-    println!("{shown} locks on {addr}{more}");
-    0
+    text.push_str(&format!("{shown} locks on {addr}{more}\n"));
+    emitted(&text, 0)
 }
 
 /// The node whose table `ringlock locks` shows: the active one, which has
@@ -883,22 +928,26 @@ async fn node_to_list(
     chosen
 }
 
-/// Prints four columns, each as wide as its widest cell: the first left
-/// aligned, the others right aligned (`numbers`) or left aligned (the last
-/// one then unpadded).
-fn print_table(rows: &[[String; 4]], numbers: bool) {
+/// Four columns, each as wide as its widest cell: the first left aligned,
+/// the others right aligned (`numbers`) or left aligned (the last one then
+/// unpadded). One line per row.
+fn table(rows: &[[String; 4]], numbers: bool) -> String {
+    use std::fmt::Write as _;
     let widths: Vec<usize> = (0..4)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
+    let mut text = String::new();
     for row in rows {
         let [a, b, c, d] = row;
         let (w0, w1, w2, w3) = (widths[0], widths[1], widths[2], widths[3]);
-        if numbers {
-            println!("{a:<w0$}  {b:>w1$}  {c:>w2$}  {d:>w3$}");
+        // Writing to a String cannot fail.
+        let _ = if numbers {
+            writeln!(text, "{a:<w0$}  {b:>w1$}  {c:>w2$}  {d:>w3$}")
         } else {
-            println!("{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}");
-        }
+            writeln!(text, "{a:<w0$}  {b:<w1$}  {c:<w2$}  {d}")
+        };
     }
+    text
 }
 
 async fn status(args: StatusArgs) -> u8 {
@@ -955,18 +1004,18 @@ async fn status(args: StatusArgs) -> u8 {
                     addr.clone(),
                     "unreachable".into(),
                     "-".into(),
-                    format!("- ({e})"),
+                    format!("- ({})", said(&e)),
                 ]
             }
         });
     }
-    print_table(&rows, false);
+    let mut text = table(&rows, false);
     for problem in &problems {
-        println!("problem: {problem}");
+        text.push_str(&format!("problem: {problem}\n"));
     }
     let (code, line) = verdict(&seen);
-    println!("{line}");
-    code
+    text.push_str(&format!("{line}\n"));
+    emitted(&text, code)
 }
 
 #[cfg(test)]

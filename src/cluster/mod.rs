@@ -67,6 +67,10 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// Configuration conflicts remembered at once (the newest are kept).
 const MAX_CONFLICTS: usize = 16;
 
+/// How a planned hand-off's reason begins (`hand-off to X`): the log says
+/// it at INFO, an unplanned step-down at WARN.
+const HAND_OFF: &str = "hand-off to";
+
 /// How soon a failed dial is retried.
 pub const DIAL_RETRY_MS: u64 = 100;
 
@@ -205,6 +209,10 @@ pub struct Cluster {
     doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
+    /// Whether this node has known an active (been one, or followed one):
+    /// taking the role after that is a failover, before it the cluster's
+    /// first election (which the log tells apart by level).
+    known_active: bool,
     scratch: Vec<u8>,
     /// The engine's replication events of the turn, swapped with its log by
     /// [`Cluster::flush_replication`] (both are reused).
@@ -241,6 +249,7 @@ impl Cluster {
             superseded: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
+            known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),
             events: ReplicationLog::new(),
@@ -973,7 +982,7 @@ impl Cluster {
                 p.synced = false;
                 if !self.leaving {
                     let reason = format!("{} handed the active role over", self.cfg.peers[from]);
-                    self.become_active(engine, &reason);
+                    self.become_active(engine, &reason, true);
                 }
             }
             PeerMsg::Handoff { highest } => {
@@ -1367,6 +1376,7 @@ impl Cluster {
                         self.become_active(
                             engine,
                             "no node is active and no node of higher priority is up",
+                            false,
                         );
                     } else if self.role == (Role::Standby { following: None }) {
                         self.name_hearsay_active(engine);
@@ -1428,7 +1438,20 @@ impl Cluster {
         let before = self.role;
         self.role = Role::Standby { following: active };
         let following = active.map_or("-", |a| self.cfg.peers[a].as_str());
-        if before == Role::Active {
+        if active.is_some() {
+            self.known_active = true;
+        }
+        if before == Role::Active && why.starts_with(HAND_OFF) {
+            // Planned: leaving, or handing the role back to a higher
+            // priority that holds our snapshot.
+            self.stats.stepped_down += 1;
+            tracing::info!(
+                role = "standby",
+                following,
+                "role: active -> standby, following {following} ({why})"
+            );
+        } else if before == Role::Active {
+            // Two actives, or a configuration that may not serve.
             self.stats.stepped_down += 1;
             tracing::warn!(
                 role = "standby",
@@ -1453,12 +1476,20 @@ impl Cluster {
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
     }
 
-    fn become_active(&mut self, engine: &mut Engine, why: &str) {
+    /// Takes the role. `planned`: handed over by the active; otherwise
+    /// by the role rule, which is a failover (WARN) once this node has
+    /// known an active, and the cluster's first election (INFO) before.
+    fn become_active(&mut self, engine: &mut Engine, why: &str, planned: bool) {
         self.named = None;
         if self.role != Role::Active {
             self.stats.became_active += 1;
-            tracing::warn!(role = "active", "role: standby -> active ({why})");
+            if planned || !self.known_active {
+                tracing::info!(role = "active", "role: standby -> active ({why})");
+            } else {
+                tracing::warn!(role = "active", "role: standby -> active ({why})");
+            }
         }
+        self.known_active = true;
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.
@@ -1487,7 +1518,7 @@ impl Cluster {
             self.stats.snapshots_sent += 1;
             self.peers[to].snapshot_sent = true;
         }
-        let why = format!("hand-off to {}", self.cfg.peers[to]);
+        let why = format!("{HAND_OFF} {}", self.cfg.peers[to]);
         self.stats.handoffs += 1;
         self.follow(Some(to), engine, &why);
         self.scratch.clear();

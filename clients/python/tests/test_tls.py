@@ -222,8 +222,10 @@ def test_plain_text_client_to_a_tls_port(tls_server):
     server = tls_server()
     e, took = _timed(lambda: Client(server.addr))
     assert isinstance(e, ConnectionFailed) and "this port speaks TLS" in str(e), e
+    # What a Python program does about it, not the command line's flag.
+    assert "tls=TlsConfig(ca)" in str(e) and "--tls-ca" not in str(e), e
     assert took < 2.0, took
-    with pytest.raises(ProtocolError, match="this port speaks TLS"):
+    with pytest.raises(ProtocolError, match=r"this port speaks TLS: connect with tls=TlsConfig\(ca\)"):
         node_status(server.addr)
 
 

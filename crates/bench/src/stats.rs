@@ -240,12 +240,27 @@ impl RunResult {
         }
     }
 
+    /// What ran: the label with the target and mode, the target named once
+    /// when the label is the target's own name (`ringlock (uncontended)`,
+    /// `ringlock-epoll (ringlock, uncontended)`).
+    pub(crate) fn heading(&self) -> String {
+        if self.label == self.target {
+            format!("{} ({})", self.target, self.mode)
+        } else {
+            format!("{} ({}, {})", self.label, self.target, self.mode)
+        }
+    }
+
     /// A human-readable summary.
     #[expect(clippy::too_many_lines)]
     pub(crate) fn print(&self) {
         println!(
-            "{} {} ({}): {} conns x {} in flight, {} keys, {:.1} s measured",
-            self.target, self.label, self.mode, self.conns, self.pipeline, self.keys, self.window_s
+            "{}: {} conns x {} in flight, {} keys, {:.1} s measured",
+            self.heading(),
+            self.conns,
+            self.pipeline,
+            self.keys,
+            self.window_s
         );
         if let Some(g) = &self.growth {
             println!(
@@ -327,5 +342,23 @@ impl RunResult {
                 " (not drained: some grants left to their lease)"
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunResult;
+
+    #[test]
+    fn the_heading_names_the_target_once() {
+        let mut run = RunResult {
+            target: "ringlock".into(),
+            label: "ringlock".into(),
+            mode: "uncontended".into(),
+            ..RunResult::default()
+        };
+        assert_eq!(run.heading(), "ringlock (uncontended)");
+        run.label = "ringlock-epoll".into();
+        assert_eq!(run.heading(), "ringlock-epoll (ringlock, uncontended)");
     }
 }

@@ -240,7 +240,23 @@ fn load_generator_report_and_compare() {
     assert!(md.contains("## contended"), "{md}");
     assert!(md.contains("ringlock-x"), "{md}");
     assert!(md.contains("generator spinning 100 µs"), "{md}");
+    assert!(md.contains("## memory: hold 5.0k locks"), "{md}");
     let json = dir.join("result.json");
+    // A fill of 5000 locks says so, and does not meet the 1M-lock target.
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let memory = result["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == "1M locks memory" && t["label"] == "ringlock-x")
+        .expect("the memory target's row");
+    assert_eq!(memory["verdict"], "not measured", "{memory}");
+    let measured = memory["measured"].as_str().unwrap();
+    assert!(
+        measured.ends_with("after a fill of 5000 locks (fewer than 1M: not judged)"),
+        "{measured}"
+    );
     let out = Command::new(GEN)
         .arg("compare")
         .arg(&json)

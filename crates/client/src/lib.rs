@@ -98,7 +98,7 @@ pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
 pub use ringlock_proto::Role;
 use ringlock_proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
 #[cfg(feature = "tls")]
-pub use tls::TlsConfig;
+pub use tls::{SERVER_NAME_HINT, TlsConfig};
 
 /// The protocol's redial period for a dropped connection.
 pub const REDIAL_INTERVAL: Duration = Duration::from_secs(3);

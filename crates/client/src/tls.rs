@@ -113,7 +113,13 @@ impl TlsConfig {
 
     /// The name every server's certificate must carry, instead of the host
     /// part of the address dialed (for nodes reached by an address their
-    /// certificate does not name).
+    /// certificate does not name): a DNS name or an IP address.
+    ///
+    /// Infallible: the name is checked when a connection is dialed, not
+    /// here. One that is neither a DNS name nor an IP address makes every
+    /// dial fail with an error that says so (`"..." is not a name TLS can
+    /// check a certificate against`), and the client reports the servers
+    /// unreachable.
     pub fn server_name(mut self, name: impl Into<String>) -> TlsConfig {
         self.server_name = Some(name.into());
         self
@@ -157,6 +163,13 @@ impl TlsConfig {
     }
 }
 
+/// What the message for a server certificate that does not name the
+/// address dialed says to do, in Rust terms. A program that takes the name
+/// another way (the `ringlock` command line: `--tls-server-name`) may put
+/// its own words in its place.
+pub const SERVER_NAME_HINT: &str =
+    "if it holds another name, expect that one with TlsConfig::server_name";
+
 /// Says what a TLS failure means, for error messages; `None` if `err` is
 /// not one.
 pub(crate) fn explain(err: &io::Error) -> Option<String> {
@@ -169,7 +182,10 @@ pub(crate) fn explain(err: &io::Error) -> Option<String> {
                 C::Expired | C::ExpiredContext { .. } => "has expired",
                 C::NotValidYet | C::NotValidYetContext { .. } => "is not valid yet",
                 C::NotValidForName | C::NotValidForNameContext { .. } => {
-                    "does not name the address dialed (see the server-name override)"
+                    return Some(format!(
+                        "TLS: the server's certificate does not name the address dialed \
+                         ({SERVER_NAME_HINT}) ({tls})"
+                    ));
                 }
                 _ => "was refused",
             };

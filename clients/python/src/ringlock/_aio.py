@@ -739,7 +739,7 @@ class AsyncClient:
             return _Conn(self, addr, reader, writer)
         writer.close()
         if ans.op == "E":
-            raise _End(f"{addr} refused the connection: E {ans.key.decode('ascii', 'backslashreplace')}", False)
+            raise _End(f"{addr} refused the connection: {_refusal(ans.key)}", False)
         raise _End(f"{addr} answered S with {line[:200]!r}: not a ringlock node?", False)
 
     def _pick(self, addr: Optional[str] = None) -> Optional[_Conn]:
@@ -1501,8 +1501,18 @@ async def node_status(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig,
     if ans.op == "S":
         return NodeStatus(ans.key.decode(), ans.addr, int(ans.value))  # type: ignore[call-overload]
     if ans.op == "E":
-        raise ProtocolError(f"{addr} says: E {ans.key.decode('ascii', 'backslashreplace')}")
+        raise ProtocolError(f"{addr} says: {_refusal(ans.key)}")
     raise ProtocolError(f"{addr} answered S with {line[:200]!r}")
+
+
+def _refusal(why: bytes) -> str:
+    """A node's ``E`` reason, as this client reports it. A TLS port answers
+    a plain-text client with a hint for the ``ringlock`` command line (its
+    ``--tls-ca`` flag); a Python program turns TLS on another way."""
+    text = why.decode("ascii", "backslashreplace")
+    if text.startswith("this port speaks TLS"):
+        return "this port speaks TLS: connect with tls=TlsConfig(ca) (or tls=TlsConfig.from_env())"
+    return f"E {text}"
 
 
 async def node_problem(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> Optional[str]:

@@ -1,0 +1,145 @@
+//! The command line and its own standard output: a reader that closes the
+//! pipe early ends a command quietly with 141 (as `ls | head` does), a
+//! full disk is one line on stderr and exit 74 (docs/client.md, "Exit
+//! status"); never a panic. Each command that prints: `acquire` (the
+//! token), `status` and `locks` (listings of several lines).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BROKEN_PIPE: i32 = 141;
+const OUTPUT_ERROR: i32 = 74;
+
+fn ringlock(server: &common::Server, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    cmd.args(args)
+        .env("RINGLOCK_SERVERS", server.addr.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Waits at most 30 s for the command and returns its output.
+fn finish(mut child: std::process::Child) -> Output {
+    let started = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("ringlock did not finish within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The commands that print, each with what makes it print something.
+fn printing_commands() -> [Vec<&'static str>; 3] {
+    [
+        vec!["acquire", "out/printed", "--lease", "30", "--no-wait"],
+        vec!["status"],
+        vec!["locks"],
+    ]
+}
+
+/// A server holding `n` locks `out/NNNNN` (one connection, pipelined).
+fn server_with_locks(n: usize) -> (common::Server, common::Conn) {
+    let server = common::Server::start("epoll");
+    let mut conn = server.connect();
+    let requests: String = (0..n).map(|i| format!("A out/{i:05} 60 0\n")).collect();
+    conn.send(requests.as_bytes());
+    for _ in 0..n {
+        let answer = conn.recv();
+        assert!(answer.starts_with("A out/"), "{answer}");
+    }
+    (server, conn)
+}
+
+/// Whether `out/printed` is free: a try-acquire on a fresh connection.
+fn free(server: &common::Server) -> bool {
+    let mut conn = server.connect();
+    let answer = conn.call("A out/printed 1 0.001");
+    answer.starts_with("A out/printed ")
+}
+
+/// Standard output is a pipe whose read end is already closed when the
+/// command starts: every write fails with EPIPE. Each command ends with
+/// 141 and says nothing; `acquire` gives back the lock it could not print.
+#[test]
+fn a_closed_pipe_ends_each_command_quietly() {
+    let (server, _holder) = server_with_locks(3);
+    for args in printing_commands() {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let child = ringlock(&server, &args)
+            .stdout(writer)
+            .spawn()
+            .expect("spawn");
+        let out = finish(child);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(BROKEN_PIPE), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?} said something");
+    }
+    assert!(
+        free(&server),
+        "acquire kept a lock whose token it never printed"
+    );
+}
+
+/// `ringlock locks | head -1` with a listing far longer than a pipe holds
+/// (64 KiB by default): the reader takes the first line and closes, the
+/// command's write then fails, and it ends quietly with 141.
+#[test]
+fn locks_into_a_reader_that_stops_after_one_line() {
+    let (server, _holder) = server_with_locks(5000);
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    let child = ringlock(&server, &["locks"])
+        .stdout(writer)
+        .spawn()
+        .expect("spawn");
+    let mut first = String::new();
+    BufReader::new(reader)
+        .read_line(&mut first)
+        .expect("read the first line");
+    assert!(first.starts_with("KEY "), "{first}");
+    // The BufReader (and with it the read end) is gone here.
+    let out = finish(child);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(BROKEN_PIPE), "{stderr}");
+    assert_eq!(stderr, "");
+}
+
+/// Standard output is /dev/full: one line on stderr that says why, exit
+/// 74; `acquire` gives back the lock it could not print.
+#[test]
+fn a_full_disk_is_one_line_and_exit_74() {
+    assert!(
+        std::path::Path::new("/dev/full").exists(),
+        "Linux has /dev/full"
+    );
+    let (server, _holder) = server_with_locks(3);
+    for args in printing_commands() {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full");
+        let child = ringlock(&server, &args)
+            .stdout(full)
+            .spawn()
+            .expect("spawn");
+        let out = finish(child);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(OUTPUT_ERROR), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.lines().collect::<Vec<_>>(),
+            ["ringlock: cannot write to standard output: No space left on device (os error 28)"],
+            "{args:?}"
+        );
+    }
+    assert!(
+        free(&server),
+        "acquire kept a lock whose token it never printed"
+    );
+}
