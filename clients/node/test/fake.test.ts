@@ -31,22 +31,30 @@ test("answers are matched by op and key, whatever their order", async () => {
   const held: Array<{ line: string; sock: net.Socket }> = [];
   await withFake(
     async (fake) => {
-      await using client = await Client.connect(fake.addr);
+      // One connection only (the second gets no hello), so that every
+      // request shares one matcher.
+      let first: net.Socket | undefined;
+      fake.onLine = (line, sock) => {
+        if (line === "S") {
+          first ??= sock;
+          if (sock === first) sock.write(`S active ${fake.addr} 1\n`);
+        } else if (line.startsWith("A ")) held.push({ line, sock });
+        else if (line.startsWith("R ")) sock.write("R x 1\n");
+        else if (line.startsWith("N ")) sock.write("N y 0\n");
+      };
+      await using client = await Client.connect(fake.addr, { probeTimeoutMs: 200 });
+      await poll("the second dial given up", () => client.connected() === 1 && fake.lines.length >= 2);
       const a = client.acquire("x", { leaseMs: 1000 });
+      await poll("the acquire reached the fake", () => held.length === 1);
+      // An R of the same key after it, and an N: answered first; then the A.
       const r = client.release("x", 5n);
       const n = client.renew("y", 6n, 1000);
-      // R and N are answered first; then the A of x.
       assert.equal(await r, true);
       assert.equal(await n, false);
-      await poll("the acquire reached the fake", () => held.length === 1);
       held[0]!.sock.write("A x 12345678901234567890\n");
       const g = await a;
       assert.equal(g?.token, 12345678901234567890n);
-    },
-    (line, sock) => {
-      if (line.startsWith("A ")) held.push({ line, sock });
-      else if (line.startsWith("R ")) sock.write("R x 1\n");
-      else if (line.startsWith("N ")) sock.write("N y 0\n");
+      assert.equal(new Set(held.map((h) => h.sock)).size, 1);
     },
   );
 });
