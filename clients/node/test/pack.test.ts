@@ -66,7 +66,7 @@ test("npm pack, installed as ESM and CommonJS, runs the docs' example", { timeou
       const emitted = readFileSync(join(dir, "example.js"), "utf8");
       assert.match(emitted, type === "module" ? /from "ringlock"/ : /require\("ringlock"\)/);
       const out = sh(process.execPath, ["example.js"], dir, { ...process.env, RINGLOCK_SERVERS: server.addr });
-      assert.match(out, /^wrote a quick report under token \d+\nwrote step 1 under token \d+\nwrote step 2 under token \d+\nwrote step 3 under token \d+\n$/);
+      assert.match(out, /^wrote a quick report under token \d+\nwrote step 1 under token \d+\nwrote step 2 under token \d+\nwrote step 3 under token \d+\n$/, `as ${type}`);
     }
     // Both entry points give the same classes: instanceof holds across them.
     const check = `
