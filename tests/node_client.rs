@@ -5,7 +5,7 @@
 //! `npm ci` from the committed lockfile into clients/node/node_modules; a
 //! run whose lockfile has not changed since the last install reuses them
 //! (no network needed). Then the package is built (`npm run build`: tsc
-//! into dist/ and build/) and `node --test build/test/` runs against
+//! into dist/ and build/) and `node --test build/test/*.test.js` runs against
 //! RINGLOCK_BIN, this build's server. Where Node.js 20+ or npm is missing
 //! the test says so on one line and skips (see `prerequisite`); every other
 //! failure (npm cannot reach its registry, tsc fails, a test fails) fails it.
@@ -80,8 +80,20 @@ fn node_client_suite() {
             .current_dir(&dir),
         "npm run build (clients/node)",
     );
+    // The test files by name: given a directory, node 20 runs every .js
+    // file in it as a test, helpers too.
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("build/test"))
+        .expect("build/test")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".test.js"))
+        .map(|n| format!("build/test/{n}"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no build/test/*.test.js");
     let out = Command::new("node")
-        .args(["--test", "build/test/"])
+        .arg("--test")
+        .args(&files)
         .env("RINGLOCK_BIN", env!("CARGO_BIN_EXE_ringlock"))
         .current_dir(&dir)
         .stdin(Stdio::null())
