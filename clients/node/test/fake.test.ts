@@ -237,3 +237,21 @@ test("a release whose connections keep dropping is retried, then ConnectionError
     },
   );
 });
+
+test("a try-lock always asks the node, even after a slow turn of the event loop", async () => {
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr);
+      const p = client.tryAcquire("k", { leaseMs: 1000 });
+      // Block the event loop well past the try's 1 ms wait before the
+      // acquire goes on: the node, not the client's clock, says "held".
+      const until = performance.now() + 20;
+      while (performance.now() < until);
+      assert.equal((await p)?.token, 5n);
+      assert.ok(fake.lines.includes("A k 1 0.001"), fake.lines.join("|"));
+    },
+    (line, sock) => {
+      if (line.startsWith("A ")) sock.write("A k 5\n");
+    },
+  );
+});
