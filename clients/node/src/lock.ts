@@ -74,7 +74,7 @@ export class Lock implements AsyncDisposable {
     if (renew) {
       client._background(renewLoop(client, this.state));
     } else {
-      client._background(expireAtDeadline(this.state));
+      client._background(expireAtDeadline(client, this.state));
     }
     dropped.register(this, { client: new WeakRef(client), state: this.state }, this.state);
   }
@@ -195,11 +195,14 @@ export class Lock implements AsyncDisposable {
 }
 
 /** Without renewal: the lock counts as lost once its lease could have run out. */
-async function expireAtDeadline(state: LockState): Promise<void> {
+async function expireAtDeadline(client: Client, state: LockState): Promise<void> {
+  const link = linked([state.stop.signal, client._closing]);
   try {
-    await sleep(state.deadline - now(), state.stop.signal);
+    await sleep(state.deadline - now(), link.controller.signal);
   } catch {
     return;
+  } finally {
+    link.dispose();
   }
   const g = state.grant;
   state.finish(new LockLostError(showKey(g.keyBytes), g.token, false, "the lease ran out (the lock is not renewed)"));
@@ -216,7 +219,9 @@ async function renewLoop(client: Client, state: LockState): Promise<void> {
   const lease = g.leaseMs;
   const every = lease / 3;
   const line = renewLine(g.keyBytes, g.token, lease);
-  const stop = state.stop.signal;
+  // Stopped by a release, a detach, a loss, or the client closing.
+  const stopLink = linked([state.stop.signal, client._closing]);
+  const stop = stopLink.controller.signal;
   let first = true;
   try {
     for (;;) {
@@ -278,5 +283,7 @@ async function renewLoop(client: Client, state: LockState): Promise<void> {
     }
   } catch {
     // Stopped (released, detached, or the client closed).
+  } finally {
+    stopLink.dispose();
   }
 }

@@ -250,3 +250,18 @@ test("a closed client refuses calls with ClosedError; connecting to nothing is a
   });
   assert.ok(performance.now() - t0 < 1500);
 });
+
+test("close() does not wait for the locks it holds: their renewals stop, their leases run out", async () => {
+  const c = await Client.connect(server.addr);
+  const renewed = await c.lock("t/close-renewed", { leaseMs: 30_000 });
+  const plain = await c.lock("t/close-plain", { leaseMs: 30_000, renew: false });
+  const t0 = performance.now();
+  await c.close();
+  assert.ok(performance.now() - t0 < 500, `close took ${performance.now() - t0} ms`);
+  assert.equal(renewed.lost, null);
+  assert.equal(plain.lost, null);
+  await renewed[Symbol.asyncDispose](); // a closed client: left to its lease, quietly
+  assert.equal(await client.tryLock("t/close-renewed"), null, "still held: nobody released it");
+  await client.release("t/close-renewed", renewed.token);
+  await client.release("t/close-plain", plain.token);
+});
