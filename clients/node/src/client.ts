@@ -530,12 +530,15 @@ export class Client implements Owner, AsyncDisposable {
     this.checkOpen();
     const started = now();
     const state: AcqState = { doing: "connecting", asking: "", failure: null };
-    const link = linked([userSignal, this.closing.signal]);
     const t = this.timing;
     const deadline = new Deadline();
-    const timer = wms === 0 ? undefined : setTimeout(() => link.controller.abort(deadline), wms + t.acquireGraceMs);
+    // A signal of its own only when something but the client's close can
+    // end the call (the common case allocates nothing).
+    const link = userSignal === undefined && wms === 0 ? null : linked([userSignal, this.closing.signal]);
+    const timer =
+      wms === 0 || link === null ? undefined : setTimeout(() => link.controller.abort(deadline), wms + t.acquireGraceMs);
     try {
-      return await this.acquireLoop(k, lms, wms, started, state, link.controller.signal);
+      return await this.acquireLoop(k, lms, wms, started, state, link?.controller.signal ?? this.closing.signal);
     } catch (e) {
       if (e !== deadline) throw e;
       const within = `${showMs(wms + t.acquireGraceMs)} (its wait, ${showMs(wms)}, plus ${showMs(t.acquireGraceMs)} of grace)`;
@@ -551,7 +554,7 @@ export class Client implements Owner, AsyncDisposable {
       }
     } finally {
       clearTimeout(timer);
-      link.dispose();
+      link?.dispose();
     }
   }
 
@@ -683,8 +686,8 @@ export class Client implements Owner, AsyncDisposable {
     trouble?: (why: string) => void,
   ): Promise<{ held: boolean; sent: number }> {
     this.checkOpen();
-    const link = linked([userSignal, this.closing.signal]);
-    const signal = link.controller.signal;
+    const link = userSignal === undefined ? null : linked([userSignal, this.closing.signal]);
+    const signal = link?.controller.signal ?? this.closing.signal;
     try {
       const t = this.timing;
       const what = op === "R" ? "release" : "renew";
@@ -730,7 +733,7 @@ export class Client implements Owner, AsyncDisposable {
       if (noActive) throw new NoActiveNodeError(`${what}: no active node in the cluster`);
       throw new ConnectionError(`${what} gave up after ${showMs(now() - started)}: ${last}`);
     } finally {
-      link.dispose();
+      link?.dispose();
     }
   }
 
