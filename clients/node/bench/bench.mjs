@@ -150,11 +150,14 @@ rd.proc.kill();
 
 const fmt = (x) => Math.round(x).toLocaleString("en-US");
 console.log(`Node.js ${process.version}, ${cpus().length} cores, load average ${load0.toFixed(1)} before, ${load1.toFixed(1)} after;`);
-console.log(`medians of ${rounds} rounds of ${duration / 1000} s; ringlock: ${opts["ringlock-bin"]}\n`);
+console.log(`medians of ${rounds} rounds (min-max) of ${duration / 1000} s after ${warmup / 1000} s of warm-up; ringlock: ${opts["ringlock-bin"]}; redis-server on the PATH\n`);
 console.log("| workers | ringlock (Node.js) | ioredis, SET NX PX + Lua | ratio |");
 console.log("|---|---:|---:|---:|");
 for (const [j, s] of scenarios.entries()) {
   const a = median(results[j].ringlock);
   const b = median(results[j].redis);
-  console.log(`| ${s.workers} | ${fmt(a)} /s | ${fmt(b)} /s | ${(a / b).toFixed(2)} × |`);
+  const range = (xs) => `${fmt(Math.min(...xs))}-${fmt(Math.max(...xs))}`;
+  console.log(
+    `| ${s.workers} | ${fmt(a)} /s (${range(results[j].ringlock)}) | ${fmt(b)} /s (${range(results[j].redis)}) | ${(a / b).toFixed(2)} × |`,
+  );
 }
