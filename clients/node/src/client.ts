@@ -411,7 +411,8 @@ export class Client implements Owner, AsyncDisposable {
 
   /**
    * Follows an `M` naming `addr`: makes it the preferred node (dialling it
-   * if unknown) and waits up to `within` for it to be up. Internal.
+   * if unknown) and waits up to `within` for it to be up.
+   * @internal
    */
   async _follow(addr: string, within: number, signal: AbortSignal): Promise<boolean> {
     const mine = this.slots.filter((s) => s.addr === addr);
@@ -460,12 +461,12 @@ export class Client implements Owner, AsyncDisposable {
     this.track(this.release(key, token));
   }
 
-  /** Runs `p` in the background until the client closes (internal). */
+  /** Runs `p` in the background until the client closes. @internal */
   _background(p: Promise<unknown>): void {
     this.track(p);
   }
 
-  /** A signal that aborts when the client closes (internal). */
+  /** A signal that aborts when the client closes. @internal */
   get _closing(): AbortSignal {
     return this.closing.signal;
   }
@@ -675,7 +676,8 @@ export class Client implements Owner, AsyncDisposable {
    * A release or renew, retried every `retryEveryMs` until `until` when no
    * connection carries it, following `M`. Each attempt is bounded by the
    * request timeout. Gives the flag and when the attempt that got it was
-   * sent. Internal.
+   * sent.
+   * @internal
    */
   async _retrying(
     op: "R" | "N",

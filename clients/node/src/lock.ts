@@ -62,7 +62,7 @@ export class Lock implements AsyncDisposable {
   /** Aborts, with a LockLostError as its reason, when the lock is lost. */
   readonly signal: AbortSignal;
 
-  /** @internal Made by Client.lock() and Client.tryLock(). */
+  /** Made by Client.lock() and Client.tryLock(); not meant to be called otherwise. */
   constructor(
     private readonly client: Client,
     grant: Grant,
