@@ -102,7 +102,7 @@ test("M key addr is followed; M key - is retried with back-off, then NoActiveNod
       const tries = fake.lines.filter((l) => l.startsWith("A ")).length;
       // 50 + 100 + 200 + 400 ms of back-off: about 4 to 5 attempts in 0.6 s.
       assert.ok(tries >= 3 && tries <= 6, `attempts: ${tries}`);
-      assert.ok(took >= 550 && took < 2000, `took ${took} ms`);
+      assert.ok(took >= 550 && took < 4000, `took ${took} ms`);
     },
     (line, sock) => {
       if (line.startsWith("A ")) sock.write("M k -\n");
@@ -119,7 +119,7 @@ test("a node that accepts but never answers the hello is never used", async () =
       assert.match(e.message, /did not answer S within 200 ms/);
       return true;
     });
-    assert.ok(performance.now() - t0 < 1000);
+    assert.ok(performance.now() - t0 < 2500);
     assert.ok(fake.lines.every((l) => l === "S"), "nothing but the hello was sent");
   });
 });
@@ -134,7 +134,7 @@ test("a silent connection is probed, found dead, and its acquire moves on to the
       const took = performance.now() - t0;
       assert.equal(g?.token, 7n);
       assert.equal(acquires, 2);
-      assert.ok(took >= 150 && took < 1500, `took ${took} ms`);
+      assert.ok(took >= 150 && took < 3000, `took ${took} ms`);
     },
     (line, sock) => {
       // The first acquire's connection goes silent (even to probes); the second answers.
@@ -214,7 +214,7 @@ test("an acquire with a wait ends by its wait plus the grace, whatever the node 
         return true;
       });
       const took = performance.now() - t0;
-      assert.ok(took >= 480 && took < 1000, `took ${took} ms`);
+      assert.ok(took >= 480 && took < 2500, `took ${took} ms`);
       assert.ok(fake.lines.includes("A k 1 0.3"));
     },
     // Answers probes, never the acquire.
@@ -229,7 +229,7 @@ test("a release whose connections keep dropping is retried, then ConnectionError
       const t0 = performance.now();
       await assert.rejects(client.release("k", 1n), ConnectionError);
       const took = performance.now() - t0;
-      assert.ok(took >= 500 && took < 1500, `took ${took} ms`);
+      assert.ok(took >= 500 && took < 3000, `took ${took} ms`);
       assert.ok(fake.lines.filter((l) => l === "R k 1").length >= 3, "retried");
     },
     (line, sock) => {

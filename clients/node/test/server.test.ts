@@ -77,7 +77,7 @@ test("a wait that runs out: LockTimeoutError from lock(), null from acquire()", 
   const t0 = performance.now();
   assert.equal(await client.acquire("t/wait", { leaseMs: 1000, waitMs: 200 }), null);
   const took = performance.now() - t0;
-  assert.ok(took >= 190 && took < 1500, `took ${took} ms`);
+  assert.ok(took >= 190 && took < 3000, `took ${took} ms`);
   await assert.rejects(client.lock("t/wait", { waitMs: 100 }), (e: unknown) => {
     assert.ok(e instanceof LockTimeoutError && e instanceof RinglockError);
     assert.equal(e.kind, "timeout");
@@ -248,7 +248,7 @@ test("a closed client refuses calls with ClosedError; connecting to nothing is a
     assert.match(e.message, /127\.0\.0\.1:1/);
     return true;
   });
-  assert.ok(performance.now() - t0 < 1500);
+  assert.ok(performance.now() - t0 < 3000);
 });
 
 test("close() does not wait for the locks it holds: their renewals stop, their leases run out", async () => {
@@ -257,7 +257,7 @@ test("close() does not wait for the locks it holds: their renewals stop, their l
   const plain = await c.lock("t/close-plain", { leaseMs: 30_000, renew: false });
   const t0 = performance.now();
   await c.close();
-  assert.ok(performance.now() - t0 < 500, `close took ${performance.now() - t0} ms`);
+  assert.ok(performance.now() - t0 < 1500, `close took ${performance.now() - t0} ms`);
   assert.equal(renewed.lost, null);
   assert.equal(plain.lost, null);
   await renewed[Symbol.asyncDispose](); // a closed client: left to its lease, quietly
