@@ -1,0 +1,276 @@
+/**
+ * The wire format of the ringlock protocol (docs/protocol.md): request
+ * lines, answer parsing, argument checks. Pure functions, no I/O.
+ */
+
+import { InvalidArgumentError } from "./errors.js";
+
+export const MAX_KEY = 250;
+/** 86400 s, the longest lease or wait. */
+export const MAX_DURATION_MS = 86_400_000;
+export const MAX_TOKEN = (1n << 64n) - 1n;
+/**
+ * The longest answer line read on a pooled connection, `\n` included. The
+ * server's answers to the requests a pooled connection carries (A, R, N, S)
+ * are at most 504 bytes (an `M` with a 250-byte key and address); `E` lines
+ * a few hundred.
+ */
+export const MAX_ANSWER_LINE = 4096;
+/** The longest `H` answer read (problems quote whole `--peers` lists). */
+export const MAX_HEALTH_LINE = 64 * 1024;
+/** The wait of a try-lock: the shortest the protocol allows (0 means no limit). */
+export const TRY_WAIT_MS = 1;
+
+/** A key: a string (sent as UTF-8) or bytes. */
+export type Key = string | Uint8Array;
+
+/** One parsed answer line. */
+export type Answer =
+  | { op: "A"; key: Buffer; token: bigint }
+  | { op: "T"; key: Buffer }
+  | { op: "M"; key: Buffer; addr: string | null }
+  | { op: "R" | "N"; key: Buffer; held: boolean }
+  | { op: "S"; role: "active" | "standby"; addr: string | null; token: bigint }
+  | { op: "H"; text: string }
+  | { op: "K"; key: Buffer; token: bigint; leaseMs: bigint; waiters: bigint }
+  | { op: "L"; cursor: bigint }
+  | { op: "E"; reason: string };
+
+/** A line that breaks the protocol (surfaced as ProtocolError). */
+export class MalformedAnswer extends Error {}
+
+export function isKeyByte(b: number): boolean {
+  return (b >= 0x21 && b <= 0x7e) || b >= 0x80;
+}
+
+/** A key for messages: its bytes as UTF-8, invalid bytes replaced. */
+export function showKey(key: Uint8Array): string {
+  return Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString("utf8");
+}
+
+/** The key as bytes (a string is UTF-8 encoded), or InvalidArgumentError. */
+export function checkKey(key: unknown): Buffer {
+  let raw: Buffer;
+  if (typeof key === "string") {
+    raw = Buffer.from(key, "utf8");
+  } else if (key instanceof Uint8Array) {
+    raw = Buffer.from(key);
+  } else {
+    throw new InvalidArgumentError(`a key is a string or a Uint8Array, not ${describe(key)}`);
+  }
+  if (raw.length === 0) throw new InvalidArgumentError("empty key");
+  if (raw.length > MAX_KEY) {
+    throw new InvalidArgumentError(`key too long (${raw.length} bytes, at most ${MAX_KEY})`);
+  }
+  for (const b of raw) {
+    if (!isKeyByte(b)) {
+      throw new InvalidArgumentError(
+        `forbidden byte 0x${b.toString(16).padStart(2, "0")} in key (spaces, control bytes and 0x7f are not allowed)`,
+      );
+    }
+  }
+  return raw;
+}
+
+function describe(v: unknown): string {
+  if (v === null) return "null";
+  if (typeof v === "object") return v.constructor?.name ?? "object";
+  return typeof v;
+}
+
+function checkMs(value: unknown, what: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+    throw new InvalidArgumentError(`${what} must be a finite number of milliseconds >= 0, not ${String(value)}`);
+  }
+  return value;
+}
+
+/** A lease in whole milliseconds, rounded down: 1 ms to 86400 s. */
+export function leaseMs(lease: unknown): number {
+  const ms = Math.floor(checkMs(lease, "leaseMs"));
+  if (ms < 1 || ms > MAX_DURATION_MS) {
+    throw new InvalidArgumentError(`leaseMs must be from 1 to ${MAX_DURATION_MS}, not ${String(lease)}`);
+  }
+  return ms;
+}
+
+/**
+ * A wait in whole milliseconds, rounded up; 0 for undefined or null (no
+ * limit). A wait of zero is refused: on the wire it would mean "no limit",
+ * which is not what `waitMs: 0` says. Leave it out for no limit, or use a
+ * try-lock for one attempt.
+ */
+export function waitMs(wait: unknown): number {
+  if (wait === undefined || wait === null) return 0;
+  const v = checkMs(wait, "waitMs");
+  if (v === 0) {
+    throw new InvalidArgumentError(
+      "waitMs: 0: leave waitMs out to wait without limit, or use tryLock()/tryAcquire() for one attempt",
+    );
+  }
+  const ms = Math.max(1, Math.ceil(v));
+  if (ms > MAX_DURATION_MS) {
+    throw new InvalidArgumentError(`waitMs must be at most ${MAX_DURATION_MS}, not ${String(wait)}`);
+  }
+  return ms;
+}
+
+/** A token: a bigint (or a decimal string) from 1 to 2^64 - 1. */
+export function checkToken(token: unknown): bigint {
+  let t: bigint;
+  if (typeof token === "bigint") {
+    t = token;
+  } else if (typeof token === "string" && /^[0-9]{1,20}$/.test(token)) {
+    t = BigInt(token);
+  } else {
+    throw new InvalidArgumentError(`a token is a bigint (or a decimal string), not ${describe(token)}`);
+  }
+  if (t < 1n || t > MAX_TOKEN) {
+    throw new InvalidArgumentError(`token must be from 1 to ${MAX_TOKEN}, not ${t}`);
+  }
+  return t;
+}
+
+/** Milliseconds in the protocol's seconds form (`30`, `1.5`, `0.001`). */
+export function fmtMs(ms: number): string {
+  const whole = Math.floor(ms / 1000);
+  const frac = ms % 1000;
+  if (frac === 0) return String(whole);
+  return `${whole}.${String(frac).padStart(3, "0")}`.replace(/0+$/, "");
+}
+
+const SP = Buffer.from(" ");
+const NL = Buffer.from("\n");
+
+export function acquireLine(key: Buffer, lease: number, wait: number): Buffer {
+  return Buffer.concat([Buffer.from("A "), key, Buffer.from(` ${fmtMs(lease)} ${fmtMs(wait)}\n`)]);
+}
+
+export function releaseLine(key: Buffer, token: bigint): Buffer {
+  return Buffer.concat([Buffer.from("R "), key, SP, Buffer.from(token.toString()), NL]);
+}
+
+export function renewLine(key: Buffer, token: bigint, lease: number): Buffer {
+  return Buffer.concat([Buffer.from("N "), key, Buffer.from(` ${token} ${fmtMs(lease)}\n`)]);
+}
+
+export function listLine(cursor: bigint, limit: number, prefix: Buffer | null): Buffer {
+  const head = Buffer.from(`L ${cursor} ${limit}`);
+  return prefix === null ? Buffer.concat([head, NL]) : Buffer.concat([head, SP, prefix, NL]);
+}
+
+/** A decimal u64 (leading zeros allowed), or null. */
+export function parseU64(field: Buffer): bigint | null {
+  if (field.length === 0 || field.length > 20) return null;
+  for (const b of field) if (b < 0x30 || b > 0x39) return null;
+  const n = BigInt(field.toString("latin1"));
+  return n <= MAX_TOKEN ? n : null;
+}
+
+function printable(text: Buffer): string {
+  let out = "";
+  for (const b of text) {
+    out += b >= 0x20 && b <= 0x7e ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, "0")}`;
+  }
+  return out;
+}
+
+/** A line for an error message: printable, cut after 200 bytes. */
+export function showLine(line: Buffer): string {
+  const cut = line.length > 200;
+  return JSON.stringify(printable(cut ? line.subarray(0, 200) : line)) + (cut ? "..." : "");
+}
+
+function addrField(field: Buffer, line: Buffer): string | null {
+  if (field.length === 1 && field[0] === 0x2d) return null;
+  // Addresses are dialled as host:port: keep them printable.
+  for (const b of field) {
+    if (b < 0x21 || b > 0x7e) throw new MalformedAnswer(`address with unprintable bytes in ${showLine(line)}`);
+  }
+  return field.toString("latin1");
+}
+
+/** Parses one answer line without its `\n`. Throws MalformedAnswer. */
+export function parseAnswer(input: Buffer): Answer {
+  const line = input.length > 0 && input[input.length - 1] === 0x0d ? input.subarray(0, -1) : input;
+  if (line.length >= 2 && line[1] === 0x20 && (line[0] === 0x45 || line[0] === 0x48)) {
+    const text = printable(line.subarray(2));
+    return line[0] === 0x45 ? { op: "E", reason: text } : { op: "H", text };
+  }
+  const fields: Buffer[] = [];
+  let start = 0;
+  for (let i = 0; i <= line.length; i++) {
+    if (i === line.length || line[i] === 0x20) {
+      fields.push(line.subarray(start, i));
+      if (fields.length > 5) break;
+      start = i + 1;
+    }
+  }
+  const bad = (): MalformedAnswer => new MalformedAnswer(`malformed answer ${showLine(line)}`);
+  if (fields.length < 2 || fields.length > 5) throw bad();
+  for (const f of fields) if (f.length === 0) throw bad();
+  const op = fields[0]!.length === 1 ? String.fromCharCode(fields[0]![0]!) : "";
+  const first = fields[1]!;
+  const rest = fields.slice(2);
+  const key = (): Buffer => {
+    if (first.length > MAX_KEY) throw bad();
+    for (const b of first) if (!isKeyByte(b)) throw bad();
+    return first;
+  };
+  switch (op) {
+    case "A": {
+      if (rest.length !== 1) throw bad();
+      const token = parseU64(rest[0]!);
+      if (token === null || token === 0n) throw bad();
+      return { op: "A", key: key(), token };
+    }
+    case "T":
+      if (rest.length !== 0) throw bad();
+      return { op: "T", key: key() };
+    case "M":
+      if (rest.length !== 1) throw bad();
+      return { op: "M", key: key(), addr: addrField(rest[0]!, line) };
+    case "R":
+    case "N": {
+      if (rest.length !== 1 || rest[0]!.length !== 1) throw bad();
+      const flag = rest[0]![0];
+      if (flag !== 0x30 && flag !== 0x31) throw bad();
+      return { op, key: key(), held: flag === 0x31 };
+    }
+    case "S": {
+      if (rest.length !== 2) throw bad();
+      const role = first.toString("latin1");
+      if (role !== "active" && role !== "standby") throw bad();
+      const token = parseU64(rest[1]!);
+      if (token === null) throw bad();
+      return { op: "S", role, addr: addrField(rest[0]!, line), token };
+    }
+    case "K": {
+      if (rest.length !== 3) throw bad();
+      const [token, lease, waiters] = rest.map(parseU64);
+      if (token == null || lease == null || waiters == null) throw bad();
+      return { op: "K", key: key(), token, leaseMs: lease, waiters };
+    }
+    case "L": {
+      if (rest.length !== 0) throw bad();
+      const cursor = parseU64(first);
+      if (cursor === null) throw bad();
+      return { op: "L", cursor };
+    }
+    default:
+      throw bad();
+  }
+}
+
+/** `host:port` (`[v6]:port` too) into host and port, or InvalidArgumentError. */
+export function splitAddr(addr: string): { host: string; port: number } {
+  const i = addr.lastIndexOf(":");
+  const portText = i < 0 ? "" : addr.slice(i + 1);
+  let host = i < 0 ? "" : addr.slice(0, i);
+  const port = /^[0-9]{1,5}$/.test(portText) ? Number(portText) : 0;
+  if (host === "" || port < 1 || port > 65535) {
+    throw new InvalidArgumentError(`bad address ${JSON.stringify(addr)}: expected host:port`);
+  }
+  if (host.startsWith("[") && host.endsWith("]")) host = host.slice(1, -1);
+  return { host, port };
+}

@@ -1,0 +1,257 @@
+// The client against a fake server whose answers each test writes: the
+// (op, key) matcher, M following, liveness, local queueing, what a broken
+// server costs.
+
+import assert from "node:assert/strict";
+import type * as net from "node:net";
+import { test } from "node:test";
+
+import { Client, ConnectionError, NoActiveNodeError, ProtocolError } from "../src/index.js";
+import { failOnUnhandledRejections, FakeServer, poll } from "./helpers.js";
+
+failOnUnhandledRejections();
+
+async function withFake(
+  f: (fake: FakeServer) => Promise<void>,
+  onLine?: (line: string, sock: net.Socket, fake: FakeServer) => void,
+): Promise<void> {
+  const fake = await FakeServer.start();
+  if (onLine !== undefined) {
+    const hello = fake.onLine;
+    fake.onLine = (line, sock) => (line === "S" ? hello(line, sock) : onLine(line, sock, fake));
+  }
+  try {
+    await f(fake);
+  } finally {
+    await fake.close();
+  }
+}
+
+test("answers are matched by op and key, whatever their order", async () => {
+  const held: Array<{ line: string; sock: net.Socket }> = [];
+  await withFake(
+    async (fake) => {
+      // One connection only (the second gets no hello), so that every
+      // request shares one matcher.
+      let first: net.Socket | undefined;
+      fake.onLine = (line, sock) => {
+        if (line === "S") {
+          first ??= sock;
+          if (sock === first) sock.write(`S active ${fake.addr} 1\n`);
+        } else if (line.startsWith("A ")) held.push({ line, sock });
+        else if (line.startsWith("R ")) sock.write("R x 1\n");
+        else if (line.startsWith("N ")) sock.write("N y 0\n");
+      };
+      await using client = await Client.connect(fake.addr, { probeTimeoutMs: 200 });
+      await poll("the second dial given up", () => client.connected() === 1 && fake.lines.length >= 2);
+      const a = client.acquire("x", { leaseMs: 1000 });
+      await poll("the acquire reached the fake", () => held.length === 1);
+      // An R of the same key after it, and an N: answered first; then the A.
+      const r = client.release("x", 5n);
+      const n = client.renew("y", 6n, 1000);
+      assert.equal(await r, true);
+      assert.equal(await n, false);
+      held[0]!.sock.write("A x 12345678901234567890\n");
+      const g = await a;
+      assert.equal(g?.token, 12345678901234567890n);
+      assert.equal(new Set(held.map((h) => h.sock)).size, 1);
+    },
+  );
+});
+
+test("an answer that matches nothing, an E, a malformed or over-long line: ProtocolError, and the connection is redialled", async () => {
+  for (const answer of ["R nothing 1\n", "E lock table full: 1 locks (--max-locks) in line 2\n", "A x yes\n", "A x " + "1".repeat(5000) + "\n"]) {
+    await withFake(
+      async (fake) => {
+        await using client = await Client.connect(fake.addr, { redialIntervalMs: 100 });
+        await assert.rejects(client.acquire("x", { leaseMs: 1000 }), ProtocolError, JSON.stringify(answer.slice(0, 30)));
+        // The client goes on with its other connection, and redials.
+        await poll("both connections up again", () => client.connected() === 2, 3000);
+      },
+      (line, sock) => {
+        if (line.startsWith("A ")) sock.write(answer);
+      },
+    );
+  }
+});
+
+test("M key addr is followed; M key - is retried with back-off, then NoActiveNodeError", async () => {
+  await withFake(async (active) => {
+    active.onLine = (line, sock) => {
+      if (line === "S") sock.write(`S active ${active.addr} 1\n`);
+      else if (line.startsWith("A ")) sock.write("A k 42\n");
+    };
+    await withFake(
+      async (standby) => {
+        await using client = await Client.connect(standby.addr);
+        const g = await client.acquire("k", { leaseMs: 1000 });
+        assert.equal(g?.token, 42n);
+        assert.deepEqual(client.addresses(), [standby.addr, active.addr]);
+      },
+      (line, sock) => {
+        if (line.startsWith("A ")) sock.write(`M k ${active.addr}\n`);
+      },
+    );
+  });
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr, { noActiveTimeoutMs: 600 });
+      const t0 = performance.now();
+      await assert.rejects(client.acquire("k", { leaseMs: 1000 }), NoActiveNodeError);
+      const took = performance.now() - t0;
+      const tries = fake.lines.filter((l) => l.startsWith("A ")).length;
+      // 50 + 100 + 200 + 400 ms of back-off: about 4 to 5 attempts in 0.6 s.
+      assert.ok(tries >= 3 && tries <= 6, `attempts: ${tries}`);
+      assert.ok(took >= 550 && took < 4000, `took ${took} ms`);
+    },
+    (line, sock) => {
+      if (line.startsWith("A ")) sock.write("M k -\n");
+    },
+  );
+});
+
+test("a node that accepts but never answers the hello is never used", async () => {
+  await withFake(async (fake) => {
+    fake.onLine = () => undefined;
+    const t0 = performance.now();
+    await assert.rejects(Client.connect(fake.addr, { probeTimeoutMs: 200 }), (e: unknown) => {
+      assert.ok(e instanceof ConnectionError);
+      assert.match(e.message, /did not answer S within 200 ms/);
+      return true;
+    });
+    assert.ok(performance.now() - t0 < 2500);
+    assert.ok(fake.lines.every((l) => l === "S"), "nothing but the hello was sent");
+  });
+});
+
+test("a silent connection is probed, found dead, and its acquire moves on to the other", async () => {
+  let acquires = 0;
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr, { probeIntervalMs: 100, probeTimeoutMs: 100 });
+      const t0 = performance.now();
+      const g = await client.acquire("k", { leaseMs: 1000, waitMs: 5000 });
+      const took = performance.now() - t0;
+      assert.equal(g?.token, 7n);
+      assert.equal(acquires, 2);
+      assert.ok(took >= 150 && took < 3000, `took ${took} ms`);
+    },
+    (line, sock) => {
+      // The first acquire's connection goes silent (even to probes); the second answers.
+      if (line.startsWith("A ")) {
+        acquires += 1;
+        if (acquires === 1) {
+          sock.pause();
+          return;
+        }
+        sock.write("A k 7\n");
+      }
+    },
+  );
+});
+
+test("at most maxWaitingAcquires wait on one connection; the rest queue in the client; releases are not held back", async () => {
+  const socks = new Map<net.Socket, string[]>();
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr, { maxWaitingAcquires: 2 });
+      await poll("both connections up", () => client.connected() === 2);
+      const waits = Array.from({ length: 10 }, () => client.acquire("q", { leaseMs: 1000 }));
+      await poll("four acquires at the server", () => fake.lines.filter((l) => l.startsWith("A ")).length === 4);
+      assert.equal(await client.release("other", 9n), true, "a release goes out past the queued acquires");
+      await new Promise((r) => setTimeout(r, 100));
+      assert.equal(fake.lines.filter((l) => l.startsWith("A ")).length, 4, "no more than two per connection");
+      // Grant them one by one: each answer lets one more out.
+      let token = 100;
+      for (let i = 0; i < 10; i++) {
+        await poll("an acquire waiting", () => [...socks.values()].some((q) => q.length > 0));
+        const [sock, q] = [...socks.entries()].find(([, q]) => q.length > 0)!;
+        q.shift();
+        sock.write(`A q ${token++}\n`);
+      }
+      const grants = await Promise.all(waits);
+      assert.equal(new Set(grants.map((g) => g?.token)).size, 10);
+    },
+    (line, sock) => {
+      if (line.startsWith("A ")) {
+        if (!socks.has(sock)) socks.set(sock, []);
+        socks.get(sock)!.push(line);
+      } else if (line.startsWith("R ")) {
+        sock.write("R other 1\n");
+      }
+    },
+  );
+});
+
+test("an acquire aborted while it waits is released as soon as it is granted", async () => {
+  const held: net.Socket[] = [];
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr);
+      const ac = new AbortController();
+      const p = client.acquire("k", { leaseMs: 1000, signal: ac.signal });
+      await poll("the acquire reached the fake", () => held.length === 1);
+      ac.abort();
+      await assert.rejects(p, { name: "AbortError" });
+      held[0]!.write("A k 77\n");
+      await poll("the grant was released", () => fake.lines.includes("R k 77"));
+    },
+    (line, sock) => {
+      if (line.startsWith("A ")) held.push(sock);
+      if (line.startsWith("R ")) sock.write("R k 1\n");
+    },
+  );
+});
+
+test("an acquire with a wait ends by its wait plus the grace, whatever the node does", async () => {
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr, { acquireGraceMs: 200, probeIntervalMs: 60_000 });
+      const t0 = performance.now();
+      await assert.rejects(client.acquire("k", { leaseMs: 1000, waitMs: 300 }), (e: unknown) => {
+        assert.ok(e instanceof ConnectionError);
+        assert.match(e.message, /did not answer the acquire of k within 500 ms/);
+        return true;
+      });
+      const took = performance.now() - t0;
+      assert.ok(took >= 480 && took < 2500, `took ${took} ms`);
+      assert.ok(fake.lines.includes("A k 1 0.3"));
+    },
+    // Answers probes, never the acquire.
+    () => undefined,
+  );
+});
+
+test("a release whose connections keep dropping is retried, then ConnectionError", async () => {
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr, { retryEveryMs: 50, retryForMs: 600, redialIntervalMs: 50 });
+      const t0 = performance.now();
+      await assert.rejects(client.release("k", 1n), ConnectionError);
+      const took = performance.now() - t0;
+      assert.ok(took >= 500 && took < 3000, `took ${took} ms`);
+      assert.ok(fake.lines.filter((l) => l === "R k 1").length >= 3, "retried");
+    },
+    (line, sock) => {
+      if (line.startsWith("R ")) sock.destroy();
+    },
+  );
+});
+
+test("a try-lock always asks the node, even after a slow turn of the event loop", async () => {
+  await withFake(
+    async (fake) => {
+      await using client = await Client.connect(fake.addr);
+      const p = client.tryAcquire("k", { leaseMs: 1000 });
+      // Block the event loop well past the try's 1 ms wait before the
+      // acquire goes on: the node, not the client's clock, says "held".
+      const until = performance.now() + 20;
+      while (performance.now() < until);
+      assert.equal((await p)?.token, 5n);
+      assert.ok(fake.lines.includes("A k 1 0.001"), fake.lines.join("|"));
+    },
+    (line, sock) => {
+      if (line.startsWith("A ")) sock.write("A k 5\n");
+    },
+  );
+});
