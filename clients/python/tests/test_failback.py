@@ -8,6 +8,7 @@ wait on the cluster once the lock is known lost."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Callable, List, Optional
@@ -297,3 +298,27 @@ def test_a_named_node_that_drops_every_connection_is_not_dialled_per_m(make_fake
             assert max(gaps) >= 0.75, dials
 
     run(main())
+
+
+def test_a_try_lock_asks_even_when_finding_a_connection_took_longer_than_its_wait():
+    # The try's wait (1 ms) is the server's to count: with every connection
+    # dropped and being redialled, the one attempt still goes out once a
+    # connection is back, and a free key is granted, not reported held.
+    fake = FakeServer(max_conns=2)
+    log = serve_all(fake, lambda line: b"A free 7" if line.startswith(b"A ") else b"S active - 0")
+    try:
+        with Client(fake.addr, redial_interval=0.3) as client:
+            first, second = fake.conn(0), fake.conn(1)
+            # Redials are closed at once until the server takes more.
+            # (shutdown, not close: serve_all's threads are blocked reading them)
+            first.sock.shutdown(socket.SHUT_RDWR)
+            second.sock.shutdown(socket.SHUT_RDWR)
+            poll("the client saw both connections drop", lambda: client.connected() == 0, 5)
+            threading.Timer(0.1, lambda: setattr(fake, "max_conns", 10)).start()
+            started = time.monotonic()
+            grant = client.try_acquire("free", 5)
+            assert grant is not None and grant.token == 7
+            assert time.monotonic() - started >= 0.05
+            assert [l for l in log if l.startswith(b"A ")] == [b"A free 5 0.001"]
+    finally:
+        fake.close()

@@ -540,6 +540,7 @@ impl Client {
             None => Ok(Acquired::TimedOut),
         };
         let mut failed = 0usize;
+        let mut asked = false;
         let mut moves = Moves::new(self.timing().no_active_timeout);
         loop {
             state.doing = Doing::Connecting;
@@ -567,15 +568,23 @@ impl Client {
                 state.failure = Some(Error::Connection(why));
                 continue;
             };
+            // The wait is the server's to count: the first attempt always
+            // goes out (with at least the shortest wait), however long
+            // finding a connection took, so that a free key is granted
+            // rather than reported held. Later attempts carry what is left.
             let wait_now = if wait_ms == 0 {
                 0
             } else {
                 let elapsed = started.elapsed();
-                if elapsed >= total {
+                if elapsed < total {
+                    ceil_ms(total - elapsed)
+                } else if asked {
                     return ran_out(state);
+                } else {
+                    1
                 }
-                ceil_ms(total - elapsed)
             };
+            asked = true;
             let mut line = Vec::with_capacity(key.len() + 32);
             Line::Acquire {
                 key,

@@ -919,6 +919,7 @@ class AsyncClient:
             return None
 
         failed = 0
+        asked = False
         moves = _Moves(t.no_active_timeout)
         while True:
             state.doing = "connecting"
@@ -947,14 +948,22 @@ class AsyncClient:
                     raise self._cut_off(failed, why)
                 state.failure = ConnectionFailed(why)
                 continue
+            # The wait is the server's to count: the first attempt always
+            # goes out (with at least the shortest wait), however long
+            # finding a connection took, so that a free key is granted
+            # rather than reported held. Later attempts carry what is left.
             if wms == 0:
                 wait_now = 0
             else:
                 elapsed = _now() - started
-                if elapsed >= total:
+                if elapsed < total:
+                    wait_now = max(1, math.ceil((total - elapsed) * 1000 - 1e-6))
+                elif asked:
                     conn.give_slot()
                     return ran_out()
-                wait_now = max(1, math.ceil((total - elapsed) * 1000 - 1e-6))
+                else:
+                    wait_now = 1
+            asked = True
             line = _proto.acquire_line(key, lms, wait_now)
             sent = _now()
             state.doing = "asking"

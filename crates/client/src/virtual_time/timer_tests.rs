@@ -857,6 +857,50 @@ async fn try_lock_asks_once_with_the_shortest_wait() {
     .await;
 }
 
+/// A try-lock's wait (1 ms) is the server's to count, not the client's:
+/// when finding a live connection takes longer than that (every connection
+/// dropped and is being redialled), the one attempt still goes out, so a
+/// free key is granted instead of being reported held.
+#[tokio::test(start_paused = true)]
+async fn try_lock_asks_even_when_finding_a_connection_took_longer_than_its_wait() {
+    bounded(async move {
+        let net = Net::default();
+        let mut conns = net.node("n:1");
+        let client = net
+            .client(&["n:1"], |b| b.redial_interval(Duration::from_millis(100)))
+            .await;
+        // Both connections drop; the next ones come up by a redial, at
+        // least 100 ms later.
+        drop(accept(&mut conns).await);
+        drop(accept(&mut conns).await);
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(client.connected(), 0);
+        let log: Log = Arc::default();
+        let served = log.clone();
+        tokio::spawn(async move {
+            while let Some(peer) = conns.recv().await {
+                peer.serve(served.clone(), |line| {
+                    let f: Vec<&str> = line.split(' ').collect();
+                    Some(match f[0] {
+                        "A" => format!("A {} 7", f[1]),
+                        _ => "S active - 0".into(),
+                    })
+                });
+            }
+        });
+        let started = Instant::now();
+        let guard = client
+            .try_lock("free", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(guard.map(|g| g.into_grant().token()), Some(7));
+        let sent: Vec<String> = lines_of(&log, "A ").into_iter().map(|(_, l)| l).collect();
+        assert_eq!(sent, ["A free 5 0.001"]);
+    })
+    .await;
+}
+
 // ------------------------------------------------------------------ hostile nodes
 
 #[tokio::test(start_paused = true)]
