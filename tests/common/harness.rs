@@ -15,28 +15,33 @@
 //! 1. In the package's Cargo.toml: `[[test]] name = "NAME"` with
 //!    `harness = false` (cargo then runs the file's `main` instead of
 //!    libtest's; it still passes the usual arguments, handled here by
-//!    `libtest-mimic`: a name filter, `--exact`, `--skip`, `--list`,
+//!    `libtest-mimic`: name filters, `--exact`, `--skip`, `--list`,
 //!    `--ignored`, `--include-ignored`, `--nocapture`, `--test-threads`).
 //! 2. Test functions are plain `fn name()` (no `#[test]`), panicking on
 //!    failure as usual. A prerequisite is a `fn() -> Result<(), String>`
 //!    whose `Err` says what is missing and how to get it.
-//! 3. The file's `fn main` lists every test (`tests!` for plain ones,
-//!    `on_both!` in tests/common for io_uring/epoll pairs):
+//! 3. The file's `fn main` lists every test: `tests![a, b if prerequisite]`
+//!    for plain ones, `on_both![scenario: scenario_uring, scenario_epoll;]`
+//!    (tests/common) for a scenario under both backends, whose io_uring
+//!    test requires io_uring; or [`Test::new`] with any name and closure
+//!    (tests/docs.rs makes one per marked block), `.requires(name, check)`.
 //!
-//!    ```ignore
-//!    #[macro_use]
-//!    mod common;
+//! A client's wrapper test (tests/go_client.rs, tests/node_client.rs: a
+//! toolchain checked by `fn prerequisite() -> Result<(), String>`, then
+//! the client's own suite run against this build's server) is the
+//! simplest case:
 //!
-//!    fn main() -> std::process::ExitCode {
-//!        common::harness::run(
-//!            file!(),
-//!            [
-//!                on_both![basic: basic_uring, basic_epoll;],
-//!                tests![go_client_suite if prerequisite, a_plain_test],
-//!            ],
-//!        )
-//!    }
-//!    ```
+//! ```ignore
+//! #[macro_use]
+//! mod common;
+//!
+//! fn main() -> std::process::ExitCode {
+//!     common::harness::run(file!(), [tests![go_client_suite if prerequisite]])
+//! }
+//! ```
+//!
+//! with `[[test]] name = "go_client" harness = false` in Cargo.toml, and
+//! the toolchain installed by `.ci/run`.
 //!
 //! A test cannot be dropped silently: a test function the list forgets is
 //! never used, a `dead_code` warning that `cargo clippy --all-targets -- -D
@@ -71,20 +76,22 @@ const CHILD: &str = "--ringlock-harness-child";
 /// it started and did not stop) before the harness stops reading it.
 const LINGER: Duration = Duration::from_secs(10);
 
-/// One test: a name, its function, and what it needs.
+/// One test: a name, its function, and what it needs. The list may be
+/// made at run time (tests/docs.rs makes one test per marked block): the
+/// child that runs one test makes the same list and picks it by name.
 #[derive(Clone)]
 pub struct Test {
-    pub name: &'static str,
-    pub run: fn(),
+    pub name: String,
+    pub run: Arc<dyn Fn() + Send + Sync>,
     /// Each with its name (for the once-per-run check).
     pub requires: Vec<(&'static str, Prerequisite)>,
 }
 
 impl Test {
-    pub fn new(name: &'static str, run: fn()) -> Test {
+    pub fn new(name: impl Into<String>, run: impl Fn() + Send + Sync + 'static) -> Test {
         Test {
-            name,
-            run,
+            name: name.into(),
+            run: Arc::new(run),
             requires: Vec::new(),
         }
     }
@@ -111,7 +118,7 @@ macro_rules! tests {
 /// the parent, or one test in a child. Returns the exit status.
 pub fn run(source: &str, groups: impl IntoIterator<Item = Vec<Test>>) -> ExitCode {
     let tests: Vec<Test> = groups.into_iter().flatten().collect();
-    let mut names: Vec<&str> = tests.iter().map(|t| t.name).collect();
+    let mut names: Vec<&str> = tests.iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
         eprintln!("{source}: the test {} is listed twice", w[0]);
@@ -149,14 +156,14 @@ pub fn run(source: &str, groups: impl IntoIterator<Item = Vec<Test>>) -> ExitCod
             filters.is_empty()
                 || filters.iter().any(|f| {
                     if exact {
-                        t.name == f
+                        t.name == *f
                     } else {
                         t.name.contains(f.as_str())
                     }
                 })
         })
         .map(|test| {
-            Trial::ignorable_test(test.name, move || {
+            Trial::ignorable_test(test.name.clone(), move || {
                 run_in_parent(&test, nocapture, show_output)
             })
         })
@@ -213,7 +220,7 @@ fn run_in_parent(test: &Test, nocapture: bool, show_output: bool) -> Result<Comp
     }
     let exe = std::env::current_exe().map_err(|e| format!("this test binary: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg(CHILD).arg(test.name).stdin(Stdio::null());
+    cmd.arg(CHILD).arg(&test.name).stdin(Stdio::null());
     if nocapture {
         let status = cmd
             .status()
@@ -279,10 +286,10 @@ fn checked(name: &'static str, check: Prerequisite) -> Result<(), String> {
 /// In the child: runs the one test on a thread named after it (as libtest
 /// does, so a panic names the test) and exits 101 if it panicked.
 fn run_in_child(test: &Test) -> ExitCode {
-    let run = test.run;
+    let run = Arc::clone(&test.run);
     let joined = std::thread::Builder::new()
-        .name(test.name.to_string())
-        .spawn(run)
+        .name(test.name.clone())
+        .spawn(move || run())
         .map(std::thread::JoinHandle::join);
     match joined {
         Ok(Ok(())) => ExitCode::SUCCESS,
