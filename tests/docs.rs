@@ -97,8 +97,9 @@ struct Block {
     after: Option<String>,
 }
 
-/// The marked blocks of `text` (the document `doc`), or what does not parse.
-fn marked_blocks(doc: &Path, text: &str) -> Result<Vec<Block>, Vec<String>> {
+/// The marked blocks of `text` (the document `doc`), and the marks that do
+/// not parse.
+fn marked_blocks(doc: &Path, text: &str) -> (Vec<Block>, Vec<String>) {
     let lines: Vec<&str> = text.lines().collect();
     let mut blocks = Vec::new();
     let mut errors = Vec::new();
@@ -147,10 +148,7 @@ fn marked_blocks(doc: &Path, text: &str) -> Result<Vec<Block>, Vec<String>> {
         }
         blocks.push(block);
     }
-    match errors.is_empty() {
-        true => Ok(blocks),
-        false => Err(errors),
-    }
+    (blocks, errors)
 }
 
 /// `, in the checkout, serves ADDR, after: SHELL` into `block`.
@@ -182,22 +180,18 @@ fn parse_clauses(mark: &str, block: &mut Block) -> Result<(), String> {
     Ok(())
 }
 
-/// Every marked block of every document.
-fn all_blocks() -> Result<Vec<Block>, Vec<String>> {
+/// Every marked block of every document, and the marks that do not parse.
+fn all_blocks() -> (Vec<Block>, Vec<String>) {
     let mut blocks = Vec::new();
     let mut errors = Vec::new();
     for doc in documents() {
         let text = std::fs::read_to_string(root().join(&doc))
             .unwrap_or_else(|e| panic!("{}: {e}", doc.display()));
-        match marked_blocks(&doc, &text) {
-            Ok(mut b) => blocks.append(&mut b),
-            Err(mut e) => errors.append(&mut e),
-        }
+        let (mut b, mut e) = marked_blocks(&doc, &text);
+        blocks.append(&mut b);
+        errors.append(&mut e);
     }
-    match errors.is_empty() {
-        true => Ok(blocks),
-        false => Err(errors),
-    }
+    (blocks, errors)
 }
 
 /// `README.md` -> `readme`, `docs/cluster.md` -> `cluster`.
@@ -259,7 +253,7 @@ fn uses(text: &str, word: &str) -> bool {
 fn main() -> std::process::ExitCode {
     let mut tests = tests![the_marks_parse, readme_test_command_is_what_ci_runs];
     let mut seen: Vec<(String, usize)> = Vec::new();
-    for block in all_blocks().unwrap_or_default() {
+    for block in all_blocks().0 {
         let stem = stem(&block.doc);
         let n = match seen.iter_mut().find(|(s, _)| *s == stem) {
             Some((_, n)) => {
@@ -286,9 +280,12 @@ fn main() -> std::process::ExitCode {
 
 /// Every `<!-- tested` comment parses and comes right before a block.
 fn the_marks_parse() {
-    if let Err(errors) = all_blocks() {
-        panic!("marks that do not parse:\n{}", errors.join("\n"));
-    }
+    let errors = all_blocks().1;
+    assert!(
+        errors.is_empty(),
+        "marks that do not parse:\n{}",
+        errors.join("\n")
+    );
 }
 
 /// README's `cargo test` command (not run here: it is this suite) is the
