@@ -1,5 +1,10 @@
 //! Test harness: starts the real `ringlock` binary on a free loopback port
 //! and stops it when dropped.
+//!
+//! A test file whose tests have prerequisites (io_uring, a tool, a
+//! toolchain: the Go and TypeScript clients' wrappers too) runs under
+//! [`harness`], which reports a missing prerequisite as an ignored test
+//! with its reason: its top comment says how to put a file under it.
 // Shared by several test binaries, each using a part of it: `pub` is this
 // module's interface, and what one binary leaves unused is not dead.
 #![allow(dead_code, unreachable_pub, unused_macros)]
