@@ -219,8 +219,12 @@ fn run_in_parent(test: &Test, nocapture: bool, show_output: bool) -> Result<Comp
         }
     }
     let exe = std::env::current_exe().map_err(|e| format!("this test binary: {e}"))?;
+    let scratch = Scratch::new()?;
     let mut cmd = Command::new(exe);
-    cmd.arg(CHILD).arg(&test.name).stdin(Stdio::null());
+    cmd.arg(CHILD)
+        .arg(&test.name)
+        .env(SCRATCH, &scratch.0)
+        .stdin(Stdio::null());
     if nocapture {
         let status = cmd
             .status()
@@ -270,6 +274,36 @@ fn run_in_parent(test: &Test, nocapture: bool, show_output: bool) -> Result<Comp
         eprint!("---- {} output ----\n{text}", test.name);
     }
     Ok(Completion::Completed)
+}
+
+/// A directory of one test's own, removed when it is done: its path is in
+/// the child's environment as `RINGLOCK_TEST_TMP` ([`scratch_dir`]).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Result<Scratch, String> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ringlock-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const SCRATCH: &str = "RINGLOCK_TEST_TMP";
+
+/// Where a test keeps its files: its own directory, removed after it,
+/// when it runs under this harness; the system's temporary directory
+/// otherwise.
+pub fn scratch_dir() -> PathBuf {
+    std::env::var_os(SCRATCH).map_or_else(std::env::temp_dir, PathBuf::from)
 }
 
 /// A prerequisite's verdict, checked once per run.

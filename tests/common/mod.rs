@@ -505,8 +505,9 @@ pub struct Cluster {
 pub fn secret_file() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
+        // Under the harness, in the test's own directory (removed after it).
         let path =
-            std::env::temp_dir().join(format!("ringlock-test-secret-{}", std::process::id()));
+            harness::scratch_dir().join(format!("ringlock-test-secret-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let status = Command::new(env!("CARGO_BIN_EXE_ringlock"))
             .arg("keygen")
