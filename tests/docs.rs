@@ -24,6 +24,10 @@
 //! - `serves ADDR`: the block runs a server in the foreground (README's
 //!   first command): it passes when a ringlock node on ADDR answers (the
 //!   block is then stopped), and fails if the block ends first.
+//! - `transcript`: the block shows commands, each on a line that starts
+//!   with `$ `, and after each what it prints. Each command runs (it must
+//!   succeed) and prints what is shown, compared with every number as `N`
+//!   (tokens, times, ports) and runs of spaces as one.
 //! - `after: SHELL`: setup the reader is told in the surrounding prose (a
 //!   running node, a script to run under a lock), run before the block.
 //!
@@ -45,7 +49,8 @@
 //! The namespace has no network: cargo runs offline (`CARGO_NET_OFFLINE`),
 //! from what the build of this suite fetched.
 //! The script has `wait_for_ringlock [ADDR]` (default 127.0.0.1:7171):
-//! waits until a node answers there, for 10 s at most. The block must exit
+//! waits until a node answers there, and `wait_until COMMAND...`: until
+//! the command succeeds; each for 10 s at most. The block must exit
 //! with status 0 within [`LIMIT`] (the first release build included);
 //! every process it started is then ended (its process group). Blocks that
 //! use `openssl` or `nc` require them (ignored, with the reason, where they
@@ -94,6 +99,7 @@ struct Block {
     text: String,
     in_checkout: bool,
     serves: Option<String>,
+    transcript: bool,
     after: Option<String>,
 }
 
@@ -126,6 +132,7 @@ fn marked_blocks(doc: &Path, text: &str) -> (Vec<Block>, Vec<String>) {
             text: String::new(),
             in_checkout: false,
             serves: None,
+            transcript: false,
             after: None,
         };
         if let Err(e) = parse_clauses(mark, &mut block) {
@@ -166,6 +173,8 @@ fn parse_clauses(mark: &str, block: &mut Block) -> Result<(), String> {
     for clause in clauses.split(',').map(str::trim).filter(|c| !c.is_empty()) {
         if clause == "in the checkout" {
             block.in_checkout = true;
+        } else if clause == "transcript" {
+            block.transcript = true;
         } else if let Some(addr) = clause.strip_prefix("serves ") {
             addr.trim()
                 .parse::<std::net::SocketAddr>()
@@ -173,7 +182,7 @@ fn parse_clauses(mark: &str, block: &mut Block) -> Result<(), String> {
             block.serves = Some(addr.trim().to_string());
         } else {
             return Err(format!(
-                "unknown clause {clause:?} (known: in the checkout, serves ADDR, after: SHELL)"
+                "unknown clause {clause:?} (known: in the checkout, serves ADDR, transcript, after: SHELL)"
             ));
         }
     }
@@ -344,6 +353,15 @@ fn script(block: &Block, scratch: &Path) -> String {
          \x20 done\n\
          \x20 echo \"no ringlock node answers on $addr\" >&2\n\
          \x20 return 1\n\
+         }}\n\
+         wait_until() {{\n\
+         \x20 local i\n\
+         \x20 for i in $(seq 100); do\n\
+         \x20   \"$@\" >/dev/null 2>&1 && return 0\n\
+         \x20   sleep 0.1\n\
+         \x20 done\n\
+         \x20 echo \"not within 10 s: $*\" >&2\n\
+         \x20 return 1\n\
          }}\n"
     );
     if let Some(after) = &block.after {
@@ -351,6 +369,12 @@ fn script(block: &Block, scratch: &Path) -> String {
     }
     s.push_str(&format!("# {}:{}\n", block.doc.display(), block.line));
     match &block.serves {
+        None if block.transcript => {
+            for (i, (command, _)) in transcript(&block.text).iter().enumerate() {
+                let out = scratch.join(format!("out.{i}"));
+                s.push_str(&format!("{{ {command}\n}} >{} 2>&1\n", out.display()));
+            }
+        }
         None => s.push_str(&block.text),
         Some(addr) => s.push_str(&format!(
             "(\n{}) &\n\
@@ -401,7 +425,10 @@ fn run_block(block: &Block) {
         cwd.display(),
         script_path.display()
     );
-    let outcome = run_script(&script_path, &cwd);
+    let outcome = run_script(&script_path, &cwd).and_then(|()| match block.transcript {
+        true => compare_transcript(&block.text, &scratch),
+        false => Ok(()),
+    });
     if block.in_checkout {
         for created in entries(&cwd).into_iter().filter(|e| !before.contains(e)) {
             let path = cwd.join(&created);
@@ -419,6 +446,60 @@ fn run_block(block: &Block) {
             block.text
         );
     }
+}
+
+/// A transcript's commands (`$ ` lines) and the output shown after each.
+fn transcript(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if let Some(command) = line.strip_prefix("$ ") {
+            out.push((command.to_string(), String::new()));
+        } else if let Some((_, shown)) = out.last_mut() {
+            shown.push_str(line);
+            shown.push('\n');
+        }
+    }
+    out
+}
+
+/// Output as compared: every number is `N` (tokens, times and ports
+/// differ from run to run), runs of spaces are one, no blank lines at the
+/// end.
+fn normalized(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            while chars.next_if(|c| c.is_ascii_digit() || *c == '.').is_some() {}
+            out.push('N');
+        } else if c == ' ' {
+            while chars.next_if_eq(&' ').is_some() {}
+            out.push(' ');
+        } else {
+            out.push(c);
+        }
+    }
+    out.lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim_end()
+        .to_string()
+}
+
+/// Each command's output (written by the script) is what the block shows.
+fn compare_transcript(text: &str, scratch: &Path) -> Result<(), String> {
+    for (i, (command, shown)) in transcript(text).iter().enumerate() {
+        let path = scratch.join(format!("out.{i}"));
+        let got = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if normalized(&got) != normalized(shown) {
+            return Err(format!(
+                "`{command}` printed\n{got}\nwhere the block shows\n{shown}\n\
+                 (compared with every number as N and runs of spaces as one)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The names in `dir`.
