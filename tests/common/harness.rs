@@ -55,7 +55,8 @@
 //! test), its stdout and stderr captured and shown when it fails, as
 //! libtest shows a failing test's output; `--nocapture` lets it through.
 //! The server logs the tests drain therefore stay out of a passing run.
-//! Prerequisites are checked in the parent, once each per run.
+//! Prerequisites are checked in the parent, once each per run. Each test
+//! has a directory of its own, removed after it ([`scratch_dir`]).
 
 use std::collections::HashMap;
 use std::io::Read;
