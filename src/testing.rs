@@ -1,27 +1,20 @@
 //! Support for the test suites (the workspace's own tests, and the load
 //! generator's): not part of the server.
 
-use std::io::Write;
 use std::sync::OnceLock;
 
-/// Whether the io_uring variants of tests must be skipped here, because
-/// io_uring cannot run (an old kernel, `kernel.io_uring_disabled`, or a
-/// seccomp profile such as Docker's default, which refuses `io_uring_setup`).
-///
-/// The first call in a process probes ([`crate::io::uring::probe`]) and,
-/// when io_uring is unavailable, prints one line saying so, e.g.
-/// `skipping the io_uring variants: io_uring_setup is not permitted (...)`.
-/// The line goes to the process's stderr directly, not through `eprintln!`,
-/// which the test harness captures and hides for passing tests: a skip is
-/// never silent.
-pub fn skip_uring() -> bool {
-    static PROBED: OnceLock<Option<String>> = OnceLock::new();
+/// Whether io_uring can run here, or why not (an old kernel,
+/// `kernel.io_uring_disabled`, or a seccomp profile such as Docker's
+/// default, which refuses `io_uring_setup`): the prerequisite of the tests'
+/// io_uring variants, which their harness (tests/common/harness.rs) reports
+/// as ignored with this reason, e.g. `io_uring is unavailable:
+/// io_uring_setup is not permitted (...)`. Probes once per process
+/// ([`crate::io::uring::probe`]) and prints nothing.
+pub fn uring() -> Result<(), String> {
+    static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
     PROBED
         .get_or_init(|| {
-            let why = crate::io::uring::probe().err()?;
-            let line = format!("skipping the io_uring variants: {why}\n");
-            let _ = std::io::stderr().write_all(line.as_bytes());
-            Some(why)
+            crate::io::uring::probe().map_err(|why| format!("io_uring is unavailable: {why}"))
         })
-        .is_some()
+        .clone()
 }

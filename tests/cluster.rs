@@ -21,16 +21,26 @@ use std::time::{Duration, Instant};
 use common::{Cluster, Conn, status_of};
 use ringlock_client::{Acquired, Client};
 
-on_both! {
-    three_nodes_come_up: three_nodes_come_up_uring, three_nodes_come_up_epoll;
-    kill9_fails_over_to_the_next_node: kill9_fails_over_uring, kill9_fails_over_epoll;
-    restarted_node_syncs_then_takes_the_role_back:
-        restart_takes_role_back_uring, restart_takes_role_back_epoll;
-    sigterm_hands_over_at_once: sigterm_hand_off_uring, sigterm_hand_off_epoll;
-    sigstop_split_brain_heals_by_demotion:
-        sigstop_split_brain_heals_uring, sigstop_split_brain_heals_epoll;
-    client_follows_m_and_survives_kill9:
-        client_follows_the_cluster_uring, client_follows_the_cluster_epoll;
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
+}
+
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        three_nodes_come_up: three_nodes_come_up_uring, three_nodes_come_up_epoll;
+        kill9_fails_over_to_the_next_node: kill9_fails_over_uring, kill9_fails_over_epoll;
+        restarted_node_syncs_then_takes_the_role_back:
+            restart_takes_role_back_uring, restart_takes_role_back_epoll;
+        sigterm_hands_over_at_once: sigterm_hand_off_uring, sigterm_hand_off_epoll;
+        sigstop_split_brain_heals_by_demotion:
+            sigstop_split_brain_heals_uring, sigstop_split_brain_heals_epoll;
+        client_follows_m_and_survives_kill9:
+            client_follows_the_cluster_uring, client_follows_the_cluster_epoll;
+        paused_standby_stays_standby:
+            paused_standby_stays_standby_uring, paused_standby_stays_standby_epoll;
+        standby_waits_for_a_starting_higher_node_without_spinning:
+            standby_waits_for_a_starting_higher_node_without_spinning_uring, standby_waits_for_a_starting_higher_node_without_spinning_epoll;
+    }
 }
 
 /// How long a failover after a crash may take in these tests: the node sees
@@ -506,17 +516,6 @@ fn client_follows_m_and_survives_kill9(io: &str) {
 // its sockets), make itself active and serve the requests that queued up
 // during the pause before it read the heartbeat that would have told it
 // node 0 is alive and active: two grants of one key with no failure at all.
-#[test]
-fn paused_standby_stays_standby_uring() {
-    if common::skip("uring") {
-        return;
-    }
-    paused_standby_stays_standby("uring")
-}
-#[test]
-fn paused_standby_stays_standby_epoll() {
-    paused_standby_stays_standby("epoll")
-}
 
 /// SIGSTOP a standby (node 1) for three peer timeouts while a client's
 /// acquire waits unread in its socket and node 0 grants the same key; on
@@ -552,17 +551,6 @@ fn paused_standby_stays_standby(io: &str) {
 // higher-priority node was alive but not yet active (still in its own
 // grace) got `started + timeout`, a time in the past, as its next deadline
 // and busy-looped at 100% CPU until that node became active.
-#[test]
-fn standby_waits_for_a_starting_higher_node_without_spinning_uring() {
-    if common::skip("uring") {
-        return;
-    }
-    standby_waits_for_a_starting_higher_node_without_spinning("uring")
-}
-#[test]
-fn standby_waits_for_a_starting_higher_node_without_spinning_epoll() {
-    standby_waits_for_a_starting_higher_node_without_spinning("epoll")
-}
 
 /// Node 1 starts first; node 0 starts while node 1's start-up grace (one
 /// peer timeout, 3 s here) runs. From the end of node 1's grace to the end

@@ -15,9 +15,15 @@ use std::time::{Duration, Instant};
 
 use common::Cluster;
 
-on_both! {
-    run_keeps_its_lock_through_a_failback:
-        run_keeps_its_lock_through_a_failback_uring, run_keeps_its_lock_through_a_failback_epoll;
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
+}
+
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        run_keeps_its_lock_through_a_failback:
+            run_keeps_its_lock_through_a_failback_uring, run_keeps_its_lock_through_a_failback_epoll;
+    }
 }
 
 /// Bound for the waits that only need to end eventually.

@@ -25,33 +25,42 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{Cluster, Conn, NodeStatus, Server, StderrLog, poll_until, status_of};
 use ringlock::cluster::{auth, wire};
 
-on_both! {
-    forged_peer_lines_to_the_active_change_nothing:
-        forged_lines_to_the_active_uring, forged_lines_to_the_active_epoll;
-    forged_peer_lines_to_a_standby_change_nothing:
-        forged_lines_to_a_standby_uring, forged_lines_to_a_standby_epoll;
-    forged_hello_and_handoff_never_make_a_second_active:
-        forged_handoff_uring, forged_handoff_epoll;
-    forged_snapshot_and_grant_leave_the_standby_copy_intact:
-        forged_snapshot_uring, forged_snapshot_epoll;
-    forged_heartbeats_do_not_keep_a_dead_active_alive:
-        forged_heartbeats_after_a_crash_uring, forged_heartbeats_after_a_crash_epoll;
-    a_stranger_on_a_dead_node_address_gets_only_hello:
-        stranger_on_a_dead_address_uring, stranger_on_a_dead_address_epoll;
-    a_stranger_on_a_dead_node_address_cannot_relay_a_handshake:
-        relayed_handshake_uring, relayed_handshake_epoll;
-    a_node_with_another_secret_never_serves_beside_the_active:
-        another_secret_uring, another_secret_epoll;
-    peers_in_another_order_never_give_two_actives:
-        peers_in_another_order_uring, peers_in_another_order_epoll;
-    serve_with_peers_needs_a_secret_file:
-        serve_needs_a_secret_uring, serve_needs_a_secret_epoll;
-    peers_link_beyond_max_conns_and_clients_do_not:
-        max_conns_uring, max_conns_epoll;
-    a_flood_of_bad_handshakes_is_survived_and_logged_briefly:
-        flood_uring, flood_epoll;
-    unfinished_handshakes_never_give_a_restarted_node_the_role:
-        handshake_slots_uring, handshake_slots_epoll;
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        file!(),
+        [both(), tests![keygen_writes_a_private_secret_once]],
+    )
+}
+
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        forged_peer_lines_to_the_active_change_nothing:
+            forged_lines_to_the_active_uring, forged_lines_to_the_active_epoll;
+        forged_peer_lines_to_a_standby_change_nothing:
+            forged_lines_to_a_standby_uring, forged_lines_to_a_standby_epoll;
+        forged_hello_and_handoff_never_make_a_second_active:
+            forged_handoff_uring, forged_handoff_epoll;
+        forged_snapshot_and_grant_leave_the_standby_copy_intact:
+            forged_snapshot_uring, forged_snapshot_epoll;
+        forged_heartbeats_do_not_keep_a_dead_active_alive:
+            forged_heartbeats_after_a_crash_uring, forged_heartbeats_after_a_crash_epoll;
+        a_stranger_on_a_dead_node_address_gets_only_hello:
+            stranger_on_a_dead_address_uring, stranger_on_a_dead_address_epoll;
+        a_stranger_on_a_dead_node_address_cannot_relay_a_handshake:
+            relayed_handshake_uring, relayed_handshake_epoll;
+        a_node_with_another_secret_never_serves_beside_the_active:
+            another_secret_uring, another_secret_epoll;
+        peers_in_another_order_never_give_two_actives:
+            peers_in_another_order_uring, peers_in_another_order_epoll;
+        serve_with_peers_needs_a_secret_file:
+            serve_needs_a_secret_uring, serve_needs_a_secret_epoll;
+        peers_link_beyond_max_conns_and_clients_do_not:
+            max_conns_uring, max_conns_epoll;
+        a_flood_of_bad_handshakes_is_survived_and_logged_briefly:
+            flood_uring, flood_epoll;
+        unfinished_handshakes_never_give_a_restarted_node_the_role:
+            handshake_slots_uring, handshake_slots_epoll;
+    }
 }
 
 /// How long a failover after a crash may take here: the survivors see the
@@ -1107,7 +1116,6 @@ fn serve_with_peers_needs_a_secret_file(io: &str) {
 
 /// `ringlock keygen PATH` writes 256 random bits as hex to a new file of
 /// mode 600, and refuses to overwrite a file (its own or any other).
-#[test]
 fn keygen_writes_a_private_secret_once() {
     let dir = std::env::temp_dir().join(format!("ringlock-test-keygen-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,12 +2,13 @@
 //! loop. Each test measures the round trip of `S` on another connection
 //! while one connection floods `L`, and fails if a turn stalls.
 
+#[macro_use]
 mod common;
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{BACKENDS, Conn, Server, skip};
+use common::{Conn, Server};
 
 /// The slowest `S` round trip tolerated while the flood runs. A turn that
 /// handles a few thousand `L` requests in well-bounded work takes a few
@@ -71,9 +72,6 @@ fn slowest_status_during_flood(server: &Server, line: &str, count: usize) -> Dur
 /// A table that once held many locks and no longer does: listing it from
 /// the start, thousands of times in one write, must not hold the loop.
 fn list_after_a_large_table_does_not_stall(io: &str) {
-    if skip(io) {
-        return;
-    }
     let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
     let mut c = server.connect();
     let n = 200_000;
@@ -98,22 +96,9 @@ fn list_after_a_large_table_does_not_stall(io: &str) {
     );
 }
 
-#[test]
-fn list_after_a_large_table_does_not_stall_uring() {
-    list_after_a_large_table_does_not_stall(BACKENDS[0]);
-}
-
-#[test]
-fn list_after_a_large_table_does_not_stall_epoll() {
-    list_after_a_large_table_does_not_stall(BACKENDS[1]);
-}
-
 /// A lock with 65536 waiters (16 connections of 4096), listed thousands of
 /// times in one write: counting its queue must not hold the loop.
 fn list_of_a_long_queue_does_not_stall(io: &str) {
-    if skip(io) {
-        return;
-    }
     let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
     let mut holder = server.connect();
     Conn::token_of(&holder.call("A hot 600 0"));
@@ -135,24 +120,11 @@ fn list_of_a_long_queue_does_not_stall(io: &str) {
     );
 }
 
-#[test]
-fn list_of_a_long_queue_does_not_stall_uring() {
-    list_of_a_long_queue_does_not_stall(BACKENDS[0]);
-}
-
-#[test]
-fn list_of_a_long_queue_does_not_stall_epoll() {
-    list_of_a_long_queue_does_not_stall(BACKENDS[1]);
-}
-
 /// A page of 1000 locks with 250-byte keys would be about 290 KB in one
 /// answer, on top of the 64 KiB of unread answers past which a connection
 /// is no longer read: an answer stops at about 16 KiB, its cursor says
 /// where to go on, and paging lists every lock once.
 fn a_page_of_long_keys_is_bounded_in_bytes(io: &str) {
-    if skip(io) {
-        return;
-    }
     let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
     let mut c = server.connect();
     let key = |i: usize| format!("{i:04}{}", "k".repeat(246));
@@ -185,12 +157,17 @@ fn a_page_of_long_keys_is_bounded_in_bytes(io: &str) {
     assert!(pages > 1);
 }
 
-#[test]
-fn a_page_of_long_keys_is_bounded_in_bytes_uring() {
-    a_page_of_long_keys_is_bounded_in_bytes(BACKENDS[0]);
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
 }
 
-#[test]
-fn a_page_of_long_keys_is_bounded_in_bytes_epoll() {
-    a_page_of_long_keys_is_bounded_in_bytes(BACKENDS[1]);
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        list_after_a_large_table_does_not_stall:
+            list_after_a_large_table_does_not_stall_uring, list_after_a_large_table_does_not_stall_epoll;
+        list_of_a_long_queue_does_not_stall:
+            list_of_a_long_queue_does_not_stall_uring, list_of_a_long_queue_does_not_stall_epoll;
+        a_page_of_long_keys_is_bounded_in_bytes:
+            a_page_of_long_keys_is_bounded_in_bytes_uring, a_page_of_long_keys_is_bounded_in_bytes_epoll;
+    }
 }

@@ -2,6 +2,7 @@
 //! that holds a peer's address (the peer is down and something else
 //! listens there) must not make the node log a line per dial.
 
+#[macro_use]
 mod common;
 
 use std::io::Read;
@@ -11,12 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{BACKENDS, free_addrs, loopback_ip, secret_file, skip};
+use common::{free_addrs, loopback_ip, secret_file};
 
 fn a_stranger_at_a_peer_address_does_not_flood_the_log(io: &str) {
-    if skip(io) {
-        return;
-    }
     let ip = loopback_ip();
     let me = free_addrs(ip, 1)[0];
     // The stranger: takes each connection, reads what comes (the node's
@@ -84,12 +82,13 @@ fn a_stranger_at_a_peer_address_does_not_flood_the_log(io: &str) {
     );
 }
 
-#[test]
-fn a_stranger_at_a_peer_address_does_not_flood_the_log_uring() {
-    a_stranger_at_a_peer_address_does_not_flood_the_log(BACKENDS[0]);
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
 }
 
-#[test]
-fn a_stranger_at_a_peer_address_does_not_flood_the_log_epoll() {
-    a_stranger_at_a_peer_address_does_not_flood_the_log(BACKENDS[1]);
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        a_stranger_at_a_peer_address_does_not_flood_the_log:
+            a_stranger_at_a_peer_address_does_not_flood_the_log_uring, a_stranger_at_a_peer_address_does_not_flood_the_log_epoll;
+    }
 }

@@ -3,6 +3,7 @@
 //! role through a failover, hostile HTTP input), and the log (timestamps,
 //! role changes, JSON lines).
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -10,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{BACKENDS, Cluster, Server, StderrLog, poll_until, skip};
+use common::{Cluster, Server, StderrLog, poll_until};
 
 const WITHIN: Duration = Duration::from_secs(10);
 
@@ -169,9 +170,6 @@ fn requests(samples: &HashMap<String, f64>, kind: &str, outcome: &str) -> f64 {
 }
 
 fn metrics_follow_a_scripted_session(io: &str) {
-    if skip(io) {
-        return;
-    }
     let (server, log) = Server::start_logged(&[
         "--listen",
         "127.0.0.1:0",
@@ -253,20 +251,9 @@ fn metrics_follow_a_scripted_session(io: &str) {
     drop(server);
 }
 
-#[test]
-fn metrics_follow_a_scripted_session_uring() {
-    metrics_follow_a_scripted_session(BACKENDS[0]);
-}
-
-#[test]
-fn metrics_follow_a_scripted_session_epoll() {
-    metrics_follow_a_scripted_session(BACKENDS[1]);
-}
-
 /// Hostile input to the metrics listener: a head that never ends, a head
 /// that is too long, another method, an unknown path. Each is answered
 /// and closed, and the listener serves others meanwhile.
-#[test]
 fn the_metrics_listener_bounds_what_it_reads() {
     let (_server, log) = Server::start_logged(&[
         "--listen",
@@ -310,7 +297,6 @@ fn the_metrics_listener_bounds_what_it_reads() {
 /// 200 as a standby holding the active's snapshot after handing the role
 /// back, and 200 again as the active after that active dies. The log of
 /// the node says each role change, with its reason and an RFC 3339 time.
-#[test]
 #[expect(clippy::too_many_lines)]
 fn ready_follows_the_role_through_a_failover() {
     let mut c = Cluster::configure(2, "epoll", &["--metrics-listen", "127.0.0.1:0"]);
@@ -462,7 +448,6 @@ fn assert_rfc3339_start(line: &str) {
 
 /// `--log-format json`: every line is one JSON object with a timestamp, a
 /// level, a target and the message; `RUST_LOG` filters.
-#[test]
 fn json_logs_and_rust_log() {
     let (mut server, log) = Server::start_logged(&[
         "--listen",
@@ -530,9 +515,6 @@ fn cli(args: &[&str]) -> (Option<i32>, String, String) {
 /// `ringlock locks` lists holders and queue lengths, filtered by prefix,
 /// across pages; `L` answers are bounded and paged on the wire.
 fn locks_lists_holders_and_queues(io: &str) {
-    if skip(io) {
-        return;
-    }
     let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
     let addr = server.addr.to_string();
     let mut a = server.connect();
@@ -610,20 +592,9 @@ fn locks_lists_holders_and_queues(io: &str) {
     );
 }
 
-#[test]
-fn locks_lists_holders_and_queues_uring() {
-    locks_lists_holders_and_queues(BACKENDS[0]);
-}
-
-#[test]
-fn locks_lists_holders_and_queues_epoll() {
-    locks_lists_holders_and_queues(BACKENDS[1]);
-}
-
 /// Errors in a node's last seconds are summed up before it stops (the
 /// periodic summary would have come only 10 s later): one line, each count
 /// once, in words.
-#[test]
 fn errors_just_before_a_shutdown_are_summed_up() {
     let (mut server, log) = Server::start_logged(&["--listen", "127.0.0.1:0", "--io", "epoll"]);
     let mut bad = server.connect();
@@ -651,7 +622,6 @@ fn errors_just_before_a_shutdown_are_summed_up() {
 }
 
 /// `--listen` without a port says what it wants.
-#[test]
 fn listen_without_a_port_asks_for_host_and_port() {
     for addr in ["0.0.0.0", "[::1]", "localhost", "127.0.0.1:"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
@@ -727,7 +697,6 @@ fn compose_nodes() -> (Vec<Vec<String>>, Vec<String>, Vec<String>) {
 /// the host dials; then what Prometheus would see scraping the targets of
 /// deploy/prometheus/prometheus.yml: exactly one active node, every node
 /// ready and up, and the counters of a client's work on the active.
-#[test]
 fn the_compose_layout_runs_as_processes() {
     let (commands, listens, metrics_of) = compose_nodes();
     // The compose addresses -> free loopback ports here.
@@ -793,8 +762,8 @@ fn the_compose_layout_runs_as_processes() {
 /// no other file: no credential to load, the default RINGLOCK_ARGS start a
 /// node that listens on 127.0.0.1 (run here, with free ports);
 /// `systemctl reload` sends SIGHUP. Both the unit alone and the unit with its drop-in pass
-/// `systemd-analyze verify` (the binary path pointed at this build's).
-#[test]
+/// `systemd-analyze verify` (the binary path pointed at this build's). Needs
+/// systemd-analyze ([`systemd_analyze`]).
 fn the_systemd_unit_verifies() {
     let root = env!("CARGO_MANIFEST_DIR");
     let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
@@ -840,14 +809,6 @@ fn the_systemd_unit_verifies() {
     drop(server);
 
     let drop_in = read("deploy/ringlock.service.d/cluster.conf");
-    let Ok(which) = std::process::Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-    else {
-        eprintln!("skipping systemd-analyze verify: systemd-analyze is not installed");
-        return;
-    };
-    assert!(which.status.success());
     let dir = std::env::temp_dir().join(format!("ringlock-unit-{}", std::process::id()));
     let verify = |with_drop_in: bool| {
         let _ = std::fs::remove_dir_all(&dir);
@@ -882,7 +843,6 @@ fn the_systemd_unit_verifies() {
 /// deploy/ringlock.env reads it by, no address in them is every interface,
 /// and every RINGLOCK_ARGS line there (the commented cluster one too) is a
 /// command line `ringlock serve` accepts.
-#[test]
 fn the_unit_drop_in_and_env_file_agree() {
     let root = env!("CARGO_MANIFEST_DIR");
     let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
@@ -924,7 +884,6 @@ fn the_unit_drop_in_and_env_file_agree() {
 /// expect it, runs as the uid that compose.yaml and the docs tell the
 /// operator to give the cluster secret to, and its build context
 /// (deploy/Dockerfile.dockerignore) leaves out target/ and the secret.
-#[test]
 fn the_dockerfile_agrees_with_the_unit_compose_and_docs() {
     let root = env!("CARGO_MANIFEST_DIR");
     let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
@@ -965,5 +924,45 @@ fn the_dockerfile_agrees_with_the_unit_compose_and_docs() {
     let ignored: Vec<&str> = ignore.lines().filter(|l| !l.starts_with('#')).collect();
     for path in ["target", ".git", "deploy/cluster.secret"] {
         assert!(ignored.contains(&path), "{path} in the build context");
+    }
+}
+
+/// The prerequisite of [`the_systemd_unit_verifies`].
+fn systemd_analyze() -> Result<(), String> {
+    match std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => Err("systemd-analyze is not installed (Debian: apt-get install systemd)".into()),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        file!(),
+        [
+            both(),
+            tests![
+                the_metrics_listener_bounds_what_it_reads,
+                ready_follows_the_role_through_a_failover,
+                json_logs_and_rust_log,
+                errors_just_before_a_shutdown_are_summed_up,
+                listen_without_a_port_asks_for_host_and_port,
+                the_compose_layout_runs_as_processes,
+                the_systemd_unit_verifies if systemd_analyze,
+                the_unit_drop_in_and_env_file_agree,
+                the_dockerfile_agrees_with_the_unit_compose_and_docs,
+            ],
+        ],
+    )
+}
+
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        metrics_follow_a_scripted_session:
+            metrics_follow_a_scripted_session_uring, metrics_follow_a_scripted_session_epoll;
+        locks_lists_holders_and_queues:
+            locks_lists_holders_and_queues_uring, locks_lists_holders_and_queues_epoll;
     }
 }

@@ -2,13 +2,14 @@
 //! many systems: 1024 against 10000): clients that open more connections
 //! than it has descriptors must not make it spin or flood its log.
 
+#[macro_use]
 mod common;
 
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BACKENDS, Conn, skip};
+use common::Conn;
 
 /// `ringlock serve` under `ulimit -n 64`, its log in a file.
 struct Limited {
@@ -69,9 +70,6 @@ impl Drop for Limited {
 }
 
 fn out_of_descriptors_neither_spins_nor_floods_the_log(io: &str) {
-    if skip(io) {
-        return;
-    }
     let server = Limited::start(io);
     let mut probe = Conn::new(server.addr);
     assert!(probe.call("S").starts_with("S active"));
@@ -107,12 +105,13 @@ fn out_of_descriptors_neither_spins_nor_floods_the_log(io: &str) {
     );
 }
 
-#[test]
-fn out_of_descriptors_neither_spins_nor_floods_the_log_uring() {
-    out_of_descriptors_neither_spins_nor_floods_the_log(BACKENDS[0]);
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
 }
 
-#[test]
-fn out_of_descriptors_neither_spins_nor_floods_the_log_epoll() {
-    out_of_descriptors_neither_spins_nor_floods_the_log(BACKENDS[1]);
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        out_of_descriptors_neither_spins_nor_floods_the_log:
+            out_of_descriptors_neither_spins_nor_floods_the_log_uring, out_of_descriptors_neither_spins_nor_floods_the_log_epoll;
+    }
 }

@@ -14,11 +14,13 @@
 //! failure, or with `--nocapture`), and the node logs are kept in the temp
 //! directory it names when the test fails.
 //!
-//! Needs root, `ip` and `tc`; elsewhere each test prints one line saying
-//! it was skipped, and passes. The lab's namespaces and processes are
+//! Needs root, `ip` and `tc`; elsewhere the harness reports the tests as
+//! ignored, with the reason. The lab's namespaces and processes are
 //! removed when the run ends, also when it panics (the harness's `Lab` is
 //! a drop guard).
 
+#[macro_use]
+mod common;
 #[path = "../examples/chaos/harness/mod.rs"]
 mod harness;
 
@@ -27,10 +29,6 @@ use std::path::PathBuf;
 use harness::{Config, Fault, Kind};
 
 fn partition(io: &str) {
-    if let Err(why) = harness::net::available() {
-        eprintln!("partition ({io}): skipped: cannot make network namespaces here ({why})");
-        return;
-    }
     let pid = std::process::id();
     let out = std::env::temp_dir().join(format!("ringlock-partition-{io}-{pid}"));
     let _ = std::fs::remove_dir_all(&out);
@@ -85,15 +83,19 @@ fn partition(io: &str) {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-#[test]
-fn partition_uring() {
-    if ringlock::testing::skip_uring() {
-        return;
-    }
-    partition("uring");
+/// The tests' prerequisite: network namespaces can be made here.
+fn namespaces() -> Result<(), String> {
+    harness::net::available().map_err(|why| {
+        format!("cannot make network namespaces here ({why}): needs root, ip and tc")
+    })
 }
 
-#[test]
-fn partition_epoll() {
-    partition("epoll");
+fn main() -> std::process::ExitCode {
+    let tests = on_both! {
+        partition: partition_uring, partition_epoll;
+    };
+    let tests = tests
+        .into_iter()
+        .map(|t| t.requires("namespaces", namespaces));
+    common::harness::run(file!(), [tests.collect()])
 }

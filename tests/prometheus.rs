@@ -4,9 +4,10 @@
 //! deploy/prometheus/prometheus.yml (its targets pointed at a three-node
 //! cluster on loopback) scrapes the nodes, sees one active node, sees the
 //! role move when the active is killed, and raises the missing node's
-//! alert. Both tests skip, with one line, where `promtool` or `prometheus`
-//! is not installed (Debian: `apt-get install prometheus`).
+//! alert. Where `promtool` or `prometheus` is not installed (Debian:
+//! `apt-get install prometheus`), the harness reports its test as ignored.
 
+#[macro_use]
 mod common;
 
 use std::io::{Read, Write};
@@ -19,18 +20,30 @@ use common::{Cluster, poll_until};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus");
 
-/// Whether `tool --version` runs; if not, says so in one line.
-fn installed(tool: &str, test: &str) -> bool {
+/// Whether `tool --version` runs, or what is missing.
+fn installed(tool: &str) -> Result<(), String> {
     let ok = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping {test}: {tool} is not installed (Debian: apt-get install prometheus)");
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{tool} is not installed (Debian: apt-get install prometheus)"
+        )),
     }
-    ok
+}
+
+/// The prerequisite of the promtool checks.
+fn promtool() -> Result<(), String> {
+    installed("promtool")
+}
+
+/// The prerequisite of the Prometheus cluster test.
+fn prometheus() -> Result<(), String> {
+    installed("prometheus")
 }
 
 /// A temporary directory of this test process, removed when dropped.
@@ -92,11 +105,7 @@ fn run(tmp: &Path, dir: &str, tool: &str, args: &[&str], limit: Duration) -> (bo
     (status.success(), text)
 }
 
-#[test]
 fn promtool_checks_the_config_and_tests_the_alert_rules() {
-    if !installed("promtool", "the promtool checks") {
-        return;
-    }
     let tmp = TempDir::new("promtool");
     let limit = Duration::from_secs(60);
     for args in [
@@ -390,11 +399,7 @@ fn check_scraped(prom: SocketAddr, metrics: &[String]) {
     assert!(!requests.is_empty(), "no ringlock_requests_total");
 }
 
-#[test]
 fn prometheus_scrapes_the_cluster_and_alerts_on_a_killed_node() {
-    if !installed("prometheus", "the Prometheus cluster test") {
-        return;
-    }
     let (mut cluster, metrics) = start_nodes();
     let prometheus = Prometheus::start(&metrics);
     let prom = prometheus.addr;
@@ -482,4 +487,14 @@ fn prometheus_scrapes_the_cluster_and_alerts_on_a_killed_node() {
     // and one node is active: nothing else alerts.
     assert_eq!(last.1, last.0, "other alerts: {:?}", last.1);
     assert_eq!(query(prom, "sum(ringlock_active)")[0].1, 1.0);
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        file!(),
+        [tests![
+            promtool_checks_the_config_and_tests_the_alert_rules if promtool,
+            prometheus_scrapes_the_cluster_and_alerts_on_a_killed_node if prometheus,
+        ]],
+    )
 }

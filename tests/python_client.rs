@@ -5,9 +5,12 @@
 //! ./clients/python`) into a virtual environment under the target
 //! directory, with pytest beside it; the environment is made once and the
 //! package reinstalled on every run. Where no Python 3.9+ with `venv` exists
-//! the test says so on one line and skips; every other failure (pip cannot
+//! the harness reports the test as ignored ([`prerequisite`]); every other failure (pip cannot
 //! reach its index, a Python test fails, no test is collected: pytest's exit
 //! status 5) fails it.
+
+#[macro_use]
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,6 +31,11 @@ fn python() -> Result<String, String> {
         }
     }
     Err("no python3 (3.9+, with venv and ensurepip) on PATH".to_string())
+}
+
+/// The test's prerequisite: such a Python.
+fn prerequisite() -> Result<(), String> {
+    python().map(drop)
 }
 
 fn run(cmd: &mut Command, what: &str) {
@@ -68,15 +76,8 @@ fn venv(python: &str) -> PathBuf {
     dir
 }
 
-#[test]
 fn python_client_suite() {
-    let python = match python() {
-        Ok(p) => p,
-        Err(why) => {
-            eprintln!("skipping the Python client's tests: {why}");
-            return;
-        }
-    };
+    let python = python().expect("the prerequisite was checked");
     let dir = venv(&python);
     let bin = dir.join("bin");
     let package = root().join("clients/python");
@@ -111,4 +112,8 @@ fn python_client_suite() {
         Some(5) => panic!("pytest collected no tests in {}", package.display()),
         _ => panic!("the Python client's tests failed: pytest {status}"),
     }
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [tests![python_client_suite if prerequisite]])
 }

@@ -10,6 +10,7 @@
 #[macro_use]
 mod common;
 
+use common::harness::Test;
 use common::{Conn, Server};
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -95,103 +96,106 @@ fn grant_from_a_kept_back_release_goes_out_at_once(io: &str) {
 /// One test pair per broken request form: `bad_line(io, bytes)`.
 macro_rules! bad_input {
     ($($uring:ident, $epoll:ident: $bytes:expr;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                bad_line("uring", $bytes)
-            }
-            #[test]
-            fn $epoll() {
-                bad_line("epoll", $bytes)
-            }
-        )*
+        vec![$(
+            Test::new(stringify!($uring), || bad_line("uring", $bytes))
+                .requires("io_uring", common::uring),
+            Test::new(stringify!($epoll), || bad_line("epoll", $bytes)),
+        )*]
     };
 }
 
-on_both! {
-    basic: basic_uring, basic_epoll;
-    spin_mode: spin_mode_uring, spin_mode_epoll;
-    grant_from_a_kept_back_release_goes_out_at_once:
-        grant_from_a_kept_back_release_goes_out_at_once_uring,
-        grant_from_a_kept_back_release_goes_out_at_once_epoll;
-    fifo_handoff: fifo_handoff_uring, fifo_handoff_epoll;
-    lease_expiry_hands_over: lease_expiry_hands_over_uring, lease_expiry_hands_over_epoll;
-    wait_timeout: wait_timeout_uring, wait_timeout_epoll;
-    renew: renew_uring, renew_epoll;
-    pipelining: pipelining_uring, pipelining_epoll;
-    rule3_order: rule3_order_uring, rule3_order_epoll;
-    disconnect_withdraws_waiters: disconnect_withdraws_waiters_uring, disconnect_withdraws_waiters_epoll;
-    grants_outlive_connection: grants_outlive_connection_uring, grants_outlive_connection_epoll;
-    bad_4097th_waiting_acquire: bad_4097th_waiting_acquire_uring, bad_4097th_waiting_acquire_epoll;
-    waiting_limit_counts_only_waiting: waiting_limit_counts_only_waiting_uring, waiting_limit_counts_only_waiting_epoll;
-    pipelined_5000: pipelined_5000_uring, pipelined_5000_epoll;
-    backpressure: backpressure_uring, backpressure_epoll;
-    concurrent_300: concurrent_300_uring, concurrent_300_epoll;
-    tokens_survive_kill9: tokens_survive_kill9_uring, tokens_survive_kill9_epoll;
-    max_conns: max_conns_uring, max_conns_epoll;
-    max_locks: max_locks_uring, max_locks_epoll;
-    sigterm_answers_waiters: sigterm_answers_waiters_uring, sigterm_answers_waiters_epoll;
-    sigint_answers_waiters: sigint_answers_waiters_uring, sigint_answers_waiters_epoll;
-    sighup_without_tls_carries_on: sighup_without_tls_carries_on_uring, sighup_without_tls_carries_on_epoll;
-    crlf: crlf_uring, crlf_epoll;
-    line_of_512: line_of_512_uring, line_of_512_epoll;
-    valid_forms: valid_forms_uring, valid_forms_epoll;
-    many_wait_timeouts: many_wait_timeouts_uring, many_wait_timeouts_epoll;
-    bad_line_after_backlog: bad_line_after_backlog_uring, bad_line_after_backlog_epoll;
-    contention: contention_uring, contention_epoll;
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        file!(),
+        [both(), bad_inputs(), tests![max_locks_out_of_range]],
+    )
 }
 
-bad_input! {
-    bad_unknown_op_uring, bad_unknown_op_epoll: b"X k 10 0\n";
-    bad_lowercase_op_uring, bad_lowercase_op_epoll: b"a k 10 0\n";
-    bad_empty_line_uring, bad_empty_line_epoll: b"\n";
-    bad_acquire_too_few_fields_uring, bad_acquire_too_few_fields_epoll: b"A k 10\n";
-    bad_acquire_too_many_fields_uring, bad_acquire_too_many_fields_epoll: b"A k 10 0 1\n";
-    bad_release_too_few_fields_uring, bad_release_too_few_fields_epoll: b"R k\n";
-    bad_release_too_many_fields_uring, bad_release_too_many_fields_epoll: b"R k 5 5\n";
-    bad_renew_too_few_fields_uring, bad_renew_too_few_fields_epoll: b"N k 5\n";
-    bad_status_with_field_uring, bad_status_with_field_epoll: b"S x\n";
-    bad_empty_field_uring, bad_empty_field_epoll: b"A k  10 0\n";
-    bad_trailing_space_uring, bad_trailing_space_epoll: b"R k 5 \n";
-    bad_leading_space_uring, bad_leading_space_epoll: b" S\n";
-    bad_key_too_long_uring, bad_key_too_long_epoll: format!("A {} 10 0\n", "k".repeat(251));
-    bad_key_del_byte_uring, bad_key_del_byte_epoll: b"A k\x7fx 10 0\n";
-    bad_key_control_byte_uring, bad_key_control_byte_epoll: b"A k\x01x 10 0\n";
-    bad_key_nul_byte_uring, bad_key_nul_byte_epoll: b"R k\x00 5\n";
-    bad_key_tab_uring, bad_key_tab_epoll: b"A k\tx 10 0\n";
-    bad_lease_zero_uring, bad_lease_zero_epoll: b"A k 0 0\n";
-    bad_lease_zero_decimals_uring, bad_lease_zero_decimals_epoll: b"A k 0.000 0\n";
-    bad_lease_four_decimals_uring, bad_lease_four_decimals_epoll: b"A k 1.0000 0\n";
-    bad_lease_over_max_uring, bad_lease_over_max_epoll: b"A k 86400.001 0\n";
-    bad_lease_huge_uring, bad_lease_huge_epoll: b"A k 99999999999999999999999 0\n";
-    bad_lease_not_number_uring, bad_lease_not_number_epoll: b"A k abc 0\n";
-    bad_lease_negative_uring, bad_lease_negative_epoll: b"A k -1 0\n";
-    bad_lease_plus_uring, bad_lease_plus_epoll: b"A k +1 0\n";
-    bad_lease_trailing_dot_uring, bad_lease_trailing_dot_epoll: b"A k 1. 0\n";
-    bad_lease_leading_dot_uring, bad_lease_leading_dot_epoll: b"A k .5 0\n";
-    bad_wait_over_max_uring, bad_wait_over_max_epoll: b"A k 10 86400.001\n";
-    bad_wait_86401_uring, bad_wait_86401_epoll: b"A k 10 86401\n";
-    bad_wait_four_decimals_uring, bad_wait_four_decimals_epoll: b"A k 10 0.0001\n";
-    bad_wait_negative_uring, bad_wait_negative_epoll: b"A k 10 -1\n";
-    bad_token_zero_uring, bad_token_zero_epoll: b"R k 0\n";
-    bad_token_zeros_uring, bad_token_zeros_epoll: b"R k 000\n";
-    bad_token_overflow_uring, bad_token_overflow_epoll: b"R k 18446744073709551616\n";
-    bad_token_not_number_uring, bad_token_not_number_epoll: b"R k 12x\n";
-    bad_token_decimal_uring, bad_token_decimal_epoll: b"R k 1.5\n";
-    bad_renew_token_zero_uring, bad_renew_token_zero_epoll: b"N k 0 5\n";
-    bad_renew_lease_zero_uring, bad_renew_lease_zero_epoll: b"N k 5 0\n";
-    bad_renew_lease_four_decimals_uring, bad_renew_lease_four_decimals_epoll: b"N k 5 0.0001\n";
-    bad_cr_not_before_newline_uring, bad_cr_not_before_newline_epoll: b"A k 10 0\r\r\n";
-    bad_line_513_uring, bad_line_513_epoll: padded_acquire(513, "\n");
-    bad_line_513_crlf_uring, bad_line_513_crlf_epoll: padded_acquire(513, "\r\n");
-    bad_512_without_newline_uring, bad_512_without_newline_epoll: {
-        let mut l = padded_acquire(513, "\n");
-        l.truncate(512);
-        l
-    };
+fn both() -> Vec<Test> {
+    on_both! {
+        basic: basic_uring, basic_epoll;
+        spin_mode: spin_mode_uring, spin_mode_epoll;
+        grant_from_a_kept_back_release_goes_out_at_once:
+            grant_from_a_kept_back_release_goes_out_at_once_uring,
+            grant_from_a_kept_back_release_goes_out_at_once_epoll;
+        fifo_handoff: fifo_handoff_uring, fifo_handoff_epoll;
+        lease_expiry_hands_over: lease_expiry_hands_over_uring, lease_expiry_hands_over_epoll;
+        wait_timeout: wait_timeout_uring, wait_timeout_epoll;
+        renew: renew_uring, renew_epoll;
+        pipelining: pipelining_uring, pipelining_epoll;
+        rule3_order: rule3_order_uring, rule3_order_epoll;
+        disconnect_withdraws_waiters: disconnect_withdraws_waiters_uring, disconnect_withdraws_waiters_epoll;
+        grants_outlive_connection: grants_outlive_connection_uring, grants_outlive_connection_epoll;
+        bad_4097th_waiting_acquire: bad_4097th_waiting_acquire_uring, bad_4097th_waiting_acquire_epoll;
+        waiting_limit_counts_only_waiting: waiting_limit_counts_only_waiting_uring, waiting_limit_counts_only_waiting_epoll;
+        pipelined_5000: pipelined_5000_uring, pipelined_5000_epoll;
+        backpressure: backpressure_uring, backpressure_epoll;
+        concurrent_300: concurrent_300_uring, concurrent_300_epoll;
+        tokens_survive_kill9: tokens_survive_kill9_uring, tokens_survive_kill9_epoll;
+        max_conns: max_conns_uring, max_conns_epoll;
+        max_locks: max_locks_uring, max_locks_epoll;
+        sigterm_answers_waiters: sigterm_answers_waiters_uring, sigterm_answers_waiters_epoll;
+        sigint_answers_waiters: sigint_answers_waiters_uring, sigint_answers_waiters_epoll;
+        sighup_without_tls_carries_on: sighup_without_tls_carries_on_uring, sighup_without_tls_carries_on_epoll;
+        crlf: crlf_uring, crlf_epoll;
+        line_of_512: line_of_512_uring, line_of_512_epoll;
+        valid_forms: valid_forms_uring, valid_forms_epoll;
+        many_wait_timeouts: many_wait_timeouts_uring, many_wait_timeouts_epoll;
+        bad_line_after_backlog: bad_line_after_backlog_uring, bad_line_after_backlog_epoll;
+        contention: contention_uring, contention_epoll;
+    }
+}
+
+fn bad_inputs() -> Vec<Test> {
+    bad_input! {
+        bad_unknown_op_uring, bad_unknown_op_epoll: b"X k 10 0\n";
+        bad_lowercase_op_uring, bad_lowercase_op_epoll: b"a k 10 0\n";
+        bad_empty_line_uring, bad_empty_line_epoll: b"\n";
+        bad_acquire_too_few_fields_uring, bad_acquire_too_few_fields_epoll: b"A k 10\n";
+        bad_acquire_too_many_fields_uring, bad_acquire_too_many_fields_epoll: b"A k 10 0 1\n";
+        bad_release_too_few_fields_uring, bad_release_too_few_fields_epoll: b"R k\n";
+        bad_release_too_many_fields_uring, bad_release_too_many_fields_epoll: b"R k 5 5\n";
+        bad_renew_too_few_fields_uring, bad_renew_too_few_fields_epoll: b"N k 5\n";
+        bad_status_with_field_uring, bad_status_with_field_epoll: b"S x\n";
+        bad_empty_field_uring, bad_empty_field_epoll: b"A k  10 0\n";
+        bad_trailing_space_uring, bad_trailing_space_epoll: b"R k 5 \n";
+        bad_leading_space_uring, bad_leading_space_epoll: b" S\n";
+        bad_key_too_long_uring, bad_key_too_long_epoll: format!("A {} 10 0\n", "k".repeat(251));
+        bad_key_del_byte_uring, bad_key_del_byte_epoll: b"A k\x7fx 10 0\n";
+        bad_key_control_byte_uring, bad_key_control_byte_epoll: b"A k\x01x 10 0\n";
+        bad_key_nul_byte_uring, bad_key_nul_byte_epoll: b"R k\x00 5\n";
+        bad_key_tab_uring, bad_key_tab_epoll: b"A k\tx 10 0\n";
+        bad_lease_zero_uring, bad_lease_zero_epoll: b"A k 0 0\n";
+        bad_lease_zero_decimals_uring, bad_lease_zero_decimals_epoll: b"A k 0.000 0\n";
+        bad_lease_four_decimals_uring, bad_lease_four_decimals_epoll: b"A k 1.0000 0\n";
+        bad_lease_over_max_uring, bad_lease_over_max_epoll: b"A k 86400.001 0\n";
+        bad_lease_huge_uring, bad_lease_huge_epoll: b"A k 99999999999999999999999 0\n";
+        bad_lease_not_number_uring, bad_lease_not_number_epoll: b"A k abc 0\n";
+        bad_lease_negative_uring, bad_lease_negative_epoll: b"A k -1 0\n";
+        bad_lease_plus_uring, bad_lease_plus_epoll: b"A k +1 0\n";
+        bad_lease_trailing_dot_uring, bad_lease_trailing_dot_epoll: b"A k 1. 0\n";
+        bad_lease_leading_dot_uring, bad_lease_leading_dot_epoll: b"A k .5 0\n";
+        bad_wait_over_max_uring, bad_wait_over_max_epoll: b"A k 10 86400.001\n";
+        bad_wait_86401_uring, bad_wait_86401_epoll: b"A k 10 86401\n";
+        bad_wait_four_decimals_uring, bad_wait_four_decimals_epoll: b"A k 10 0.0001\n";
+        bad_wait_negative_uring, bad_wait_negative_epoll: b"A k 10 -1\n";
+        bad_token_zero_uring, bad_token_zero_epoll: b"R k 0\n";
+        bad_token_zeros_uring, bad_token_zeros_epoll: b"R k 000\n";
+        bad_token_overflow_uring, bad_token_overflow_epoll: b"R k 18446744073709551616\n";
+        bad_token_not_number_uring, bad_token_not_number_epoll: b"R k 12x\n";
+        bad_token_decimal_uring, bad_token_decimal_epoll: b"R k 1.5\n";
+        bad_renew_token_zero_uring, bad_renew_token_zero_epoll: b"N k 0 5\n";
+        bad_renew_lease_zero_uring, bad_renew_lease_zero_epoll: b"N k 5 0\n";
+        bad_renew_lease_four_decimals_uring, bad_renew_lease_four_decimals_epoll: b"N k 5 0.0001\n";
+        bad_cr_not_before_newline_uring, bad_cr_not_before_newline_epoll: b"A k 10 0\r\r\n";
+        bad_line_513_uring, bad_line_513_epoll: padded_acquire(513, "\n");
+        bad_line_513_crlf_uring, bad_line_513_crlf_epoll: padded_acquire(513, "\r\n");
+        bad_512_without_newline_uring, bad_512_without_newline_epoll: {
+            let mut l = padded_acquire(513, "\n");
+            l.truncate(512);
+            l
+        };
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1151,7 +1155,6 @@ fn max_locks(io: &str) {
 }
 
 /// `--max-locks` out of its range stops the server before it listens.
-#[test]
 fn max_locks_out_of_range() {
     for value in ["0", "2147483649"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))

@@ -19,19 +19,25 @@ use std::time::{Duration, Instant};
 use common::{Server, StderrLog};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
-on_both! {
-    requests_over_tls: requests_over_tls_uring, requests_over_tls_epoll;
-    pipelined_answers_past_the_pause: pipelined_tls_uring, pipelined_tls_epoll;
-    plain_text_client_on_a_tls_port: plain_on_tls_uring, plain_on_tls_epoll;
-    mutual_tls_admits_only_known_clients: mutual_tls_uring, mutual_tls_epoll;
-    untrusted_and_expired_server_certificates: bad_server_cert_uring, bad_server_cert_epoll;
-    stalled_handshake_is_closed: stalled_handshake_uring, stalled_handshake_epoll;
-    rotation_on_sighup_under_load: rotation_uring, rotation_epoll;
-    cluster_over_tls_fails_over_and_hands_off: tls_cluster_uring, tls_cluster_epoll;
-    plain_text_without_tls_flags: plain_without_tls_uring, plain_without_tls_epoll;
-    node_with_a_foreign_certificate_does_not_serve:
-        foreign_node_cert_uring, foreign_node_cert_epoll;
-    a_certificate_for_another_name: other_name_uring, other_name_epoll;
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [both()])
+}
+
+fn both() -> Vec<common::harness::Test> {
+    on_both! {
+        requests_over_tls: requests_over_tls_uring, requests_over_tls_epoll;
+        pipelined_answers_past_the_pause: pipelined_tls_uring, pipelined_tls_epoll;
+        plain_text_client_on_a_tls_port: plain_on_tls_uring, plain_on_tls_epoll;
+        mutual_tls_admits_only_known_clients: mutual_tls_uring, mutual_tls_epoll;
+        untrusted_and_expired_server_certificates: bad_server_cert_uring, bad_server_cert_epoll;
+        stalled_handshake_is_closed: stalled_handshake_uring, stalled_handshake_epoll;
+        rotation_on_sighup_under_load: rotation_uring, rotation_epoll;
+        cluster_over_tls_fails_over_and_hands_off: tls_cluster_uring, tls_cluster_epoll;
+        plain_text_without_tls_flags: plain_without_tls_uring, plain_without_tls_epoll;
+        node_with_a_foreign_certificate_does_not_serve:
+            foreign_node_cert_uring, foreign_node_cert_epoll;
+        a_certificate_for_another_name: other_name_uring, other_name_epoll;
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -1,8 +1,16 @@
 //! Test harness: starts the real `ringlock` binary on a free loopback port
 //! and stops it when dropped.
+//!
+//! A test file whose tests have prerequisites (io_uring, a tool, a
+//! toolchain: the Go and TypeScript clients' wrappers too) runs under
+//! [`harness`], which reports a missing prerequisite as an ignored test
+//! with its reason: its top comment says how to put a file under it.
 // Shared by several test binaries, each using a part of it: `pub` is this
 // module's interface, and what one binary leaves unused is not dead.
 #![allow(dead_code, unreachable_pub, unused_macros)]
+
+#[macro_use]
+pub mod harness;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,33 +20,24 @@ use std::time::Duration;
 /// The io backends every server test runs under.
 pub const BACKENDS: [&str; 2] = ["uring", "epoll"];
 
-/// Whether a test's variant for backend `io` cannot run here: io_uring
-/// where the kernel or a seccomp profile refuses it. The io_uring variants
-/// then return at once, and one line per test binary says why
-/// ([`ringlock::testing::skip_uring`]).
-pub fn skip(io: &str) -> bool {
-    io == "uring" && ringlock::testing::skip_uring()
+/// The prerequisite of every test's io_uring variant: io_uring runs here
+/// (not refused by the kernel or a seccomp profile). Where it does not,
+/// the harness reports those variants as ignored with the reason.
+pub fn uring() -> Result<(), String> {
+    ringlock::testing::uring()
 }
 
-/// Generates two tests per scenario, `scenario: uring_name, epoll_name;`,
-/// running it under each backend; the io_uring one returns at once where
-/// io_uring cannot run ([`skip`]). Test files take it with `#[macro_use]
-/// mod common;`.
+/// Two tests per scenario, `scenario: uring_name, epoll_name;`, running it
+/// under each backend, for the list a test file's `main` hands to
+/// [`harness::run`] (a `Vec<harness::Test>`); the io_uring one requires
+/// [`uring`]. Test files take it with `#[macro_use] mod common;`.
 macro_rules! on_both {
     ($($scenario:ident: $uring:ident, $epoll:ident;)*) => {
-        $(
-            #[test]
-            fn $uring() {
-                if common::skip("uring") {
-                    return;
-                }
-                $scenario("uring")
-            }
-            #[test]
-            fn $epoll() {
-                $scenario("epoll")
-            }
-        )*
+        vec![$(
+            $crate::common::harness::Test::new(stringify!($uring), || $scenario("uring"))
+                .requires("io_uring", $crate::common::uring),
+            $crate::common::harness::Test::new(stringify!($epoll), || $scenario("epoll")),
+        )*]
     };
 }
 
@@ -506,8 +505,9 @@ pub struct Cluster {
 pub fn secret_file() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
+        // Under the harness, in the test's own directory (removed after it).
         let path =
-            std::env::temp_dir().join(format!("ringlock-test-secret-{}", std::process::id()));
+            harness::scratch_dir().join(format!("ringlock-test-secret-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let status = Command::new(env!("CARGO_BIN_EXE_ringlock"))
             .arg("keygen")

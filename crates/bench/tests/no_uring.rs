@@ -1,8 +1,10 @@
 //! `no-uring` (src/bin/no-uring.rs) refuses io_uring to what it runs, as
 //! Docker's default seccomp profile does, and under it: `ringlock serve
 //! --io uring` fails with a clear reason, `--io auto` falls back to epoll,
-//! and a test's io_uring variant skips with a visible line.
+//! and the harness reports a test's io_uring variant as ignored, with the
+//! reason.
 
+#[macro_use]
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -17,25 +19,38 @@ fn server() -> PathBuf {
 
 /// `no-uring` cannot install its filter where seccomp is unavailable
 /// (a kernel without it): then there is nothing to show.
-fn filter_works() -> bool {
+fn filter_works() -> Result<(), String> {
     let out = Command::new(NO_URING)
         .arg("true")
         .output()
-        .expect("run no-uring");
-    if !out.status.success() {
-        let why = String::from_utf8_lossy(&out.stderr);
-        let line = format!("skipping the no-uring tests: {}\n", why.trim());
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        return false;
+        .map_err(|e| format!("cannot run no-uring: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "no-uring cannot refuse io_uring here: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
     }
-    true
 }
 
-#[test]
+/// The test's io_uring needs: what the io_uring variants require.
+fn uring() -> Result<(), String> {
+    ringlock::testing::uring()
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(
+        file!(),
+        [tests![
+            forced_uring_fails_with_the_reason if filter_works,
+            auto_falls_back_to_epoll if filter_works,
+            uring_variant_child if uring,
+            a_uring_variant_skips_visibly if filter_works,
+        ]],
+    )
+}
+
 fn forced_uring_fails_with_the_reason() {
-    if !filter_works() {
-        return;
-    }
     let out = Command::new(NO_URING)
         .arg(server())
         .args(["serve", "--listen", "127.0.0.1:0", "--io", "uring"])
@@ -50,11 +65,7 @@ fn forced_uring_fails_with_the_reason() {
     );
 }
 
-#[test]
 fn auto_falls_back_to_epoll() {
-    if !filter_works() {
-        return;
-    }
     let mut child = Command::new(NO_URING)
         .arg(server())
         .args(["serve", "--listen", "127.0.0.1:0", "--io", "auto"])
@@ -84,48 +95,33 @@ fn auto_falls_back_to_epoll() {
     );
 }
 
-/// Run by [`a_uring_variant_skips_visibly`] in a child under no-uring;
-/// passes at once otherwise.
-#[test]
+/// Run by [`a_uring_variant_skips_visibly`] under no-uring, where the
+/// harness must report it ignored; elsewhere it checks io_uring works in
+/// the test's own process as its prerequisite said.
 fn uring_variant_child() {
-    if std::env::var_os("RINGLOCK_NO_URING_CHILD").is_none() {
-        return;
-    }
-    assert!(
-        ringlock::testing::skip_uring(),
-        "io_uring works under no-uring"
-    );
-    assert!(
-        ringlock::testing::skip_uring(),
-        "asked twice: still skipped"
-    );
+    ringlock::testing::uring().expect("the prerequisite said io_uring works");
 }
 
-#[test]
 fn a_uring_variant_skips_visibly() {
-    if !filter_works() {
-        return;
-    }
     let me = std::env::current_exe().unwrap();
-    // The child's harness captures its tests' output, as `cargo test` does.
     let out = Command::new(NO_URING)
         .arg(me)
-        .args(["--exact", "uring_variant_child", "--test-threads", "1"])
-        .env("RINGLOCK_NO_URING_CHILD", "1")
+        .args(["--exact", "uring_variant_child"])
         .output()
         .expect("run this test binary under no-uring");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("1 passed"), "{stdout}");
-    let skips: Vec<&str> = stderr
+    let line = stdout
         .lines()
-        .filter(|l| l.starts_with("skipping the io_uring variants: "))
-        .collect();
-    assert_eq!(skips.len(), 1, "one visible line, once:\n{stderr}");
+        .find(|l| l.starts_with("test uring_variant_child "))
+        .unwrap_or_else(|| panic!("no line for the test:\n{stdout}"));
     assert!(
-        skips[0].contains("io_uring_setup is not permitted"),
-        "{}",
-        skips[0]
+        line.contains(" ... ignored (prerequisite missing: io_uring is unavailable: io_uring_setup is not permitted"),
+        "{line}"
+    );
+    assert!(
+        stdout.contains("test result: ok. 0 passed; 0 failed; 1 ignored;"),
+        "{stdout}"
     );
 }

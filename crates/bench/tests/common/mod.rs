@@ -34,3 +34,10 @@ pub(crate) fn server(beside: &str) -> PathBuf {
         })
         .clone()
 }
+
+/// The harness of the test files with prerequisites, shared with the
+/// workspace's root package (its top comment says how to use it).
+#[path = "../../../../tests/common/harness.rs"]
+#[macro_use]
+#[allow(dead_code, unreachable_pub, unused_macros)]
+pub(crate) mod harness;
