@@ -136,12 +136,12 @@ type slot struct {
 // follows M answers to the active node, and retries releases and renewals
 // every 200 ms for 5 s (docs/protocol.md, "12. The official clients").
 type Client struct {
-	opts    settings
-	given   []string
+	opts     settings
+	given    []string
 	inFlight atomic.Int64
-	rr      atomic.Uint64
-	closeCh chan struct{}
-	wg      sync.WaitGroup
+	rr       atomic.Uint64
+	closeCh  chan struct{}
+	wg       sync.WaitGroup
 
 	mu      sync.Mutex
 	slots   []*slot
