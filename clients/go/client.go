@@ -179,13 +179,19 @@ func Connect(ctx context.Context, addrs []string, opts *Options) (*Client, error
 	if len(list) == 0 {
 		return nil, newError(ErrInvalidArgument, "no server address given")
 	}
-	c := &Client{opts: s, given: list, closeCh: make(chan struct{}), changed: make(chan struct{})}
 	slots := list
 	if len(list) == 1 {
 		// One node: two connections, so that one dropping for a moment
 		// does not interrupt service.
 		slots = []string{list[0], list[0]}
 	}
+	return start(ctx, s, list, slots)
+}
+
+// start makes the client with one connection slot per entry of slots and
+// waits for the first connection (see Connect).
+func start(ctx context.Context, s settings, given, slots []string) (*Client, error) {
+	c := &Client{opts: s, given: given, closeCh: make(chan struct{}), changed: make(chan struct{})}
 	for _, a := range slots {
 		c.addSlot(a)
 	}
