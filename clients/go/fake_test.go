@@ -585,4 +585,3 @@ func TestRedial(t *testing.T) {
 	}
 	_ = c
 }
-

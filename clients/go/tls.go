@@ -76,7 +76,7 @@ func explain(err error) string {
 	var invalid x509.CertificateInvalidError
 	var host x509.HostnameError
 	var header tls.RecordHeaderError
-	var alert tls.AlertError
+	var op *net.OpError
 	var verify *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &unknown):
@@ -89,16 +89,18 @@ func explain(err error) string {
 		return "TLS: the server's certificate was refused (" + err.Error() + ")"
 	case errors.As(err, &header):
 		return "TLS: the server did not answer in TLS (a plain-text port?)"
-	case errors.As(err, &alert):
-		switch alert {
-		case 116: // certificate_required
+	case errors.As(err, &op) && op.Op == "remote error":
+		// An alert from the server (crypto/tls keeps their type to itself).
+		msg := op.Err.Error()
+		switch {
+		case strings.Contains(msg, "certificate required"):
 			return "TLS: the server requires a client certificate (LoadTLS certFile and keyFile)"
-		case 48, 42: // unknown_ca, bad_certificate
+		case strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "bad certificate"):
 			return "TLS: the server does not accept our client certificate (not signed by its client CA)"
-		case 45: // certificate_expired
+		case strings.Contains(msg, "expired certificate"):
 			return "TLS: the server refused our client certificate: it has expired"
 		}
-		return "TLS: " + err.Error()
+		return "TLS: " + msg
 	}
 	return err.Error()
 }
