@@ -94,7 +94,9 @@ func explain(err error) string {
 		msg := op.Err.Error()
 		switch {
 		case strings.Contains(msg, "certificate required"):
-			return "TLS: the server requires a client certificate (LoadTLS certFile and keyFile)"
+			// crypto/tls sends no certificate when ours is not signed by
+			// a CA the server names, so this covers both cases.
+			return "TLS: the server requires a client certificate signed by its client CA (none given, or ours is from another CA: see LoadTLS)"
 		case strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "bad certificate"):
 			return "TLS: the server does not accept our client certificate (not signed by its client CA)"
 		case strings.Contains(msg, "expired certificate"):
