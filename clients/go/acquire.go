@@ -240,6 +240,11 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 	failed := 0
 	mv := newMoves(c.opts.noActive)
 	for {
+		// The deadline (or ctx) may have passed while following an M:
+		// end now, with what the acquire was doing.
+		if err := ctx.Err(); err != nil {
+			return nil, false, err
+		}
 		st.doing = doingConnecting
 		cn, err := c.waitLive(ctx, "", false, c.opts.connectTimeout)
 		if err != nil {

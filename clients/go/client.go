@@ -124,6 +124,7 @@ type slot struct {
 	lastErr       string
 	dialingSince  time.Time
 	everConnected bool
+	kick          chan struct{} // dial now rather than at the next redial
 }
 
 // Client is a handle on a ringlock node or cluster, safe for use by many
@@ -335,7 +336,7 @@ func (c *Client) bump() {
 }
 
 func (c *Client) addSlot(addr string) {
-	s := &slot{addr: addr}
+	s := &slot{addr: addr, kick: make(chan struct{}, 1)}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -382,9 +383,26 @@ func (c *Client) runSlot(s *slot) {
 			c.mu.Unlock()
 		}
 		c.bump()
+		// A kick left from while the connection was up is stale.
+		select {
+		case <-s.kick:
+		default:
+		}
 		timer.Reset(time.Until(dialedAt.Add(c.opts.redial)))
 		select {
 		case <-timer.C:
+		case <-s.kick:
+			// Kicked by an M naming this node: dial now, but never more
+			// than once per 100 ms (M answers for a dead node keep coming).
+			if !timer.Stop() {
+				<-timer.C
+			}
+			timer.Reset(time.Until(dialedAt.Add(min(100*time.Millisecond, c.opts.redial))))
+			select {
+			case <-timer.C:
+			case <-c.closeCh:
+				return
+			}
 		case <-c.closeCh:
 			return
 		}
@@ -499,7 +517,7 @@ func (c *Client) pick(addr string, only bool) *conn {
 	if n == 0 {
 		return nil
 	}
-	start := int(c.rr.Add(1) % uint64(n))
+	start := int((c.rr.Add(1) - 1) % uint64(n))
 	want := addr
 	if !only {
 		want = c.active
@@ -556,10 +574,12 @@ func (c *Client) follow(ctx context.Context, addr string, within time.Duration) 
 	c.mu.Lock()
 	known, up := false, false
 	var distinct []string
+	var mine []*slot
 	for _, s := range c.slots {
 		if s.addr == addr {
 			known = true
 			up = up || s.live != nil
+			mine = append(mine, s)
 		}
 		if !contains(distinct, s.addr) {
 			distinct = append(distinct, s.addr)
@@ -575,10 +595,15 @@ func (c *Client) follow(ctx context.Context, addr string, within time.Duration) 
 		}
 		c.addSlot(addr)
 	} else if !up {
-		// A node we know and have no connection to: most likely a stale M
-		// from a standby that has not yet seen that node die. Its slot
-		// redials only every 3 s, so do not wait for it: the request goes
-		// on through the rotation (with the usual back-off).
+		// A node we know and have no connection to: dial it now rather
+		// than at its next redial (it may be back), but do not wait for
+		// it: most likely this is a stale M from a standby that has not
+		// yet seen that node die. The request goes on through the
+		// rotation (with the usual back-off) and finds the node there if
+		// it came up.
+		for _, s := range mine {
+			signal(s.kick)
+		}
 		return false
 	}
 	c.mu.Lock()
