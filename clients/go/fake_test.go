@@ -585,3 +585,55 @@ func TestRedial(t *testing.T) {
 	}
 	_ = c
 }
+
+// M answers the oldest pending request of its key whatever its op: here a
+// release sent before an acquire of the same key. The release follows the
+// M to the node it names; the acquire stays and is answered where it was.
+func TestMAnswersTheOldestOfAnyOp(t *testing.T) {
+	other := newFake(t, serveWith(func(fc *fakeConn, line string) []string {
+		switch fields(line)[0] {
+		case "R":
+			return []string{"R k 1"}
+		case "A":
+			return []string{"A k 6"}
+		}
+		return nil
+	}))
+	seenA := make(chan struct{})
+	f := newFake(t, serveWith(func(fc *fakeConn, line string) []string {
+		if fields(line)[0] == "A" {
+			close(seenA)
+			// The R came first: M is its answer; then the A's grant.
+			return []string{"M k " + other.addr, "A k 5"}
+		}
+		return nil
+	}))
+	c := connectOne(t, f.addr, nil)
+	ctx := testCtx(t)
+	released := make(chan bool, 1)
+	go func() {
+		ok, err := c.Release(ctx, "k", 9)
+		if err != nil {
+			t.Error(err)
+		}
+		released <- ok
+	}()
+	waitForCond(t, func() bool { return c.PendingRequests() == 1 })
+	acq := make(chan uint64, 1)
+	go func() {
+		l, err := c.Lock(ctx, "k", time.Second, 0)
+		if err != nil {
+			t.Error(err)
+			acq <- 0
+			return
+		}
+		acq <- l.Token()
+	}()
+	<-seenA
+	if ok := <-released; !ok {
+		t.Fatal("the release, answered M, did not complete at the named node")
+	}
+	if tok := <-acq; tok != 5 {
+		t.Fatalf("the acquire got token %d, want 5 (from the node it was sent to)", tok)
+	}
+}
