@@ -2,7 +2,6 @@ package ringlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -455,9 +454,12 @@ type NodeStatus struct {
 
 // AddrStatus is one address's status, or why it could not be had.
 type AddrStatus struct {
-	Addr   string
+	// Addr is the address asked.
+	Addr string
+	// Status is what the node said, when Err is nil.
 	Status NodeStatus
-	Err    error
+	// Err is why the address gave no status.
+	Err error
 }
 
 // Status asks every known address for its status (S), on its live
@@ -551,5 +553,3 @@ func (c *Client) Sync(ctx context.Context) error {
 	}
 	return nil
 }
-
-var errStopped = errors.New("stopped")
