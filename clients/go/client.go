@@ -13,16 +13,26 @@ import (
 	"time"
 )
 
-// Defaults of every official client (docs/client.md, "Timeouts").
+// Defaults of every official client (docs/client.md, "Timeouts"); see the
+// fields of Options of the same names.
 const (
-	DefaultConnectTimeout  = 3 * time.Second
-	DefaultProbeInterval   = 500 * time.Millisecond
-	DefaultProbeTimeout    = 500 * time.Millisecond
-	DefaultAcquireGrace    = time.Second
-	DefaultRequestTimeout  = 2 * time.Second
-	DefaultRetryEvery      = 200 * time.Millisecond
-	DefaultRetryFor        = 5 * time.Second
-	DefaultRedialInterval  = 3 * time.Second
+	// DefaultConnectTimeout bounds one dial and Connect.
+	DefaultConnectTimeout = 3 * time.Second
+	// DefaultProbeInterval is the silence before a busy connection is probed.
+	DefaultProbeInterval = 500 * time.Millisecond
+	// DefaultProbeTimeout is how long a probe (or the hello) may go unanswered.
+	DefaultProbeTimeout = 500 * time.Millisecond
+	// DefaultAcquireGrace is how long past its wait an acquire may take.
+	DefaultAcquireGrace = time.Second
+	// DefaultRequestTimeout bounds one attempt of a release or renew.
+	DefaultRequestTimeout = 2 * time.Second
+	// DefaultRetryEvery is how often releases and renewals are retried.
+	DefaultRetryEvery = 200 * time.Millisecond
+	// DefaultRetryFor is how long releases and renewals are retried.
+	DefaultRetryFor = 5 * time.Second
+	// DefaultRedialInterval is how often a dropped connection is redialled.
+	DefaultRedialInterval = 3 * time.Second
+	// DefaultNoActiveTimeout is how long a request follows M answers.
 	DefaultNoActiveTimeout = 10 * time.Second
 )
 
