@@ -115,15 +115,16 @@ type conn struct {
 	acqWaiters  []chan bool
 	ended       bool
 
-	wake chan struct{} // the writer has work
-	busy chan struct{} // the connection became busy
-	done chan struct{} // closed when the connection ends
-	end  sync.Once
-	why  string
+	wake  chan struct{} // the writer has work
+	done  chan struct{} // closed when the connection ends
+	watch *time.Timer   // the liveness check, armed while requests are outstanding
+	armed bool
+	end   sync.Once
+	why   string
 }
 
 func newConn(c *Client, s *slot, nc net.Conn, rd *bufio.Reader) *conn {
-	return &conn{
+	cn := &conn{
 		client:  c,
 		slot:    s,
 		addr:    s.addr,
@@ -133,9 +134,11 @@ func newConn(c *Client, s *slot, nc net.Conn, rd *bufio.Reader) *conn {
 		lastRx:  time.Now(),
 		acqFree: c.opts.maxWaiting,
 		wake:    make(chan struct{}, 1),
-		busy:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
+	cn.watch = time.AfterFunc(time.Hour, cn.check)
+	cn.watch.Stop()
+	return cn
 }
 
 func signal(ch chan struct{}) {
@@ -237,12 +240,25 @@ func (cn *conn) call(ctx context.Context, req *request) (reply, error) {
 	}
 }
 
-// register records a request the writer took, in send order. True if the
-// connection just became busy.
+// registerLocked records a request the writer took, in send order, and
+// arms the liveness watch when the connection becomes busy. True if a probe
+// must go out right behind it (the connection was already quiet for the
+// probe interval).
 func (cn *conn) registerLocked(req *request) bool {
-	busy := false
+	probe := false
 	if !req.probe {
-		busy = cn.outstanding == 0
+		if cn.outstanding == 0 && !cn.armed {
+			t := &cn.client.opts
+			now := time.Now()
+			cn.armed = true
+			if due := cn.lastRx.Add(t.probeInterval); now.Before(due) {
+				cn.watch.Reset(due.Sub(now))
+			} else if cn.probeAt.IsZero() {
+				cn.probeAt = now
+				cn.watch.Reset(t.probeTimeout)
+				probe = true
+			}
+		}
 		cn.outstanding++
 		cn.client.inFlight.Add(1)
 	}
@@ -251,7 +267,7 @@ func (cn *conn) registerLocked(req *request) bool {
 	} else {
 		cn.byKey[req.key] = append(cn.byKey[req.key], req)
 	}
-	return busy
+	return probe
 }
 
 // takeLocked removes the oldest pending request of key with op o (any op
@@ -302,9 +318,8 @@ func (cn *conn) answeredLocked(req *request) *request {
 // runs here; the writer and the liveness watch beside it.
 func (cn *conn) serve() string {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); cn.writer() }()
-	go func() { defer wg.Done(); cn.liveness() }()
 	go func() {
 		select {
 		case <-cn.client.closeCh:
@@ -325,7 +340,6 @@ func (cn *conn) writer() {
 		case <-cn.done:
 			return
 		}
-		busy := false
 		cn.mu.Lock()
 		if cn.ended {
 			cn.mu.Unlock()
@@ -340,13 +354,14 @@ func (cn *conn) writer() {
 				continue
 			}
 			buf = append(buf, req.line...)
-			busy = cn.registerLocked(req) || busy
+			if cn.registerLocked(req) {
+				p := &request{op: opStatus, line: []byte("S\n"), probe: true}
+				buf = append(buf, p.line...)
+				cn.registerLocked(p)
+			}
 		}
 		cn.queue = cn.queue[:0]
 		cn.mu.Unlock()
-		if busy {
-			signal(cn.busy)
-		}
 		if len(buf) == 0 {
 			continue
 		}
@@ -434,63 +449,49 @@ func clip(b []byte) []byte {
 	return b
 }
 
-// liveness probes a connection that has requests outstanding and has
-// received nothing for the probe interval, and ends it if the probe gets
-// no answer (nothing at all received) within the probe timeout.
-func (cn *conn) liveness() {
+// check is the liveness watch, run by a timer while requests are
+// outstanding: it probes a connection that has received nothing for the
+// probe interval (at once if it was already that quiet when it became
+// busy), and ends it if the probe gets no answer (nothing at all received)
+// within the probe timeout. It disarms itself when nothing is outstanding.
+func (cn *conn) check() {
 	t := &cn.client.opts
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		var next time.Time
-		idle := false
-		cn.mu.Lock()
-		if cn.ended {
-			cn.mu.Unlock()
-			return
-		}
-		now := time.Now()
-		switch {
-		case !cn.probeAt.IsZero():
-			deadAt := cn.probeAt.Add(t.probeTimeout)
-			if !now.Before(deadAt) {
-				cn.mu.Unlock()
-				cn.finish(reply{kind: replyLost,
-					why: fmt.Sprintf("%s stopped answering: no answer to a probe within %v", cn.addr, t.probeTimeout)})
-				return
-			}
-			next = deadAt
-		case cn.outstanding == 0:
-			idle = true
-		default:
-			// Silence counts from the last answer: a request sent on a
-			// connection quiet for the interval is probed at once.
-			probeDue := cn.lastRx.Add(t.probeInterval)
-			if !now.Before(probeDue) {
-				cn.probeAt = now
-				cn.queue = append(cn.queue, &request{op: opStatus, line: []byte("S\n"), probe: true})
-				signal(cn.wake)
-				next = now.Add(t.probeTimeout)
-			} else {
-				next = probeDue
-			}
-		}
+	cn.mu.Lock()
+	if cn.ended {
 		cn.mu.Unlock()
-		if idle {
-			select {
-			case <-cn.busy:
-			case <-cn.done:
-				return
-			}
-			continue
-		}
-		timer.Reset(time.Until(next))
-		select {
-		case <-timer.C:
-		case <-cn.done:
+		return
+	}
+	now := time.Now()
+	var next time.Time
+	switch {
+	case !cn.probeAt.IsZero():
+		deadAt := cn.probeAt.Add(t.probeTimeout)
+		if !now.Before(deadAt) {
+			cn.mu.Unlock()
+			cn.finish(reply{kind: replyLost,
+				why: fmt.Sprintf("%s stopped answering: no answer to a probe within %v", cn.addr, t.probeTimeout)})
 			return
+		}
+		next = deadAt
+	case cn.outstanding == 0:
+		cn.armed = false
+	default:
+		// Silence counts from the last answer: a request sent on a
+		// connection quiet for the interval is probed at once.
+		probeDue := cn.lastRx.Add(t.probeInterval)
+		if !now.Before(probeDue) {
+			cn.probeAt = now
+			cn.queue = append(cn.queue, &request{op: opStatus, line: []byte("S\n"), probe: true})
+			signal(cn.wake)
+			next = now.Add(t.probeTimeout)
+		} else {
+			next = probeDue
 		}
 	}
+	if !next.IsZero() {
+		cn.watch.Reset(time.Until(next))
+	}
+	cn.mu.Unlock()
 }
 
 // finish ends the connection once: out of the rotation first, so that
@@ -516,6 +517,7 @@ func (cn *conn) finish(end reply) {
 			}
 		}
 		cn.outstanding = 0
+		cn.watch.Stop()
 		waiters := cn.acqWaiters
 		cn.acqWaiters = nil
 		cn.mu.Unlock()
