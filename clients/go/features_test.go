@@ -157,26 +157,36 @@ func TestRenewingLockExpiresWhenTheNodeIsGone(t *testing.T) {
 	n := startSingle(t)
 	c := connect(t, []string{n.addr}, &ringlock.Options{RedialInterval: 100 * time.Millisecond})
 	ctx := ctxFor(t, 20*time.Second)
-	r, err := c.LockRenewing(ctx, "gone", time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Past the first renewal (its loss deadline is at least one request
-	// timeout); then the deadline is the lease after the last renewal sent.
-	waitFor(t, "a renewal", func() bool { return r.Stats().Renewals >= 1 })
-	n.kill()
-	killed := time.Now()
-	select {
-	case <-r.Done():
-	case <-time.After(3 * time.Second):
-		t.Fatal("no loss signalled 3s after the node died (lease 1s)")
-	}
-	if e := time.Since(killed); e > 1500*time.Millisecond {
-		t.Fatalf("loss signalled %v after the node died, lease 1s", e)
-	}
-	var lost *ringlock.LostError
-	if !errors.As(r.Err(), &lost) || lost.Refused {
-		t.Fatalf("Err: %v", r.Err())
+	// Right after the grant (the first renewal keeps the grant's deadline)
+	// and after a renewal: lost within the lease of the last one sent.
+	for _, renewed := range []bool{false, true} {
+		r, err := c.LockRenewing(ctx, "gone", time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if renewed {
+			waitFor(t, "a renewal", func() bool { return r.Stats().Renewals >= 1 })
+		}
+		// The last confirmed request was sent before now: the loss is
+		// due within a lease from now.
+		sent := time.Now()
+		n.kill()
+		select {
+		case <-r.Done():
+		case <-time.After(3 * time.Second):
+			t.Fatal("no loss signalled 3s after the node died (lease 1s)")
+		}
+		if e := time.Since(sent); e > 1300*time.Millisecond {
+			t.Fatalf("renewed %v: loss signalled %v after the last confirmed request was sent, lease 1s", renewed, e)
+		}
+		var lost *ringlock.LostError
+		if !errors.As(r.Err(), &lost) || lost.Refused {
+			t.Fatalf("Err: %v", r.Err())
+		}
+		if !renewed {
+			n = startNode(t, n.args...)
+			c = connect(t, []string{n.addr}, &ringlock.Options{RedialInterval: 100 * time.Millisecond})
+		}
 	}
 }
 

@@ -12,7 +12,9 @@ import (
 //
 // A goroutine renews the lease (N key token lease, the lease the lock was
 // taken with) a third of a lease after the last confirmed renewal was
-// sent; a lock that waited in the queue is renewed at once. A renewal that
+// sent; a lock that waited in the queue is renewed at once (and that first
+// renewal has at least a request timeout, or a third of the lease if that
+// is shorter, to be confirmed). A renewal that
 // fails for connection reasons (or meets M key - in a failover) is retried
 // every 200 ms, each attempt bounded, until the lease could have run out.
 // The lock is lost, and renewing stops, when a node answers that the grant
@@ -209,10 +211,11 @@ func (r *RenewingLock) loop() {
 		}
 		// A lock that waited in the queue may come with a deadline already
 		// past (counted from the acquire's sending): its first renewal
-		// gets one request timeout to be confirmed.
+		// gets a request timeout (at most a third of the lease) to be
+		// confirmed. A lock granted at once keeps its deadline.
 		lossAt := deadline
 		if first {
-			lossAt = later(deadline, time.Now().Add(c.opts.requestTimeout))
+			lossAt = later(deadline, time.Now().Add(min(c.opts.requestTimeout, r.every)))
 		}
 		first = false
 		for {
