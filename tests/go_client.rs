@@ -37,10 +37,18 @@ fn recent_enough(version: &str) -> bool {
     major > 1 || (major == 1 && minor >= 23)
 }
 
+/// Where Go is looked for: PATH, then Debian's golang-1.23-go.
+const CANDIDATES: [&str; 2] = ["go", "/usr/lib/go-1.23/bin/go"];
+
 /// A Go 1.23+ toolchain, or why there is none.
 fn go() -> Result<PathBuf, String> {
+    go_among(&CANDIDATES)
+}
+
+/// The first of `candidates` that is a Go 1.23+, or why none is.
+fn go_among(candidates: &[&str]) -> Result<PathBuf, String> {
     let mut seen = Vec::new();
-    for candidate in ["go", "/usr/lib/go-1.23/bin/go"] {
+    for &candidate in candidates {
         let out = Command::new(candidate)
             .args(["env", "GOVERSION"])
             .env("GOTOOLCHAIN", "local")
@@ -127,4 +135,13 @@ fn go_versions_are_read_right() {
     assert!(recent_enough("go2.0"));
     assert!(!recent_enough("go1.19.8"));
     assert!(!recent_enough("devel"));
+}
+
+#[test]
+fn no_go_is_a_reason_to_skip() {
+    let why = go_among(&["/nonexistent/bin/go"]).expect_err("no Go there");
+    assert!(why.contains("no Go toolchain"), "{why}");
+    // `true` runs but is no Go: named with what it said.
+    let why = go_among(&["true"]).expect_err("true is not Go");
+    assert!(why.contains("true is \"\""), "{why}");
 }
