@@ -10,6 +10,9 @@
 //! the test says so on one line and skips (see `prerequisite`); every other
 //! failure (npm cannot reach its registry, tsc fails, a test fails) fails it.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -66,12 +69,7 @@ fn install(dir: &Path) {
     std::fs::write(&stamp, &lock).expect("write the install stamp");
 }
 
-#[test]
 fn node_client_suite() {
-    if let Err(why) = prerequisite() {
-        eprintln!("skipping the Node.js client's tests: {why}");
-        return;
-    }
     let dir = package();
     install(&dir);
     run(
@@ -116,4 +114,8 @@ fn node_client_suite() {
         "node --test ran no test in {}",
         dir.display()
     );
+}
+
+fn main() -> std::process::ExitCode {
+    common::harness::run(file!(), [tests![node_client_suite if prerequisite]])
 }

@@ -1,0 +1,3 @@
+module ringlock.dev/ringlock
+
+go 1.23
