@@ -206,7 +206,7 @@ fn random_hex(bytes: usize) -> String {
 /// The fingerprint every node of `c` sends in its HELLO (the peer list is
 /// no secret: a stranger can compute it too).
 fn fingerprint(c: &Cluster) -> String {
-    auth::hex(&auth::fingerprint(wire::VERSION, &c.addr_strings()).to_be_bytes())
+    auth::hex(&auth::fingerprint(wire::FINGERPRINT_VERSION, &c.addr_strings()).to_be_bytes())
 }
 
 /// A well-formed HELLO of the current version claiming to be node `from` at
@@ -1031,7 +1031,7 @@ fn peers_in_another_order_never_give_two_actives(io: &str) {
     // Only the list with the lower fingerprint serves.
     let fp = |list: &[&String]| {
         let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
-        auth::fingerprint(wire::VERSION, &list)
+        auth::fingerprint(wire::FINGERPRINT_VERSION, &list)
     };
     let x_serves = fp(&[&a, &b]) < fp(&[&b, &a]);
     let (_, st) = poll_until("one of the two active", SETTLE, poll, |st| {

@@ -729,8 +729,16 @@ fn dispatch(
                 token,
             });
         }
-        // This client never sends `H` or `L` on its pooled connections.
-        Answer::Health { .. } | Answer::Lock { .. } | Answer::ListEnd { .. } => {
+        // This client never sends `H`, `L`, `W` or `Q` on its pooled
+        // connections, and reads the answer to its `O` before this.
+        Answer::Health { .. }
+        | Answer::Lock { .. }
+        | Answer::ListEnd { .. }
+        | Answer::Owner { .. }
+        | Answer::LockWho { .. }
+        | Answer::WhoEnd { .. }
+        | Answer::Waiter { .. }
+        | Answer::QueueEnd { .. } => {
             return Err(unmatched());
         }
     }
