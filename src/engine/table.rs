@@ -151,11 +151,12 @@ const _: () = assert!(std::mem::size_of::<Lock>() == 88);
 struct HolderEntry {
     addr: Option<Box<[u8]>>,
     owner: Option<Box<[u8]>>,
-    /// Grants that name it, plus one for the connection it belongs to.
-    refs: u32,
     /// Found through [`Holders::shared`] (a replicated holder).
     shared: bool,
 }
+
+/// A replicated holder's `(addr, owner)`.
+type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>);
 
 /// Who holds grants, interned: a lock stores a `u32` index, not the
 /// address and label. An open connection that was granted something has
@@ -166,8 +167,12 @@ struct HolderEntry {
 #[derive(Default)]
 pub struct Holders {
     entries: Slab<HolderEntry>,
+    /// By entry: grants that name it, plus one for the connection it
+    /// belongs to (0: a free slot). Apart from the entries, so that a grant
+    /// and a release touch one `u32` each.
+    refs: Vec<u32>,
     /// Replicated holders by `(addr, owner)`: each distinct one once.
-    shared: std::collections::HashMap<(Option<Box<[u8]>>, Option<Box<[u8]>>), u32>,
+    shared: std::collections::HashMap<HolderKey, u32>,
 }
 
 impl Holders {
@@ -177,9 +182,18 @@ impl Holders {
         let i = self.entries.insert(HolderEntry {
             addr,
             owner: owner.map(Box::from),
-            refs: 1,
             shared: false,
         });
+        self.counted(i)
+    }
+
+    /// Entry `i` was just made: it counts one reference.
+    fn counted(&mut self, i: usize) -> u32 {
+        if self.refs.len() <= i {
+            self.refs.resize(i + 1, 0);
+        }
+        debug_assert_eq!(self.refs[i], 0);
+        self.refs[i] = 1;
         u32::try_from(i).expect("over u32::MAX holders")
     }
 
@@ -197,10 +211,9 @@ impl Holders {
         let i = self.entries.insert(HolderEntry {
             addr: key.0.clone(),
             owner: key.1.clone(),
-            refs: 1,
             shared: true,
         });
-        let i = u32::try_from(i).expect("over u32::MAX holders");
+        let i = self.counted(i);
         self.shared.insert(key, i);
         i
     }
@@ -208,19 +221,21 @@ impl Holders {
     /// One more reference to `holder` ([`NIL`]: nothing).
     #[inline]
     pub fn add_ref(&mut self, holder: u32) {
-        if let Some(e) = self.entries.get_mut(holder as usize) {
-            e.refs += 1;
+        if let Some(refs) = self.refs.get_mut(holder as usize) {
+            debug_assert!(*refs > 0, "a reference to free holder {holder}");
+            *refs += 1;
         }
     }
 
     /// One reference fewer; the entry goes with its last.
     #[inline]
     pub fn unref(&mut self, holder: u32) {
-        let Some(e) = self.entries.get_mut(holder as usize) else {
+        let Some(refs) = self.refs.get_mut(holder as usize) else {
             return;
         };
-        e.refs -= 1;
-        if e.refs == 0 {
+        debug_assert!(*refs > 0, "a reference to free holder {holder}");
+        *refs -= 1;
+        if *refs == 0 {
             self.remove(holder);
         }
     }
@@ -256,13 +271,13 @@ impl Holders {
 
     /// References each entry should have, against what it counts.
     pub fn check_refs(&self, expected: &std::collections::HashMap<u32, u32>) {
-        for (i, e) in &self.entries {
+        for (i, refs) in self.refs.iter().enumerate() {
             let want = expected.get(&(i as u32)).copied().unwrap_or(0);
             assert_eq!(
-                e.refs, want,
-                "holder {i} counts {} references, {want} exist",
-                e.refs
+                *refs, want,
+                "holder {i} counts {refs} references, {want} exist"
             );
+            assert_eq!(self.entries.contains(i), want > 0, "holder {i}");
         }
         assert_eq!(
             self.shared.len(),

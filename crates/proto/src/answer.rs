@@ -246,16 +246,7 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         return parse_lock(rest).ok_or_else(bad);
     }
     if let Some(rest) = line.strip_prefix(b"J ") {
-        let mut f = rest.split(|&b| b == b' ');
-        let (Some(waited), Some(addr), Some(owner), None) =
-            (f.next(), f.next(), f.next(), f.next())
-        else {
-            return Err(bad());
-        };
-        return Ok(Answer::Waiter {
-            waited_ms: parse_u64(waited).ok_or_else(bad)?,
-            holder: holder(addr, owner).ok_or_else(bad)?,
-        });
+        return parse_waiter(rest).ok_or_else(bad);
     }
     let mut fields = line.split(|&b| b == b' ');
     let op = fields.next().ok_or_else(bad)?;
@@ -316,6 +307,19 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
     Ok(answer)
 }
 
+/// A `J` line's fields after `J `: `<waited_ms> <addr> <owner>`.
+fn parse_waiter(rest: &[u8]) -> Option<Answer<'_>> {
+    let mut f = rest.split(|&b| b == b' ');
+    let (Some(waited), Some(addr), Some(owner), None) = (f.next(), f.next(), f.next(), f.next())
+    else {
+        return None;
+    };
+    Some(Answer::Waiter {
+        waited_ms: parse_u64(waited)?,
+        holder: holder(addr, owner)?,
+    })
+}
+
 /// A `K` line's fields after `K `: four (an `L` answer's) or seven (a `W`
 /// or `Q` answer's, with the holder).
 fn parse_lock(rest: &[u8]) -> Option<Answer<'_>> {
@@ -366,6 +370,46 @@ mod tests {
             },
             Answer::ListEnd { cursor: 0 },
             Answer::ListEnd { cursor: u64::MAX },
+            Answer::Moved {
+                key: b"k",
+                addr: Some(b"10.0.0.1:7171"),
+            },
+            Answer::Moved {
+                key: b"k",
+                addr: None,
+            },
+            Answer::Released {
+                key: b"k",
+                ok: true,
+            },
+            Answer::Renewed {
+                key: b"k",
+                ok: false,
+            },
+            Answer::Status {
+                role: Role::Standby,
+                addr: None,
+                token: 0,
+            },
+            Answer::Error {
+                reason: b"bad lease \"x\" in line 3",
+            },
+            Answer::Health { problem: None },
+            Answer::Health {
+                problem: Some(b"127.0.0.1:7172 has another --peers list"),
+            },
+        ];
+        for answer in answers {
+            let mut out = Vec::new();
+            answer.encode(&mut out);
+            assert_eq!(out.last(), Some(&b'\n'));
+            assert_eq!(parse_answer(&out[..out.len() - 1]), Ok(answer));
+        }
+    }
+
+    #[test]
+    fn holder_answers_round_trip() {
+        let answers = [
             Answer::Owner {
                 owner: b"host-a/job-42",
             },
@@ -400,39 +444,10 @@ mod tests {
                 key: b"k",
                 waiters: 65536,
             },
-            Answer::Moved {
-                key: b"k",
-                addr: Some(b"10.0.0.1:7171"),
-            },
-            Answer::Moved {
-                key: b"k",
-                addr: None,
-            },
-            Answer::Released {
-                key: b"k",
-                ok: true,
-            },
-            Answer::Renewed {
-                key: b"k",
-                ok: false,
-            },
-            Answer::Status {
-                role: Role::Standby,
-                addr: None,
-                token: 0,
-            },
-            Answer::Error {
-                reason: b"bad lease \"x\" in line 3",
-            },
-            Answer::Health { problem: None },
-            Answer::Health {
-                problem: Some(b"127.0.0.1:7172 has another --peers list"),
-            },
         ];
         for answer in answers {
             let mut out = Vec::new();
             answer.encode(&mut out);
-            assert_eq!(out.last(), Some(&b'\n'));
             assert_eq!(parse_answer(&out[..out.len() - 1]), Ok(answer));
         }
     }
