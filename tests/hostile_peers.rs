@@ -213,7 +213,7 @@ fn fingerprint(c: &Cluster) -> String {
 /// `addr`, with a new incarnation and a random nonce.
 fn hello(fp: &str, from: usize, addr: &str) -> String {
     format!(
-        "P HELLO 2 {fp} {from} {addr} {} {}",
+        "P HELLO 3 {fp} {from} {addr} {} {}",
         auth::random_u64().unwrap(),
         random_hex(auth::NONCE_LEN)
     )
@@ -329,8 +329,8 @@ fn accept_hello_from(listener: &TcpListener, from: usize, within: Duration) -> (
         };
         let f: Vec<&str> = first.split(' ').collect();
         assert!(
-            f.len() == 8 && f[..3] == ["P", "HELLO", "2"],
-            "a dialer's first line is not a HELLO of version 2: {first:?}"
+            f.len() == 8 && f[..3] == ["P", "HELLO", "3"],
+            "a dialer's first line is not a HELLO of version 3: {first:?}"
         );
         if f[4] == from.to_string() {
             return (stranger, first);
