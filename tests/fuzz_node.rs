@@ -126,7 +126,7 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
             token,
             remaining_ms: number(rng, MAX_REMAINING_MS),
             holder: ringlock::proto::Holder {
-                addr: (rng.below(2) == 0).then_some(&k[..]),
+                addr: (rng.below(2) == 0).then_some(&b"[::1]:65535"[..]),
                 owner: (rng.below(2) == 0).then_some(b"fuzz/1"),
             },
         },

@@ -594,6 +594,11 @@ fn locks_lists_holders_and_queues(io: &str) {
         "{out}"
     );
 
+    listing_on_the_wire(&server, &a_addr, &w, ta);
+}
+
+/// The listing on the wire: `L` and `W` pages, `Q` for one key.
+fn listing_on_the_wire(server: &Server, a_addr: &str, w: &common::Conn, ta: u64) {
     // On the wire: a page of at most `limit` K lines, then `L cursor`.
     let mut c = server.connect();
     c.line("L 0 2 many/");
@@ -609,7 +614,7 @@ fn locks_lists_holders_and_queues(io: &str) {
         let line = c.recv();
         let f: Vec<&str> = line.split(' ').collect();
         assert_eq!(f.len(), 8, "{line}");
-        assert_eq!((f[0], f[6], f[7]), ("K", a_addr.as_str(), "ops/owner-a"));
+        assert_eq!((f[0], f[6], f[7]), ("K", a_addr, "ops/owner-a"));
         keys.push(f[1].to_string());
     }
     keys.sort();

@@ -36,7 +36,9 @@
 use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
 use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
-use crate::proto::{Holder, Quoted, is_valid_key, is_valid_owner, parse_u64, write_u64};
+use crate::proto::{
+    Holder, MAX_HOLDER_ADDR, Quoted, is_valid_key, is_valid_owner, parse_u64, write_u64,
+};
 
 /// The newest peer protocol version, which this node dials with.
 pub const VERSION: u64 = 3;
@@ -242,7 +244,10 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
             } else {
                 Holder::default()
             };
-            if holder.addr.is_some_and(|a| !is_valid_key(a)) {
+            if holder
+                .addr
+                .is_some_and(|a| a.len() > MAX_HOLDER_ADDR || !is_valid_key(a))
+            {
                 return Err(bad("bad holder address"));
             }
             if holder.owner.is_some_and(|o| !is_valid_owner(o)) {
@@ -576,6 +581,7 @@ mod tests {
             "P G k 1 1 - - x".into(),
             "P G k 1 1 a\x01b -".into(),
             "P G k 1 1 - caf\u{e9}".into(),
+            format!("P G k 1 1 {} -", "a".repeat(65)),
             "P G k 1 1 - o\x7f".into(),
             "P G k 1 86400001".into(),
             "P G k 9223372036854775808 5".into(),

@@ -554,6 +554,10 @@ impl Engine {
         let addr = c
             .addr
             .map(|a| a.to_string().into_bytes().into_boxed_slice());
+        debug_assert!(
+            addr.as_ref()
+                .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
+        );
         let holder = self.holders.insert(addr, c.owner.as_deref());
         self.holders.add_ref(holder);
         self.conns[conn as usize].holder = Some(holder);

@@ -191,12 +191,13 @@ impl Holder<'_> {
     }
 }
 
-/// `<addr> <owner>` fields of an answer: an address is 1 to 250 bytes as a
-/// key, an owner label as `O` takes it; `-` for none.
+/// `<addr> <owner>` fields of an answer: an address is 1 to
+/// [`super::MAX_HOLDER_ADDR`] bytes of a key's, an owner label as `O`
+/// takes it; `-` for none.
 fn holder<'a>(addr: &'a [u8], owner: &'a [u8]) -> Option<Holder<'a>> {
     let addr = match addr {
         b"-" => None,
-        a if is_valid_key(a) => Some(a),
+        a if a.len() <= super::MAX_HOLDER_ADDR && is_valid_key(a) => Some(a),
         _ => return None,
     };
     let owner = match owner {

@@ -29,6 +29,9 @@ pub const MAX_DURATION_MS: u64 = 86_400_000;
 pub const MAX_LIST: u32 = 1000;
 /// Longest owner label (`O <owner>`), in bytes.
 pub const MAX_OWNER: usize = 128;
+/// Longest holder address in `W` and `Q` answers and on the peer link:
+/// a socket address as text is at most 58 bytes (`[v6%scope]:port`).
+pub const MAX_HOLDER_ADDR: usize = 64;
 /// The most waiters one `Q` answer lists (`J` lines); it counts them all.
 pub const MAX_QUEUE_LISTED: usize = 100;
 

@@ -12,6 +12,8 @@ from .errors import InvalidArgument
 MAX_KEY = 250
 #: Longest owner label (``O <owner>``).
 MAX_OWNER = 128
+#: Longest holder address in ``W`` and ``Q`` answers.
+MAX_HOLDER_ADDR = 64
 #: Longest line of a listing answer (``K`` lines with a holder are at most
 #: about 500 bytes).
 MAX_LIST_LINE = 4096
@@ -221,6 +223,10 @@ def _is_addr(field: bytes) -> bool:
     return 0 < len(field) <= MAX_KEY and all(is_key_byte(b) for b in field)
 
 
+def _is_holder_addr(field: bytes) -> bool:
+    return len(field) <= MAX_HOLDER_ADDR and _is_addr(field)
+
+
 def _is_owner(field: bytes) -> bool:
     return 0 < len(field) <= MAX_OWNER and all(0x21 <= b <= 0x7E for b in field)
 
@@ -264,9 +270,9 @@ def parse_list_line(line: bytes) -> ListLine:
         if f[0] == b"K" and len(f) == 5:
             return ListLine("K", key(f[1]), nums(f[2:5]))
         if f[0] == b"K" and len(f) == 8:
-            return ListLine("K", key(f[1]), nums(f[2:6]), _dash(f[6], _is_addr), _dash(f[7], _is_owner), True)
+            return ListLine("K", key(f[1]), nums(f[2:6]), _dash(f[6], _is_holder_addr), _dash(f[7], _is_owner), True)
         if f[0] == b"J" and len(f) == 4:
-            return ListLine("J", b"", nums(f[1:2]), _dash(f[2], _is_addr), _dash(f[3], _is_owner), True)
+            return ListLine("J", b"", nums(f[1:2]), _dash(f[2], _is_holder_addr), _dash(f[3], _is_owner), True)
         if f[0] in (b"W", b"L") and len(f) == 2:
             return ListLine(f[0].decode(), b"", nums(f[1:2]))
         if f[0] == b"Q" and len(f) == 3:
