@@ -394,13 +394,16 @@ impl Node {
         std::time::Duration::from_millis(ms)
     }
 
-    /// Remembers where `conn` comes from, for the log lines about it.
+    /// Remembers where `conn` comes from, for the log lines about it and
+    /// for the holder of its grants.
     pub fn set_remote(&mut self, conn: ConnId, remote: SocketAddr) {
         let i = conn as usize;
         if self.remotes.len() <= i {
             self.remotes.resize(i + 1, None);
         }
         self.remotes[i] = Some(remote);
+        // What `W` and `Q` name as the holder of its grants.
+        self.engine.set_remote(conn, remote);
     }
 
     fn remote(&self, conn: ConnId) -> String {

@@ -606,20 +606,62 @@ fn script_bin() -> Option<&'static str> {
         .find(|p| std::path::Path::new(p).exists())
 }
 
+/// What a waiting `acquire` says after a second, once: whom it waits for
+/// (the holder's address and owner label), how long that one has held the
+/// lock, and its own place in the queue.
+fn waiting_line(text: &str, key: &str, holder: &str, owner: &str, queue: &str, limit: &str) {
+    let start =
+        format!("ringlock: waiting for the lock on {key}: held by {holder} (owner {owner}) for ");
+    let line = text
+        .lines()
+        .find(|l| l.contains("waiting for the lock"))
+        .unwrap_or_else(|| panic!("no waiting notice in {text:?}"));
+    assert!(
+        line.trim_end().starts_with(&start),
+        "{line:?} does not start with {start:?}"
+    );
+    assert!(
+        line.trim_end()
+            .ends_with(&format!(" s; {queue} ({limit})...")),
+        "{line:?}"
+    );
+    assert_eq!(
+        text.matches("waiting for the lock").count(),
+        1,
+        "once: {text}"
+    );
+}
+
 #[test]
-fn a_waiting_acquire_says_what_it_waits_for_on_a_terminal_only() {
+fn a_waiting_acquire_says_whom_it_waits_for_whether_or_not_stderr_is_a_terminal() {
     let server = common::Server::start(&backend());
     let mut holder = server.connect();
+    assert_eq!(holder.call("O test/holder"), "O test/holder");
+    let holder_addr = holder.stream().local_addr().unwrap().to_string();
     common::Conn::token_of(&holder.call("A tty/held 30 0"));
     let addr = server.addr.to_string();
+    // One more waiter ahead of the command.
+    let mut ahead = server.connect();
+    ahead.line("A tty/held 30 10");
+    assert!(ahead.call("S").starts_with("S active"));
 
-    // Not a terminal: nothing but the final message.
-    let out = output(ringlock(&server).args(["acquire", "tty/held", "--wait", "1.5"]));
+    // Not a terminal (a pipe): said all the same.
+    let out = output(ringlock(&server).args([
+        "acquire",
+        "tty/held",
+        "--wait",
+        "2",
+        "--owner",
+        "test/pipe",
+    ]));
     assert_eq!(out.status.code(), Some(75));
-    assert!(
-        !stderr(&out).contains("waiting for the lock"),
-        "{}",
-        stderr(&out)
+    waiting_line(
+        &stderr(&out),
+        "tty/held",
+        &holder_addr,
+        "test/holder",
+        "1 ahead in the queue",
+        "for up to 2 s in all",
     );
 
     let Some(script) = script_bin() else {
@@ -627,7 +669,7 @@ fn a_waiting_acquire_says_what_it_waits_for_on_a_terminal_only() {
         return;
     };
     let line = format!(
-        "'{}' acquire tty/held --wait 1.5 --server {addr}",
+        "'{}' acquire tty/held --wait 1.5 --owner test/tty --server {addr}",
         env!("CARGO_BIN_EXE_ringlock")
     );
     let out = output(
@@ -637,12 +679,48 @@ fn a_waiting_acquire_says_what_it_waits_for_on_a_terminal_only() {
     );
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(75), "{text}");
-    assert!(
-        text.contains(
-            "waiting for the lock on tty/held, held by someone else (for up to 1.5 s in all)"
-        ),
-        "{text}"
+    waiting_line(
+        &text,
+        "tty/held",
+        &holder_addr,
+        "test/holder",
+        "1 ahead in the queue",
+        "for up to 1.5 s in all",
     );
+}
+
+/// A `ringlock run` (or `acquire`) inside `ringlock run` on the same key
+/// would wait for its own parent: it is refused at once with exit 2, and
+/// the parent's command goes on. Another key is fine.
+#[test]
+fn a_nested_run_on_the_same_key_is_refused_at_once() {
+    let server = common::Server::start(&backend());
+    let bin = env!("CARGO_BIN_EXE_ringlock");
+    let script = format!(
+        "'{bin}' run nest/k --wait 5 -- true; echo \"inner run $?\"; \
+         '{bin}' acquire nest/k --wait 5; echo \"inner acquire $?\"; \
+         '{bin}' run nest/other -- sh -c 'echo \"other $RINGLOCK_KEY\"'; echo \"other run $?\""
+    );
+    let started = Instant::now();
+    let out = output(ringlock(&server).args(["run", "nest/k", "--", "sh", "-c", &script]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("inner run 2\n"), "{text}");
+    assert!(text.contains("inner acquire 2\n"), "{text}");
+    assert!(text.contains("other nest/other\nother run 0\n"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "refused at once: {:?}",
+        started.elapsed()
+    );
+    let err = stderr(&out);
+    assert_eq!(
+        err.matches("nest/k is already held by the `ringlock run` this runs under")
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(err.contains("locks are not reentrant"), "{err}");
 }
 
 #[test]

@@ -40,6 +40,8 @@ fn both() -> Vec<common::harness::Test> {
             paused_standby_stays_standby_uring, paused_standby_stays_standby_epoll;
         standby_waits_for_a_starting_higher_node_without_spinning:
             standby_waits_for_a_starting_higher_node_without_spinning_uring, standby_waits_for_a_starting_higher_node_without_spinning_epoll;
+        the_holder_survives_a_failover:
+            the_holder_survives_a_failover_uring, the_holder_survives_a_failover_epoll;
     }
 }
 
@@ -621,4 +623,66 @@ fn standby_waits_for_a_starting_higher_node_without_spinning(io: &str) {
         },
         |st| c.is_settled_on(st, 0),
     );
+}
+
+/// Who holds a lock (the acquiring connection's address and its owner
+/// label) is replicated with the grant: after a kill -9 of the active,
+/// `W` on the new active still names the holder, and a renewal keeps it.
+fn the_holder_survives_a_failover(io: &str) {
+    let mut c = Cluster::start(3, io);
+    let mut n0 = c.connect(0);
+    assert_eq!(n0.call("O host-a/job-42"), "O host-a/job-42");
+    let holder = n0.stream().local_addr().unwrap().to_string();
+    let held = grant(&mut n0, "A who/held 60 0");
+    let renewed = grant(&mut n0, "A who/renewed 60 0");
+    assert_eq!(
+        n0.call(&format!("N who/renewed {renewed} 30")),
+        "N who/renewed 1"
+    );
+    c.wait_token(1, renewed, SETTLE);
+    let line = |token: u64, key: &'static str| {
+        move |l: &String| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.len() == 8 && f[1] == key && f[2] == token.to_string()
+        }
+    };
+    // A standby already names the holder.
+    let mut s1 = c.connect(1);
+    s1.line("W 0 10 who/");
+    let page = [s1.recv(), s1.recv(), s1.recv()];
+    assert_eq!(page[2], "W 0", "{page:?}");
+    for l in &page[..2] {
+        assert!(l.ends_with(&format!(" {holder} host-a/job-42")), "{page:?}");
+    }
+    c.kill9(0);
+    common::poll_until(
+        "node 1 active after kill -9 of node 0",
+        CRASH_FAILOVER_LIMIT,
+        || c.status(1),
+        |s| s.as_ref().is_some_and(|s| s.is_active()),
+    );
+    let mut n1 = c.connect(1);
+    n1.line("W 0 10 who/");
+    let page = [n1.recv(), n1.recv(), n1.recv()];
+    assert_eq!(page[2], "W 0", "{page:?}");
+    assert!(page[..2].iter().any(line(held, "who/held")), "{page:?}");
+    assert!(
+        page[..2].iter().any(line(renewed, "who/renewed")),
+        "{page:?}"
+    );
+    for l in &page[..2] {
+        assert!(l.ends_with(&format!(" {holder} host-a/job-42")), "{page:?}");
+        let held_ms: u64 = l.split(' ').nth(5).unwrap().parse().unwrap();
+        assert!(held_ms < 60_000, "{l}");
+    }
+    // The old token renews on the new active; the holder stays.
+    assert_eq!(n1.call(&format!("N who/held {held} 60")), "N who/held 1");
+    n1.line("Q who/held");
+    let q = n1.recv();
+    assert!(
+        q.starts_with(&format!("K who/held {held} "))
+            && q.ends_with(&format!(" {holder} host-a/job-42")),
+        "{q}"
+    );
+    assert_eq!(n1.recv(), "Q who/held 0");
 }

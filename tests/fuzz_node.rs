@@ -97,6 +97,7 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     let token = number(rng, MAX_TOKEN);
     let msg = match rng.below(10) {
         0 => PeerMsg::Hello {
+            version: wire::VERSION,
             fingerprint: rng.next(),
             from: index,
             addr: &k,
@@ -124,6 +125,10 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
             key: &k,
             token,
             remaining_ms: number(rng, MAX_REMAINING_MS),
+            holder: ringlock::proto::Holder {
+                addr: (rng.below(2) == 0).then_some(&b"[::1]:65535"[..]),
+                owner: (rng.below(2) == 0).then_some(b"fuzz/1"),
+            },
         },
         6 => PeerMsg::Release { key: &k, token },
         7 => PeerMsg::Synced,

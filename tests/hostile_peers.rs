@@ -215,14 +215,14 @@ fn random_hex(bytes: usize) -> String {
 /// The fingerprint every node of `c` sends in its HELLO (the peer list is
 /// no secret: a stranger can compute it too).
 fn fingerprint(c: &Cluster) -> String {
-    auth::hex(&auth::fingerprint(wire::VERSION, &c.addr_strings()).to_be_bytes())
+    auth::hex(&auth::fingerprint(wire::FINGERPRINT_VERSION, &c.addr_strings()).to_be_bytes())
 }
 
 /// A well-formed HELLO of the current version claiming to be node `from` at
 /// `addr`, with a new incarnation and a random nonce.
 fn hello(fp: &str, from: usize, addr: &str) -> String {
     format!(
-        "P HELLO 2 {fp} {from} {addr} {} {}",
+        "P HELLO 3 {fp} {from} {addr} {} {}",
         auth::random_u64().unwrap(),
         random_hex(auth::NONCE_LEN)
     )
@@ -338,8 +338,8 @@ fn accept_hello_from(listener: &TcpListener, from: usize, within: Duration) -> (
         };
         let f: Vec<&str> = first.split(' ').collect();
         assert!(
-            f.len() == 8 && f[..3] == ["P", "HELLO", "2"],
-            "a dialer's first line is not a HELLO of version 2: {first:?}"
+            f.len() == 8 && f[..3] == ["P", "HELLO", "3"],
+            "a dialer's first line is not a HELLO of version 3: {first:?}"
         );
         if f[4] == from.to_string() {
             return (stranger, first);
@@ -1040,7 +1040,7 @@ fn peers_in_another_order_never_give_two_actives(io: &str) {
     // Only the list with the lower fingerprint serves.
     let fp = |list: &[&String]| {
         let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
-        auth::fingerprint(wire::VERSION, &list)
+        auth::fingerprint(wire::FINGERPRINT_VERSION, &list)
     };
     let x_serves = fp(&[&a, &b]) < fp(&[&b, &a]);
     let (_, st) = poll_until("one of the two active", SETTLE, poll, |st| {

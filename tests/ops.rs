@@ -512,12 +512,15 @@ fn cli(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// `ringlock locks` lists holders and queue lengths, filtered by prefix,
-/// across pages; `L` answers are bounded and paged on the wire.
+/// `ringlock locks` lists holders (token, address, owner label, time held)
+/// and queue lengths, filtered by prefix, across pages; `L` and `W`
+/// answers are bounded and paged on the wire.
 fn locks_lists_holders_and_queues(io: &str) {
     let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
     let addr = server.addr.to_string();
     let mut a = server.connect();
+    assert_eq!(a.call("O ops/owner-a"), "O ops/owner-a");
+    let a_addr = a.stream().local_addr().unwrap().to_string();
     let ta = common::Conn::token_of(&a.call("A jobs/a 60 0"));
     let tb = common::Conn::token_of(&a.call("A jobs/b 60 0"));
     common::Conn::token_of(&a.call("A other 60 0"));
@@ -552,6 +555,20 @@ fn locks_lists_holders_and_queues(io: &str) {
     assert_eq!(ra[4], "2", "{out}");
     let lease: f64 = ra[2].parse().unwrap();
     assert!(lease > 50.0 && lease <= 60.0, "{out}");
+    // KEY TOKEN LEASE-LEFT s WAITING HELD-FOR s HOLDER OWNER
+    let held: f64 = ra[5].parse().unwrap();
+    assert!((0.0..10.0).contains(&held), "{out}");
+    assert_eq!(
+        (ra[7].as_str(), ra[8].as_str()),
+        (a_addr.as_str(), "ops/owner-a"),
+        "{out}"
+    );
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "KEY", "TOKEN", "LEASE", "LEFT", "WAITING", "HELD", "FOR", "HOLDER", "OWNER"
+        ]
+    );
     let rb = row("jobs/b");
     assert_eq!(
         (rb[1].as_str(), rb[4].as_str()),
@@ -577,6 +594,11 @@ fn locks_lists_holders_and_queues(io: &str) {
         "{out}"
     );
 
+    listing_on_the_wire(&server, &a_addr, &w, ta);
+}
+
+/// The listing on the wire: `L` and `W` pages, `Q` for one key.
+fn listing_on_the_wire(server: &Server, a_addr: &str, w: &common::Conn, ta: u64) {
     // On the wire: a page of at most `limit` K lines, then `L cursor`.
     let mut c = server.connect();
     c.line("L 0 2 many/");
@@ -585,10 +607,33 @@ fn locks_lists_holders_and_queues(io: &str) {
     let end = c.recv();
     let cursor: u64 = end.strip_prefix("L ").unwrap().parse().unwrap();
     assert!(cursor > 0, "{end}");
+    // `W` the same, each line with its holder, then `W cursor`.
+    c.line("W 0 2 jobs/");
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let line = c.recv();
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 8, "{line}");
+        assert_eq!((f[0], f[6], f[7]), ("K", a_addr, "ops/owner-a"));
+        keys.push(f[1].to_string());
+    }
+    keys.sort();
+    assert_eq!(keys, ["jobs/a", "jobs/b"]);
+    assert_eq!(c.recv(), "W 0");
+    // `Q`: the holder, then the waiters oldest first, then the count.
+    c.line("Q jobs/a");
+    assert!(c.recv().starts_with(&format!("K jobs/a {ta} ")));
+    let w_addr = w.stream().local_addr().unwrap().to_string();
+    for _ in 0..2 {
+        let line = c.recv();
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!((f[0], f[2], f[3]), ("J", w_addr.as_str(), "-"), "{line}");
+    }
+    assert_eq!(c.recv(), "Q jobs/a 2");
     // A bad limit breaks the connection like any bad line.
     assert_eq!(
         c.call("L 0 1001"),
-        "E bad limit \"1001\" (1 to 1000) in line 2"
+        "E bad limit \"1001\" (1 to 1000) in line 4"
     );
 }
 

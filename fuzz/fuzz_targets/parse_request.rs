@@ -49,7 +49,12 @@ fn check(data: &[u8]) {
                         assert!(token > 0);
                         assert!(lease_ms > 0 && lease_ms <= 86_400_000);
                     }
-                    Request::Status | Request::Health | Request::List { .. } => {}
+                    Request::Owner { owner } => assert!(ringlock::proto::is_valid_owner(owner)),
+                    Request::Queue { key } => assert!(is_valid_key(key)),
+                    Request::Status
+                    | Request::Health
+                    | Request::List { .. }
+                    | Request::Who { .. } => {}
                 }
                 enc.clear();
                 req.encode(&mut enc);

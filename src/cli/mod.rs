@@ -20,7 +20,7 @@
 //! |------|---------|
 //! | 0    | done (acquired, released, renewed; `status`: the cluster is healthy) |
 //! | 1    | `release`/`renew`: no grant of KEY carries TOKEN (not held); `status`: the cluster is unhealthy (no active node, several, or nodes disagreeing on which) |
-//! | 2    | bad command line or argument (bad key, lease out of range, ...) |
+//! | 2    | bad command line or argument (bad key, lease out of range, ...); `acquire`/`run` of the key a surrounding `ringlock run` holds (`$RINGLOCK_KEY`) |
 //! | 69   | no server could be reached or answered, or no active node |
 //! | 70   | protocol error (the server sent `E` or a malformed line) |
 //! | 75   | `acquire`/`run`: the wait ran out (or `--no-wait` and the lock is held), nothing held (CMD not run) |
@@ -31,7 +31,7 @@
 //! | other | `run`: CMD's own status, 128+N if it was killed by signal N |
 
 use std::ffi::{OsStr, OsString};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
@@ -41,9 +41,9 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 use ringlock_client::{
-    Acquired, Client, Error, LockLost, NodeStatus, RenewingGuard, Role, TRY_WAIT, TlsConfig,
-    check_key, list_locks, list_locks_tls, node_problem, node_problem_tls, node_status,
-    node_status_tls,
+    Acquired, Client, Error, HolderInfo, LockInfo, LockLost, NodeStatus, QueueInfo, RenewingGuard,
+    Role, TRY_WAIT, TlsConfig, check_key, list_locks, list_locks_tls, lock_queue, lock_queue_tls,
+    node_problem, node_problem_tls, node_status, node_status_tls,
 };
 
 /// Exit status: `release`/`renew` found no grant with that token.
@@ -70,9 +70,16 @@ pub const EXIT_BROKEN_PIPE: u8 = 128 + 13;
 
 const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 const SERVERS_ENV: &str = "RINGLOCK_SERVERS";
-/// How long a waiting `acquire`/`run` stays silent before saying, on a
-/// terminal, what it waits for.
+/// How long a waiting `acquire`/`run` stays silent before saying, on
+/// stderr, what it waits for.
 const WAITING_NOTICE_AFTER: Duration = Duration::from_secs(1);
+/// How long the waiting notice may take to learn who holds the lock.
+const WAITING_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// `--owner`'s environment variable.
+const OWNER_ENV: &str = "RINGLOCK_OWNER";
+/// What `run` tells CMD: the key it holds (and its token).
+const KEY_ENV: &str = "RINGLOCK_KEY";
+const TOKEN_ENV: &str = "RINGLOCK_TOKEN";
 
 /// The client subcommands (`ringlock serve` is the server's).
 #[derive(clap::Subcommand)]
@@ -82,7 +89,10 @@ pub enum ClientCommand {
     /// The lock stays held after this exits, until `ringlock release KEY
     /// TOKEN` or the lease runs out. Exits 75 if the wait runs out (at once
     /// with --no-wait if the lock is held). Ends by the wait plus 1 s even
-    /// if a node hangs (then exits 69, naming it).
+    /// if a node hangs (then exits 69, naming it). After a second of
+    /// waiting it says on stderr who holds KEY and how many wait ahead.
+    /// Inside `ringlock run KEY` (RINGLOCK_KEY is KEY) it refuses at once
+    /// and exits 2: locks are not reentrant, it would wait for itself.
     Acquire(AcquireArgs),
     /// Release KEY's grant that carries TOKEN.
     ///
@@ -106,7 +116,10 @@ pub enum ClientCommand {
     /// CMD (SIGKILL 10 s later), and exits 76. SIGTERM and SIGHUP sent to
     /// ringlock are passed on to CMD; SIGINT is not (from a terminal, CMD
     /// gets it directly); either way ringlock waits for CMD and then
-    /// releases (warning if that cannot be done within 5 s).
+    /// releases (warning if that cannot be done within 5 s). After a second
+    /// of waiting it says on stderr who holds KEY and how many wait ahead.
+    /// Inside `ringlock run KEY` (RINGLOCK_KEY is KEY) it refuses at once
+    /// and exits 2: locks are not reentrant, it would wait for its parent.
     Run(RunArgs),
     /// Show each node's role, the active node it names, its highest token,
     /// and whether the cluster is healthy.
@@ -116,13 +129,15 @@ pub enum ClientCommand {
     /// disagreeing), 69 if no node answers. The last line says which.
     Status(StatusArgs),
     /// List the locks of the active node: key, holder's token, lease
-    /// left, acquires waiting.
+    /// left, acquires waiting, how long the holder has held it, its
+    /// address and its owner label.
     ///
     /// Asks the active node (the first of --server that says it is; any
     /// node that answers otherwise: a standby lists the grants it holds
-    /// replicated, without waiters) page by page with the `L` request.
+    /// replicated, without waiters) page by page with the `W` request (`L`
+    /// from a server older than `W`: the holder columns then say `?`).
     /// Stops after --max locks. Exits 69 if no node answers, 70 if the node
-    /// does not know `L` (a server older than this request).
+    /// knows neither request.
     Locks(LocksArgs),
 }
 
@@ -233,7 +248,18 @@ pub struct AcquireArgs {
     #[arg(long, short = 'n', conflicts_with = "wait")]
     pub no_wait: bool,
     #[command(flatten)]
+    pub owner: OwnerArg,
+    #[command(flatten)]
     pub server: ServerArg,
+}
+
+#[derive(clap::Args)]
+pub struct OwnerArg {
+    /// The owner label `ringlock locks` shows for this grant (1 to 128
+    /// bytes of printable ASCII, no spaces) [default: $RINGLOCK_OWNER, else
+    /// HOSTNAME/PID].
+    #[arg(long, value_name = "LABEL")]
+    pub owner: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -276,6 +302,8 @@ pub struct RunArgs {
     /// lock is held (like flock -n).
     #[arg(long, short = 'n', conflicts_with = "wait")]
     pub no_wait: bool,
+    #[command(flatten)]
+    pub owner: OwnerArg,
     #[command(flatten)]
     pub server: ServerArg,
     /// The command and its arguments, after `--`.
@@ -406,8 +434,12 @@ fn fail(err: &Error) -> u8 {
     }
 }
 
-async fn connect(arg: &ServerArg) -> Result<Client, Error> {
+async fn connect(arg: &ServerArg, owner: Option<&str>) -> Result<Client, Error> {
     let builder = Client::builder(servers(arg));
+    let builder = match owner {
+        Some(owner) => builder.owner(owner),
+        None => builder,
+    };
     let builder = match tls_of(arg)? {
         Some(tls) => builder.tls(tls),
         None => builder,
@@ -424,10 +456,62 @@ fn key_bytes(key: OsString) -> Result<Vec<u8>, u8> {
 /// What every single-key command starts with: the key checked (before any
 /// connection is tried) and a client. `Err` is the exit code, the reason
 /// already printed.
-async fn key_and_client(key: OsString, server: &ServerArg) -> Result<(Vec<u8>, Client), u8> {
+async fn key_and_client(
+    key: OsString,
+    server: &ServerArg,
+    owner: Option<&str>,
+) -> Result<(Vec<u8>, Client), u8> {
     let key = key_bytes(key)?;
-    let client = connect(server).await.map_err(|e| fail(&e))?;
+    let client = connect(server, owner).await.map_err(|e| fail(&e))?;
     Ok((key, client))
+}
+
+/// The owner label of `acquire` and `run`: `--owner`, else
+/// `$RINGLOCK_OWNER`, else `HOSTNAME/PID` (bytes a label may not hold
+/// become `_`, and the host name is cut to fit).
+fn owner_of(arg: &OwnerArg) -> String {
+    if let Some(owner) = arg
+        .owner
+        .clone()
+        .or_else(|| std::env::var(OWNER_ENV).ok().filter(|s| !s.is_empty()))
+    {
+        return owner;
+    }
+    let pid = std::process::id().to_string();
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let mut host: String = host
+        .chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect();
+    host.truncate(ringlock_client::MAX_OWNER - 1 - pid.len());
+    if host.is_empty() {
+        host.push('-');
+    }
+    format!("{host}/{pid}")
+}
+
+/// `acquire`/`run` of the key that a surrounding `ringlock run` holds
+/// (`$RINGLOCK_KEY` is KEY): it would wait for the lock its own parent
+/// holds, for as long as its parent waits for it. Refused at once
+/// (`Err`: the exit status, the reason printed).
+fn refuse_nested(key: &[u8]) -> Result<(), u8> {
+    let Some(held) = std::env::var_os(KEY_ENV) else {
+        return Ok(());
+    };
+    if held.as_bytes() != key {
+        return Ok(());
+    }
+    let token = std::env::var(TOKEN_ENV).unwrap_or_else(|_| "?".into());
+    eprintln!(
+        "ringlock: {} is already held by the `ringlock run` this runs under (${KEY_ENV}, token \
+         {token}): locks are not reentrant, so this would wait for its own parent. Use the \
+         lock you hold, or another key (to queue behind it anyway: env -u {KEY_ENV} ringlock ...)",
+        show_key(key)
+    );
+    Err(EXIT_USAGE)
 }
 
 /// The wait to ask for: `--no-wait` is the shortest the protocol allows,
@@ -440,22 +524,75 @@ fn wait_of(wait_ms: u64, no_wait: bool) -> Option<Duration> {
     }
 }
 
-/// After a second of waiting, on a terminal, says what the command waits
-/// for; never resolves.
-async fn waiting_notice(key: &[u8], wait_ms: u64, no_wait: bool) {
-    if !no_wait && std::io::stderr().is_terminal() {
+/// After a second of waiting, says once on stderr (a terminal or not)
+/// what the command waits for: who holds the lock, for how long, and how
+/// many wait ahead (asked of the active node with `Q`); never resolves.
+async fn waiting_notice(key: &[u8], wait_ms: u64, no_wait: bool, server: &ServerArg, owner: &str) {
+    if !no_wait {
         tokio::time::sleep(WAITING_NOTICE_AFTER).await;
         let limit = if wait_ms == 0 {
             "no time limit; Ctrl-C to give up".to_string()
         } else {
             format!("for up to {} s in all", seconds(wait_ms))
         };
+        let queue = tokio::time::timeout(WAITING_QUERY_TIMEOUT, queue_of(key, server))
+            .await
+            .ok()
+            .flatten();
         eprintln!(
-            "ringlock: waiting for the lock on {}, held by someone else ({limit})...",
-            show_key(key)
+            "ringlock: waiting for the lock on {}: {} ({limit})...",
+            show_key(key),
+            waiting_for(queue.as_ref(), owner)
         );
     }
     std::future::pending::<()>().await
+}
+
+/// Who holds `key` and who waits, from the active node (`None`: no node
+/// told).
+async fn queue_of(key: &[u8], server: &ServerArg) -> Option<QueueInfo> {
+    let addrs = servers(server);
+    let tls = tls_of(server).ok()?;
+    let addr = node_to_list(&addrs, WAITING_QUERY_TIMEOUT, tls.as_ref()).await?;
+    match &tls {
+        None => lock_queue(&addr, key, WAITING_QUERY_TIMEOUT).await,
+        Some(tls) => lock_queue_tls(&addr, key, WAITING_QUERY_TIMEOUT, tls).await,
+    }
+    .ok()
+}
+
+/// The waiting notice's middle: `held by ADDR (owner LABEL) for 3.2 s; 2
+/// ahead in the queue`, as far as it is known.
+fn waiting_for(queue: Option<&QueueInfo>, owner: &str) -> String {
+    let Some(queue) = queue else {
+        return "held by another holder (who, the server did not say)".into();
+    };
+    let holder = match queue.lock.as_ref().and_then(|l| l.holder.as_ref()) {
+        Some(h) if queue.lock.as_ref().is_some_and(|l| l.token != 0) => {
+            format!("held by {} for {} s", who(h), seconds(h.for_ms))
+        }
+        _ => "no longer held (it is being handed over)".into(),
+    };
+    let ours = queue
+        .waiters
+        .iter()
+        .position(|w| w.owner.as_deref() == Some(owner));
+    let queue_note = match ours {
+        Some(0) => "first in the queue".to_string(),
+        Some(ahead) => format!("{ahead} ahead in the queue"),
+        None if queue.waiting > 0 => format!("{} waiting", queue.waiting),
+        None => "nobody else waiting".into(),
+    };
+    format!("{holder}; {queue_note}")
+}
+
+/// `ADDR (owner LABEL)`, as far as known.
+fn who(h: &HolderInfo) -> String {
+    let addr = h.addr.as_deref().unwrap_or("an unknown address");
+    match &h.owner {
+        Some(owner) => format!("{addr} (owner {owner})"),
+        None => addr.to_string(),
+    }
 }
 
 /// The message for an acquire whose wait ran out.
@@ -475,14 +612,24 @@ fn timed_out(key: &[u8], wait_ms: u64, no_wait: bool) -> String {
 }
 
 async fn acquire(args: AcquireArgs) -> u8 {
-    let (key, client) = match key_and_client(args.key, &args.server).await {
+    let key = args.key.as_bytes().to_vec();
+    if let Err(code) = check_key(&key)
+        .map_err(|e| fail(&e))
+        .and_then(|()| refuse_nested(&key))
+    {
+        return code;
+    }
+    let owner = owner_of(&args.owner);
+    let (key, client) = match key_and_client(args.key, &args.server, Some(&owner)).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
     let wait = wait_of(args.wait, args.no_wait);
     let acquired = tokio::select! {
         acquired = client.acquire(&key, Duration::from_millis(args.lease), wait) => acquired,
-        () = waiting_notice(&key, args.wait, args.no_wait) => unreachable!("never resolves"),
+        () = waiting_notice(&key, args.wait, args.no_wait, &args.server, &owner) => {
+            unreachable!("never resolves")
+        }
     };
     match acquired {
         Ok(Acquired::Granted(grant)) => match emit(&format!("{}\n", grant.token())) {
@@ -503,7 +650,7 @@ async fn acquire(args: AcquireArgs) -> u8 {
 }
 
 async fn release(args: ReleaseArgs) -> u8 {
-    let (key, client) = match key_and_client(args.key, &args.server).await {
+    let (key, client) = match key_and_client(args.key, &args.server, None).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
@@ -522,7 +669,7 @@ async fn release(args: ReleaseArgs) -> u8 {
 }
 
 async fn renew(args: RenewArgs) -> u8 {
-    let (key, client) = match key_and_client(args.key, &args.server).await {
+    let (key, client) = match key_and_client(args.key, &args.server, None).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
@@ -552,7 +699,15 @@ fn seconds(ms: u64) -> String {
 
 #[expect(clippy::too_many_lines)]
 async fn run_command(args: RunArgs) -> u8 {
-    let (key, client) = match key_and_client(args.key, &args.server).await {
+    let key = args.key.as_bytes().to_vec();
+    if let Err(code) = check_key(&key)
+        .map_err(|e| fail(&e))
+        .and_then(|()| refuse_nested(&key))
+    {
+        return code;
+    }
+    let owner = owner_of(&args.owner);
+    let (key, client) = match key_and_client(args.key, &args.server, Some(&owner)).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };
@@ -566,7 +721,9 @@ async fn run_command(args: RunArgs) -> u8 {
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let acquired = tokio::select! {
         acquired = client.acquire(&key, lease, wait) => acquired,
-        () = waiting_notice(&key, args.wait, args.no_wait) => unreachable!("never resolves"),
+        () = waiting_notice(&key, args.wait, args.no_wait, &args.server, &owner) => {
+            unreachable!("never resolves")
+        }
         Some(_) = recv(&mut sigterm) => return 128 + libc::SIGTERM as u8,
         Some(_) = recv(&mut sighup) => return 128 + libc::SIGHUP as u8,
         Some(_) = recv(&mut sigint) => return 128 + libc::SIGINT as u8,
@@ -611,8 +768,8 @@ async fn run_command(args: RunArgs) -> u8 {
     let mut command = tokio::process::Command::new(program);
     command
         .args(&args.cmd[1..])
-        .env("RINGLOCK_TOKEN", token.to_string())
-        .env("RINGLOCK_KEY", OsStr::from_bytes(&key));
+        .env(TOKEN_ENV, token.to_string())
+        .env(KEY_ENV, OsStr::from_bytes(&key));
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -845,12 +1002,7 @@ async fn locks(args: LocksArgs) -> u8 {
         eprintln!("ringlock: no node of {} answered", addrs.join(","));
         return EXIT_UNAVAILABLE;
     };
-    let mut rows = vec![[
-        "KEY".to_string(),
-        "TOKEN".to_string(),
-        "LEASE LEFT".to_string(),
-        "WAITING".to_string(),
-    ]];
+    let mut rows = vec![LOCKS_HEADER.map(str::to_string)];
     let mut cursor = 0;
     let mut shown = 0u64;
     let started = std::time::Instant::now();
@@ -871,16 +1023,7 @@ async fn locks(args: LocksArgs) -> u8 {
         };
         for lock in locks {
             shown += 1;
-            rows.push([
-                show_key(&lock.key),
-                if lock.token == 0 {
-                    "-".into()
-                } else {
-                    lock.token.to_string()
-                },
-                format!("{:.3} s", lock.lease_ms as f64 / 1000.0),
-                lock.waiters.to_string(),
-            ]);
+            rows.push(lock_row(&lock));
         }
         if next == 0 {
             break false;
@@ -900,10 +1043,75 @@ async fn locks(args: LocksArgs) -> u8 {
         }
         cursor = next;
     };
-    let mut text = table(&rows, true);
+    let mut text: String = lock_lines(&rows).into_iter().map(|l| l + "\n").collect();
     let more = if more { " (more not shown: --max)" } else { "" };
     text.push_str(&format!("{shown} locks on {addr}{more}\n"));
     emitted(&text, 0)
+}
+
+/// The columns of `ringlock locks`.
+const LOCKS_HEADER: [&str; 7] = [
+    "KEY",
+    "TOKEN",
+    "LEASE LEFT",
+    "WAITING",
+    "HELD FOR",
+    "HOLDER",
+    "OWNER",
+];
+
+/// One row of `ringlock locks`: `-` for what the lock has not (no holder,
+/// no label), `?` for what the node did not say (older than `W`).
+fn lock_row(lock: &LockInfo) -> [String; 7] {
+    let held = lock.token != 0;
+    let dash = || "-".to_string();
+    let (held_for, addr, owner) = match &lock.holder {
+        None => ("?".into(), "?".into(), "?".into()),
+        Some(_) if !held => (dash(), dash(), dash()),
+        Some(h) => (
+            format!("{:.1} s", h.for_ms as f64 / 1000.0),
+            h.addr.clone().unwrap_or_else(dash),
+            h.owner.clone().unwrap_or_else(dash),
+        ),
+    };
+    [
+        show_key(&lock.key),
+        if held { lock.token.to_string() } else { dash() },
+        format!("{:.3} s", lock.lease_ms as f64 / 1000.0),
+        lock.waiters.to_string(),
+        held_for,
+        addr,
+        owner,
+    ]
+}
+
+/// The rows as lines: the key left aligned, the numbers right aligned,
+/// the holder and its label left aligned (the last one unpadded).
+fn lock_lines(rows: &[[String; 7]]) -> Vec<String> {
+    let widths: Vec<usize> = (0..7)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let w = &widths;
+            format!(
+                "{:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}  {:>w4$}  {:<w5$}  {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3],
+                w4 = w[4],
+                w5 = w[5],
+            )
+        })
+        .collect()
 }
 
 /// The node whose table `ringlock locks` shows: the active one, which has

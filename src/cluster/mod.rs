@@ -117,6 +117,12 @@ struct Peer {
     next_dial_ms: u64,
     /// Our link carries a snapshot from us (sent while we were active).
     snapshot_sent: bool,
+    /// The peer protocol version our link speaks (its `HELLO`'s).
+    out_version: u64,
+    /// The version to dial it with (0: [`wire::VERSION`]): what its own
+    /// authenticated `HELLO` said last, or one less than a version it
+    /// refused.
+    dial_version: u64,
     /// Its authenticated links to us that are open.
     links_in: u32,
     incarnation: u64,
@@ -134,6 +140,7 @@ struct Peer {
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
 #[derive(Debug, Clone)]
 struct Claim {
+    version: u64,
     fingerprint: Fingerprint,
     from: usize,
     addr: Box<[u8]>,
@@ -214,6 +221,8 @@ pub struct Cluster {
     /// first election (which the log tells apart by level).
     known_active: bool,
     scratch: Vec<u8>,
+    /// Replication lines for followers on the older peer protocol version.
+    scratch_old: Vec<u8>,
     /// The engine's replication events of the turn, swapped with its log by
     /// [`Cluster::flush_replication`] (both are reused).
     events: ReplicationLog,
@@ -230,7 +239,7 @@ impl Cluster {
         engine.step_down(None);
         let peers = vec![Peer::default(); cfg.peers.len()];
         Cluster {
-            fingerprint: auth::fingerprint(wire::VERSION, &cfg.peers),
+            fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &cfg.peers),
             nonces: 0,
             cfg,
             peers,
@@ -252,6 +261,7 @@ impl Cluster {
             known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),
+            scratch_old: Vec::new(),
             events: ReplicationLog::new(),
         }
     }
@@ -552,10 +562,16 @@ impl Cluster {
         p.out_deadline_ms = now.ms + self.cfg.peer_timeout_ms;
         p.dialing = false;
         p.snapshot_sent = false;
+        p.out_version = match p.dial_version {
+            0 => wire::VERSION,
+            v => v,
+        };
+        let version = p.out_version;
         self.scratch.clear();
         wire::encode(
             &mut self.scratch,
             &PeerMsg::Hello {
+                version,
                 fingerprint: self.fingerprint,
                 from: self.cfg.me,
                 addr: self.cfg.peers[self.cfg.me].as_bytes(),
@@ -661,6 +677,7 @@ impl Cluster {
         }
         match msg {
             PeerMsg::Hello {
+                version,
                 fingerprint,
                 from,
                 addr,
@@ -668,6 +685,7 @@ impl Cluster {
                 nonce,
             } if !self.pending.contains_key(&conn) => {
                 let claim = Claim {
+                    version,
                     fingerprint,
                     from,
                     addr: addr.into(),
@@ -725,11 +743,32 @@ impl Cluster {
             self.peers[peer].heard_ms = Some(now.ms);
             self.given_up.push(conn);
         }
+        self.downgrade_if_refused(conn, line);
         let who = match self.peers.iter().position(|p| p.out == Some(conn)) {
             Some(p) => self.cfg.peers[p].as_str(),
             None => "a peer",
         };
         Err(format!("{who} gave the link up: {shown}"))
+    }
+
+    /// A peer that refused our `HELLO`'s version (a node of an older
+    /// release) is dialed with the version before from now on, down to
+    /// [`wire::MIN_VERSION`]; its own `HELLO` sets the version again
+    /// ([`Cluster::on_auth`]).
+    fn downgrade_if_refused(&mut self, conn: ConnId, line: &[u8]) {
+        let Some(i) = self
+            .peers
+            .iter()
+            .position(|p| p.out == Some(conn) && !p.out_authed)
+        else {
+            return;
+        };
+        let p = &mut self.peers[i];
+        let refused = memchr::memmem::find(line, b"peer protocol version").is_some();
+        if refused && p.out_version > wire::MIN_VERSION {
+            p.dial_version = p.out_version - 1;
+            tracing::info!(peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; holders are not replicated to it)", self.cfg.peers[i], p.out_version, p.dial_version);
+        }
     }
 
     /// A stranger or a peer dialed us and said who it is: answer with our
@@ -828,6 +867,8 @@ impl Cluster {
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
+        p.dial_version = claim.version;
+        let stale = p.out.filter(|_| p.out_version < claim.version);
         if p.incarnation != claim.incarnation {
             // A new process: what we knew of the old one is void. Only an
             // authenticated link gets here, so no stranger can reset a live
@@ -838,7 +879,19 @@ impl Cluster {
             p.synced = false;
             p.snapshot_sent = false;
         }
-        if p.heard_ms.is_none() {
+        if let Some(out) = stale {
+            // It speaks a newer version than our link to it: dial again,
+            // so that it gets the grants' holders too.
+            let p = &mut self.peers[from];
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            let reason = format!(
+                "{} speaks peer protocol version {}: this link is dialed again with it",
+                self.cfg.peers[from], claim.version
+            );
+            self.doom(out, reason, engine);
+        }
+        if self.peers[from].heard_ms.is_none() {
             tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);
         } else {
             tracing::info!(peer = %self.cfg.peers[from], "link from {} up (authenticated)", self.cfg.peers[from]);
@@ -957,11 +1010,12 @@ impl Cluster {
                 key,
                 token,
                 remaining_ms,
+                holder,
             } => {
                 engine.observe_token(token);
                 if following_sender {
                     engine
-                        .apply_grant(now, key, token, remaining_ms)
+                        .apply_grant(now, key, token, remaining_ms, holder)
                         .map_err(|refusal| refusal.to_string())?;
                 }
             }
@@ -1076,29 +1130,39 @@ impl Cluster {
             return;
         }
         let me = self.cfg.me;
-        let mut snapshot: Option<Vec<u8>> = None;
+        // Per peer protocol version (the newest, the one before).
+        let mut snapshots: [Option<Vec<u8>>; 2] = [None, None];
         // The events' peer lines, written once for every follower that
-        // takes them.
-        let mut deltas_encoded = false;
+        // takes them: into `scratch` for the newest version, `scratch_old`
+        // for the one before.
+        let mut deltas_encoded = [false; 2];
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let Some(conn) = p.out else { continue };
             if i == me || !p.out_authed || p.heard_ms.is_none() || p.following != Some(me) {
                 continue;
             }
+            let version = p.out_version;
+            let v = usize::from(version < wire::VERSION);
             if p.snapshot_sent {
                 if !self.events.is_empty() {
-                    if !deltas_encoded {
-                        self.scratch.clear();
+                    let scratch = if v == 0 {
+                        &mut self.scratch
+                    } else {
+                        &mut self.scratch_old
+                    };
+                    if !deltas_encoded[v] {
+                        scratch.clear();
                         for event in self.events.iter() {
-                            wire::encode_replication(&mut self.scratch, event);
+                            wire::encode_replication(scratch, event, version);
                         }
-                        deltas_encoded = true;
+                        deltas_encoded[v] = true;
                     }
-                    engine.write_to(conn, &self.scratch);
+                    engine.write_to(conn, scratch);
                 }
             } else {
-                let body = snapshot.get_or_insert_with(|| encode_snapshot(now, engine));
+                let body =
+                    snapshots[v].get_or_insert_with(|| encode_snapshot(now, engine, version));
                 self.stats.snapshots_sent += 1;
                 engine.write_to(conn, body);
                 let p = &mut self.peers[i];
@@ -1513,7 +1577,7 @@ impl Cluster {
         if !self.peers[to].snapshot_sent {
             // It has not got our state on this link yet: send it first, so
             // that it has everything before HANDOFF.
-            let snapshot = encode_snapshot(now, engine);
+            let snapshot = encode_snapshot(now, engine, self.peers[to].out_version);
             engine.write_to(conn, &snapshot);
             self.stats.snapshots_sent += 1;
             self.peers[to].snapshot_sent = true;
@@ -1634,12 +1698,12 @@ pub fn shorten(mut reason: String) -> String {
 
 /// A whole snapshot of the engine's grants: `SNAP`, one `G` per grant,
 /// `SYNCED`.
-fn encode_snapshot(now: Now, engine: &Engine) -> Vec<u8> {
+fn encode_snapshot(now: Now, engine: &Engine, version: u64) -> Vec<u8> {
     let mut out = Vec::new();
     let highest = engine.highest_token();
     wire::encode(&mut out, &PeerMsg::Snapshot { highest });
     for grant in engine.snapshot(now) {
-        wire::encode_replication(&mut out, grant);
+        wire::encode_replication(&mut out, grant, version);
     }
     wire::encode(&mut out, &PeerMsg::Synced);
     out

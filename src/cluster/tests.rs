@@ -55,6 +55,8 @@ struct Remote {
     index: usize,
     incarnation: u64,
     secret: Secret,
+    /// The peer protocol version its `HELLO` says.
+    version: u64,
 }
 
 impl Remote {
@@ -64,12 +66,13 @@ impl Remote {
             index,
             incarnation: 1,
             secret: Secret::from_bytes(SECRET),
+            version: wire::VERSION,
         }
     }
 
     fn identity(&self, nonce: Nonce) -> Identity<'_> {
         Identity {
-            fingerprint: auth::fingerprint(wire::VERSION, &self.peers),
+            fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &self.peers),
             index: self.index as u64,
             addr: self.peers[self.index].as_bytes(),
             nonce,
@@ -83,6 +86,7 @@ impl Remote {
         let nonce = [9u8; auth::NONCE_LEN];
         let me = self.identity(nonce);
         let hello = PeerMsg::Hello {
+            version: self.version,
             fingerprint: me.fingerprint,
             from: self.index,
             addr: me.addr,
@@ -135,6 +139,7 @@ impl Remote {
             addr,
             incarnation,
             nonce,
+            ..
         } = wire::parse(out[0].as_bytes()).unwrap()
         else {
             panic!("not a HELLO: {}", out[0]);
@@ -177,6 +182,7 @@ fn hello_and_auth<'a>(
     let nonce = [9u8; auth::NONCE_LEN];
     let me = peer.identity(nonce);
     let hello = PeerMsg::Hello {
+        version: wire::VERSION,
         fingerprint: me.fingerprint,
         from: peer.index,
         addr: me.addr,
@@ -213,6 +219,7 @@ fn hello_and_auth<'a>(
 /// incarnation and a nonce of `nonce_byte`s: what a stranger can send.
 fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'static> {
     PeerMsg::Hello {
+        version: wire::VERSION,
         fingerprint: c.fingerprint(),
         from: 0,
         addr: b"127.0.0.1:7000",
@@ -517,7 +524,7 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
     c.tick(at(60), &mut e);
     let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.starts_with("P HELLO 2 "));
+    assert!(out.starts_with("P HELLO 3 "));
     // A CHALLENGE made with another secret: refused, no AUTH sent.
     let mut impostor = Remote::new(1);
     impostor.secret = Secret::from_bytes(b"not the cluster's secret, 32 bytes.");
@@ -544,8 +551,8 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     let mut other = Remote::new(0);
     other.peers = theirs.clone();
     let ours = peers();
-    let mine = auth::fingerprint(wire::VERSION, &ours);
-    let their_fp = auth::fingerprint(wire::VERSION, &theirs);
+    let mine = auth::fingerprint(wire::FINGERPRINT_VERSION, &ours);
+    let their_fp = auth::fingerprint(wire::FINGERPRINT_VERSION, &theirs);
 
     // Node 0 of ours ([a, ...]), active; node "b" of theirs dials it.
     let (mut c, mut e) = active_node0();
@@ -697,6 +704,8 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     let (mut c, mut e) = active_node0();
     let now = at(TIMEOUT_MS + 60);
     e.open(0);
+    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, now, 0, "O host-a/job-42");
     client(&mut e, now, 0, "A before 10 0");
     heartbeat(&mut c, &mut e, now, 10, false, Some(0));
     heartbeat(&mut c, &mut e, now, 11, false, Some(0));
@@ -710,7 +719,7 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
             lines_of(&mut e, conn),
             [
                 format!("P SNAP {t0}"),
-                format!("P G before {t0} 10001"),
+                format!("P G before {t0} 10001 10.0.0.5:4242 host-a/job-42"),
                 "P SYNCED".into()
             ]
         );
@@ -722,8 +731,10 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     client(&mut e, now, 0, &format!("R k {t1}"));
     client(&mut e, now, 0, &format!("R before {t0}"));
     c.flush_replication(now, &mut e);
+    let h = "10.0.0.5:4242 host-a/job-42";
     let expected =
-        format!("P G k {t1} 5001\nP G k {t1} 2001\nP X k {t1}\nP X before {t0}\n").into_bytes();
+        format!("P G k {t1} 5001 {h}\nP G k {t1} 2001 {h}\nP X k {t1}\nP X before {t0}\n")
+            .into_bytes();
     for conn in [20, 21] {
         assert_eq!(std::mem::take(e.output_mut(conn)), expected);
     }
@@ -737,7 +748,7 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     for conn in [20, 21] {
         assert_eq!(
             lines_of(&mut e, conn),
-            [format!("P G short {t2} 101"), format!("P X short {t2}")]
+            [format!("P G short {t2} 101 {h}"), format!("P X short {t2}")]
         );
         assert!(lines_of(&mut e, conn).is_empty());
     }
@@ -1060,4 +1071,88 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     assert!(c.alive(0) && c.superseded.is_empty());
     heartbeat(&mut c, &mut e, at(5), 12, true, None);
     c.check_invariants(at(5), &e);
+}
+
+/// Node 0 of this release with node 1 of this release and node 2 of the
+/// release before (peer protocol 2): node 2 refuses the `HELLO 3` as an
+/// older node does, is dialed with 2, and gets the grants without their
+/// holders while node 1 gets them with; once node 2 says it speaks 3 (it
+/// was upgraded), the link to it is dialed again with 3.
+#[test]
+fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    e.open(21);
+    c.outbound_open(at(0), 21, 2, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
+                    same ringlock release on every node in line 1";
+    assert!(c.on_refusal(at(0), 21, refusal).is_err());
+    c.on_close(at(0), 21, &mut e);
+    e.close(21);
+    e.open(22);
+    c.outbound_open(at(200), 22, 2, &mut e);
+    let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
+    assert!(hello.starts_with("P HELLO 2 "), "{hello}");
+    let mut old = Remote::new(2);
+    old.version = 2;
+    old.accept(&mut c, &mut e, at(200), 22).unwrap();
+    link_in(&mut c, &mut e, at(201), 10, 1);
+    old.dial(&mut c, &mut e, at(201), 11).unwrap();
+    for ms in (202..=TIMEOUT_MS + 250).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e);
+    }
+    assert_eq!(c.role(), Role::Active);
+    let now = at(TIMEOUT_MS + 300);
+    e.open(0);
+    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, now, 0, "O job-1");
+    client(&mut e, now, 0, "A k 10 0");
+    let t = e.holder(b"k").unwrap().0;
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, now, 11, false, Some(0));
+    for conn in [20, 22] {
+        e.output_mut(conn).clear();
+    }
+    c.flush_replication(now, &mut e);
+    assert_eq!(
+        lines_of(&mut e, 20)[1],
+        format!("P G k {t} 10001 10.0.0.5:4242 job-1")
+    );
+    assert_eq!(lines_of(&mut e, 22)[1], format!("P G k {t} 10001"));
+    client(&mut e, now, 0, &format!("N k {t} 5"));
+    c.flush_replication(now, &mut e);
+    assert_eq!(
+        lines_of(&mut e, 20),
+        [format!("P G k {t} 5001 10.0.0.5:4242 job-1")]
+    );
+    assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
+    c.check_invariants(now, &e);
+    // Node 2 comes back upgraded: its new link says 3, and ours to it is
+    // given up to be dialed again with 3.
+    let mut new = Remote::new(2);
+    new.incarnation = 2;
+    new.dial(&mut c, &mut e, now, 12).unwrap();
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert!(
+        doomed
+            .iter()
+            .any(|(conn, why)| *conn == 22 && why.contains("version 3")),
+        "{doomed:?}"
+    );
+    c.on_close(now, 22, &mut e);
+    e.close(22);
+    let mut dials = Vec::new();
+    c.take_dials(at(now.ms + 200), &mut dials);
+    assert!(dials.iter().any(|&(peer, _)| peer == 2), "{dials:?}");
+    e.open(23);
+    c.outbound_open(at(now.ms + 200), 23, 2, &mut e);
+    let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
+    assert!(hello.starts_with("P HELLO 3 "), "{hello}");
 }

@@ -9,18 +9,23 @@
 //! docs/cluster.md.
 //!
 //! ```text
-//! P HELLO 2 <fingerprint> <from-index> <from-addr> <incarnation> <nonce>
+//! P HELLO <version> <fingerprint> <from-index> <from-addr> <incarnation> <nonce>
 //! P CHALLENGE <fingerprint> <index> <addr> <nonce> <mac>
 //! P AUTH <mac>
 //! P HB <A|S> <active-index|-> <highest-token> <0|1>   heartbeat: role, the
 //!                                                     node it follows, its
 //!                                                     token, synced to it
 //! P SNAP <highest-token>                              snapshot begins
-//! P G <key> <token> <remaining-ms>                    grant (or renewal)
+//! P G <key> <token> <remaining-ms> <addr> <owner>     grant (or renewal);
+//!                                                     version 2: no holder
 //! P X <key> <token>                                   release or expiry
 //! P SYNCED                                            snapshot complete
 //! P HANDOFF <highest-token>                           you are active now
 //! ```
+//!
+//! A node speaks versions [`MIN_VERSION`] to [`VERSION`]: the dialer says
+//! in its `HELLO` which one the link speaks (see [`super::Cluster`] for how
+//! it picks), and only a version 3 link carries a grant's holder.
 //!
 //! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
 //! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
@@ -31,10 +36,21 @@
 use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
 use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
-use crate::proto::{Quoted, is_valid_key, parse_u64, write_u64};
+use crate::proto::{
+    Holder, MAX_HOLDER_ADDR, Quoted, is_valid_key, is_valid_owner, parse_u64, write_u64,
+};
 
-/// The peer protocol's version, sent in `HELLO`.
-pub const VERSION: u64 = 2;
+/// The newest peer protocol version, which this node dials with.
+pub const VERSION: u64 = 3;
+
+/// The oldest version this node still speaks: a link from (or to) a node
+/// of the release before (`P G` without the holder).
+pub const MIN_VERSION: u64 = 2;
+
+/// The version the configuration fingerprint is taken over. It stays 2 so
+/// that nodes speaking 2 and 3 have the same fingerprint for one `--peers`
+/// list (a mixed cluster during an upgrade is one cluster).
+pub const FINGERPRINT_VERSION: u64 = 2;
 
 /// The most nodes a cluster may have (indexes are below this).
 pub const MAX_PEERS: usize = 16;
@@ -47,6 +63,8 @@ pub const MAX_REMAINING_MS: u64 = 86_400_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerMsg<'a> {
     Hello {
+        /// The version this link speaks, [`MIN_VERSION`] to [`VERSION`].
+        version: u64,
         fingerprint: Fingerprint,
         from: usize,
         addr: &'a [u8],
@@ -76,6 +94,8 @@ pub enum PeerMsg<'a> {
         key: &'a [u8],
         token: u64,
         remaining_ms: u64,
+        /// Version 3; both `None` on a version 2 link.
+        holder: Holder<'a>,
     },
     Release {
         key: &'a [u8],
@@ -153,16 +173,19 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
     };
     let msg = match kind {
         b"HELLO" => {
-            if count == 0 || parse_u64(f[0]) != Some(VERSION) {
+            let version = parse_u64(f[0]).filter(|v| (MIN_VERSION..=VERSION).contains(v));
+            let Some(version) = version.filter(|_| count > 0) else {
                 return Err(format!(
-                    "peer protocol version \"{}\" unsupported (this node speaks {VERSION}): \
-                     run the same ringlock release on every node",
+                    "peer protocol version \"{}\" unsupported (this node speaks \
+                     {MIN_VERSION} to {VERSION}): run releases at most one peer protocol \
+                     version apart (docs/operations.md, upgrades)",
                     Quoted(f[0])
                 ));
-            }
+            };
             want(6)?;
             key(f[3])?;
             PeerMsg::Hello {
+                version,
                 fingerprint: fingerprint(f[1])?,
                 from: index(f[2])?,
                 addr: f[3],
@@ -209,14 +232,34 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
             }
         }
         b"G" => {
-            want(3)?;
+            if count != 5 {
+                want(3)?;
+            }
             key(f[0])?;
+            let holder = if count == 5 {
+                Holder {
+                    addr: Some(f[3]).filter(|&a| a != b"-"),
+                    owner: Some(f[4]).filter(|&o| o != b"-"),
+                }
+            } else {
+                Holder::default()
+            };
+            if holder
+                .addr
+                .is_some_and(|a| a.len() > MAX_HOLDER_ADDR || !is_valid_key(a))
+            {
+                return Err(bad("bad holder address"));
+            }
+            if holder.owner.is_some_and(|o| !is_valid_owner(o)) {
+                return Err(bad("bad owner"));
+            }
             PeerMsg::Grant {
                 key: f[0],
                 token: token(f[1])?,
                 remaining_ms: parse_u64(f[2])
                     .filter(|&ms| ms <= MAX_REMAINING_MS)
                     .ok_or_else(|| bad("remaining lease out of range"))?,
+                holder,
             }
         }
         b"X" => {
@@ -247,6 +290,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
 pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
     match *msg {
         PeerMsg::Hello {
+            version,
             fingerprint,
             from,
             addr,
@@ -254,7 +298,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             nonce,
         } => {
             out.extend_from_slice(b"P HELLO ");
-            write_u64(out, VERSION);
+            write_u64(out, version);
             out.push(b' ');
             out.extend_from_slice(auth::hex(&fingerprint.to_be_bytes()).as_bytes());
             out.push(b' ');
@@ -311,8 +355,10 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             key,
             token,
             remaining_ms,
+            holder,
         } => {
-            encode_grant(out, key, token, remaining_ms);
+            let holder = (holder != Holder::default()).then_some(holder);
+            encode_grant(out, key, token, remaining_ms, holder);
             return;
         }
         PeerMsg::Release { key, token } => {
@@ -328,29 +374,47 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
     out.push(b'\n');
 }
 
-/// Appends the peer line of an engine's replication event: `P G` for
-/// [`Replication::Granted`], `P X` for [`Replication::Released`]. The
+/// Appends the peer line of an engine's replication event for a link of
+/// peer protocol `version`: `P G` for [`Replication::Granted`] (with the
+/// holder from version 3 on), `P X` for [`Replication::Released`]. The
 /// engine records events; this is the only place they become lines.
 #[inline]
-pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>) {
+pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
     match event {
         Replication::Granted {
             key,
             token,
             remaining_ms,
-        } => encode_grant(out, key, token, remaining_ms),
+            holder,
+        } => {
+            let holder = (version >= 3).then_some(holder);
+            encode_grant(out, key, token, remaining_ms, holder);
+        }
         Replication::Released { key, token } => encode_release(out, key, token),
     }
 }
 
-/// Appends `P G <key> <token> <remaining_ms>\n`.
-pub fn encode_grant(out: &mut Vec<u8>, key: &[u8], token: u64, remaining_ms: u64) {
+/// Appends `P G <key> <token> <remaining_ms>`, then ` <addr> <owner>` with a
+/// holder (`-` for what it does not know), and `\n`.
+pub fn encode_grant(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    token: u64,
+    remaining_ms: u64,
+    holder: Option<Holder<'_>>,
+) {
     out.extend_from_slice(b"P G ");
     out.extend_from_slice(key);
     out.push(b' ');
     write_u64(out, token);
     out.push(b' ');
     write_u64(out, remaining_ms);
+    if let Some(holder) = holder {
+        out.push(b' ');
+        out.extend_from_slice(holder.addr.unwrap_or(b"-"));
+        out.push(b' ');
+        out.extend_from_slice(holder.owner.unwrap_or(b"-"));
+    }
     out.push(b'\n');
 }
 
@@ -370,6 +434,7 @@ mod tests {
     fn all_kinds() -> Vec<PeerMsg<'static>> {
         vec![
             PeerMsg::Hello {
+                version: VERSION,
                 fingerprint: 0x0123_4567_89ab_cdef,
                 from: 2,
                 addr: b"127.0.0.1:7173",
@@ -401,6 +466,25 @@ mod tests {
                 key: b"k\xff",
                 token: 3,
                 remaining_ms: MAX_REMAINING_MS,
+                holder: Holder::default(),
+            },
+            PeerMsg::Grant {
+                key: b"k",
+                token: 3,
+                remaining_ms: 1,
+                holder: Holder {
+                    addr: Some(b"[::1]:40000"),
+                    owner: Some(b"host-a/job-42"),
+                },
+            },
+            PeerMsg::Grant {
+                key: b"k",
+                token: 3,
+                remaining_ms: 1,
+                holder: Holder {
+                    addr: None,
+                    owner: Some(b"o"),
+                },
             },
             PeerMsg::Release {
                 key: b"k",
@@ -431,24 +515,40 @@ mod tests {
                 key: b"k\xff",
                 token: 3,
                 remaining_ms: MAX_REMAINING_MS,
+                holder: Holder {
+                    addr: Some(b"127.0.0.1:5"),
+                    owner: None,
+                },
             },
             Replication::Released {
                 key: b"k",
                 token: MAX_TOKEN,
             },
         ];
+        let mut old = Vec::new();
+        for event in events {
+            encode_replication(&mut old, event, 2);
+        }
+        assert_eq!(old, b"P G k\xff 3 86400000\nP X k 9223372036854775807\n");
         let mut out = Vec::new();
         for event in events {
-            encode_replication(&mut out, event);
+            encode_replication(&mut out, event, VERSION);
         }
-        assert_eq!(out, b"P G k\xff 3 86400000\nP X k 9223372036854775807\n");
+        assert_eq!(
+            out,
+            b"P G k\xff 3 86400000 127.0.0.1:5 -\nP X k 9223372036854775807\n"
+        );
         let mut lines = out.split(|&b| b == b'\n');
         assert_eq!(
             lines.next().map(parse),
             Some(Ok(PeerMsg::Grant {
                 key: b"k\xff",
                 token: 3,
-                remaining_ms: MAX_REMAINING_MS
+                remaining_ms: MAX_REMAINING_MS,
+                holder: Holder {
+                    addr: Some(b"127.0.0.1:5"),
+                    owner: None,
+                },
             }))
         );
         assert_eq!(
@@ -477,6 +577,12 @@ mod tests {
             "P SNAP 18446744073709551615".into(),
             "P HANDOFF 18446744073709551615".into(),
             "P G k 1".into(),
+            "P G k 1 1 -".into(),
+            "P G k 1 1 - - x".into(),
+            "P G k 1 1 a\x01b -".into(),
+            "P G k 1 1 - caf\u{e9}".into(),
+            format!("P G k 1 1 {} -", "a".repeat(65)),
+            "P G k 1 1 - o\x7f".into(),
             "P G k 1 86400001".into(),
             "P G k 9223372036854775808 5".into(),
             "P G bad\x01key 1 1".into(),
@@ -512,6 +618,25 @@ mod tests {
     fn a_wrong_version_says_so() {
         let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5").unwrap_err();
         assert!(err.contains("version \"1\" unsupported"), "{err}");
+        let err = parse(b"P HELLO 4 0 127.0.0.1:7171 5").unwrap_err();
+        // What an older node says of a newer one: the dialer reads this
+        // (`Cluster::downgrade_if_refused`).
+        assert!(
+            err.contains("peer protocol version \"4\" unsupported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn both_versions_are_spoken() {
+        let nonce = "ab".repeat(NONCE_LEN);
+        for version in [MIN_VERSION, VERSION] {
+            let line = format!("P HELLO {version} 0123456789abcdef 0 a:1 1 {nonce}");
+            match parse(line.as_bytes()) {
+                Ok(PeerMsg::Hello { version: v, .. }) => assert_eq!(v, version),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub mod wheel;
 use crate::proto::{Answer, Request, Role};
 pub use replication::{Replication, ReplicationLog};
 use stats::{EngineStats, HOLD_SHIFT};
-use table::{NIL, Table, WaiterState};
+use table::{Holders, NIL, Table, WaiterState};
 use token::TokenClock;
 use wheel::Wheel;
 
@@ -199,6 +199,13 @@ struct Conn {
     out: Vec<u8>,
     /// Listed in `Engine::dirty`.
     dirty: bool,
+    /// Its holder entry, which its grants name: made at its first grant,
+    /// dropped when its owner label changes or it closes.
+    holder: Option<u32>,
+    /// The peer address, as the loop saw it at the accept.
+    addr: Option<std::net::SocketAddr>,
+    /// Its owner label (`O`), if it set one.
+    owner: Option<Box<[u8]>>,
 }
 
 /// Whether this node serves clients.
@@ -233,6 +240,8 @@ pub struct Engine {
     /// Table slots `L` requests may still look at in this loop turn
     /// ([`LIST_TURN_SCAN`]); renewed by [`Engine::tick`].
     list_budget: usize,
+    /// Who holds the grants (a grant names an entry).
+    holders: Holders,
 }
 
 impl Engine {
@@ -263,6 +272,7 @@ impl Engine {
             replication: None,
             stats: EngineStats::default(),
             list_budget: LIST_TURN_SCAN,
+            holders: Holders::default(),
         }
     }
 
@@ -313,6 +323,27 @@ impl Engine {
             .map(|g| (g.token, g.expires_ms))
     }
 
+    /// Who holds the live grant of `key`, if it is held.
+    pub fn holder_of(&self, key: &[u8]) -> Option<crate::proto::Holder<'_>> {
+        let grant = self.table.lock(self.table.find(key)?).holder?;
+        Some(self.holders.get(grant.holder))
+    }
+
+    /// Holder entries alive (one per connection that holds or held a grant
+    /// and is open, one per distinct replicated holder). For tests.
+    pub fn holder_count(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// The peer address of `conn` as the loop saw it: what `W` and `Q`
+    /// say of its grants and waits. The loop tells it right after
+    /// [`Engine::open`].
+    pub fn set_remote(&mut self, conn: ConnId, addr: std::net::SocketAddr) {
+        if let Some(c) = self.conns.get_mut(conn as usize) {
+            c.addr = Some(addr);
+        }
+    }
+
     /// Every live grant: `(key, token, expires_ms)`. For tests and tools.
     pub fn grants(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         self.table
@@ -340,6 +371,11 @@ impl Engine {
         assert!(c.open, "connection {conn} closed twice");
         c.open = false;
         c.out.clear();
+        c.addr = None;
+        c.owner = None;
+        if let Some(holder) = c.holder.take() {
+            self.holders.unref(holder);
+        }
         loop {
             let w = self.table.conn_first(conn);
             if w == NIL {
@@ -399,6 +435,7 @@ impl Engine {
                     debug_assert!(grant.is_some(), "lease timer of a free lock");
                     if let Some(grant) = grant {
                         self.stats.lease_expiries += 1;
+                        self.holders.unref(grant.holder);
                         self.replicate_release(lock, grant.token);
                     }
                     self.hand_off(now, lock);
@@ -466,9 +503,104 @@ impl Engine {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix),
+            } => self.list(now, conn, cursor, limit, prefix, false),
+            Request::Who {
+                cursor,
+                limit,
+                prefix,
+            } => self.list(now, conn, cursor, limit, prefix, true),
+            Request::Owner { owner } => self.set_owner(conn, owner),
+            Request::Queue { key } => self.queue(now, conn, key),
         }
         Ok(())
+    }
+
+    /// `O`: the owner label of `conn`'s grants from now on (those it holds
+    /// keep theirs).
+    #[cold]
+    #[inline(never)]
+    fn set_owner(&mut self, conn: ConnId, owner: &[u8]) {
+        let c = &mut self.conns[conn as usize];
+        if let Some(holder) = c.holder.take() {
+            self.holders.unref(holder);
+        }
+        c.owner = Some(owner.into());
+        emit(
+            &mut self.conns,
+            &mut self.dirty,
+            conn,
+            Answer::Owner { owner },
+        );
+    }
+
+    /// The holder entry for a grant to `conn`, with the grant's reference.
+    #[inline]
+    fn grant_holder(&mut self, conn: ConnId) -> u32 {
+        match self.conns[conn as usize].holder {
+            Some(holder) => {
+                self.holders.add_ref(holder);
+                holder
+            }
+            None => self.first_holder(conn),
+        }
+    }
+
+    /// `conn`'s first grant (since it opened or set its label): its entry,
+    /// with a reference for the connection and one for the grant.
+    #[cold]
+    #[inline(never)]
+    fn first_holder(&mut self, conn: ConnId) -> u32 {
+        let c = &self.conns[conn as usize];
+        let addr = c
+            .addr
+            .map(|a| a.to_string().into_bytes().into_boxed_slice());
+        debug_assert!(
+            addr.as_ref()
+                .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
+        );
+        let holder = self.holders.insert(addr, c.owner.as_deref());
+        self.holders.add_ref(holder);
+        self.conns[conn as usize].holder = Some(holder);
+        holder
+    }
+
+    /// What `W` and `Q` say of a waiter's connection.
+    fn conn_holder(&self, conn: ConnId) -> (Option<String>, Option<&[u8]>) {
+        let c = &self.conns[conn as usize];
+        (c.addr.map(|a| a.to_string()), c.owner.as_deref())
+    }
+
+    /// `Q`: `key`'s lock with its holder (no line if it has no lock), its
+    /// first [`crate::proto::MAX_QUEUE_LISTED`] waiters, oldest first, then
+    /// `Q <key> <waiters>`.
+    #[cold]
+    #[inline(never)]
+    fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
+        let mut out = std::mem::take(&mut self.conns[conn as usize].out);
+        let mut waiters = 0;
+        if let Some(lock) = self.table.find(key) {
+            let l = self.table.lock(lock);
+            lock_who(&self.table, &self.holders, now, l).encode(&mut out);
+            waiters = self.table.queue_len(l, LIST_WAITERS_CAP);
+            let mut w = self.table.head(lock);
+            for _ in 0..crate::proto::MAX_QUEUE_LISTED {
+                let Some(i) = w else { break };
+                let waiter = self.table.waiter(i);
+                let (addr, owner) = self.conn_holder(waiter.conn);
+                Answer::Waiter {
+                    waited_ms: now.ms.saturating_sub(waiter.queued_ms),
+                    holder: crate::proto::Holder {
+                        addr: addr.as_deref().map(str::as_bytes),
+                        owner,
+                    },
+                }
+                .encode(&mut out);
+                w = self.table.queue_next(i);
+            }
+        }
+        Answer::QueueEnd { key, waiters }.encode(&mut out);
+        self.conns[conn as usize].out = out;
+        emit_bytes(&mut self.conns, &mut self.dirty, conn);
     }
 
     /// `S` and `H`: rare, kept out of the request path's way.
@@ -498,9 +630,10 @@ impl Engine {
     /// [`LIST_MIN_SCAN`]); then `L <next cursor>` (0: the end). Rare (an
     /// operator's request) and bounded, so requests never hold the loop
     /// long however many arrive at once.
+    /// `W` (`who`) is the same with each lock's holder.
     #[cold]
     #[inline(never)]
-    fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8]) {
+    fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8], who: bool) {
         let bound = self.table.slot_bound();
         let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
         let scan = self.list_budget.clamp(LIST_MIN_SCAN, LIST_SCAN);
@@ -522,24 +655,28 @@ impl Engine {
                 break;
             }
             listed += 1;
-            let (token, lease_ms) = lock
-                .holder
-                .map_or((0, 0), |g| (g.token, g.expires_ms.saturating_sub(now.ms)));
-            let answer = Answer::Lock {
-                key: lock.key(),
-                token,
-                lease_ms,
-                waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+            let answer = if who {
+                lock_who(&self.table, &self.holders, now, lock)
+            } else {
+                let (token, lease_ms) = lock
+                    .holder
+                    .map_or((0, 0), |g| (g.token, g.expires_ms.saturating_sub(now.ms)));
+                Answer::Lock {
+                    key: lock.key(),
+                    token,
+                    lease_ms,
+                    waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+                }
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
         }
         let cursor = if next >= bound { 0 } else { next as u64 };
-        emit(
-            &mut self.conns,
-            &mut self.dirty,
-            conn,
-            Answer::ListEnd { cursor },
-        );
+        let end = if who {
+            Answer::WhoEnd { cursor }
+        } else {
+            Answer::ListEnd { cursor }
+        };
+        emit(&mut self.conns, &mut self.dirty, conn, end);
     }
 
     /// What `H` answers from now on: a problem (one line of printable
@@ -631,6 +768,7 @@ impl Engine {
             Some(grant) if grant.token == token => {
                 *holder = None;
                 self.wheel.cancel(grant.timer);
+                self.holders.unref(grant.holder);
                 // A token is the wall clock's ns at its grant (unless the
                 // token clock ran ahead of it): no field of its own.
                 self.stats
@@ -658,6 +796,7 @@ impl Engine {
             token,
             expires_ms,
             timer,
+            holder: grant.holder,
         });
         self.replicate_grant(now, lock);
         true
@@ -669,11 +808,13 @@ impl Engine {
         debug_assert!(self.table.lock(lock).holder.is_none());
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
+        let holder = self.grant_holder(conn);
         let l = self.table.lock_mut(lock);
         l.holder = Some(table::Grant {
             token,
             expires_ms,
             timer,
+            holder,
         });
         let answer = Answer::Granted {
             key: l.key(),
@@ -834,6 +975,7 @@ impl Engine {
                 key: lock.key(),
                 token: grant.token,
                 remaining_ms,
+                holder: self.holders.get(grant.holder),
             })
         })
     }
@@ -849,6 +991,7 @@ impl Engine {
         key: &[u8],
         token: u64,
         remaining_ms: u64,
+        holder: crate::proto::Holder<'_>,
     ) -> Result<(), GrantRefusal> {
         debug_assert!(
             !self.is_active(),
@@ -869,8 +1012,12 @@ impl Engine {
             });
         };
         self.tokens.observe(token);
+        // The new entry first: a renewal names the same holder, whose
+        // entry must not go in between.
+        let holder = self.holders.intern(holder.addr, holder.owner);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
+            self.holders.unref(old.holder);
         }
         let expires_ms = now.ms.saturating_add(remaining_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
@@ -878,6 +1025,7 @@ impl Engine {
             token,
             expires_ms,
             timer,
+            holder,
         });
         Ok(())
     }
@@ -892,6 +1040,7 @@ impl Engine {
         if let Some(grant) = holder.filter(|g| g.token == token) {
             *holder = None;
             self.wheel.cancel(grant.timer);
+            self.holders.unref(grant.holder);
             self.table.remove_if_idle(lock);
         }
     }
@@ -911,6 +1060,7 @@ impl Engine {
             }
             if let Some(grant) = self.table.lock_mut(lock).holder.take() {
                 self.wheel.cancel(grant.timer);
+                self.holders.unref(grant.holder);
             }
             let removed = self.table.remove_if_idle(lock);
             debug_assert!(removed);
@@ -969,6 +1119,7 @@ impl Engine {
                 key: l.key(),
                 token: grant.token,
                 remaining_ms: grant.expires_ms.saturating_sub(now.ms),
+                holder: self.holders.get(grant.holder),
             });
         }
     }
@@ -986,11 +1137,22 @@ impl Engine {
     /// Checks the table's lists and the engine's bookkeeping. For tests.
     pub fn check_invariants(&self) {
         self.table.check_invariants();
+        let mut refs = std::collections::HashMap::new();
         for (c, conn) in self.conns.iter().enumerate() {
             if !conn.open {
                 assert_eq!(self.table.conn_len(c as ConnId), 0);
+                assert!(conn.holder.is_none() && conn.owner.is_none() && conn.addr.is_none());
+            }
+            if let Some(h) = conn.holder {
+                *refs.entry(h).or_insert(0) += 1;
             }
         }
+        for lock in self.table.locks() {
+            if let Some(g) = lock.holder.filter(|g| g.holder != NIL) {
+                *refs.entry(g.holder).or_insert(0) += 1;
+            }
+        }
+        self.holders.check_refs(&refs);
     }
 }
 
@@ -999,6 +1161,43 @@ impl Engine {
 /// and a lease or wait must never end before its full length.
 fn deadline(now: Now, duration_ms: u64) -> u64 {
     now.ms.saturating_add(duration_ms).saturating_add(1)
+}
+
+/// The `K` line of `W` and `Q`: the lock's fields and its holder's.
+fn lock_who<'a>(
+    table: &'a Table,
+    holders: &'a Holders,
+    now: Now,
+    lock: &'a table::Lock,
+) -> Answer<'a> {
+    let (token, lease_ms, held_ms, holder) = match lock.holder {
+        Some(g) => (
+            g.token,
+            g.expires_ms.saturating_sub(now.ms),
+            // A token is the wall clock's ns at its grant (unless the token
+            // clock ran ahead of it): no field of its own.
+            now.unix_ns.saturating_sub(g.token) / 1_000_000,
+            holders.get(g.holder),
+        ),
+        None => (0, 0, 0, crate::proto::Holder::default()),
+    };
+    Answer::LockWho {
+        key: lock.key(),
+        token,
+        lease_ms,
+        waiters: table.queue_len(lock, LIST_WAITERS_CAP),
+        held_ms,
+        holder,
+    }
+}
+
+/// Marks `conn` dirty after bytes were appended to its output directly.
+fn emit_bytes(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId) {
+    let c = &mut conns[conn as usize];
+    if !c.dirty {
+        c.dirty = true;
+        dirty.push(conn);
+    }
 }
 
 /// Appends an answer to a connection's output and marks it dirty.

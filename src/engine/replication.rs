@@ -18,16 +18,22 @@ pub enum Replication<'a> {
         key: &'a [u8],
         token: u64,
         remaining_ms: u64,
+        /// Who holds it (both `None`: not known).
+        holder: crate::proto::Holder<'a>,
     },
     /// `key`'s grant with `token` ended: released by its holder, or its
     /// lease ran out.
     Released { key: &'a [u8], token: u64 },
 }
 
-/// A recorded event: its key is `keys[previous end..key_end]`.
+/// A recorded event: its key is `keys[previous end..key_end]`, then a
+/// grant's holder address and owner up to `addr_end` and `owner_end`
+/// (`None`: not known).
 #[derive(Debug, Clone, Copy)]
 struct Record {
     key_end: usize,
+    addr_end: Option<usize>,
+    owner_end: Option<usize>,
     token: u64,
     /// `None` for a release.
     remaining_ms: Option<u64>,
@@ -65,12 +71,24 @@ impl ReplicationLog {
         let mut start = 0;
         self.records.iter().map(move |r| {
             let key = self.keys.get(start..r.key_end).unwrap_or_default();
-            start = r.key_end;
+            let mut end = r.key_end;
+            let mut field = |until: Option<usize>| {
+                let until = until?;
+                let bytes = self.keys.get(end..until).unwrap_or_default();
+                end = until;
+                Some(bytes)
+            };
+            let holder = crate::proto::Holder {
+                addr: field(r.addr_end),
+                owner: field(r.owner_end),
+            };
+            start = end;
             match r.remaining_ms {
                 Some(remaining_ms) => Replication::Granted {
                     key,
                     token: r.token,
                     remaining_ms,
+                    holder,
                 },
                 None => Replication::Released {
                     key,
@@ -83,17 +101,29 @@ impl ReplicationLog {
     /// Appends an event (its key is copied).
     #[inline]
     pub fn push(&mut self, event: Replication<'_>) {
-        let (key, token, remaining_ms) = match event {
+        let (key, token, remaining_ms, holder) = match event {
             Replication::Granted {
                 key,
                 token,
                 remaining_ms,
-            } => (key, token, Some(remaining_ms)),
-            Replication::Released { key, token } => (key, token, None),
+                holder,
+            } => (key, token, Some(remaining_ms), holder),
+            Replication::Released { key, token } => {
+                (key, token, None, crate::proto::Holder::default())
+            }
         };
         self.keys.extend_from_slice(key);
+        let key_end = self.keys.len();
+        let mut field = |bytes: Option<&[u8]>| {
+            self.keys.extend_from_slice(bytes?);
+            Some(self.keys.len())
+        };
+        let addr_end = field(holder.addr);
+        let owner_end = field(holder.owner);
         self.records.push(Record {
-            key_end: self.keys.len(),
+            key_end,
+            addr_end,
+            owner_end,
             token,
             remaining_ms,
         });

@@ -136,6 +136,154 @@ pub struct Grant {
     pub expires_ms: u64,
     /// The lease timer; it fires at `expires_ms`.
     pub timer: TimerId,
+    /// Who holds it: an entry of [`Holders`] that this grant counts a
+    /// reference to, or [`NIL`] (not known: replicated by an older node).
+    pub holder: u32,
+}
+
+/// A grant costs no more with its holder: the index fits where the
+/// timer's padding was.
+const _: () = assert!(std::mem::size_of::<Grant>() == 24);
+const _: () = assert!(std::mem::size_of::<Lock>() == 88);
+
+/// One holder: the address of the connection that acquired (as the server
+/// saw it, or as the active replicated it) and its owner label (`O`).
+struct HolderEntry {
+    addr: Option<Box<[u8]>>,
+    owner: Option<Box<[u8]>>,
+    /// Found through [`Holders::shared`] (a replicated holder).
+    shared: bool,
+}
+
+/// A replicated holder's `(addr, owner)`.
+type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>);
+
+/// Who holds grants, interned: a lock stores a `u32` index, not the
+/// address and label. An open connection that was granted something has
+/// one entry (made at its first grant, while it keeps its label); a
+/// standby has one per distinct holder its active replicated. An entry goes
+/// when its last reference does, so entries are bounded by connections
+/// plus grants.
+#[derive(Default)]
+pub struct Holders {
+    entries: Slab<HolderEntry>,
+    /// By entry: grants that name it, plus one for the connection it
+    /// belongs to (0: a free slot). Apart from the entries, so that a grant
+    /// and a release touch one `u32` each.
+    refs: Vec<u32>,
+    /// Replicated holders by `(addr, owner)`: each distinct one once.
+    shared: std::collections::HashMap<HolderKey, u32>,
+}
+
+impl Holders {
+    /// A new entry with one reference (its connection's).
+    #[cold]
+    pub fn insert(&mut self, addr: Option<Box<[u8]>>, owner: Option<&[u8]>) -> u32 {
+        let i = self.entries.insert(HolderEntry {
+            addr,
+            owner: owner.map(Box::from),
+            shared: false,
+        });
+        self.counted(i)
+    }
+
+    /// Entry `i` was just made: it counts one reference.
+    fn counted(&mut self, i: usize) -> u32 {
+        if self.refs.len() <= i {
+            self.refs.resize(i + 1, 0);
+        }
+        debug_assert_eq!(self.refs[i], 0);
+        self.refs[i] = 1;
+        u32::try_from(i).expect("over u32::MAX holders")
+    }
+
+    /// The entry of a replicated holder, with one more reference (made if
+    /// new).
+    pub fn intern(&mut self, addr: Option<&[u8]>, owner: Option<&[u8]>) -> u32 {
+        if addr.is_none() && owner.is_none() {
+            return NIL;
+        }
+        let key = (addr.map(Box::from), owner.map(Box::from));
+        if let Some(&i) = self.shared.get(&key) {
+            self.add_ref(i);
+            return i;
+        }
+        let i = self.entries.insert(HolderEntry {
+            addr: key.0.clone(),
+            owner: key.1.clone(),
+            shared: true,
+        });
+        let i = self.counted(i);
+        self.shared.insert(key, i);
+        i
+    }
+
+    /// One more reference to `holder` ([`NIL`]: nothing).
+    #[inline]
+    pub fn add_ref(&mut self, holder: u32) {
+        if let Some(refs) = self.refs.get_mut(holder as usize) {
+            debug_assert!(*refs > 0, "a reference to free holder {holder}");
+            *refs += 1;
+        }
+    }
+
+    /// One reference fewer; the entry goes with its last.
+    #[inline]
+    pub fn unref(&mut self, holder: u32) {
+        let Some(refs) = self.refs.get_mut(holder as usize) else {
+            return;
+        };
+        debug_assert!(*refs > 0, "a reference to free holder {holder}");
+        *refs -= 1;
+        if *refs == 0 {
+            self.remove(holder);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove(&mut self, holder: u32) {
+        let e = self.entries.remove(holder as usize);
+        if e.shared {
+            self.shared.remove(&(e.addr, e.owner));
+        }
+    }
+
+    /// What the wire says of `holder` (both `-` for [`NIL`]).
+    pub fn get(&self, holder: u32) -> crate::proto::Holder<'_> {
+        match self.entries.get(holder as usize) {
+            Some(e) => crate::proto::Holder {
+                addr: e.addr.as_deref(),
+                owner: e.owner.as_deref(),
+            },
+            None => crate::proto::Holder::default(),
+        }
+    }
+
+    /// Live entries (for tests and invariants).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// References each entry should have, against what it counts.
+    pub fn check_refs(&self, expected: &std::collections::HashMap<u32, u32>) {
+        for (i, refs) in self.refs.iter().enumerate() {
+            let want = expected.get(&(i as u32)).copied().unwrap_or(0);
+            assert_eq!(
+                *refs, want,
+                "holder {i} counts {refs} references, {want} exist"
+            );
+            assert_eq!(self.entries.contains(i), want > 0, "holder {i}");
+        }
+        assert_eq!(
+            self.shared.len(),
+            self.entries.iter().filter(|(_, e)| e.shared).count()
+        );
+    }
 }
 
 /// One key's state.
@@ -423,6 +571,11 @@ impl Table {
     pub fn has_waiters(&self, lock: u32) -> bool {
         let l = &self.locks[lock as usize];
         l.head != NIL || l.held_back > 0
+    }
+
+    /// The waiter queued right after `waiter` on its lock, or `None`.
+    pub fn queue_next(&self, waiter: u32) -> Option<u32> {
+        Some(self.waiters[waiter as usize].q_next).filter(|&w| w != NIL)
     }
 
     /// The first queued waiter of `lock`, or `None`.

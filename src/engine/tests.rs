@@ -1,6 +1,7 @@
 //! Engine tests with a fake clock: every answer the engine writes is checked.
 
 use super::*;
+use crate::proto::Holder;
 
 /// An engine with a hand-driven clock and a few connections.
 struct Harness {
@@ -345,7 +346,7 @@ fn a_replicated_grant_is_held_for_its_remaining_lease() {
     let mut h = standby(1);
     let t = 1_800_000_000_000_000_000;
     h.engine
-        .apply_grant(h.now, b"k", t, MAX_LEASE_MS)
+        .apply_grant(h.now, b"k", t, MAX_LEASE_MS, Holder::default())
         .expect("in range");
     assert_eq!(h.engine.holder(b"k"), Some((t, h.now.ms + MAX_LEASE_MS)));
     assert_eq!(h.engine.highest_token(), t);
@@ -361,7 +362,8 @@ fn replicated_grants_out_of_range_are_refused_and_change_nothing() {
     let mut h = standby(1);
     let now = h.now;
     let e = &mut h.engine;
-    e.apply_grant(now, b"k", 5, 1_000).unwrap();
+    e.apply_grant(now, b"k", 5, 1_000, Holder::default())
+        .unwrap();
     for (token, remaining, refusal) in [
         (
             token::MAX_TOKEN + 1,
@@ -377,7 +379,10 @@ fn replicated_grants_out_of_range_are_refused_and_change_nothing() {
         (7, u64::MAX, GrantRefusal::LeaseOutOfRange(u64::MAX)),
     ] {
         for key in [&b"k"[..], b"new"] {
-            assert_eq!(e.apply_grant(now, key, token, remaining), Err(refusal));
+            assert_eq!(
+                e.apply_grant(now, key, token, remaining, Holder::default()),
+                Err(refusal)
+            );
         }
     }
     assert_eq!(e.holder(b"k"), Some((5, now.ms + 1_000)));
@@ -395,9 +400,12 @@ fn replicated_releases_and_snapshots_apply_to_any_table() {
     let mut h = standby(1);
     let now = h.now;
     let e = &mut h.engine;
-    e.apply_grant(now, b"a", 5, 1_000).unwrap();
-    e.apply_grant(now, b"b", 6, 2_000).unwrap();
-    e.apply_grant(now, b"a", 7, 3_000).unwrap();
+    e.apply_grant(now, b"a", 5, 1_000, Holder::default())
+        .unwrap();
+    e.apply_grant(now, b"b", 6, 2_000, Holder::default())
+        .unwrap();
+    e.apply_grant(now, b"a", 7, 3_000, Holder::default())
+        .unwrap();
     // Unknown keys and stale tokens are ignored.
     e.apply_release(b"nothing", 5);
     e.apply_release(b"a", 5);
@@ -517,16 +525,23 @@ fn a_replicated_grant_beyond_max_locks_is_refused() {
     h.engine.step_down(None);
     let now = h.now;
     let e = &mut h.engine;
-    e.apply_grant(now, b"a", 5, 1_000).unwrap();
-    e.apply_grant(now, b"b", 6, 1_000).unwrap();
+    e.apply_grant(now, b"a", 5, 1_000, Holder::default())
+        .unwrap();
+    e.apply_grant(now, b"b", 6, 1_000, Holder::default())
+        .unwrap();
     let full = GrantRefusal::LockTableFull { max_locks: 2 };
-    assert_eq!(e.apply_grant(now, b"c", 7, 1_000), Err(full));
+    assert_eq!(
+        e.apply_grant(now, b"c", 7, 1_000, Holder::default()),
+        Err(full)
+    );
     assert_eq!(e.highest_token(), 6, "the refused token is not observed");
     // A key it has is still replaced, and a release makes room.
-    e.apply_grant(now, b"a", 8, 2_000).unwrap();
+    e.apply_grant(now, b"a", 8, 2_000, Holder::default())
+        .unwrap();
     assert_eq!(e.holder(b"a"), Some((8, now.ms + 2_000)));
     e.apply_release(b"b", 6);
-    e.apply_grant(now, b"c", 9, 1_000).unwrap();
+    e.apply_grant(now, b"c", 9, 1_000, Holder::default())
+        .unwrap();
     assert_eq!(e.lock_count(), 2);
     e.check_invariants();
     assert!(full.to_string().contains("the same on every node"));
@@ -660,6 +675,7 @@ fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
                 key,
                 token,
                 remaining_ms,
+                ..
             } => (
                 String::from_utf8_lossy(key).into(),
                 token,
@@ -718,9 +734,13 @@ fn only_an_active_with_replication_enabled_records() {
     let mut h = standby(1);
     h.engine.enable_replication();
     let now = h.now;
-    h.engine.apply_grant(now, b"k", 5, 100).unwrap();
+    h.engine
+        .apply_grant(now, b"k", 5, 100, Holder::default())
+        .unwrap();
     h.engine.apply_release(b"k", 5);
-    h.engine.apply_grant(now, b"k", 6, 100).unwrap();
+    h.engine
+        .apply_grant(now, b"k", 6, 100, Holder::default())
+        .unwrap();
     h.advance(200);
     assert_eq!(h.engine.holder(b"k"), None);
     assert_eq!(events(&mut h.engine), [], "a standby records nothing");
@@ -769,12 +789,14 @@ fn a_snapshot_lists_the_grants_with_lease_left() {
             Replication::Granted {
                 key: b"a",
                 token: a,
-                remaining_ms: 9_951
+                remaining_ms: 9_951,
+                holder: h.engine.holder_of(b"a").unwrap(),
             },
             Replication::Granted {
                 key: b"b",
                 token: b,
-                remaining_ms: 51
+                remaining_ms: 51,
+                holder: h.engine.holder_of(b"b").unwrap(),
             },
         ]
     );
@@ -810,4 +832,111 @@ fn the_engine_uses_nothing_above_it() {
             assert_eq!(uses, 0, "src/engine/{file} names {above}");
         }
     }
+}
+
+// ----- Holders: `O`, `W`, `Q` -----
+
+#[test]
+fn who_holds_and_who_waits_is_listed_with_addresses_and_owners() {
+    let mut h = Harness::new(3);
+    h.engine.set_remote(0, "10.0.0.1:5000".parse().unwrap());
+    h.engine.set_remote(1, "[::1]:6000".parse().unwrap());
+    h.send(0, "O host-a/job-42").unwrap();
+    assert_eq!(h.answers(0), ["O host-a/job-42"]);
+    let t = h.grant(0, "k", "10");
+    h.advance(1_500);
+    h.send(1, "A k 10 0").unwrap();
+    h.send(2, "A k 10 0").unwrap();
+    h.advance(500);
+    h.send(2, "W 0 10").unwrap();
+    let held_ms = (h.now.unix_ns - t) / 1_000_000;
+    assert_eq!(held_ms, 2_000, "the fixed clock moves with the test's");
+    assert_eq!(
+        h.answers(2),
+        [
+            format!("K k {t} 8001 2 2000 10.0.0.1:5000 host-a/job-42"),
+            "W 0".to_string()
+        ]
+    );
+    // `L` is unchanged: an existing parser sees today's fields.
+    h.send(2, "L 0 10").unwrap();
+    assert_eq!(h.answers(2), [format!("K k {t} 8001 2"), "L 0".to_string()]);
+    h.send(0, "Q k").unwrap();
+    assert_eq!(
+        h.answers(0),
+        [
+            format!("K k {t} 8001 2 2000 10.0.0.1:5000 host-a/job-42"),
+            "J 500 [::1]:6000 -".to_string(),
+            "J 500 - -".to_string(),
+            "Q k 2".to_string(),
+        ]
+    );
+    h.send(0, "Q nothing").unwrap();
+    assert_eq!(h.answers(0), ["Q nothing 0"]);
+    // A new label counts for later grants; the grant keeps its holder.
+    h.send(0, "O host-a/job-43").unwrap();
+    assert_eq!(h.answers(0), ["O host-a/job-43"]);
+    let t2 = h.grant(0, "k2", "10");
+    h.send(0, "W 0 10 k2").unwrap();
+    assert_eq!(
+        h.answers(0)[..1],
+        [format!("K k2 {t2} 10001 0 0 10.0.0.1:5000 host-a/job-43")]
+    );
+    h.send(0, "W 0 10 k").unwrap();
+    assert!(h.answers(0)[0].ends_with(" host-a/job-42"));
+    // The holder outlives its connection; its entry goes with its grants.
+    h.engine.close(0);
+    h.engine.check_invariants();
+    h.send(2, "W 0 1 k").unwrap();
+    assert!(h.answers(2)[0].ends_with(" 10.0.0.1:5000 host-a/job-42"));
+    h.send(2, &format!("R k {t}")).unwrap();
+    h.send(2, &format!("R k2 {t2}")).unwrap();
+    let answers = h.answers(1);
+    assert_eq!(answers.len(), 1, "the head waiter got k: {answers:?}");
+    h.engine.close(1);
+    h.engine.close(2);
+    h.engine.check_invariants();
+    // Waiter 2 was withdrawn with its connection; the grant to connection
+    // 1 stays, and names its holder: the only entry left.
+    assert_eq!(h.engine.holder_count(), 1);
+    assert_eq!(
+        h.engine.holder_of(b"k").unwrap(),
+        Holder {
+            addr: Some(b"[::1]:6000"),
+            owner: None
+        }
+    );
+}
+
+#[test]
+fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
+    let now = Now {
+        ms: 1_000,
+        unix_ns: 1_700_000_000_000_000_000,
+    };
+    let mut e = Engine::new(now, "127.0.0.1:7171");
+    e.step_down(Some("127.0.0.1:7172"));
+    let holder = Holder {
+        addr: Some(b"10.0.0.1:5000"),
+        owner: Some(b"job"),
+    };
+    for (i, key) in [&b"a"[..], b"b", b"c"].into_iter().enumerate() {
+        e.apply_grant(now, key, 10 + i as u64, 1_000, holder)
+            .unwrap();
+    }
+    // A renewal names the same holder again.
+    e.apply_grant(now, b"a", 10, 2_000, holder).unwrap();
+    e.check_invariants();
+    assert_eq!(e.holder_count(), 1);
+    assert_eq!(e.holder_of(b"b"), Some(holder));
+    e.apply_grant(now, b"d", 20, 1_000, Holder::default())
+        .unwrap();
+    assert_eq!(e.holder_of(b"d"), Some(Holder::default()));
+    e.apply_release(b"a", 10);
+    e.apply_release(b"b", 11);
+    e.check_invariants();
+    assert_eq!(e.holder_count(), 1);
+    e.clear_grants();
+    e.check_invariants();
+    assert_eq!(e.holder_count(), 0);
 }

@@ -2657,8 +2657,11 @@ impl Sim {
                 Answer::Status { .. } => (b"", b"S"),
                 Answer::Health { .. } => (b"", b"H"),
                 Answer::Error { .. } if self.clients[c].expects_error => continue,
-                // The simulated clients never send `L`.
+                // The simulated clients never send `L`, `O`, `W` or `Q`.
                 Answer::Lock { .. } | Answer::ListEnd { .. } => (b"", b"L"),
+                Answer::Owner { .. } => (b"", b"O"),
+                Answer::LockWho { .. } | Answer::WhoEnd { .. } => (b"", b"W"),
+                Answer::Waiter { .. } | Answer::QueueEnd { .. } => (b"", b"Q"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2734,7 +2737,12 @@ impl Sim {
                 | Answer::Health { .. }
                 | Answer::Error { .. }
                 | Answer::Lock { .. }
-                | Answer::ListEnd { .. } => {}
+                | Answer::ListEnd { .. }
+                | Answer::Owner { .. }
+                | Answer::LockWho { .. }
+                | Answer::WhoEnd { .. }
+                | Answer::Waiter { .. }
+                | Answer::QueueEnd { .. } => {}
             }
             if self.failure.is_some() {
                 return;

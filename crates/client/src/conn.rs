@@ -231,6 +231,9 @@ pub(crate) struct Slot {
     dials: Mutex<Dials>,
     /// Wakes the slot's task out of its redial wait (see [`Slot::dial_now`]).
     kick: Notify,
+    /// The node answered `E` to the owner label (`O`): a server older than
+    /// it. Its connections go on without one.
+    owner_refused: AtomicBool,
 }
 
 /// The first wait after a redirect dial failed before a redirect may
@@ -285,6 +288,7 @@ impl Slot {
             last_error: Mutex::new(None),
             dials: Mutex::new(Dials::default()),
             kick: Notify::new(),
+            owner_refused: AtomicBool::new(false),
         }
     }
 
@@ -399,6 +403,8 @@ pub(crate) struct Shared {
     pub timing: Timing,
     pub max_waiting_acquires: usize,
     pub dialer: Dialer,
+    /// The owner label each connection sets first (`O`), if any.
+    pub owner: Option<Vec<u8>>,
 }
 
 impl Shared {
@@ -428,7 +434,7 @@ pub(crate) async fn run_slot(
         let dialed_at = Instant::now();
         let kicked = slot.dial_starts();
         let dialed = tokio::select! {
-            r = dial(&slot.addr, &shared) => r,
+            r = dial_slot(&slot, &shared) => r,
             _ = shutdown.changed() => return,
         };
         match dialed {
@@ -463,45 +469,118 @@ pub(crate) async fn run_slot(
     }
 }
 
+/// [`dial`] with the client's owner label, unless the node refused it: a
+/// node that answers `E` to `O` (a server older than owner labels) is
+/// dialled again at once without it, and so from then on.
+async fn dial_slot(
+    slot: &Slot,
+    shared: &Shared,
+) -> Result<(BufReader<ReadHalf>, WriteHalf), String> {
+    let owner = shared
+        .owner
+        .as_deref()
+        .filter(|_| !slot.owner_refused.load(Ordering::Relaxed));
+    match dial(&slot.addr, shared, owner).await {
+        Err(Hello::OwnerRefused) => {
+            slot.owner_refused.store(true, Ordering::Relaxed);
+            dial(&slot.addr, shared, None).await.map_err(Hello::why)
+        }
+        other => other.map_err(Hello::why),
+    }
+}
+
+/// Why a dial did not give a connection.
+enum Hello {
+    Failed(String),
+    /// `E` in answer to the owner label.
+    OwnerRefused,
+}
+
+impl Hello {
+    fn why(self) -> String {
+        match self {
+            Hello::Failed(why) => why,
+            Hello::OwnerRefused => "the node refused the owner label twice".into(),
+        }
+    }
+}
+
+impl From<String> for Hello {
+    fn from(why: String) -> Hello {
+        Hello::Failed(why)
+    }
+}
+
 /// Dials `addr` (within the connect timeout) and checks that the node
 /// answers: it sends `S` and wants an `S` answer within the probe timeout.
+/// With an `owner`, `O <owner>` goes first, and its `O` answer must come
+/// before the `S` one.
 /// A node that accepts connections but is hung (stopped, overloaded beyond
 /// help, or not a ringlock node at all) fails here, and never gets a
 /// request.
-async fn dial(addr: &str, shared: &Shared) -> Result<(BufReader<ReadHalf>, WriteHalf), String> {
+async fn dial(
+    addr: &str,
+    shared: &Shared,
+    owner: Option<&[u8]>,
+) -> Result<(BufReader<ReadHalf>, WriteHalf), Hello> {
     let timing = &shared.timing;
     let (rd, mut wr) =
         match tokio::time::timeout(timing.connect_timeout, (shared.dialer)(addr)).await {
             Ok(Ok(halves)) => halves,
-            Ok(Err(e)) => return Err(format!("connect to {addr}: {}", why(&e))),
+            Ok(Err(e)) => return Err(format!("connect to {addr}: {}", why(&e)).into()),
             Err(_) => {
                 return Err(format!(
                     "connect to {addr}: timed out after {:?}",
                     timing.connect_timeout
-                ));
+                )
+                .into());
             }
         };
     let mut rd = BufReader::with_capacity(16 * 1024, rd);
     let hello = async {
-        wr.write_all(b"S\n")
+        let mut request = Vec::with_capacity(160);
+        if let Some(owner) = owner {
+            ringlock_proto::Request::Owner { owner }.encode(&mut request);
+        }
+        request.extend_from_slice(b"S\n");
+        wr.write_all(&request)
             .await
             .map_err(|e| format!("write to {addr}: {}", why(&e)))?;
         let mut line = Vec::with_capacity(128);
-        read_line(&mut rd, &mut line, MAX_ANSWER_LINE, addr)
-            .await
-            .map_err(|end| match end {
-                End::Closed(why) | End::Protocol(why) => why,
-            })?;
+        let mut read = async |line: &mut Vec<u8>| {
+            read_line(&mut rd, line, MAX_ANSWER_LINE, addr)
+                .await
+                .map_err(|end| match end {
+                    End::Closed(why) | End::Protocol(why) => why,
+                })
+        };
+        if let Some(owner) = owner {
+            read(&mut line).await?;
+            match parse_answer(&line) {
+                Ok(Answer::Owner { owner: echoed }) if echoed == owner => {}
+                Ok(Answer::Error { .. }) => return Err(Hello::OwnerRefused),
+                _ => {
+                    return Err(format!(
+                        "{addr} answered O with {:?}: not a ringlock node?",
+                        String::from_utf8_lossy(&line)
+                    )
+                    .into());
+                }
+            }
+        }
+        read(&mut line).await?;
         match parse_answer(&line) {
             Ok(Answer::Status { .. }) => Ok(()),
             Ok(Answer::Error { reason }) => Err(format!(
                 "{addr} refused the connection: E {}",
                 String::from_utf8_lossy(reason)
-            )),
+            )
+            .into()),
             _ => Err(format!(
                 "{addr} answered S with {:?}: not a ringlock node?",
                 String::from_utf8_lossy(&line)
-            )),
+            )
+            .into()),
         }
     };
     match tokio::time::timeout(timing.probe_timeout, hello).await {
@@ -510,7 +589,8 @@ async fn dial(addr: &str, shared: &Shared) -> Result<(BufReader<ReadHalf>, Write
         Err(_) => Err(format!(
             "{addr} accepted the connection but did not answer S within {:?} (hung?)",
             timing.probe_timeout
-        )),
+        )
+        .into()),
     }
 }
 
@@ -866,8 +946,16 @@ fn dispatch(
                 token,
             });
         }
-        // This client never sends `H` or `L` on its pooled connections.
-        Answer::Health { .. } | Answer::Lock { .. } | Answer::ListEnd { .. } => {
+        // This client never sends `H`, `L`, `W` or `Q` on its pooled
+        // connections, and reads the answer to its `O` before this.
+        Answer::Health { .. }
+        | Answer::Lock { .. }
+        | Answer::ListEnd { .. }
+        | Answer::Owner { .. }
+        | Answer::LockWho { .. }
+        | Answer::WhoEnd { .. }
+        | Answer::Waiter { .. }
+        | Answer::QueueEnd { .. } => {
             return Err(unmatched());
         }
     }

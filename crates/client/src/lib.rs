@@ -95,8 +95,8 @@ use conn::{Conn, DialNow, Dialer, Op, Reply, Request, Shared, Slot, Timing, lock
 pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
 pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
-pub use ringlock_proto::Role;
 use ringlock_proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
+pub use ringlock_proto::{MAX_OWNER, Role};
 #[cfg(feature = "tls")]
 pub use tls::{SERVER_NAME_HINT, TlsConfig};
 
@@ -141,6 +141,7 @@ pub struct ClientBuilder {
     timing: Timing,
     max_waiting_acquires: usize,
     dialer: Option<Dialer>,
+    owner: Option<String>,
 }
 
 impl fmt::Debug for ClientBuilder {
@@ -149,6 +150,7 @@ impl fmt::Debug for ClientBuilder {
             .field("addrs", &self.addrs)
             .field("timing", &self.timing)
             .field("max_waiting_acquires", &self.max_waiting_acquires)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -182,7 +184,20 @@ impl ClientBuilder {
             },
             max_waiting_acquires: MAX_WAITING_ACQUIRES,
             dialer: None,
+            owner: None,
         }
+    }
+
+    /// The owner label of this client's grants, which `ringlock locks`
+    /// (and [`list_locks`], [`lock_queue`]) show beside the holder's
+    /// address: for example `"host-a/job-42"`. 1 to 128 bytes of printable
+    /// ASCII without spaces, and not `-` ([`ClientBuilder::connect`] says
+    /// so otherwise). Each connection sets it first (`O`); a server older
+    /// than owner labels refuses it, and that connection goes on without.
+    /// Default: none.
+    pub fn owner(mut self, owner: impl Into<String>) -> ClientBuilder {
+        self.owner = Some(owner.into());
+        self
     }
 
     /// How long one dial may take, how long [`ClientBuilder::connect`] waits
@@ -287,6 +302,15 @@ impl ClientBuilder {
         if addrs.is_empty() {
             return Err(Error::InvalidArgument("no server address given".into()));
         }
+        if let Some(owner) = &self.owner
+            && !ringlock_proto::is_valid_owner(owner.as_bytes())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "bad owner label {owner:?}: 1 to {} bytes of printable ASCII without spaces, \
+                 not \"-\"",
+                ringlock_proto::MAX_OWNER
+            )));
+        }
         let given = addrs.len();
         if addrs.len() == 1 {
             // One node: two connections, so that one dropping for a moment
@@ -306,6 +330,7 @@ impl ClientBuilder {
                 timing: self.timing,
                 max_waiting_acquires: self.max_waiting_acquires,
                 dialer: self.dialer.unwrap_or_else(conn::tcp_dialer),
+                owner: self.owner.map(String::into_bytes),
             }),
             shutdown,
         });
@@ -1223,7 +1248,8 @@ async fn one_off(
     }
 }
 
-/// One lock of a node's table, as `L` lists it.
+/// One lock of a node's table, as `W` (or, from an older node, `L`) lists
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
     pub key: Vec<u8>,
@@ -1234,13 +1260,54 @@ pub struct LockInfo {
     pub lease_ms: u64,
     /// Acquires waiting for it.
     pub waiters: u64,
+    /// Who holds it; `None` from a node older than `W`.
+    pub holder: Option<HolderInfo>,
 }
 
-/// One page of a node's lock table (`L cursor limit [prefix]`, an
-/// operator's request; docs/protocol.md), on a one-off connection with
-/// `timeout` for the whole exchange. Returns the locks and the cursor of
-/// the next page (0: the listing is complete). A node too old to know `L`
-/// answers `E`, which comes back as [`Error::Protocol`].
+/// Who holds a lock, or waits for one: what the node knows of the
+/// connection that asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The connection's address as the node saw it (`host:port`); `None`
+    /// when not known (a grant replicated by an older node).
+    pub addr: Option<String>,
+    /// Its owner label ([`ClientBuilder::owner`]), if it set one.
+    pub owner: Option<String>,
+    /// How long it has held the lock (for a waiter: waited), ms; 0 for a
+    /// lock nobody holds.
+    pub for_ms: u64,
+}
+
+impl HolderInfo {
+    fn of(holder: ringlock_proto::Holder<'_>, for_ms: u64) -> HolderInfo {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        HolderInfo {
+            addr: holder.addr.map(text),
+            owner: holder.owner.map(text),
+            for_ms,
+        }
+    }
+}
+
+/// One key's queue, as `Q` tells it: [`lock_queue`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The key's lock with its holder; `None` if the key has no lock.
+    pub lock: Option<LockInfo>,
+    /// The first waiters (at most 100), oldest first: `for_ms` is how long
+    /// each has waited.
+    pub waiters: Vec<HolderInfo>,
+    /// How many acquires wait in all (up to 65536), listed or not.
+    pub waiting: u64,
+}
+
+/// One page of a node's lock table with each lock's holder (`W cursor
+/// limit [prefix]`, an operator's request; docs/protocol.md), on a one-off
+/// connection with `timeout` for the whole exchange. Returns the locks and
+/// the cursor of the next page (0: the listing is complete). A node older
+/// than `W` answers `E`: then the page is asked again with `L` on a new
+/// connection, and its locks come without holders (`holder` is `None`). A
+/// node too old to know `L` either comes back as [`Error::Protocol`].
 pub async fn list_locks(
     addr: &str,
     prefix: &[u8],
@@ -1248,7 +1315,7 @@ pub async fn list_locks(
     limit: u32,
     timeout: Duration,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
-    locks_via(conn::tcp_dialer(), addr, prefix, cursor, limit, timeout).await
+    locks_or_older(conn::tcp_dialer(), addr, prefix, cursor, limit, timeout).await
 }
 
 /// [`list_locks`] over TLS (feature `tls`).
@@ -1261,10 +1328,11 @@ pub async fn list_locks_tls(
     timeout: Duration,
     tls: &TlsConfig,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
-    locks_via(tls.dialer(), addr, prefix, cursor, limit, timeout).await
+    locks_or_older(tls.dialer(), addr, prefix, cursor, limit, timeout).await
 }
 
-async fn locks_via(
+/// `W`, and `L` from a node that answers `W` with `E`.
+async fn locks_or_older(
     dialer: Dialer,
     addr: &str,
     prefix: &[u8],
@@ -1272,13 +1340,42 @@ async fn locks_via(
     limit: u32,
     timeout: Duration,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
-    let mut request = Vec::new();
-    ringlock_proto::Request::List {
-        cursor,
-        limit,
-        prefix,
+    let who = locks_via(dialer.clone(), addr, prefix, cursor, limit, timeout, true).await;
+    match who {
+        Err(Error::Protocol(why)) if why.contains(" says: E ") => {
+            locks_via(dialer, addr, prefix, cursor, limit, timeout, false).await
+        }
+        other => other,
     }
-    .encode(&mut request);
+}
+
+/// One page with `W` (`who`) or `L`.
+async fn locks_via(
+    dialer: Dialer,
+    addr: &str,
+    prefix: &[u8],
+    cursor: u64,
+    limit: u32,
+    timeout: Duration,
+    who: bool,
+) -> Result<(Vec<LockInfo>, u64), Error> {
+    let mut request = Vec::new();
+    if who {
+        ringlock_proto::Request::Who {
+            cursor,
+            limit,
+            prefix,
+        }
+        .encode(&mut request);
+    } else {
+        ringlock_proto::Request::List {
+            cursor,
+            limit,
+            prefix,
+        }
+        .encode(&mut request);
+    }
+    let op = if who { "W" } else { "L" };
     let exchange = async {
         let (rd, mut wr) = dialer(addr)
             .await
@@ -1298,7 +1395,7 @@ async fn locks_via(
                 .map_err(|e| Error::Connection(format!("read from {addr}: {}", conn::why(&e))))?;
             if line.pop() != Some(b'\n') {
                 return Err(Error::Connection(format!(
-                    "{addr} closed the connection in the middle of an L answer"
+                    "{addr} closed the connection in the middle of an {op} answer"
                 )));
             }
             match parse_answer(&line) {
@@ -1307,13 +1404,18 @@ async fn locks_via(
                     token,
                     lease_ms,
                     waiters,
-                }) if locks.len() < limit as usize => locks.push(LockInfo {
+                }) if !who && locks.len() < limit as usize => locks.push(LockInfo {
                     key: key.to_vec(),
                     token,
                     lease_ms,
                     waiters,
+                    holder: None,
                 }),
-                Ok(Answer::ListEnd { cursor }) => return Ok((locks, cursor)),
+                Ok(answer @ Answer::LockWho { .. }) if who && locks.len() < limit as usize => {
+                    locks.extend(lock_info(answer));
+                }
+                Ok(Answer::ListEnd { cursor }) if !who => return Ok((locks, cursor)),
+                Ok(Answer::WhoEnd { cursor }) if who => return Ok((locks, cursor)),
                 Ok(Answer::Error { reason }) => {
                     return Err(Error::Protocol(format!(
                         "{addr} says: E {}",
@@ -1322,7 +1424,123 @@ async fn locks_via(
                 }
                 _ => {
                     return Err(Error::Protocol(format!(
-                        "{addr} answered L with {:?}",
+                        "{addr} answered {op} with {:?}",
+                        String::from_utf8_lossy(&line)
+                    )));
+                }
+            }
+        }
+    };
+    let timeout = setting(timeout);
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Connection(format!(
+            "{addr}: no answer within {timeout:?}"
+        ))),
+    }
+}
+
+/// The [`LockInfo`] of a `K` line with its holder.
+fn lock_info(answer: Answer<'_>) -> Option<LockInfo> {
+    let Answer::LockWho {
+        key,
+        token,
+        lease_ms,
+        waiters,
+        held_ms,
+        holder,
+    } = answer
+    else {
+        return None;
+    };
+    Some(LockInfo {
+        key: key.to_vec(),
+        token,
+        lease_ms,
+        waiters,
+        holder: Some(HolderInfo::of(holder, held_ms)),
+    })
+}
+
+/// Who holds `key` and who waits for it (`Q key`, an operator's request;
+/// docs/protocol.md), on a one-off connection with `timeout` for the whole
+/// exchange. Ask the active node: a standby knows the holder (replicated)
+/// but has no waiters. A node older than `Q` answers `E`, which comes back
+/// as [`Error::Protocol`].
+pub async fn lock_queue(addr: &str, key: &[u8], timeout: Duration) -> Result<QueueInfo, Error> {
+    queue_via(conn::tcp_dialer(), addr, key, timeout).await
+}
+
+/// [`lock_queue`] over TLS (feature `tls`).
+#[cfg(feature = "tls")]
+pub async fn lock_queue_tls(
+    addr: &str,
+    key: &[u8],
+    timeout: Duration,
+    tls: &TlsConfig,
+) -> Result<QueueInfo, Error> {
+    queue_via(tls.dialer(), addr, key, timeout).await
+}
+
+async fn queue_via(
+    dialer: Dialer,
+    addr: &str,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<QueueInfo, Error> {
+    check_key(key)?;
+    let mut request = Vec::new();
+    ringlock_proto::Request::Queue { key }.encode(&mut request);
+    let exchange = async {
+        let (rd, mut wr) = dialer(addr)
+            .await
+            .map_err(|e| Error::Connection(format!("connect to {addr}: {}", conn::why(&e))))?;
+        wr.write_all(&request)
+            .await
+            .map_err(|e| Error::Connection(format!("write to {addr}: {}", conn::why(&e))))?;
+        // A lock line, the listed waiters and the end line, each bounded.
+        let most = (ringlock_proto::MAX_QUEUE_LISTED as u64 + 2) * MAX_STATUS_LINE as u64;
+        let mut rd = BufReader::new(tokio::io::AsyncReadExt::take(rd, most));
+        let mut queue = QueueInfo {
+            lock: None,
+            waiters: Vec::new(),
+            waiting: 0,
+        };
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            rd.read_until(b'\n', &mut line)
+                .await
+                .map_err(|e| Error::Connection(format!("read from {addr}: {}", conn::why(&e))))?;
+            if line.pop() != Some(b'\n') {
+                return Err(Error::Connection(format!(
+                    "{addr} closed the connection in the middle of a Q answer"
+                )));
+            }
+            match parse_answer(&line) {
+                Ok(answer @ Answer::LockWho { key: k, .. })
+                    if k == key && queue.lock.is_none() && queue.waiters.is_empty() =>
+                {
+                    queue.lock = lock_info(answer);
+                }
+                Ok(Answer::Waiter { waited_ms, holder })
+                    if queue.waiters.len() < ringlock_proto::MAX_QUEUE_LISTED =>
+                {
+                    queue.waiters.push(HolderInfo::of(holder, waited_ms));
+                }
+                Ok(Answer::QueueEnd { key: k, waiters }) if k == key => {
+                    queue.waiting = waiters;
+                    return Ok(queue);
+                }
+                Ok(Answer::Error { reason }) => {
+                    return Err(Error::Protocol(format!(
+                        "{addr} says: E {}",
+                        String::from_utf8_lossy(reason)
+                    )));
+                }
+                _ => {
+                    return Err(Error::Protocol(format!(
+                        "{addr} answered Q with {:?}",
                         String::from_utf8_lossy(&line)
                     )));
                 }

@@ -627,3 +627,112 @@ async fn status_and_sync() {
     })
     .await;
 }
+
+/// A server older than owner labels answers `O` with `E` and closes: each
+/// connection is dialled again at once without the label, and works.
+#[tokio::test]
+async fn an_owner_label_refused_by_an_older_server_is_dropped_for_that_address() {
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, mut conns) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut conn = FakeConn::new(stream);
+                    let first = conn.line().await;
+                    if first.starts_with("O ") {
+                        assert_eq!(first, "O host-a/job-42");
+                        assert_eq!(conn.line().await, "S", "the hello goes with the label");
+                        conn.send("E unknown op \"O\" in line 1").await;
+                        let _ = tx.send(first);
+                        return; // dropped: closed
+                    }
+                    assert_eq!(first, "S");
+                    conn.send("S active - 0").await;
+                    let _ = tx.send(first);
+                    // Answer acquires; keep the connection.
+                    loop {
+                        let a = conn.line().await;
+                        assert_eq!(a, "A k 5 0");
+                        conn.send("A k 7").await;
+                    }
+                });
+            }
+        });
+        let client = quiet_builder(&addr)
+            .owner("host-a/job-42")
+            .connect()
+            .await
+            .unwrap();
+        let mut firsts = Vec::new();
+        for _ in 0..4 {
+            firsts.push(timeout(LONG, conns.recv()).await.unwrap().unwrap());
+        }
+        firsts.sort();
+        assert_eq!(firsts, ["O host-a/job-42", "O host-a/job-42", "S", "S"]);
+        match client.acquire("k", Duration::from_secs(5), None).await {
+            Ok(Acquired::Granted(grant)) => assert_eq!(grant.token(), 7),
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_bad_owner_label_is_refused_before_any_connection() {
+    for bad in ["", "-", "a b", "caf\u{e9}", &"x".repeat(129)] {
+        let err = Client::builder(["127.0.0.1:1"]).owner(bad).connect().await;
+        assert!(matches!(err, Err(Error::InvalidArgument(_))), "{bad:?}");
+    }
+}
+
+/// `list_locks` asks with `W`; a server older than `W` answers `E`, and the
+/// page is asked again with `L`, its locks without holders.
+#[tokio::test]
+async fn the_listing_falls_back_to_l_on_an_older_server() {
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut w = FakeConn::new(s);
+            assert_eq!(w.line().await, "W 0 5 p/");
+            w.send("E unknown op \"W\" in line 1").await;
+            drop(w);
+            let (s, _) = listener.accept().await.unwrap();
+            let mut l = FakeConn::new(s);
+            assert_eq!(l.line().await, "L 0 5 p/");
+            l.send("K p/a 7 1500 2").await;
+            l.send("L 0").await;
+            let (s, _) = listener.accept().await.unwrap();
+            let mut w = FakeConn::new(s);
+            assert_eq!(w.line().await, "W 0 5 p/");
+            w.send("K p/a 7 1500 2 300 10.0.0.1:5 o/1").await;
+            w.send("W 0").await;
+        });
+        let (old, cursor) = list_locks(&addr, b"p/", 0, 5, LONG).await.unwrap();
+        assert_eq!(cursor, 0);
+        assert_eq!(
+            old,
+            [LockInfo {
+                key: b"p/a".to_vec(),
+                token: 7,
+                lease_ms: 1500,
+                waiters: 2,
+                holder: None,
+            }]
+        );
+        let (new, _) = list_locks(&addr, b"p/", 0, 5, LONG).await.unwrap();
+        assert_eq!(
+            new[0].holder,
+            Some(HolderInfo {
+                addr: Some("10.0.0.1:5".into()),
+                owner: Some("o/1".into()),
+                for_ms: 300,
+            })
+        );
+    })
+    .await;
+}

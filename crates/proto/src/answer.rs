@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{is_valid_key, parse_u64, write_u64};
+use super::{is_valid_key, is_valid_owner, parse_u64, write_u64};
 
 /// A node's role as `S` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,15 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Who holds a grant, or waits: the address of the connection that asked,
+/// as the server saw it, and that connection's owner label (`O`). Each is
+/// `-` on the wire when unknown (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Holder<'a> {
+    pub addr: Option<&'a [u8]>,
+    pub owner: Option<&'a [u8]>,
 }
 
 /// One answer line. `addr` is `None` for `-` (no known active node).
@@ -65,6 +74,27 @@ pub enum Answer<'a> {
     /// `L <cursor>`: the end of an `L` answer; ask again from `cursor` for
     /// the next page (0: there is none).
     ListEnd { cursor: u64 },
+    /// `O <owner>`: the connection's owner label is set.
+    Owner { owner: &'a [u8] },
+    /// `K <key> <token> <lease_ms> <waiters> <held_ms> <addr> <owner>`: one
+    /// lock of a `W` or `Q` answer: [`Answer::Lock`]'s fields, then how long
+    /// the holder has held it and who it is (all `0` / `-` without one).
+    LockWho {
+        key: &'a [u8],
+        token: u64,
+        lease_ms: u64,
+        waiters: u64,
+        held_ms: u64,
+        holder: Holder<'a>,
+    },
+    /// `W <cursor>`: the end of a `W` answer, as [`Answer::ListEnd`].
+    WhoEnd { cursor: u64 },
+    /// `J <waited_ms> <addr> <owner>`: one waiting acquire of a `Q` answer,
+    /// oldest first.
+    Waiter { waited_ms: u64, holder: Holder<'a> },
+    /// `Q <key> <waiters>`: the end of a `Q` answer; `waiters` counts every
+    /// queued acquire of `key` (up to 65536), listed or not.
+    QueueEnd { key: &'a [u8], waiters: u64 },
 }
 
 impl Answer<'_> {
@@ -116,9 +146,66 @@ impl Answer<'_> {
                 out.extend_from_slice(b"L ");
                 write_u64(out, cursor);
             }
+            Answer::Owner { owner } => line_start(out, b'O', owner),
+            Answer::LockWho {
+                key,
+                token,
+                lease_ms,
+                waiters,
+                held_ms,
+                holder,
+            } => {
+                line_start(out, b'K', key);
+                for n in [token, lease_ms, waiters, held_ms] {
+                    out.push(b' ');
+                    write_u64(out, n);
+                }
+                holder.encode(out);
+            }
+            Answer::WhoEnd { cursor } => {
+                out.extend_from_slice(b"W ");
+                write_u64(out, cursor);
+            }
+            Answer::Waiter { waited_ms, holder } => {
+                out.extend_from_slice(b"J ");
+                write_u64(out, waited_ms);
+                holder.encode(out);
+            }
+            Answer::QueueEnd { key, waiters } => {
+                line_start(out, b'Q', key);
+                out.push(b' ');
+                write_u64(out, waiters);
+            }
         }
         out.push(b'\n');
     }
+}
+
+impl Holder<'_> {
+    /// Appends ` <addr> <owner>`.
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(b' ');
+        out.extend_from_slice(self.addr.unwrap_or(b"-"));
+        out.push(b' ');
+        out.extend_from_slice(self.owner.unwrap_or(b"-"));
+    }
+}
+
+/// `<addr> <owner>` fields of an answer: an address is 1 to
+/// [`super::MAX_HOLDER_ADDR`] bytes of a key's, an owner label as `O`
+/// takes it; `-` for none.
+fn holder<'a>(addr: &'a [u8], owner: &'a [u8]) -> Option<Holder<'a>> {
+    let addr = match addr {
+        b"-" => None,
+        a if a.len() <= super::MAX_HOLDER_ADDR && is_valid_key(a) => Some(a),
+        _ => return None,
+    };
+    let owner = match owner {
+        b"-" => None,
+        o if is_valid_owner(o) => Some(o),
+        _ => return None,
+    };
+    Some(Holder { addr, owner })
 }
 
 #[inline]
@@ -157,19 +244,10 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         return Ok(Answer::Health { problem });
     }
     if let Some(rest) = line.strip_prefix(b"K ") {
-        let mut f = rest.split(|&b| b == b' ');
-        let (Some(key), Some(token), Some(lease), Some(waiters), None) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            return Err(bad());
-        };
-        let num = |v: &[u8]| parse_u64(v).ok_or_else(bad);
-        return Ok(Answer::Lock {
-            key: Some(key).filter(|k| is_valid_key(k)).ok_or_else(bad)?,
-            token: num(token)?,
-            lease_ms: num(lease)?,
-            waiters: num(waiters)?,
-        });
+        return parse_lock(rest).ok_or_else(bad);
+    }
+    if let Some(rest) = line.strip_prefix(b"J ") {
+        return parse_waiter(rest).ok_or_else(bad);
     }
     let mut fields = line.split(|&b| b == b' ');
     let op = fields.next().ok_or_else(bad)?;
@@ -192,6 +270,14 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         },
         (b"L", None, None) => Answer::ListEnd {
             cursor: parse_u64(first).ok_or_else(bad)?,
+        },
+        (b"W", None, None) => Answer::WhoEnd {
+            cursor: parse_u64(first).ok_or_else(bad)?,
+        },
+        (b"O", None, None) if is_valid_owner(first) => Answer::Owner { owner: first },
+        (b"Q", Some(waiters), None) => Answer::QueueEnd {
+            key: key().ok_or_else(bad)?,
+            waiters: parse_u64(waiters).ok_or_else(bad)?,
         },
         (b"T", None, None) => Answer::TimedOut {
             key: key().ok_or_else(bad)?,
@@ -220,6 +306,49 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         _ => return Err(bad()),
     };
     Ok(answer)
+}
+
+/// A `J` line's fields after `J `: `<waited_ms> <addr> <owner>`.
+fn parse_waiter(rest: &[u8]) -> Option<Answer<'_>> {
+    let mut f = rest.split(|&b| b == b' ');
+    let (Some(waited), Some(addr), Some(owner), None) = (f.next(), f.next(), f.next(), f.next())
+    else {
+        return None;
+    };
+    Some(Answer::Waiter {
+        waited_ms: parse_u64(waited)?,
+        holder: holder(addr, owner)?,
+    })
+}
+
+/// A `K` line's fields after `K `: four (an `L` answer's) or seven (a `W`
+/// or `Q` answer's, with the holder).
+fn parse_lock(rest: &[u8]) -> Option<Answer<'_>> {
+    let mut f: [&[u8]; 7] = [b""; 7];
+    let mut count = 0;
+    for field in rest.split(|&b| b == b' ') {
+        *f.get_mut(count)? = field;
+        count += 1;
+    }
+    let key = Some(f[0]).filter(|k| is_valid_key(k))?;
+    let (token, lease_ms, waiters) = (parse_u64(f[1])?, parse_u64(f[2])?, parse_u64(f[3])?);
+    match count {
+        4 => Some(Answer::Lock {
+            key,
+            token,
+            lease_ms,
+            waiters,
+        }),
+        7 => Some(Answer::LockWho {
+            key,
+            token,
+            lease_ms,
+            waiters,
+            held_ms: parse_u64(f[4])?,
+            holder: holder(f[5], f[6])?,
+        }),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -280,6 +409,51 @@ mod tests {
     }
 
     #[test]
+    fn holder_answers_round_trip() {
+        let answers = [
+            Answer::Owner {
+                owner: b"host-a/job-42",
+            },
+            Answer::LockWho {
+                key: b"k",
+                token: 7,
+                lease_ms: 100,
+                waiters: 2,
+                held_ms: 5,
+                holder: Holder {
+                    addr: Some(b"[::1]:50000"),
+                    owner: Some(b"host-a/1234"),
+                },
+            },
+            Answer::LockWho {
+                key: b"k",
+                token: 0,
+                lease_ms: 0,
+                waiters: 0,
+                held_ms: 0,
+                holder: Holder::default(),
+            },
+            Answer::WhoEnd { cursor: 17 },
+            Answer::Waiter {
+                waited_ms: 1500,
+                holder: Holder {
+                    addr: Some(b"127.0.0.1:1"),
+                    owner: None,
+                },
+            },
+            Answer::QueueEnd {
+                key: b"k",
+                waiters: 65536,
+            },
+        ];
+        for answer in answers {
+            let mut out = Vec::new();
+            answer.encode(&mut out);
+            assert_eq!(parse_answer(&out[..out.len() - 1]), Ok(answer));
+        }
+    }
+
+    #[test]
     fn malformed_answers_are_errors() {
         for line in [
             &b""[..],
@@ -290,6 +464,16 @@ mod tests {
             b"T k extra",
             b"S leader - 0",
             b"Q k",
+            b"Q k x",
+            b"O -",
+            b"O a b",
+            b"K k 1 2 3 4",
+            b"K k 1 2 3 4 - ",
+            b"K k 1 2 3 4 - - x",
+            b"K k 1 2 3 4 a\x01 -",
+            b"J 1 - ",
+            b"J x - -",
+            b"W x",
         ] {
             assert!(parse_answer(line).is_err(), "{:?}", line);
         }

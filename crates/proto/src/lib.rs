@@ -15,6 +15,7 @@
 mod answer;
 mod request;
 
+pub use answer::Holder;
 pub use answer::{Answer, AnswerError, Role, parse_answer};
 pub use request::{ParseError, Quoted, Request, parse_request, quoted};
 
@@ -26,6 +27,13 @@ pub const MAX_KEY: usize = 250;
 pub const MAX_DURATION_MS: u64 = 86_400_000;
 /// The most locks one `L` answer lists.
 pub const MAX_LIST: u32 = 1000;
+/// Longest owner label (`O <owner>`), in bytes.
+pub const MAX_OWNER: usize = 128;
+/// Longest holder address in `W` and `Q` answers and on the peer link:
+/// a socket address as text is at most 58 bytes (`[v6%scope]:port`).
+pub const MAX_HOLDER_ADDR: usize = 64;
+/// The most waiters one `Q` answer lists (`J` lines); it counts them all.
+pub const MAX_QUEUE_LISTED: usize = 100;
 
 /// True for a byte the protocol allows in a key: 0x21..=0x7E or >= 0x80.
 #[inline]
@@ -36,6 +44,16 @@ pub fn is_key_byte(b: u8) -> bool {
 /// True if `key` is a valid key: 1 to [`MAX_KEY`] allowed bytes.
 pub fn is_valid_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= MAX_KEY && key.iter().all(|&b| is_key_byte(b))
+}
+
+/// True if `owner` is a valid owner label: 1 to [`MAX_OWNER`] bytes of
+/// printable ASCII without the space (0x21..=0x7E), and not `-` (which
+/// stands for "no label" in answers).
+pub fn is_valid_owner(owner: &[u8]) -> bool {
+    !owner.is_empty()
+        && owner.len() <= MAX_OWNER
+        && owner != b"-"
+        && owner.iter().all(|&b| (0x21..=0x7e).contains(&b))
 }
 
 /// "00" to "99": two digits per division when writing numbers.

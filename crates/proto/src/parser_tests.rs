@@ -130,6 +130,31 @@ fn every_valid_request_form() {
                 prefix: b"jobs/",
             },
         ),
+        (
+            b"W 7 10\n",
+            Request::Who {
+                cursor: 7,
+                limit: 10,
+                prefix: b"",
+            },
+        ),
+        (
+            b"W 0 1000 jobs/\n",
+            Request::Who {
+                cursor: 0,
+                limit: 1000,
+                prefix: b"jobs/",
+            },
+        ),
+        (
+            b"O host-a/job-42\n",
+            Request::Owner {
+                owner: b"host-a/job-42",
+            },
+        ),
+        (b"O --\r\n", Request::Owner { owner: b"--" }),
+        (b"Q k\n", Request::Queue { key: b"k" }),
+        (b"Q \xff\n", Request::Queue { key: b"\xff" }),
         (b"A k 30 0\r\n", acquire(b"k", 30_000, 0)),
         (
             b"R k 5\r\n",
@@ -261,6 +286,10 @@ fn unknown_ops() {
         b"\rS\n",
         b"S\r\r\n",
         b"A\r k 1 0\n",
+        b"o x\n",
+        b"q k\n",
+        b"w 0 1\n",
+        b"OO x\n",
     ] {
         let end = memchr::memchr(b' ', line).unwrap_or_else(|| {
             let body = &line[..line.len() - 1];
@@ -291,6 +320,12 @@ fn wrong_number_of_fields_for_each_op() {
         (b"S x\n", b'S', 2, 1),
         (b"S x y z w v\n", b'S', 6, 1),
         (b"H ok\n", b'H', 2, 1),
+        (b"O\n", b'O', 1, 2),
+        (b"O a b\n", b'O', 3, 2),
+        (b"Q\n", b'Q', 1, 2),
+        (b"Q k 1\n", b'Q', 3, 2),
+        (b"W 0\n", b'W', 2, 3),
+        (b"W 0 1 p q\n", b'W', 5, 4),
         // A space inside a key is impossible: it splits the key.
         (b"A my key 1 0\n", b'A', 5, 4),
         (b"R my key 1\n", b'R', 4, 3),
@@ -957,7 +992,7 @@ fn gen_number(rng: &mut XorShift, out: &mut Vec<u8>, decimals: bool) {
 }
 
 fn gen_line(rng: &mut XorShift, out: &mut Vec<u8>) {
-    let op = *rng.pick(b"ARNSARNSx");
+    let op = *rng.pick(b"ARNSARNSxOQ");
     out.push(op);
     if op == b'S' {
         if rng.below(4) == 0 {
@@ -981,6 +1016,7 @@ fn gen_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     }
     let fields: &[bool] = match op {
         b'A' => &[true, true],
+        b'O' | b'Q' => &[],
         b'R' => &[false],
         _ => &[false, true],
     };
@@ -1149,6 +1185,38 @@ fn list_requests_are_bounded() {
     ] {
         let err = one(line).unwrap_err();
         assert_eq!(err.to_string(), want, "{}", esc(line));
+        assert_eq!(
+            crate::reference::parse_request(line).map(|r| r.map(|(q, _)| q)),
+            Err(err)
+        );
+    }
+}
+
+#[test]
+fn owner_labels_are_bounded() {
+    let longest = vec![b'o'; MAX_OWNER];
+    let mut line = b"O ".to_vec();
+    line.extend_from_slice(&longest);
+    line.push(b'\n');
+    assert_eq!(one(&line), Ok(Request::Owner { owner: &longest }));
+    let mut too_long = b"O ".to_vec();
+    too_long.extend(std::iter::repeat_n(b'o', MAX_OWNER + 1));
+    too_long.push(b'\n');
+    for line in [
+        &too_long[..],
+        b"O -\n",
+        b"O caf\xc3\xa9\n",
+        b"O a\x7fb\n",
+        b"O tab\there\n",
+    ] {
+        let err = one(line).unwrap_err();
+        assert!(
+            matches!(err, ParseError::Owner(_)),
+            "{}: {err:?}",
+            esc(line)
+        );
+        assert!(err.to_string().starts_with("bad owner \""), "{err}");
+        assert_reason_ok(&err);
         assert_eq!(
             crate::reference::parse_request(line).map(|r| r.map(|(q, _)| q)),
             Err(err)

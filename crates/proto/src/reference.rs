@@ -2,7 +2,9 @@
 //! as the model the optimised ones are tested against (`parser_tests.rs`):
 //! same results, same errors, on every generated input. Test builds only.
 
-use super::{MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, ParseError, Request, is_key_byte};
+use super::{
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, MAX_OWNER, ParseError, Request, is_key_byte,
+};
 
 pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
     let window = &buf[..buf.len().min(MAX_LINE)];
@@ -40,6 +42,10 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"H" => (b'H', 1),
         // `L <cursor> <limit>` or `L <cursor> <limit> <prefix>`.
         b"L" => (b'L', count.clamp(3, 4)),
+        // `W` as `L`; `O <owner>`, `Q <key>`.
+        b"W" => (b'W', count.clamp(3, 4)),
+        b"O" => (b'O', 2),
+        b"Q" => (b'Q', 2),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -73,6 +79,24 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
                 .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
                 .ok_or(ParseError::Limit(fields[2]))? as u32,
             prefix: if count == 4 { key(fields[3])? } else { b"" },
+        },
+        b'W' => Request::Who {
+            cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
+            limit: parse_u64(fields[2])
+                .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
+                .ok_or(ParseError::Limit(fields[2]))? as u32,
+            prefix: if count == 4 { key(fields[3])? } else { b"" },
+        },
+        b'O' => {
+            let owner = fields[1];
+            let printable = owner.iter().all(|&b| b > b' ' && b < 0x7f);
+            if owner.len() > MAX_OWNER || owner == b"-" || !printable {
+                return Err(ParseError::Owner(owner));
+            }
+            Request::Owner { owner }
+        }
+        b'Q' => Request::Queue {
+            key: key(fields[1])?,
         },
         _ => Request::Health,
     };

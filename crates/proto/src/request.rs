@@ -3,8 +3,8 @@
 use std::fmt;
 
 use super::{
-    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, is_key_byte, parse_seconds, parse_u64,
-    write_seconds, write_u64,
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, is_key_byte, is_valid_owner, parse_seconds,
+    parse_u64, write_seconds, write_u64,
 };
 
 /// One request, borrowing its key from the buffer it was parsed from.
@@ -36,6 +36,17 @@ pub enum Request<'a> {
         limit: u32,
         prefix: &'a [u8],
     },
+    /// `O <owner>`: the owner label of this connection's grants from now
+    /// on (docs/protocol.md, "`O`, the owner request").
+    Owner { owner: &'a [u8] },
+    /// `W <cursor> <limit> [<prefix>]`: `L` with each lock's holder.
+    Who {
+        cursor: u64,
+        limit: u32,
+        prefix: &'a [u8],
+    },
+    /// `Q <key>`: one key's holder and the acquires waiting for it.
+    Queue { key: &'a [u8] },
 }
 
 impl<'a> Request<'a> {
@@ -80,8 +91,17 @@ impl<'a> Request<'a> {
                 cursor,
                 limit,
                 prefix,
+            }
+            | Request::Who {
+                cursor,
+                limit,
+                prefix,
             } => {
-                out.extend_from_slice(b"L ");
+                out.extend_from_slice(if matches!(self, Request::List { .. }) {
+                    b"L "
+                } else {
+                    b"W "
+                });
                 write_u64(out, cursor);
                 out.push(b' ');
                 write_u64(out, u64::from(limit));
@@ -89,6 +109,14 @@ impl<'a> Request<'a> {
                     out.push(b' ');
                     out.extend_from_slice(prefix);
                 }
+            }
+            Request::Owner { owner } => {
+                out.extend_from_slice(b"O ");
+                out.extend_from_slice(owner);
+            }
+            Request::Queue { key } => {
+                out.extend_from_slice(b"Q ");
+                out.extend_from_slice(key);
             }
         }
         out.push(b'\n');
@@ -100,7 +128,14 @@ impl<'a> Request<'a> {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::Renew { key, .. } => Some(key),
-            Request::Status | Request::Health | Request::List { .. } => None,
+            // `Q` is an operator's question, answered by every node (a
+            // standby too): it has a key, but no `M` answers it.
+            Request::Status
+            | Request::Health
+            | Request::List { .. }
+            | Request::Owner { .. }
+            | Request::Who { .. }
+            | Request::Queue { .. } => None,
         }
     }
 }
@@ -128,6 +163,7 @@ pub enum ParseError<'a> {
     Token(&'a [u8]),
     Cursor(&'a [u8]),
     Limit(&'a [u8]),
+    Owner(&'a [u8]),
 }
 
 impl fmt::Display for ParseError<'_> {
@@ -150,6 +186,7 @@ impl fmt::Display for ParseError<'_> {
             ParseError::Token(v) => write!(f, "bad token \"{}\"", Quoted(v)),
             ParseError::Cursor(v) => write!(f, "bad cursor \"{}\"", Quoted(v)),
             ParseError::Limit(v) => write!(f, "bad limit \"{}\" (1 to {MAX_LIST})", Quoted(v)),
+            ParseError::Owner(v) => write!(f, "bad owner \"{}\"", Quoted(v)),
         }
     }
 }
@@ -241,9 +278,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"N" => (b'N', 4),
         b"S" => (b'S', 1),
         b"H" => (b'H', 1),
-        // An operator's request, out of the requests' way.
-        b"L" => return parse_list(&fields, count),
-        other => return Err(ParseError::UnknownOp(other)),
+        // Operators' requests and unknown ops, out of the requests' way.
+        _ => return parse_rare(&fields, count),
     };
     if count != want {
         return Err(ParseError::FieldCount {
@@ -275,26 +311,64 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
     Ok(request)
 }
 
-/// `L <cursor> <limit>` or `L <cursor> <limit> <prefix>` (`count` fields,
-/// the first five in `fields`).
+/// The requests that are not `A`, `R`, `N`, `S` or `H` (`count` fields,
+/// the first five in `fields`): `L`, `W`, `O`, `Q`, or an unknown op.
 #[cold]
 #[inline(never)]
-fn parse_list<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, ParseError<'a>> {
-    let want = count.clamp(3, 4);
+fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, ParseError<'a>> {
+    let op = match fields[0] {
+        b"L" => b'L',
+        b"W" => b'W',
+        b"O" => b'O',
+        b"Q" => b'Q',
+        other => return Err(ParseError::UnknownOp(other)),
+    };
+    // `L` and `W`: `<cursor> <limit>`, and a prefix or not.
+    let want = if matches!(op, b'L' | b'W') {
+        count.clamp(3, 4)
+    } else {
+        2
+    };
     if count != want {
         return Err(ParseError::FieldCount {
-            op: b'L',
+            op,
             got: count,
             want,
         });
     }
-    Ok(Request::List {
-        cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
-        limit: parse_u64(fields[2])
-            .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
-            .ok_or(ParseError::Limit(fields[2]))? as u32,
-        prefix: if count == 4 { key(fields[3])? } else { b"" },
-    })
+    match op {
+        b'O' => {
+            let owner = fields[1];
+            if is_valid_owner(owner) {
+                Ok(Request::Owner { owner })
+            } else {
+                Err(ParseError::Owner(owner))
+            }
+        }
+        b'Q' => Ok(Request::Queue {
+            key: key(fields[1])?,
+        }),
+        _ => {
+            let cursor = parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?;
+            let limit = parse_u64(fields[2])
+                .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
+                .ok_or(ParseError::Limit(fields[2]))? as u32;
+            let prefix = if count == 4 { key(fields[3])? } else { b"" };
+            Ok(if op == b'L' {
+                Request::List {
+                    cursor,
+                    limit,
+                    prefix,
+                }
+            } else {
+                Request::Who {
+                    cursor,
+                    limit,
+                    prefix,
+                }
+            })
+        }
+    }
 }
 
 /// Eight bytes at once, little-endian, for the word-at-a-time scans below.

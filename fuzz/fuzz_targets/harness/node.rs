@@ -379,7 +379,7 @@ impl Harness {
         let mut h = Harness {
             node,
             me,
-            fingerprint: auth::fingerprint(wire::VERSION, &peers),
+            fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &peers),
             peers,
             secret,
             wrong_secret: Secret::from_bytes(WRONG_SECRET),
@@ -823,6 +823,7 @@ impl Harness {
         wire::encode(
             &mut line,
             &PeerMsg::Hello {
+                version: wire::VERSION,
                 fingerprint: hello.fingerprint,
                 from: index as usize,
                 addr: &hello.addr,
@@ -959,6 +960,14 @@ impl Harness {
                     key: &key,
                     token,
                     remaining_ms,
+                    holder: if input.flag() {
+                        ringlock::proto::Holder {
+                            addr: Some(b"127.0.0.1:9"),
+                            owner: Some(b"fuzz/1"),
+                        }
+                    } else {
+                        ringlock::proto::Holder::default()
+                    },
                 }
             }
             PeerKind::Release => {
@@ -1488,6 +1497,7 @@ impl Harness {
                 addr,
                 incarnation,
                 nonce,
+                ..
             } => {
                 assert!(conn.node_hello.is_none(), "a second HELLO on {id}");
                 assert_eq!((fingerprint, from), (self.fingerprint, self.me));

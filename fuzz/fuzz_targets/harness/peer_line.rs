@@ -111,9 +111,20 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
             key: k,
             token: t,
             remaining_ms,
+            holder,
         } => {
             key(k);
             token(t);
+            if let Some(a) = holder.addr {
+                key(a);
+            }
+            if let Some(o) = holder.owner {
+                assert!(
+                    ringlock::proto::is_valid_owner(o),
+                    "owner in {:?}",
+                    esc(line)
+                );
+            }
             assert!(
                 remaining_ms <= MAX_REMAINING_MS,
                 "remaining {remaining_ms} in {:?}",

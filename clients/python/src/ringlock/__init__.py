@@ -20,10 +20,13 @@ TLS: ``Client(addrs, tls=TlsConfig(ca="node-ca.pem"))`` (or
 See docs/python.md in the ringlock repository.
 """
 
-from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, NodeStatus, Timeouts
+from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, HolderInfo, LockInfo, NodeStatus, QueueInfo, Timeouts
+from ._aio import list_locks as async_list_locks
+from ._aio import lock_queue as async_lock_queue
+from ._aio import locks as async_locks
 from ._aio import node_problem as async_node_problem
 from ._aio import node_status as async_node_status
-from ._sync import Client, Lock, node_problem, node_status
+from ._sync import Client, Lock, list_locks, lock_queue, locks, node_problem, node_status
 from ._tls import TlsConfig
 from .errors import (
     ConnectionFailed,
@@ -51,6 +54,15 @@ __all__ = [
     "node_problem",
     "async_node_status",
     "async_node_problem",
+    "HolderInfo",
+    "LockInfo",
+    "QueueInfo",
+    "list_locks",
+    "locks",
+    "lock_queue",
+    "async_list_locks",
+    "async_locks",
+    "async_lock_queue",
     "RinglockError",
     "LockTimeout",
     "LockLost",

@@ -62,6 +62,12 @@ __all__ = [
     "Timeouts",
     "node_status",
     "node_problem",
+    "HolderInfo",
+    "LockInfo",
+    "QueueInfo",
+    "list_locks",
+    "locks",
+    "lock_queue",
 ]
 
 #: A cluster has at most 16 nodes: addresses named by ``M`` answers beyond
@@ -129,6 +135,44 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class HolderInfo:
+    """Who holds a lock, or waits for one: what the node knows of the
+    connection that asked. ``addr``: its address as the node saw it
+    (``host:port``; None if not known, a grant replicated by an older
+    node); ``owner``: its owner label (None: it set none); ``seconds``: how
+    long it has held the lock (a waiter: waited)."""
+
+    addr: Optional[str]
+    owner: Optional[str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One lock of a node's table (``list_locks``). ``token``: the holder's
+    fencing token, 0 when nobody holds it; ``lease_left``: seconds;
+    ``waiters``: acquires waiting; ``holder``: None from a node older than
+    the ``W`` request (or when nobody holds it)."""
+
+    key: bytes
+    token: int
+    lease_left: float
+    waiters: int
+    holder: Optional[HolderInfo]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One key's queue (``lock_queue``): its lock with the holder (None: the
+    key has no lock), the first waiters (at most 100) oldest first, and how
+    many wait in all."""
+
+    lock: Optional[LockInfo]
+    waiters: List[HolderInfo]
+    waiting: int
+
+
+@dataclass(frozen=True)
 class AddrStatus:
     """``status()`` gives one per address: a status or the error."""
 
@@ -165,6 +209,10 @@ class _Request:
         self.fut = fut
         self.probe = probe
         self.permit = permit
+
+
+class _OwnerRefused(Exception):
+    """The node answered E to ``O``: it predates owner labels."""
 
 
 class _End(Exception):
@@ -428,6 +476,8 @@ class _Slot:
 
     def __init__(self, addr: str) -> None:
         self.addr = addr
+        #: The node answered E to the owner label (a server older than it).
+        self.owner_refused = False
         self.live: Optional[_Conn] = None
         self.last_error: Optional[str] = None
         self.failures = 0
@@ -543,8 +593,10 @@ class AsyncClient:
         no_active_timeout: float = 10.0,
         max_waiting_acquires: int = 4096,
         tls: "Union[TlsConfig, ssl.SSLContext, None]" = None,
+        owner: Optional[str] = None,
     ) -> None:
         self._addrs = _split_addrs(addrs)
+        self._owner = None if owner is None else _proto.check_owner(owner)
         self.tls = _tls_config(tls)
         self.timeouts = Timeouts(
             connect_timeout=connect_timeout,
@@ -656,7 +708,7 @@ class AsyncClient:
             slot.started += 1
             kicked, slot.kicked = slot.kicked, False
             try:
-                conn = await self._dial(slot.addr)
+                conn = await self._dial_slot(slot)
             except Exception as e:  # _End, or anything: never let the slot's task die
                 slot.dialing_since = None
                 slot.ended = slot.started
@@ -707,10 +759,22 @@ class AsyncClient:
                 except asyncio.TimeoutError:
                     break
 
-    async def _dial(self, addr: str) -> _Conn:
+    async def _dial_slot(self, slot: _Slot) -> _Conn:
+        """``_dial`` with the owner label, unless the node refused it: a node
+        that answers E to ``O`` (a server older than owner labels) is dialled
+        again at once without it, and so from then on."""
+        owner = None if slot.owner_refused else self._owner
+        try:
+            return await self._dial(slot.addr, owner)
+        except _OwnerRefused:
+            slot.owner_refused = True
+            return await self._dial(slot.addr, None)
+
+    async def _dial(self, addr: str, owner: Optional[bytes] = None) -> _Conn:
         """Dials ``addr`` and checks that the node answers ``S`` within the
         probe timeout: a node that accepts connections but is hung never
-        gets a request."""
+        gets a request. With an ``owner``, ``O <owner>`` goes first, and its
+        answer must come before the ``S`` one."""
         t = self.timeouts
         try:
             reader, writer = await asyncio.wait_for(_open(addr, _proto.MAX_ANSWER_LINE, self.tls, t.connect_timeout), t.connect_timeout)
@@ -719,7 +783,13 @@ class AsyncClient:
         except (OSError, ValueError, UnicodeError) as e:
             raise _End(f"connect to {addr}: {_explain_tls(e) or e}", False) from None
         try:
-            writer.write(b"S\n")
+            writer.write((b"" if owner is None else b"O " + owner + b"\n") + b"S\n")
+            if owner is not None:
+                line = await asyncio.wait_for(reader.readuntil(b"\n"), t.probe_timeout)
+                if line.startswith(b"E "):
+                    raise _OwnerRefused()
+                if line[:-1].rstrip(b"\r") != b"O " + owner:
+                    raise MalformedAnswer(f"answer to O: {line[:200]!r}")
             line = await asyncio.wait_for(reader.readuntil(b"\n"), t.probe_timeout)
             ans = _proto.parse_answer(line[:-1])
         except asyncio.TimeoutError:
@@ -733,6 +803,7 @@ class AsyncClient:
                 raise _End(f"read from {addr}: {why}", False) from None
             raise _End(f"{addr} did not answer S properly: {e}", False) from None
         except BaseException:
+            # _OwnerRefused too: the node closes after its E.
             writer.close()
             raise
         if ans.op == "S":
@@ -1539,3 +1610,138 @@ async def node_problem(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig
         return None
     raise ProtocolError(f"{addr} answered H with {line[:200]!r}")
 
+
+
+async def _lines_off(addr: str, request: bytes, max_lines: int, timeout: float, tls: Optional[TlsConfig], what: str, take: "Callable[[_proto.ListLine], bool]") -> None:
+    """Sends ``request`` on a one-off connection and hands each answer line
+    to ``take`` until it returns True (the end line), at most ``max_lines``
+    lines of at most MAX_LIST_LINE bytes, all within ``timeout``."""
+    _proto.split_addr(addr)
+    connected = False
+
+    async def exchange() -> None:
+        nonlocal connected
+        try:
+            reader, writer = await _open(addr, _proto.MAX_LIST_LINE, tls, timeout)
+        except (OSError, ValueError, UnicodeError) as e:
+            raise ConnectionFailed(f"connect to {addr}: {_explain_tls(e) or e}") from None
+        connected = True
+        try:
+            writer.write(request)
+            for _ in range(max_lines):
+                line = await reader.readuntil(b"\n")
+                try:
+                    parsed = _proto.parse_list_line(line[:-1])
+                except MalformedAnswer as e:
+                    raise ProtocolError(f"{addr}: {e}") from None
+                if parsed.kind == "E":
+                    raise ProtocolError(f"{addr} says: E {parsed.key.decode('ascii', 'backslashreplace')}")
+                if take(parsed):
+                    return
+            raise ProtocolError(f"{addr} answered {what} with more than {max_lines} lines")
+        except asyncio.IncompleteReadError:
+            raise ConnectionFailed(f"{addr} closed the connection in the middle of a {what} answer") from None
+        except asyncio.LimitOverrunError:
+            raise ProtocolError(f"answer line from {addr} longer than {_proto.MAX_LIST_LINE} bytes") from None
+        except OSError as e:
+            raise ConnectionFailed(f"read from {addr}: {_explain_tls(e) or e}") from None
+        finally:
+            writer.close()
+
+    try:
+        await asyncio.wait_for(exchange(), timeout)
+    except asyncio.TimeoutError:
+        if not connected and tls is not None:
+            raise ConnectionFailed(f"connect to {addr}: {_timed_out(tls, timeout)}") from None
+        raise ConnectionFailed(f"{addr}: no answer within {timeout:g}s") from None
+
+
+def _lock_info(line: "_proto.ListLine") -> LockInfo:
+    n = line.numbers
+    holder = HolderInfo(line.addr, line.owner, n[3] / 1000) if line.with_holder and n[0] != 0 else None
+    return LockInfo(line.key, n[0], n[1] / 1000, n[2], holder)
+
+
+async def _page(addr: str, op: bytes, prefix: bytes, cursor: int, limit: int, timeout: float, tls: Optional[TlsConfig]) -> "tuple[List[LockInfo], int]":
+    request = op + b" " + str(cursor).encode() + b" " + str(limit).encode() + (b" " + prefix if prefix else b"") + b"\n"
+    found: List[LockInfo] = []
+    end: List[int] = []
+    want = op.decode()
+
+    def take(line: "_proto.ListLine") -> bool:
+        if line.kind == "K" and line.with_holder == (op == b"W") and len(found) < limit:
+            found.append(_lock_info(line))
+            return False
+        if line.kind == want:
+            end.append(line.numbers[0])
+            return True
+        raise ProtocolError(f"{addr} answered {want} with an unexpected {line.kind} line")
+
+    await _lines_off(addr, request, limit + 1, timeout, tls, want, take)
+    return found, end[0]
+
+
+async def list_locks(addr: str, prefix: Key = b"", cursor: int = 0, limit: int = 1000, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> "tuple[List[LockInfo], int]":
+    """One page of a node's lock table with each lock's holder (``W cursor
+    limit [prefix]``) on a one-off connection: the locks, and the cursor of
+    the next page (0: the listing is complete). A node older than ``W``
+    answers E: the page is then asked again with ``L``, and its locks come
+    with ``holder`` None. ``tls`` as for AsyncClient."""
+    raw = _proto.check_key(prefix) if prefix else b""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise InvalidArgument("limit must be from 1 to 1000")
+    if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= _proto.MAX_TOKEN:
+        raise InvalidArgument("cursor must be a u64")
+    config = _tls_config(tls)
+    try:
+        return await _page(addr, b"W", raw, cursor, limit, timeout, config)
+    except ProtocolError as e:
+        if " says: E " not in str(e):
+            raise
+        return await _page(addr, b"L", raw, cursor, limit, timeout, config)
+
+
+async def locks(addr: str, prefix: Key = b"", max: int = 10_000, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> List[LockInfo]:
+    """Every lock of a node's table whose key starts with ``prefix`` (at
+    most ``max``), page by page with ``list_locks`` (``timeout`` per page,
+    60 s in all). Ask the active node: a standby lists the grants it holds
+    replicated, without waiters."""
+    out: List[LockInfo] = []
+    cursor = 0
+    until = _now() + 60.0
+    while len(out) < max:
+        page, following = await list_locks(addr, prefix, cursor, min(1000, max - len(out)), timeout, tls=tls)
+        out.extend(page)
+        if following == 0:
+            break
+        if following <= cursor:
+            raise ProtocolError(f"{addr} answered with cursor {following} after {cursor}: it does not move on")
+        if _now() > until:
+            raise ConnectionFailed(f"{addr}: the listing took longer than 60s")
+        cursor = following
+    return out
+
+
+async def lock_queue(addr: str, key: Key, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> QueueInfo:
+    """Who holds ``key`` and who waits for it (``Q key``) on a one-off
+    connection. Ask the active node (a standby has no waiters). A node older
+    than ``Q`` answers E: ProtocolError. ``tls`` as for AsyncClient."""
+    raw = _proto.check_key(key)
+    found: List[Optional[LockInfo]] = [None]
+    waiters: List[HolderInfo] = []
+    waiting: List[int] = []
+
+    def take(line: "_proto.ListLine") -> bool:
+        if line.kind == "K" and line.with_holder and line.key == raw and found[0] is None and not waiters:
+            found[0] = _lock_info(line)
+            return False
+        if line.kind == "J" and len(waiters) < 100:
+            waiters.append(HolderInfo(line.addr, line.owner, line.numbers[0] / 1000))
+            return False
+        if line.kind == "Q" and line.key == raw:
+            waiting.append(line.numbers[0])
+            return True
+        raise ProtocolError(f"{addr} answered Q with an unexpected {line.kind} line")
+
+    await _lines_off(addr, b"Q " + raw + b"\n", 102, timeout, _tls_config(tls), "Q", take)
+    return QueueInfo(found[0], waiters, waiting[0])

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 from .errors import InvalidArgument
 
 MAX_KEY = 250
+#: Longest owner label (``O <owner>``).
+MAX_OWNER = 128
+#: Longest holder address in ``W`` and ``Q`` answers.
+MAX_HOLDER_ADDR = 64
+#: Longest line of a listing answer (``K`` lines with a holder are at most
+#: about 500 bytes).
+MAX_LIST_LINE = 4096
 MAX_SECONDS_MS = 86_400_000
 MAX_TOKEN = (1 << 64) - 1
 #: Longest answer line read on a pooled connection, ``\n`` included. The
@@ -47,6 +54,17 @@ def check_key(key: Key) -> bytes:
     for b in raw:
         if not is_key_byte(b):
             raise InvalidArgument(f"forbidden byte 0x{b:02x} in key (spaces, control bytes and 0x7f are not allowed)")
+    return raw
+
+
+def check_owner(owner: str) -> bytes:
+    """An owner label as bytes: 1 to 128 bytes of printable ASCII without
+    spaces, not ``-``; else InvalidArgument."""
+    if not isinstance(owner, str):
+        raise InvalidArgument(f"an owner label is a str, not {type(owner).__name__}")
+    raw = owner.encode("utf-8")
+    if not raw or len(raw) > MAX_OWNER or raw == b"-" or not all(0x21 <= b <= 0x7E for b in raw):
+        raise InvalidArgument(f"bad owner label {owner!r}: 1 to {MAX_OWNER} bytes of printable ASCII without spaces, not '-'")
     return raw
 
 
@@ -190,6 +208,77 @@ def parse_answer(line: bytes) -> Answer:
         if token is None:
             raise bad
         return Answer("S", first, token, _addr(rest[0]))
+    raise bad
+
+
+def _dash(field: bytes, valid: "Callable[[bytes], bool]") -> Optional[str]:
+    if field == b"-":
+        return None
+    if not valid(field):
+        raise MalformedAnswer(f"bad field {field[:100]!r}")
+    return field.decode("utf-8", "backslashreplace")
+
+
+def _is_addr(field: bytes) -> bool:
+    return 0 < len(field) <= MAX_KEY and all(is_key_byte(b) for b in field)
+
+
+def _is_holder_addr(field: bytes) -> bool:
+    return len(field) <= MAX_HOLDER_ADDR and _is_addr(field)
+
+
+def _is_owner(field: bytes) -> bool:
+    return 0 < len(field) <= MAX_OWNER and all(0x21 <= b <= 0x7E for b in field)
+
+
+class ListLine(NamedTuple):
+    """One line of a ``W``/``L``/``Q`` answer. ``kind``: ``K`` (a lock:
+    key, token, lease_ms, waiters, and with a holder held_ms, addr, owner),
+    ``J`` (a waiter: ms waited, addr, owner), ``W``/``L`` (the end: the
+    cursor in ``numbers``), ``Q`` (the end: key, waiters), ``E`` (key: the
+    reason)."""
+
+    kind: str
+    key: bytes = b""
+    numbers: "tuple[int, ...]" = ()
+    addr: Optional[str] = None
+    owner: Optional[str] = None
+    with_holder: bool = False
+
+
+def parse_list_line(line: bytes) -> ListLine:
+    """Parses one line of a listing answer. Raises MalformedAnswer."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    if line.startswith(b"E "):
+        return ListLine("E", line[2:])
+    f = line.split(b" ")
+    bad = MalformedAnswer(f"malformed answer {line[:200]!r}")
+
+    def nums(fields: "list[bytes]") -> "tuple[int, ...]":
+        out = tuple(parse_u64(x) for x in fields)
+        if any(n is None for n in out):
+            raise bad
+        return out  # type: ignore[return-value]
+
+    def key(field: bytes) -> bytes:
+        if not _is_addr(field):
+            raise bad
+        return field
+
+    try:
+        if f[0] == b"K" and len(f) == 5:
+            return ListLine("K", key(f[1]), nums(f[2:5]))
+        if f[0] == b"K" and len(f) == 8:
+            return ListLine("K", key(f[1]), nums(f[2:6]), _dash(f[6], _is_holder_addr), _dash(f[7], _is_owner), True)
+        if f[0] == b"J" and len(f) == 4:
+            return ListLine("J", b"", nums(f[1:2]), _dash(f[2], _is_holder_addr), _dash(f[3], _is_owner), True)
+        if f[0] in (b"W", b"L") and len(f) == 2:
+            return ListLine(f[0].decode(), b"", nums(f[1:2]))
+        if f[0] == b"Q" and len(f) == 3:
+            return ListLine("Q", key(f[1]), nums(f[2:3]))
+    except MalformedAnswer:
+        raise bad from None
     raise bad
 
 

@@ -12,12 +12,13 @@ import threading
 from typing import Any, Callable, Coroutine, Iterable, List, Optional, TypeVar, Union
 
 from . import _proto
-from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, NodeStatus, node_problem as _anode_problem, node_status as _anode_status
+from ._aio import AddrStatus, AsyncClient, AsyncLock, Grant, LockInfo, NodeStatus, QueueInfo, node_problem as _anode_problem, node_status as _anode_status
+from ._aio import list_locks as _alist_locks, lock_queue as _alock_queue, locks as _alocks
 from ._proto import Key, Seconds
 from ._tls import TlsConfig
 from .errors import LockLost, RinglockError
 
-__all__ = ["Client", "Lock", "node_status", "node_problem"]
+__all__ = ["Client", "Lock", "node_status", "node_problem", "list_locks", "locks", "lock_queue"]
 
 T = TypeVar("T")
 
@@ -284,3 +285,24 @@ def node_problem(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.
     _proto.split_addr(addr)
     return asyncio.run(_anode_problem(addr, timeout, tls=tls))
 
+
+
+def list_locks(addr: str, prefix: Key = b"", cursor: int = 0, limit: int = 1000, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> "tuple[List[LockInfo], int]":
+    """One page of a node's lock table with each lock's holder (``W``; ``L``
+    from an older node, holders None): the locks and the next cursor (0:
+    complete). ``tls`` as for Client."""
+    _proto.split_addr(addr)
+    return asyncio.run(_alist_locks(addr, prefix, cursor, limit, timeout, tls=tls))
+
+
+def locks(addr: str, prefix: Key = b"", max: int = 10_000, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> List[LockInfo]:
+    """Every lock whose key starts with ``prefix`` (at most ``max``), page by
+    page. ``tls`` as for Client."""
+    _proto.split_addr(addr)
+    return asyncio.run(_alocks(addr, prefix, max, timeout, tls=tls))
+
+
+def lock_queue(addr: str, key: Key, timeout: float = 3.0, *, tls: "Union[TlsConfig, ssl.SSLContext, None]" = None) -> QueueInfo:
+    """Who holds ``key`` and who waits for it (``Q``). ``tls`` as for Client."""
+    _proto.split_addr(addr)
+    return asyncio.run(_alock_queue(addr, key, timeout, tls=tls))
