@@ -34,6 +34,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def duration_ms(text: str) -> int:
+    """A duration of the protocol (seconds, at most three decimals) in ms."""
+    whole, _, frac = text.partition(".")
+    if not whole.isdigit() or len(frac) > 3 or (frac and not frac.isdigit()) or text.endswith("."):
+        raise ValueError(text)
+    return int(whole) * 1000 + int((frac + "000")[:3])
+
+
 class Log:
     """What every fake node of a scenario saw and did, in time order."""
 
@@ -173,6 +181,18 @@ class Node:
         for c in live:
             c.close(why)
 
+    def close_conns_at(self, at: float) -> None:
+        """Closes every connection at ``at`` as exactly as this process can:
+        the loop's timer to within 2 ms, then a short spin."""
+
+        def spin() -> None:
+            while now() < at:
+                pass
+            self.close_conns("rule: close every connection at the appointed time")
+
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(0.0, at - now() - 0.002), spin)
+
     async def stop(self) -> None:
         if self.server is not None:
             self.server.close()
@@ -264,6 +284,18 @@ class Node:
         if rule is None:
             self.normal(conn, fields)
             return
+        also = rule.spec.get("close_all_after_ms")
+        if also is not None:
+            self.close_conns_at(now() + also / 1000)
+        after = rule.spec.get("after_ms")
+        if after:
+            asyncio.get_running_loop().call_later(after / 1000, self._act, conn, rule, fields, text, key)
+        else:
+            self._act(conn, rule, fields, text, key)
+
+    def _act(self, conn: Conn, rule: Rule, fields: List[str], text: str, key: str) -> None:
+        if conn.closed:
+            return
         do = rule.do
         spec = rule.spec
         if do == "normal":
@@ -334,11 +366,11 @@ class Node:
             elif op == "H" and len(f) == 1:
                 conn.send("H ok")
             elif op == "A" and len(f) == 4:
-                self.acquire(conn, f[1], int(f[2]), int(f[3]))
+                self.acquire(conn, f[1], duration_ms(f[2]), duration_ms(f[3]))
             elif op == "R" and len(f) == 3:
                 self.release(conn, f[1], int(f[2]))
             elif op == "N" and len(f) == 4:
-                self.renew(conn, f[1], int(f[2]), int(f[3]))
+                self.renew(conn, f[1], int(f[2]), duration_ms(f[3]))
             else:
                 raise ValueError(op)
         except ValueError:

@@ -258,6 +258,9 @@ class Run:
                 if hello is not None and bool(e.get("first")) != hello:
                     continue
             out.append(e)
+        if "index" in spec:
+            i = spec["index"]
+            return out[i:i + 1] if -len(out) <= i < len(out) else []
         return out
 
     def check_wire(self, step: Dict[str, Any]) -> None:
@@ -303,6 +306,9 @@ class Run:
             for g in values:
                 if not self.in_range(g, step[name]):
                     raise Fail(f"{desc}: {name} {g:.0f} ms (gaps {[round(x) for x in gaps]}), expected {step[name]}")
+        if "first_gap_ms" in step:
+            if not gaps or not self.in_range(gaps[0], step["first_gap_ms"]):
+                raise Fail(f"{desc}: gaps {[round(x) for x in gaps]}, expected the first in {step['first_gap_ms']}")
         if step.get("growing"):
             if any(b < a * 0.8 for a, b in zip(gaps, gaps[1:])):
                 raise Fail(f"{desc}: gaps {[round(x) for x in gaps]} do not grow")
@@ -311,7 +317,7 @@ class Run:
             for e in got:
                 f = e["text"].split(" ")
                 try:
-                    v = int(f[idx])
+                    v = fake.duration_ms(f[idx])
                 except (IndexError, ValueError):
                     raise Fail(f"{desc}: line {e['text']!r} has no number at field {idx}") from None
                 if not (lo <= v <= hi):
@@ -345,12 +351,12 @@ class Run:
         msg, at = await self.wait_reply(cid, timeout / 1000)
         took = (at - sent) * 1000
         self.note(f"{label} answered after {took:.0f} ms")
-        if "expect" in step:
-            self.check_expect(f"reply to {label}", msg, step["expect"])
-        elif not msg.get("ok", False):
-            raise Fail(f"reply to {label}: {json.dumps(msg)[:300]}")
         if within is not None and not self.in_range(took, within):
             raise Fail(f"reply to {label} after {took:.0f} ms, expected {within} ms ({json.dumps(msg)[:200]})")
+        if "expect" in step:
+            self.check_expect(f"reply to {label} (after {took:.0f} ms)", msg, step["expect"])
+        elif not msg.get("ok", False):
+            raise Fail(f"reply to {label} (after {took:.0f} ms): {json.dumps(msg)[:300]}")
 
     async def await_event(self, step: Dict[str, Any]) -> None:
         want = self.subst(step["event"])
@@ -404,7 +410,14 @@ class Run:
             if len(self.events) > n:
                 raise Fail(f"unexpected event {json.dumps(self.events[n][0])[:200]}")
         elif "sleep_ms" in step:
-            await asyncio.sleep(step["sleep_ms"] / 1000)
+            if step["sleep_ms"] < 3:
+                # Short pauses are spun: the event loop's timers are only
+                # good to a millisecond.
+                until = now() + step["sleep_ms"] / 1000
+                while now() < until:
+                    pass
+            else:
+                await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "mark" in step:
             self.marks[step["mark"]] = now()
         elif "wait_wire" in step:
@@ -430,6 +443,8 @@ class Run:
             await node.refuse()
         elif do == "listen":
             await node.listen()
+        elif do == "close_conns" and "at_ms" in step:
+            node.close_conns_at(self.since(step.get("since")) + step["at_ms"] / 1000)
         elif do == "close_conns":
             node.close_conns(which=step.get("which", "all"))
         elif do == "release_held":
@@ -449,7 +464,7 @@ class Run:
             await node.start()
         try:
             await self.start_adapter()
-            for i, step in enumerate(self.sc["steps"]):
+            for i, step in enumerate(expand(self.sc["steps"])):
                 try:
                     await self.step(step)
                 except Fail as e:
@@ -483,6 +498,31 @@ class Run:
             out.append("  --- adapter stderr:")
             out.extend("  " + s for s in self.stderr[-60:])
         return "\n".join(out)
+
+
+def expand(steps: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``{"repeat": N, "pause_ms": P, ...}`` is N copies of the step, with
+    ``{i}`` in its strings replaced by 0..N-1, P ms apart."""
+
+    def fill(v: Any, i: int) -> Any:
+        if isinstance(v, dict):
+            return {k: fill(x, i) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fill(x, i) for x in v]
+        return v.replace("{i}", str(i)) if isinstance(v, str) else v
+
+    out: List[Dict[str, Any]] = []
+    for step in steps:
+        n = step.get("repeat")
+        if n is None:
+            out.append(step)
+            continue
+        body = {k: v for k, v in step.items() if k not in ("repeat", "pause_ms")}
+        for i in range(n):
+            out.append(fill(body, i))
+            if step.get("pause_ms") and i < n - 1:
+                out.append({"sleep_ms": step["pause_ms"]})
+    return out
 
 
 # ---------------------------------------------------------------- the table
@@ -544,7 +584,7 @@ async def run_all(adapters: List[Dict[str, Any]], scenarios: List[Dict[str, Any]
                   verbose: bool, serial: bool) -> Dict[Tuple[str, str], Tuple[str, str]]:
     cells: Dict[Tuple[str, str], Tuple[str, str]] = {}
 
-    async def one_adapter(ad: Dict[str, Any]) -> None:
+    async def one_adapter(ad: Dict[str, Any], scenarios: List[Dict[str, Any]]) -> None:
         for sc in scenarios:
             name = sc["name"]
             need = sc.get("requires", [])
@@ -570,11 +610,17 @@ async def run_all(adapters: List[Dict[str, Any]], scenarios: List[Dict[str, Any]
             if (status != "pass" and cell in ("FAIL",)) or verbose:
                 print(r.report(), flush=True)
 
+    shared = [s for s in scenarios if not s.get("exclusive")]
+    alone = [s for s in scenarios if s.get("exclusive")]
     if serial:
         for ad in adapters:
-            await one_adapter(ad)
+            await one_adapter(ad, shared)
     else:
-        await asyncio.gather(*(one_adapter(ad) for ad in adapters))
+        await asyncio.gather(*(one_adapter(ad, shared) for ad in adapters))
+    # Scenarios that load the machine run with nothing beside them.
+    for sc in alone:
+        for ad in adapters:
+            await one_adapter(ad, [sc])
     return cells
 
 
