@@ -149,10 +149,10 @@ class Run:
 
     # -- the adapter
     async def start_adapter(self) -> None:
-        cmd = [c.replace("{root}", str(ROOT)) for c in self.adapter["run"]]
+        cmd = [fill(c) for c in self.adapter["run"]]
         env = dict(os.environ)
         for k, v in self.adapter.get("env", {}).items():
-            env[k] = v.replace("{root}", str(ROOT))
+            env[k] = fill(v)
         self.proc = await asyncio.create_subprocess_exec(
             *cmd, cwd=str(ROOT), env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, limit=1 << 20)
@@ -464,6 +464,11 @@ class Run:
             await node.start()
         try:
             await self.start_adapter()
+            # Ready when it answers: a command before connect is answered
+            # "closed" (ADAPTER.md). Times start after that, not counting
+            # the adapter's own start-up.
+            ping = self.send({"cmd": "stats"}, "_ping")
+            await self.wait_reply(ping, 30)
             for i, step in enumerate(expand(self.sc["steps"])):
                 try:
                     await self.step(step)
@@ -548,7 +553,7 @@ def prerequisite(adapter: Dict[str, Any]) -> Optional[str]:
     check = adapter.get("check")
     if check:
         try:
-            r = subprocess.run([c.replace("{root}", str(ROOT)) for c in check], cwd=ROOT, capture_output=True, timeout=60)
+            r = subprocess.run([fill(c) for c in check], cwd=ROOT, capture_output=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{' '.join(check)}: {e}"
         if r.returncode != 0:
@@ -556,11 +561,17 @@ def prerequisite(adapter: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def fill(arg: str) -> str:
+    """{root}: the repository; {target}: cargo's target directory."""
+    target = os.environ.get("CARGO_TARGET_DIR") or str(ROOT / "target")
+    return arg.replace("{root}", str(ROOT)).replace("{target}", target)
+
+
 def build(adapter: Dict[str, Any]) -> Optional[str]:
     cmd = adapter.get("build")
     if not cmd:
         return None
-    r = subprocess.run([c.replace("{root}", str(ROOT)) for c in cmd], cwd=ROOT, capture_output=True)
+    r = subprocess.run([fill(c) for c in cmd], cwd=ROOT, capture_output=True)
     if r.returncode != 0:
         return f"build failed: {' '.join(cmd)}\n{(r.stdout + r.stderr).decode(errors='replace')[-2000:]}"
     return None
@@ -581,7 +592,7 @@ def verdict(sc: Dict[str, Any], client: str, status: str) -> str:
 
 
 async def run_all(adapters: List[Dict[str, Any]], scenarios: List[Dict[str, Any]], certs: Path, certs_missing: Optional[str],
-                  verbose: bool, serial: bool) -> Dict[Tuple[str, str], Tuple[str, str]]:
+                  verbose: bool, serial: bool, quiet: bool) -> Dict[Tuple[str, str], Tuple[str, str]]:
     cells: Dict[Tuple[str, str], Tuple[str, str]] = {}
 
     async def one_adapter(ad: Dict[str, Any], scenarios: List[Dict[str, Any]]) -> None:
@@ -606,7 +617,8 @@ async def run_all(adapters: List[Dict[str, Any]], scenarios: List[Dict[str, Any]
             line = f"{ad['name']:>13}  {cell:8} {took:6.1f} s  {name}"
             if status != "pass":
                 line += f"\n{'':15}{detail}"
-            print(line, flush=True)
+            if status != "pass" or not quiet:
+                print(line, flush=True)
             if (status != "pass" and cell in ("FAIL",)) or verbose:
                 print(r.report(), flush=True)
 
@@ -641,6 +653,7 @@ def main() -> int:
     ap.add_argument("-s", "--scenario", action="append", default=[], help="run only this scenario (repeatable)")
     ap.add_argument("-a", "--adapter", action="append", default=[], help="run only this client (repeatable)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print the wire log of every run")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print only what did not pass, and the table")
     ap.add_argument("--serial", action="store_true", help="one client after the other (default: the clients side by side)")
     ap.add_argument("--no-build", action="store_true", help="do not run the adapters' build commands")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -680,7 +693,7 @@ def main() -> int:
         if certs_missing:
             print(f"skipping the TLS scenarios: {certs_missing}", flush=True)
         started = now()
-        cells = asyncio.run(run_all(ready, scenarios, certs, certs_missing, args.verbose, args.serial))
+        cells = asyncio.run(run_all(ready, scenarios, certs, certs_missing, args.verbose, args.serial, args.quiet))
     for name, why in skipped.items():
         for s in scenarios:
             cells[(s["name"], name)] = ("skip", why)

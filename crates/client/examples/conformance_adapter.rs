@@ -187,8 +187,9 @@ impl Reader<'_> {
                         b'u' => {
                             let hex = self.s.get(self.i..self.i + 4).ok_or("short \\u")?;
                             self.i += 4;
-                            let code = u32::from_str_radix(std::str::from_utf8(hex).unwrap_or("?"), 16)
-                                .map_err(|e| e.to_string())?;
+                            let code =
+                                u32::from_str_radix(std::str::from_utf8(hex).unwrap_or("?"), 16)
+                                    .map_err(|e| e.to_string())?;
                             let c = char::from_u32(code).unwrap_or('\u{fffd}');
                             out.extend_from_slice(c.to_string().as_bytes());
                         }
@@ -459,16 +460,20 @@ async fn run(state: Arc<State>, id: u64, cmd: Json) -> Result<String, Failure> {
         return connect(&state, &cmd).await;
     }
     let client = match op {
-        "acquire" | "try_acquire" | "release" | "renew" | "lock_renewing" | "unlock"
-        | "status" | "stats" | "close" => state.client()?,
+        "acquire" | "try_acquire" | "release" | "renew" | "lock_renewing" | "unlock" | "status"
+        | "stats" | "close" => state.client()?,
         other => return Err(format!("command {other:?}").into()),
     };
     let key = cmd.str("key");
     match op {
         "acquire" => Ok(granted(
-            client.acquire(key?, cmd.ms("lease_ms")?, wait_of(&cmd)).await?,
+            client
+                .acquire(key?, cmd.ms("lease_ms")?, wait_of(&cmd))
+                .await?,
         )),
-        "try_acquire" => Ok(granted(client.try_acquire(key?, cmd.ms("lease_ms")?).await?)),
+        "try_acquire" => Ok(granted(
+            client.try_acquire(key?, cmd.ms("lease_ms")?).await?,
+        )),
         "release" => {
             let released = client.release(key?, token_of(&cmd)?).await?;
             Ok(format!(r#""released": {released}"#))
@@ -487,9 +492,19 @@ async fn run(state: Arc<State>, id: u64, cmd: Json) -> Result<String, Failure> {
             client.connections()
         )),
         _ => {
-            state.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-            state.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            state.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+            state
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            state
+                .locks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+            state
+                .client
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
             Ok(String::new())
         }
     }
@@ -542,8 +557,16 @@ fn main() {
         }
         // End of input: close the client (its connections close when the
         // last clone is dropped), bounded.
-        state.locks.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        state.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+        state
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        state
+            .client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         tokio::time::sleep(Duration::from_millis(50)).await;
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
