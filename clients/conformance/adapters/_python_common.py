@@ -1,16 +1,19 @@
 """What the two Python adapters share: the ADAPTER.md lines, the mapping of
 options and errors. The package is imported from this checkout
-(clients/python/src), not from an installed copy."""
+(clients/python/src, or RINGLOCK_PYTHON_SRC), not from an installed copy."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
+# RINGLOCK_PYTHON_SRC: another copy of the package's source to check (a
+# modified one, to see which scenarios catch a change).
+sys.path.insert(0, os.environ.get("RINGLOCK_PYTHON_SRC") or str(Path(__file__).resolve().parents[2] / "python" / "src"))
 
 import ringlock  # noqa: E402
 

@@ -298,10 +298,10 @@ async fn connect(state: &State, cmd: &Json) -> Result<String, Failure> {
     let mut b = Client::builder(addrs);
     let none = Json::Obj(Vec::new());
     let opts = cmd.get("options").unwrap_or(&none);
-    if let Json::Obj(fields) = opts {
-        if let Some((name, _)) = fields.iter().find(|(k, _)| !OPTIONS.contains(&k.as_str())) {
-            return Err(format!("option {name}").into());
-        }
+    if let Json::Obj(fields) = opts
+        && let Some((name, _)) = fields.iter().find(|(k, _)| !OPTIONS.contains(&k.as_str()))
+    {
+        return Err(format!("option {name}").into());
     }
     let ms = |k: &str| opts.num(k).map(Duration::from_millis);
     if let Some(d) = ms("connect_timeout_ms") {
