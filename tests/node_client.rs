@@ -23,24 +23,7 @@ fn package() -> PathBuf {
 
 /// Node.js 20 or later and npm on PATH, or why not.
 fn prerequisite() -> Result<(), String> {
-    let out = Command::new("node")
-        .args(["-p", "process.versions.node"])
-        .output()
-        .map_err(|e| format!("no node on PATH ({e})"))?;
-    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let major: u32 = version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(|| format!("node -p process.versions.node said {version:?}"))?;
-    if major < 20 {
-        return Err(format!("node {version} is older than 20"));
-    }
-    match Command::new("npm").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!("npm --version failed: {}", o.status)),
-        Err(e) => Err(format!("no npm on PATH ({e})")),
-    }
+    common::node_20()
 }
 
 fn run(cmd: &mut Command, what: &str) {

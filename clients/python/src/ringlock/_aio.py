@@ -30,6 +30,7 @@ import weakref
 from dataclasses import dataclass
 from typing import (
     Any,
+    Awaitable,
     Callable,
     Deque,
     Dict,
@@ -37,6 +38,7 @@ from typing import (
     Iterable,
     List,
     Optional,
+    TypeVar,
     Union,
 )
 
@@ -86,6 +88,45 @@ def _now() -> float:
 
 def _show(key: bytes) -> str:
     return key.decode("utf-8", "backslashreplace")
+
+
+T = TypeVar("T")
+
+
+async def _wait_for(aw: "Awaitable[T]", timeout: float) -> T:
+    """``asyncio.wait_for`` without its flaw before Python 3.12: there, a
+    cancellation that arrives just as the awaited thing completes is
+    swallowed (CPython issue 86296). An acquire whose deadline (its wait plus
+    the grace) fired while it waited for a connection to come up, in the
+    same turn of the loop as a redial or a dropped connection woke that
+    wait, then ran on until the connect timeout (3 s) instead. Here a
+    cancellation always propagates; when ``timeout`` runs out the awaited
+    thing is cancelled and ``asyncio.TimeoutError`` raised (or its result
+    returned, if it finished regardless)."""
+    loop = asyncio.get_running_loop()
+    fut = asyncio.ensure_future(aw)
+    waiter: "asyncio.Future[None]" = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    handle = loop.call_later(max(0.0, timeout), wake)
+    fut.add_done_callback(wake)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        fut.cancel()
+        raise
+    finally:
+        handle.cancel()
+        fut.remove_done_callback(wake)
+    if not fut.done():
+        fut.cancel()
+        await asyncio.wait({fut})
+        if fut.cancelled():
+            raise asyncio.TimeoutError()
+    return fut.result()
 
 
 @dataclass(frozen=True)
@@ -645,7 +686,7 @@ class AsyncClient:
                 await self.close()
                 raise ConnectionFailed(f"no connection within {self.timeouts.connect_timeout:g}s: {self._why_no_connection()}")
             try:
-                await asyncio.wait_for(changed.wait(), left)
+                await _wait_for(changed.wait(), left)
             except asyncio.TimeoutError:
                 pass
 
@@ -755,7 +796,7 @@ class AsyncClient:
                     break
                 slot.kick.clear()
                 try:
-                    await asyncio.wait_for(slot.kick.wait(), left)
+                    await _wait_for(slot.kick.wait(), left)
                 except asyncio.TimeoutError:
                     break
 
@@ -777,7 +818,7 @@ class AsyncClient:
         answer must come before the ``S`` one."""
         t = self.timeouts
         try:
-            reader, writer = await asyncio.wait_for(_open(addr, _proto.MAX_ANSWER_LINE, self.tls, t.connect_timeout), t.connect_timeout)
+            reader, writer = await _wait_for(_open(addr, _proto.MAX_ANSWER_LINE, self.tls, t.connect_timeout), t.connect_timeout)
         except asyncio.TimeoutError:
             raise _End(f"connect to {addr}: {_timed_out(self.tls, t.connect_timeout)}", False) from None
         except (OSError, ValueError, UnicodeError) as e:
@@ -785,12 +826,12 @@ class AsyncClient:
         try:
             writer.write((b"" if owner is None else b"O " + owner + b"\n") + b"S\n")
             if owner is not None:
-                line = await asyncio.wait_for(reader.readuntil(b"\n"), t.probe_timeout)
+                line = await _wait_for(reader.readuntil(b"\n"), t.probe_timeout)
                 if line.startswith(b"E "):
                     raise _OwnerRefused()
                 if line[:-1].rstrip(b"\r") != b"O " + owner:
                     raise MalformedAnswer(f"answer to O: {line[:200]!r}")
-            line = await asyncio.wait_for(reader.readuntil(b"\n"), t.probe_timeout)
+            line = await _wait_for(reader.readuntil(b"\n"), t.probe_timeout)
             ans = _proto.parse_answer(line[:-1])
         except asyncio.TimeoutError:
             writer.close()
@@ -851,7 +892,7 @@ class AsyncClient:
             if left <= 0 or changed is None:
                 return None
             try:
-                await asyncio.wait_for(changed.wait(), left)
+                await _wait_for(changed.wait(), left)
             except asyncio.TimeoutError:
                 return self._pick(addr)
 
@@ -905,7 +946,7 @@ class AsyncClient:
             if left <= 0 or changed is None:
                 return None
             try:
-                await asyncio.wait_for(changed.wait(), left)
+                await _wait_for(changed.wait(), left)
             except asyncio.TimeoutError:
                 return self._pick(slot.addr)
 
@@ -969,7 +1010,7 @@ class AsyncClient:
         t = self.timeouts
         wait = wms / 1000
         try:
-            return await asyncio.wait_for(self._acquire_loop(k, lms, wms, started, state), wait + t.acquire_grace)
+            return await _wait_for(self._acquire_loop(k, lms, wms, started, state), wait + t.acquire_grace)
         except asyncio.TimeoutError:
             within = f"{wait + t.acquire_grace:g}s (its wait, {wait:g}s, plus {t.acquire_grace:g}s of grace)"
             if state.doing == "asking":
@@ -1009,7 +1050,7 @@ class AsyncClient:
                 if left <= 0:
                     return ran_out()
                 try:
-                    ok = await asyncio.wait_for(conn.take_slot(), left)
+                    ok = await _wait_for(conn.take_slot(), left)
                 except asyncio.TimeoutError:
                     return ran_out()
             if not ok:
@@ -1160,7 +1201,7 @@ class AsyncClient:
                 sent = now
                 bound = min(t.request_timeout, until - now)
                 try:
-                    reply: Reply = await asyncio.wait_for(conn.call(op, key, line), bound)
+                    reply: Reply = await _wait_for(conn.call(op, key, line), bound)
                 except asyncio.TimeoutError:
                     reply = _Lost(f"{conn.addr} did not answer within {bound:g}s")
                 no_active = False
@@ -1217,7 +1258,7 @@ class AsyncClient:
         if conn is not None:
             limit = self.timeouts.request_timeout
             try:
-                reply = await asyncio.wait_for(conn.call("S", b"", b"S\n"), limit)
+                reply = await _wait_for(conn.call("S", b"", b"S\n"), limit)
             except asyncio.TimeoutError:
                 raise ConnectionFailed(f"{addr}: no answer to S within {limit:g}s") from None
             if isinstance(reply, Answer) and reply.op == "S":
@@ -1236,7 +1277,7 @@ class AsyncClient:
             raise ConnectionFailed(self._why_no_connection())
         limit = self.timeouts.request_timeout
         try:
-            replies = await asyncio.wait_for(asyncio.gather(*(c.call("S", b"", b"S\n") for c in conns)), limit)
+            replies = await _wait_for(asyncio.gather(*(c.call("S", b"", b"S\n") for c in conns)), limit)
         except asyncio.TimeoutError:
             raise ConnectionFailed(f"sync: a node did not answer S within {limit:g}s") from None
         for reply in replies:
@@ -1492,7 +1533,7 @@ async def _renew_loop(client: AsyncClient, state: _LockState) -> None:
                     state.last_error = why
 
                 try:
-                    held, sent = await asyncio.wait_for(client._retrying("N", g.key, line, loss_at, trouble), max(0.0, loss_at - now))
+                    held, sent = await _wait_for(client._retrying("N", g.key, line, loss_at, trouble), max(0.0, loss_at - now))
                     outcome = "renewed" if held else "refused"
                 except asyncio.TimeoutError:
                     outcome = "expired"
@@ -1563,7 +1604,7 @@ async def _one_off(addr: str, request: bytes, limit: int, timeout: float, tls: O
             writer.close()
 
     try:
-        return await asyncio.wait_for(exchange(), timeout)
+        return await _wait_for(exchange(), timeout)
     except asyncio.TimeoutError:
         if not connected and tls is not None:
             raise ConnectionFailed(f"connect to {addr}: {_timed_out(tls, timeout)}") from None
@@ -1649,7 +1690,7 @@ async def _lines_off(addr: str, request: bytes, max_lines: int, timeout: float, 
             writer.close()
 
     try:
-        await asyncio.wait_for(exchange(), timeout)
+        await _wait_for(exchange(), timeout)
     except asyncio.TimeoutError:
         if not connected and tls is not None:
             raise ConnectionFailed(f"connect to {addr}: {_timed_out(tls, timeout)}") from None
