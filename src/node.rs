@@ -19,9 +19,8 @@ use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, Role, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
-use crate::metrics::{Shared, Snapshot};
 use crate::proto::Request;
-use crate::stats::{NodeStats, PUBLISH_EVERY_MS};
+use crate::stats::{NodeStats, PUBLISH_EVERY_MS, Snapshot};
 
 /// The longest problem text an `H` answer carries (more is cut, with
 /// `...`): the answer stays one short line for any client.
@@ -106,8 +105,11 @@ pub struct Node {
     /// at the rate they connect.
     accept_log: LogLimiter,
     stats: NodeStats,
-    /// With `--metrics-listen`: where the counters are published.
+    /// With `--metrics-listen`: when the counters are published.
     publish: Option<Publish>,
+    /// The snapshot taken for the metrics listener and not yet handed to
+    /// the loop ([`Node::take_snapshot`]).
+    snapshot: Option<Snapshot>,
     /// Refused connections and protocol errors, summed up in the log once
     /// per [`SUMMARY_EVERY_MS`] at most.
     summary: Summary,
@@ -131,7 +133,6 @@ struct Summary {
 
 /// Publishing the counters to the metrics listener's thread.
 struct Publish {
-    shared: Shared,
     next_ms: u64,
     /// [`Node::activity`] when last published: nothing to publish while it
     /// has not moved (a cluster publishes every time: its heartbeats wake
@@ -156,6 +157,7 @@ impl Node {
             accept_log: LogLimiter::default(),
             stats: NodeStats::default(),
             publish: None,
+            snapshot: None,
             summary: Summary {
                 since_ms: now.ms,
                 ..Summary::default()
@@ -164,11 +166,11 @@ impl Node {
         }
     }
 
-    /// Publishes the counters into `shared` from now on, at most every
-    /// [`PUBLISH_EVERY_MS`] and only when something moved.
-    pub fn publish_to(&mut self, shared: Shared) {
+    /// Publishes the counters from now on, at most every
+    /// [`PUBLISH_EVERY_MS`] and only when something moved: a snapshot for
+    /// the loop to hand to the metrics listener ([`Node::take_snapshot`]).
+    pub fn publish_metrics(&mut self) {
         self.publish = Some(Publish {
-            shared,
             next_ms: 0,
             activity: 0,
             published: false,
@@ -215,6 +217,12 @@ impl Node {
         owed.then_some(p.next_ms)
     }
 
+    /// The snapshot published since the last call, if any: the loop hands
+    /// it to the metrics listener at the end of its turn.
+    pub fn take_snapshot(&mut self) -> Option<Snapshot> {
+        self.snapshot.take()
+    }
+
     /// The numbers of the moment, as the metrics listener serves them.
     pub fn snapshot(&self) -> Snapshot {
         let engine = &self.engine;
@@ -239,7 +247,7 @@ impl Node {
                 None => active,
             },
             leaving: cluster.is_some_and(|c| c.is_leaving()) || (cluster.is_none() && !active),
-            published_at: Some(std::time::Instant::now()),
+            published_at: None,
             // A clustered loop turns at least every heartbeat and publishes
             // every turn (at most every PUBLISH_EVERY_MS): silence past two
             // peer timeouts means it stopped, and its peers took over.
@@ -258,10 +266,7 @@ impl Node {
         let snapshot = self.snapshot();
         let activity = self.activity();
         if let Some(p) = &mut self.publish {
-            match p.shared.lock() {
-                Ok(mut shared) => *shared = snapshot,
-                Err(poisoned) => *poisoned.into_inner() = snapshot,
-            }
+            self.snapshot = Some(snapshot);
             p.next_ms = now.ms + PUBLISH_EVERY_MS;
             p.activity = activity;
             p.published = true;

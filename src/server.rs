@@ -156,14 +156,16 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         },
     );
     let mut node = node;
+    let mut published = None;
     if let Some(addr) = metrics_listen {
         let metrics = crate::metrics::bind(addr).map_err(|e| {
             ServeError::Config(format!("cannot listen on {addr} (--metrics-listen): {e}"))
         })?;
         let bound = metrics.local_addr()?;
         let shared = crate::metrics::Shared::default();
-        node.publish_to(shared.clone());
-        crate::metrics::spawn(metrics, shared)?;
+        node.publish_metrics();
+        crate::metrics::spawn(metrics, shared.clone())?;
+        published = Some(shared);
         tracing::info!("metrics on http://{bound}/metrics (and /health, /ready)");
     }
     let reserved = node.engine().reserved_locks();
@@ -181,6 +183,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
         tls,
+        metrics: published,
     };
     let security = match &config.tls {
         None => "plain text",

@@ -94,6 +94,9 @@ pub fn run(
         if let Some(turn) = turns.end(at) {
             node.turn_ended(turn);
         }
+        // What the turn published reaches the metrics listener before the
+        // loop sleeps.
+        config.publish(&mut node);
         let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
         if let Err(e) = wait(
             &mut poll,

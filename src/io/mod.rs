@@ -33,6 +33,18 @@ pub struct LoopConfig {
     pub spin_us: u64,
     /// TLS for every connection, if the node has it.
     pub tls: Option<LoopTls>,
+    /// With `--metrics-listen`: where the node's snapshots go.
+    pub metrics: Option<crate::metrics::Shared>,
+}
+
+impl LoopConfig {
+    /// Hands the snapshot the node took this turn, if any, to the metrics
+    /// listener.
+    pub fn publish(&self, node: &mut Node) {
+        if let (Some(shared), Some(snapshot)) = (&self.metrics, node.take_snapshot()) {
+            crate::metrics::publish(shared, snapshot);
+        }
+    }
 }
 
 /// TLS as the loops use it.

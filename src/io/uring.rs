@@ -281,6 +281,9 @@ pub fn run(
         if let Some(turn) = turns.end(at) {
             node.turn_ended(turn);
         }
+        // What the turn published reaches the metrics listener before the
+        // loop sleeps.
+        config.publish(&mut node);
         lp.wait(lp.timeout_ms(&node, now.ms))?;
         let (now, at) = clock.now_precise();
         turns.begin(at);
