@@ -13,6 +13,7 @@
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
+use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 
 use super::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
@@ -276,7 +277,7 @@ impl Lifecycle {
             let was_handshaking = tls.conn.is_handshaking();
             let failure = match tls.conn.read_tls(&mut data) {
                 Ok(_) => tls.conn.process_new_packets().err().map(|e| {
-                    let why = crate::tls::describe(&e);
+                    let why = describe(&e);
                     // The alert rustls queued for the other side.
                     while tls.conn.wants_write() {
                         if tls.conn.write_tls(&mut tls.out).is_err() {
@@ -304,7 +305,7 @@ impl Lifecycle {
                 {
                     let ok = server
                         .peer_certificates()
-                        .is_some_and(|chain| crate::tls::is_peer_certificate(&**check, chain));
+                        .is_some_and(|chain| is_peer_certificate(&**check, chain, now.unix_ns));
                     self.session.refuse_peer_lines(!ok);
                 } else {
                     self.session.refuse_peer_lines(false);
@@ -506,6 +507,60 @@ fn encrypt(conn: &mut rustls::Connection, plain: &mut Vec<u8>) {
         plain.clear();
     } else {
         plain.drain(..taken);
+    }
+}
+
+/// Whether the certificate chain an accepted connection presented is signed
+/// by the peer CA, at the wall-clock time `unix_ns`.
+fn is_peer_certificate(
+    check: &dyn ClientCertVerifier,
+    chain: &[CertificateDer<'_>],
+    unix_ns: u64,
+) -> bool {
+    let at = UnixTime::since_unix_epoch(std::time::Duration::from_nanos(unix_ns));
+    match chain.split_first() {
+        Some((end, intermediates)) => check.verify_client_cert(end, intermediates, at).is_ok(),
+        None => false,
+    }
+}
+
+/// Says what a TLS failure means for the person reading the log.
+fn describe(err: &rustls::Error) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    match err {
+        E::NoCertificatesPresented => {
+            "the client presented no certificate, and --tls-client-ca requires one".into()
+        }
+        E::InvalidCertificate(c) => {
+            let what = match c {
+                C::UnknownIssuer => "is not signed by a trusted CA (unknown issuer)".to_string(),
+                C::Expired | C::ExpiredContext { .. } => "has expired".to_string(),
+                C::NotValidYet | C::NotValidYetContext { .. } => "is not valid yet".to_string(),
+                C::NotValidForName | C::NotValidForNameContext { .. } => {
+                    "does not name the address dialed".to_string()
+                }
+                C::BadSignature => "has a bad signature".to_string(),
+                other => format!("was refused: {other:?}"),
+            };
+            format!("the other side's certificate {what}")
+        }
+        E::AlertReceived(alert) => {
+            let why = match alert {
+                A::UnknownCA => "it does not trust our certificate's CA",
+                A::CertificateExpired => "our certificate has expired",
+                A::BadCertificate => "it refused our certificate",
+                A::CertificateRequired => "it requires a certificate and we sent none",
+                A::HandshakeFailure => "no common TLS parameters",
+                _ => "",
+            };
+            if why.is_empty() {
+                format!("the other side ended TLS with alert {alert:?}")
+            } else {
+                format!("the other side ended TLS: {why} (alert {alert:?})")
+            }
+        }
+        E::InvalidMessage(m) => format!("not TLS, or a corrupt TLS record ({m:?})"),
+        other => format!("TLS error: {other}"),
     }
 }
 
