@@ -9,14 +9,14 @@
 //! is off.
 
 pub mod epoll;
-pub mod lifecycle;
-pub mod session;
 // The io_uring backend is the one place with unsafe code (the crate denies
 // it everywhere else): buffers shared with the kernel, submissions pointing
 // into memory the kernel uses until their completions arrive, descriptors
 // born in completions. Each unsafe block there says why it is sound.
 #[allow(unsafe_code)]
 pub mod uring;
+
+pub use ringlock_core::{lifecycle, session};
 
 pub use lifecycle::{Lifecycle, Step};
 pub use session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};

@@ -797,7 +797,7 @@ fn the_engine_uses_nothing_above_it() {
             let path = &source[at + "crate::".len()..];
             assert!(
                 path.starts_with("proto") || path.starts_with("engine"),
-                "src/engine/{file} uses crate::{}",
+                "crates/core/src/engine/{file} uses crate::{}",
                 path.lines().next().unwrap_or_default()
             );
         }
@@ -807,7 +807,7 @@ fn the_engine_uses_nothing_above_it() {
                 .filter(|l| !l.trim_start().starts_with("//"))
                 .filter(|l| l.contains(above) && !l.contains("std::io::"))
                 .count();
-            assert_eq!(uses, 0, "src/engine/{file} names {above}");
+            assert_eq!(uses, 0, "crates/core/src/engine/{file} names {above}");
         }
     }
 }

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 
-use super::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
+use crate::session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 
 /// What a plain-text client that connects to a TLS port is told (in plain
 /// text, which it can read) before the connection closes.
