@@ -22,7 +22,7 @@ use crate::session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_ou
 
 /// What a plain-text client that connects to a TLS port is told (in plain
 /// text, which it can read) before the connection closes.
-pub const PLAIN_ON_TLS_ANSWER: &[u8] =
+pub(crate) const PLAIN_ON_TLS_ANSWER: &[u8] =
     b"E this port speaks TLS: connect with TLS (ringlock --tls-ca PATH)\n";
 
 /// Where a connection is in its life.

@@ -119,7 +119,7 @@ pub struct Node {
 
 /// How often, at most, refused connections and protocol errors are summed
 /// up in the log.
-pub const SUMMARY_EVERY_MS: u64 = 10_000;
+pub(crate) const SUMMARY_EVERY_MS: u64 = 10_000;
 
 #[derive(Debug, Default)]
 struct Summary {
@@ -312,13 +312,13 @@ impl Node {
     }
 
     /// A line that broke the protocol: counted (and summed up in the log).
-    pub fn protocol_error(&mut self) {
+    pub(crate) fn protocol_error(&mut self) {
         self.stats.protocol_errors += 1;
     }
 
     /// The TLS handshake of a peer link we dialed failed: counts like a
     /// wrong MAC from that peer ([`Cluster::dial_tls_failed`]).
-    pub fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
+    pub(crate) fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
         if let Some(cluster) = &mut self.cluster {
             cluster.dial_tls_failed(now, conn, why, &mut self.engine);
         }
@@ -326,7 +326,7 @@ impl Node {
 
     /// Logs why a TLS connection failed, with its remote address
     /// (rate-limited, so a flood of bad handshakes cannot fill the log).
-    pub fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
+    pub(crate) fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
         let remote = self.remote(conn);
         self.tls_log.log(now, "TLS failures", || {
             format!("TLS connection with {remote} closed: {}", why())
@@ -530,7 +530,7 @@ impl Node {
 
     /// A client request. On a connection taken beyond `--max-conns` it
     /// breaks the connection.
-    pub fn handle_request(
+    pub(crate) fn handle_request(
         &mut self,
         now: Now,
         conn: ConnId,
@@ -556,7 +556,12 @@ impl Node {
 
     /// A peer line (`P ...`), or an `E` line on our link to a peer. `Err`
     /// breaks the connection with that reason (logged, rate-limited).
-    pub fn handle_peer_line(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
+    pub(crate) fn handle_peer_line(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        line: &[u8],
+    ) -> Result<(), String> {
         let Some(cluster) = &mut self.cluster else {
             return Err("peer message to a node started without --peers".into());
         };

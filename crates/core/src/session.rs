@@ -94,14 +94,20 @@ impl Session {
     }
 
     /// Refuses (or allows again) peer lines on this connection.
-    pub fn refuse_peer_lines(&mut self, refused: bool) {
+    pub(crate) fn refuse_peer_lines(&mut self, refused: bool) {
         self.peer_refused = refused;
     }
 
     /// Like [`Session::feed`], but while paused `data` joins the input kept
     /// back (it comes after it). For input that arrives in pieces the loop
     /// cannot hold back, such as the plaintext of one TLS read.
-    pub fn feed_or_keep(&mut self, node: &mut Node, now: Now, conn: ConnId, data: &[u8]) -> Flow {
+    pub(crate) fn feed_or_keep(
+        &mut self,
+        node: &mut Node,
+        now: Now,
+        conn: ConnId,
+        data: &[u8],
+    ) -> Flow {
         if self.has_stash() {
             self.stash.extend_from_slice(data);
             return Flow::Paused;

@@ -32,14 +32,14 @@ pub const NONCE_LEN: usize = 16;
 pub const MAC_LEN: usize = 32;
 
 /// Random bytes in a secret written by `ringlock keygen`.
-pub const SECRET_BYTES: usize = 32;
+pub(crate) const SECRET_BYTES: usize = 32;
 
 /// The fewest characters a secret file must hold (after trimming white
 /// space): 32, i.e. 128 bits of hex. `ringlock keygen` writes 64.
-pub const MIN_SECRET_CHARS: usize = 32;
+pub(crate) const MIN_SECRET_CHARS: usize = 32;
 
 pub type Nonce = [u8; NONCE_LEN];
-pub type MacBytes = [u8; MAC_LEN];
+pub(crate) type MacBytes = [u8; MAC_LEN];
 
 /// A digest of the ordered peer list and the peer protocol version: two
 /// nodes with different lists (or order) have different fingerprints.
@@ -218,7 +218,7 @@ pub fn hex(bytes: &[u8]) -> String {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Decodes exactly `N` bytes of lowercase hex; `None` for anything else.
-pub fn unhex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
+pub(crate) fn unhex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
     if text.len() != 2 * N {
         return None;
     }

@@ -58,17 +58,17 @@ pub const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
 /// Replication a follower may have unread beyond the last snapshot queued
 /// for it. Past it the link is closed: the follower resyncs from a fresh
 /// snapshot once it is redialled, and the active's memory stays bounded.
-pub const REPLICATION_BACKLOG_BYTES: usize = 32 * 1024 * 1024;
+pub(crate) const REPLICATION_BACKLOG_BYTES: usize = 32 * 1024 * 1024;
 
 /// Inbound handshakes in progress at once; one more `HELLO` is refused, so
 /// strangers cannot make a node keep state for every connection.
-pub const MAX_PENDING_HANDSHAKES: usize = 64;
+pub(crate) const MAX_PENDING_HANDSHAKES: usize = 64;
 
 /// Configuration conflicts remembered at once (the newest are kept).
 const MAX_CONFLICTS: usize = 16;
 
 /// How soon a failed dial is retried.
-pub const DIAL_RETRY_MS: u64 = 100;
+pub(crate) const DIAL_RETRY_MS: u64 = 100;
 
 /// Cluster settings; every node of a cluster gets the same `peers`.
 #[derive(Debug, Clone)]
@@ -254,7 +254,7 @@ impl Cluster {
 
     /// Peer links open now (authenticated or in their handshake), both
     /// ways: what the loop does not count against `--max-conns`.
-    pub fn link_count(&self) -> usize {
+    pub(crate) fn link_count(&self) -> usize {
         self.links_in.len()
             + self.pending.len()
             + self.peers.iter().filter(|p| p.out.is_some()).count()
@@ -263,12 +263,12 @@ impl Cluster {
     /// How many connections beyond `--max-conns` are kept for peers: one
     /// inbound and one outbound link per peer, twice over for links being
     /// replaced, and the handshakes in progress.
-    pub fn link_reserve(&self) -> usize {
+    pub(crate) fn link_reserve(&self) -> usize {
         4 * (self.peers.len() - 1) + MAX_PENDING_HANDSHAKES
     }
 
     /// How long a peer link may take to authenticate.
-    pub fn handshake_timeout_ms(&self) -> u64 {
+    pub(crate) fn handshake_timeout_ms(&self) -> u64 {
         self.cfg.peer_timeout_ms
     }
 
@@ -440,7 +440,7 @@ impl Cluster {
 
     /// A standby that follows an active and holds its complete snapshot;
     /// an active that is not leaving. What `/ready` answers.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         match self.role {
             Role::Active => !self.leaving,
             Role::Standby { following } => following.is_some() && self.synced && !self.leaving,
@@ -448,7 +448,7 @@ impl Cluster {
     }
 
     /// Shutting down (SIGINT/SIGTERM): no more role changes.
-    pub fn is_leaving(&self) -> bool {
+    pub(crate) fn is_leaving(&self) -> bool {
         self.leaving
     }
 
@@ -562,7 +562,7 @@ impl Cluster {
     /// closes all its sockets); one broken link alone is not a crash, and
     /// leaves liveness to the heartbeats. A closed link of ours is dialed
     /// again.
-    pub fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
+    pub(crate) fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
         let mut touched = None;
         // Only the close of an authenticated link is news: our dial to a
         // peer's address may meet anything listening there (the peer is
@@ -613,7 +613,7 @@ impl Cluster {
 
     /// Handles one peer line received on `conn`. `Err` breaks the link
     /// with that reason.
-    pub fn on_message(
+    pub(crate) fn on_message(
         &mut self,
         now: Now,
         conn: ConnId,
@@ -689,7 +689,13 @@ impl Cluster {
     /// accept our proof. Our own certificates are then suspect, so a node
     /// that has met no peer since its start does not serve meanwhile (see
     /// [`Cluster::eligible`]).
-    pub fn dial_tls_failed(&mut self, now: Now, conn: ConnId, why: &str, engine: &mut Engine) {
+    pub(crate) fn dial_tls_failed(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        why: &str,
+        engine: &mut Engine,
+    ) {
         let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) else {
             return;
         };
@@ -701,7 +707,7 @@ impl Cluster {
         self.evaluate(now, engine);
     }
 
-    pub fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
+    pub(crate) fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
         let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
         let out = self
             .peers
@@ -1061,7 +1067,7 @@ impl Cluster {
     /// Sends this turn's replication: a snapshot to each follower whose link
     /// has none yet, the turn's deltas to the others. Called once per loop
     /// turn, before the answers are collected.
-    pub fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
+    pub(crate) fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
         engine.take_replication(&mut self.events);
         if self.role != Role::Active {
             return;
@@ -1585,7 +1591,7 @@ impl Cluster {
 
 /// The longest reason a peer link is closed with: its `E` line stays well
 /// within a line's 512 bytes.
-pub const MAX_REASON_BYTES: usize = 400;
+pub(crate) const MAX_REASON_BYTES: usize = 400;
 
 /// `reason`, cut to [`MAX_REASON_BYTES`] (at a character boundary) with
 /// `...`.

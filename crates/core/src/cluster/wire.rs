@@ -332,7 +332,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
 /// [`Replication::Granted`], `P X` for [`Replication::Released`]. The
 /// engine records events; this is the only place they become lines.
 #[inline]
-pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>) {
+pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>) {
     match event {
         Replication::Granted {
             key,
@@ -344,7 +344,7 @@ pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>) {
 }
 
 /// Appends `P G <key> <token> <remaining_ms>\n`.
-pub fn encode_grant(out: &mut Vec<u8>, key: &[u8], token: u64, remaining_ms: u64) {
+pub(crate) fn encode_grant(out: &mut Vec<u8>, key: &[u8], token: u64, remaining_ms: u64) {
     out.extend_from_slice(b"P G ");
     out.extend_from_slice(key);
     out.push(b' ');
@@ -355,7 +355,7 @@ pub fn encode_grant(out: &mut Vec<u8>, key: &[u8], token: u64, remaining_ms: u64
 }
 
 /// Appends `P X <key> <token>\n`.
-pub fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
+pub(crate) fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
     out.extend_from_slice(b"P X ");
     out.extend_from_slice(key);
     out.push(b' ');

@@ -56,7 +56,7 @@ impl TokenClock {
     /// it. The caller refuses tokens above [`MAX_TOKEN`] (a peer's are
     /// checked where its lines are parsed); one that gets here anyway is
     /// clamped to it, which exhausts the clock rather than wrapping it.
-    pub fn observe(&mut self, token: u64) {
+    pub(crate) fn observe(&mut self, token: u64) {
         debug_assert!(
             token <= MAX_TOKEN,
             "token {token} above MAX_TOKEN reached the token clock"

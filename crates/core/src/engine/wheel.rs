@@ -55,7 +55,7 @@ const NIL: u32 = u32::MAX;
 /// How far past the wheel's current time a deadline is placed directly: 2^36
 /// ms (~2.18 years), the range of the top level. Deadlines beyond it are
 /// parked (see the module docs).
-pub const MAX_AHEAD_MS: u64 = 1 << (SLOT_BITS * LEVELS);
+pub(crate) const MAX_AHEAD_MS: u64 = 1 << (SLOT_BITS * LEVELS);
 
 /// Handle to a live timer. Valid from `insert` until the timer is returned by
 /// `poll` or `cancel`led; using it after that is a programmer error (it may
