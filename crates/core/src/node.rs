@@ -17,7 +17,7 @@
 
 use std::net::SocketAddr;
 
-use crate::cluster::{Cluster, ClusterConfig, Role, wire};
+use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::Request;
 use crate::stats::{NodeStats, PUBLISH_EVERY_MS, Snapshot};
@@ -561,22 +561,23 @@ impl Node {
         now: Now,
         conn: ConnId,
         line: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         let Some(cluster) = &mut self.cluster else {
-            return Err("peer message to a node started without --peers".into());
+            return Err(Unexpected::NotClustered.into());
         };
         let result = if line.starts_with(b"E ") {
             cluster.on_refusal(now, conn, line)
         } else {
-            wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
-        }
-        .map_err(crate::cluster::shorten);
-        if let Err(reason) = &result {
+            wire::parse(line)
+                .map_err(PeerError::from)
+                .and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
+        };
+        if let Err(error) = &result {
             // Loud: between nodes this means a misconfigured cluster or a
             // stranger; rate-limited, so a flood cannot fill the log.
             let remote = self.remote(conn);
             self.peer_log.log(now, "peer link errors", || {
-                format!("peer link with {remote} broken: {reason}")
+                format!("peer link with {remote} broken: {}", error.reason())
             });
         }
         result

@@ -164,13 +164,13 @@ impl Session {
                     return Flow::Open;
                 };
                 self.lines += 1;
-                if let Err(reason) = node.handle_peer_line(now, conn, &data[..nl]) {
+                if let Err(error) = node.handle_peer_line(now, conn, &data[..nl]) {
                     if refusal {
                         // No `E` answers an `E`: the other side is gone.
                         return Flow::Broken;
                     }
                     node.protocol_error();
-                    return broken(node, conn, self.lines, reason);
+                    return broken(node, conn, self.lines, error.reason());
                 }
                 data = &data[nl + 1..];
                 continue;

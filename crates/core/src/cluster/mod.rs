@@ -42,7 +42,10 @@
 //! does not serve, so two nodes with different lists are never both active.
 
 pub mod auth;
+mod error;
 pub mod wire;
+
+pub use error::{PeerError, Unexpected};
 
 use std::collections::HashMap;
 
@@ -619,7 +622,7 @@ impl Cluster {
         conn: ConnId,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         if let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) {
             // Our own link: the peer only ever answers our HELLO.
             return match msg {
@@ -638,10 +641,10 @@ impl Cluster {
                     };
                     self.on_challenge(now, peer, conn, claimed, &mac, engine)
                 }
-                _ => Err(format!(
-                    "unexpected peer line from {} on the link this node dialed",
-                    self.cfg.peers[peer]
-                )),
+                _ => Err(Unexpected::OnDialedLink {
+                    peer: self.cfg.peers[peer].clone(),
+                }
+                .into()),
             };
         }
         if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
@@ -669,11 +672,11 @@ impl Cluster {
             }
             PeerMsg::Auth { mac } => match self.pending.remove(&conn) {
                 Some(pending) => self.on_auth(now, conn, pending, &mac, engine),
-                None => Err("peer AUTH before HELLO".into()),
+                None => Err(Unexpected::AuthBeforeHello.into()),
             },
-            PeerMsg::Hello { .. } => Err("second HELLO on one link".into()),
-            _ if self.pending.contains_key(&conn) => Err("peer message before AUTH".into()),
-            _ => Err("peer message before HELLO".into()),
+            PeerMsg::Hello { .. } => Err(Unexpected::SecondHello.into()),
+            _ if self.pending.contains_key(&conn) => Err(Unexpected::BeforeAuth.into()),
+            _ => Err(Unexpected::BeforeHello.into()),
         }
     }
 
@@ -707,7 +710,12 @@ impl Cluster {
         self.evaluate(now, engine);
     }
 
-    pub(crate) fn on_refusal(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
+    pub(crate) fn on_refusal(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        line: &[u8],
+    ) -> Result<(), PeerError> {
         let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
         let out = self
             .peers
@@ -726,7 +734,10 @@ impl Cluster {
             Some(p) => self.cfg.peers[p].as_str(),
             None => "a peer",
         };
-        Err(format!("{who} gave the link up: {shown}"))
+        Err(PeerError::GaveUp {
+            who: who.to_string(),
+            said: shown,
+        })
     }
 
     /// A stranger or a peer dialed us and said who it is: answer with our
@@ -738,7 +749,7 @@ impl Cluster {
         conn: ConnId,
         claim: Claim,
         engine: &mut Engine,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         if self.pending.len() >= MAX_PENDING_HANDSHAKES {
             // Full: the oldest handshake gives way. A real peer answers in
             // one round trip, so strangers who hold every slot cannot keep
@@ -792,19 +803,19 @@ impl Cluster {
         pending: Pending,
         mac: &auth::MacBytes,
         engine: &mut Engine,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         let claim = &pending.claim;
         let transcript = self.inbound_transcript(claim, pending.nonce);
         if !self.cfg.secret.verify(Side::Dialer, &transcript, mac) {
-            return Err(format!(
+            return Err(PeerError::Authentication(format!(
                 "peer authentication failed (a link claiming to be {}): wrong MAC; is \
                  --cluster-secret-file the same on every node?",
                 Quoted(&claim.addr)
-            ));
+            )));
         }
         if let Some(reason) = self.difference(claim.fingerprint, claim.from, &claim.addr) {
             self.conflict(now, claim.fingerprint, &reason, engine);
-            return Err(reason);
+            return Err(PeerError::Authentication(reason));
         }
         let from = claim.from;
         self.authenticated_any = true;
@@ -855,7 +866,7 @@ impl Cluster {
         claimed: Identity<'_>,
         mac: &auth::MacBytes,
         engine: &mut Engine,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         let transcript = Transcript {
             dialer: self.my_identity(self.peers[peer].out_nonce),
             dialer_incarnation: self.cfg.incarnation,
@@ -869,7 +880,7 @@ impl Cluster {
             );
             self.auth_failure = Some((now.ms + 2 * self.cfg.peer_timeout_ms, reason.clone()));
             self.evaluate(now, engine);
-            return Err(reason);
+            return Err(PeerError::Authentication(reason));
         }
         // It holds the secret. But is it the node we dialed? A node that
         // answers with another address is not (a relay, or something else
@@ -877,12 +888,12 @@ impl Cluster {
         // that node as ours, and no conflict either, which would let
         // whoever holds a dead node's address stop us serving.
         if claimed.addr != self.cfg.peers[peer].as_bytes() {
-            return Err(format!(
+            return Err(PeerError::Authentication(format!(
                 "{} answered as {}: not the node this node dialed; is something else \
                  listening at that address?",
                 self.cfg.peers[peer],
                 Quoted(claimed.addr)
-            ));
+            )));
         }
         // It is: prove that we hold the secret too, so that it learns of a
         // conflict as surely as we do.
@@ -893,7 +904,7 @@ impl Cluster {
         let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
         if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
             self.conflict(now, claimed.fingerprint, &reason, engine);
-            return Err(reason);
+            return Err(PeerError::Authentication(reason));
         }
         self.peers[peer].out_authed = true;
         self.authenticated_any = true;
@@ -912,7 +923,7 @@ impl Cluster {
         from: usize,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         if self.peers[from].heard_ms.is_none() {
             tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
         }
@@ -923,7 +934,7 @@ impl Cluster {
             };
         match msg {
             PeerMsg::Hello { .. } | PeerMsg::Challenge { .. } | PeerMsg::Auth { .. } => {
-                return Err("handshake message on an authenticated link".into());
+                return Err(Unexpected::HandshakeOnAuthenticatedLink.into());
             }
             PeerMsg::Heartbeat {
                 active,
@@ -932,9 +943,7 @@ impl Cluster {
                 synced,
             } => {
                 if following.is_some_and(|f| f >= self.peers.len()) {
-                    return Err(format!(
-                        "heartbeat follows node {following:?}, beyond --peers"
-                    ));
+                    return Err(Unexpected::FollowsBeyondPeers { following }.into());
                 }
                 engine.observe_token(highest);
                 let p = &mut self.peers[from];
@@ -957,9 +966,7 @@ impl Cluster {
             } => {
                 engine.observe_token(token);
                 if following_sender {
-                    engine
-                        .apply_grant(now, key, token, remaining_ms)
-                        .map_err(|refusal| refusal.to_string())?;
+                    engine.apply_grant(now, key, token, remaining_ms)?;
                 }
             }
             PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),

@@ -87,6 +87,30 @@ pub enum PeerMsg<'a> {
     },
 }
 
+/// Why a peer line did not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// A line of the wrong shape or a field out of its bound: what was
+    /// wrong, and the line as received (quoted: printable, bounded).
+    Bad { what: &'static str, line: String },
+    /// A `HELLO` of a peer protocol version other than [`VERSION`] (the
+    /// version field, quoted).
+    Version { got: String },
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Bad { what, line } => write!(f, "bad peer line ({what}): \"{line}\""),
+            WireError::Version { got } => write!(
+                f,
+                "peer protocol version \"{got}\" unsupported (this node speaks {VERSION}): \
+                 run the same ringlock release on every node"
+            ),
+        }
+    }
+}
+
 /// True if `line` (without `\n`) is a peer line rather than a client one.
 pub fn is_peer_line(line: &[u8]) -> bool {
     line.starts_with(b"P ")
@@ -95,9 +119,12 @@ pub fn is_peer_line(line: &[u8]) -> bool {
 /// Parses a peer line (without its `\n`). Every field is checked against
 /// its bound (module docs); the error says which field was wrong.
 #[expect(clippy::too_many_lines)]
-pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
+pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", Quoted(line));
+    let bad = |what: &'static str| WireError::Bad {
+        what,
+        line: Quoted(line).to_string(),
+    };
     let mut fields = line.split(|&b| b == b' ');
     if fields.next() != Some(b"P") {
         return Err(bad("not a peer line"));
@@ -154,11 +181,9 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
     let msg = match kind {
         b"HELLO" => {
             if count == 0 || parse_u64(f[0]) != Some(VERSION) {
-                return Err(format!(
-                    "peer protocol version \"{}\" unsupported (this node speaks {VERSION}): \
-                     run the same ringlock release on every node",
-                    Quoted(f[0])
-                ));
+                return Err(WireError::Version {
+                    got: Quoted(f[0]).to_string(),
+                });
             }
             want(6)?;
             key(f[3])?;
@@ -502,7 +527,7 @@ mod tests {
     fn error_reasons_are_printable_and_short() {
         let mut line = b"P G \x01\x7f\xff\r".to_vec();
         line.extend(std::iter::repeat_n(b'k', 400));
-        let err = parse(&line).unwrap_err();
+        let err = parse(&line).unwrap_err().to_string();
         assert!(err.bytes().all(|b| (0x20..0x7f).contains(&b)), "{err}");
         assert!(err.len() < 120, "{err}");
         assert!(err.contains("\\x01\\x7f\\xff"), "{err}");
@@ -510,7 +535,9 @@ mod tests {
 
     #[test]
     fn a_wrong_version_says_so() {
-        let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5").unwrap_err();
+        let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("version \"1\" unsupported"), "{err}");
     }
 

@@ -155,7 +155,7 @@ impl std::fmt::Display for Refusal {
 /// The peer that sent it is misconfigured or broken: the cluster breaks its
 /// link with this as the reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GrantRefusal {
+pub enum GrantRefusal {
     /// Its token is above [`token::MAX_TOKEN`].
     TokenOutOfRange(u64),
     /// Its remaining lease is above [`MAX_LEASE_MS`].
