@@ -8,8 +8,9 @@
 //!   (zero-copy request parser, answer encoder).
 //! - [`io`]: the event loops (io_uring, epoll fallback) that move bytes between
 //!   sockets and the core, and the dialer thread.
-//! - [`server`], [`metrics`], [`tls`], [`log`]: `ringlock serve`, the metrics
-//!   HTTP server, TLS configuration files, logging.
+//! - [`server`], [`metrics`], [`tls`], [`secret`], [`log`]: `ringlock serve`,
+//!   the metrics HTTP server, TLS configuration files, the cluster's secret
+//!   file, logging.
 //! - [`cli`]: the command line for people (`acquire`, `release`, `run`, ...).
 //!
 //! Unsafe code is denied in the whole crate but the io_uring backend
@@ -21,6 +22,7 @@ pub mod cli;
 pub mod io;
 pub mod log;
 pub mod metrics;
+pub mod secret;
 pub mod server;
 #[doc(hidden)]
 pub mod testing;

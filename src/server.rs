@@ -4,7 +4,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use crate::cluster::auth::{self, Secret};
 use crate::cluster::{ClusterConfig, wire};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
@@ -308,11 +307,11 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
                 .into(),
         ));
     };
-    let (secret, warning) = Secret::from_file(path).map_err(ServeError::Config)?;
+    let (secret, warning) = crate::secret::load(path).map_err(ServeError::Config)?;
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
     }
-    let incarnation = auth::random_u64()
+    let incarnation = crate::secret::random_u64()
         .map_err(|e| ServeError::Config(format!("no random numbers from the OS: {e}")))?;
     Ok(Some(ClusterConfig {
         peers: args.peers.clone(),
