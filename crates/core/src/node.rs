@@ -22,6 +22,10 @@ use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::Request;
 use crate::stats::{NodeStats, PUBLISH_EVERY_MS, Snapshot};
 
+/// The target of this module's log lines: the name it had before the core
+/// became a crate of its own, which `RUST_LOG` filters name.
+const LOG_TARGET: &str = "ringlock::node";
+
 /// The longest problem text an `H` answer carries (more is cut, with
 /// `...`): the answer stays one short line for any client.
 pub const MAX_PROBLEM_BYTES: usize = 400;
@@ -56,7 +60,7 @@ impl LogLimiter {
         self.roll(now, what);
         if self.logged < Self::BURST {
             self.logged += 1;
-            tracing::warn!("{}", line());
+            tracing::warn!(target: LOG_TARGET, "{}", line());
         } else {
             self.suppressed += 1;
         }
@@ -67,7 +71,7 @@ impl LogLimiter {
         if now.ms >= self.window_start_ms + Self::WINDOW_MS {
             if self.suppressed > 0 {
                 tracing::warn!(
-                    "{} more {what} in the last {} s not shown",
+                    target: LOG_TARGET, "{} more {what} in the last {} s not shown",
                     self.suppressed,
                     Self::WINDOW_MS / 1000
                 );
@@ -287,7 +291,7 @@ impl Node {
         let errors = self.stats.protocol_errors.saturating_sub(s.errors);
         if refused + refused_requests + errors > 0 {
             tracing::warn!(
-                refused_connections = refused,
+                target: LOG_TARGET, refused_connections = refused,
                 refused_requests,
                 protocol_errors = errors,
                 "in the last {} s: {refused} connections refused (--max-conns), {refused_requests} \
@@ -660,10 +664,12 @@ impl Node {
             cluster.flush_replication(now, &mut self.engine);
         }
         match &successor {
-            Some(to) => tracing::info!(to = %to, "leaving: handed the active role to {to}"),
+            Some(to) => {
+                tracing::info!(target: LOG_TARGET, to = %to, "leaving: handed the active role to {to}")
+            }
             None if self.cluster.is_some() => {
                 tracing::info!(
-                    "leaving: this node steps down (it was not active, or no peer could take over)"
+                    target: LOG_TARGET, "leaving: this node steps down (it was not active, or no peer could take over)"
                 )
             }
             None => {}

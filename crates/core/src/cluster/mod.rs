@@ -55,6 +55,10 @@ use crate::stats::ClusterStats;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use wire::PeerMsg;
 
+/// The target of this module's log lines: the name it had before the core
+/// became a crate of its own, which `RUST_LOG` filters name.
+const LOG_TARGET: &str = "ringlock::cluster";
+
 /// Unsent bytes on a link past which heartbeats are not queued on it.
 pub const HEARTBEAT_BACKLOG_BYTES: usize = 64 * 1024;
 
@@ -601,14 +605,14 @@ impl Cluster {
             } else {
                 "closed"
             };
-            tracing::info!(peer = %self.cfg.peers[i], "a link with {} is down: {why}", self.cfg.peers[i]);
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "a link with {} is down: {why}", self.cfg.peers[i]);
         }
         if let Some(i) = touched.filter(|_| given_up.is_none()) {
             let p = &mut self.peers[i];
             if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
                 p.heard_ms = None;
                 p.claims_active = false;
-                tracing::warn!(peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
+                tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
                 self.evaluate(now, engine);
             }
         }
@@ -847,9 +851,9 @@ impl Cluster {
             p.snapshot_sent = false;
         }
         if p.heard_ms.is_none() {
-            tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);
         } else {
-            tracing::info!(peer = %self.cfg.peers[from], "link from {} up (authenticated)", self.cfg.peers[from]);
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "link from {} up (authenticated)", self.cfg.peers[from]);
         }
         self.peers[from].heard_ms = Some(now.ms);
         self.evaluate(now, engine);
@@ -908,7 +912,7 @@ impl Cluster {
         }
         self.peers[peer].out_authed = true;
         self.authenticated_any = true;
-        tracing::info!(peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
+        tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);
@@ -925,7 +929,7 @@ impl Cluster {
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
         if self.peers[from].heard_ms.is_none() {
-            tracing::info!(peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
         }
         self.peers[from].heard_ms = Some(now.ms);
         let following_sender = self.role
@@ -972,7 +976,7 @@ impl Cluster {
             PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),
             PeerMsg::Synced if following_sender => {
                 if !self.synced {
-                    tracing::info!(active = %self.cfg.peers[from], "holds a full snapshot of the active {}", self.cfg.peers[from]);
+                    tracing::info!(target: LOG_TARGET, active = %self.cfg.peers[from], "holds a full snapshot of the active {}", self.cfg.peers[from]);
                 }
                 self.synced = true;
             }
@@ -1139,7 +1143,7 @@ impl Cluster {
             "{} silent for {} ms: closing its links, dialing afresh",
             self.cfg.peers[i], self.cfg.peer_timeout_ms
         );
-        tracing::warn!(peer = %self.cfg.peers[i], "peer {} is down: {silent}", self.cfg.peers[i]);
+        tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: {silent}", self.cfg.peers[i]);
         let p = &mut self.peers[i];
         if let Some(conn) = p.out {
             // Nothing more goes on it; `on_close` forgets it.
@@ -1262,7 +1266,7 @@ impl Cluster {
             self.role = Role::Standby { following: None };
             self.stats.stepped_down += 1;
             tracing::warn!(
-                role = "standby",
+                target: LOG_TARGET, role = "standby",
                 "role: active -> standby (leaving, and no live peer follows this node to hand \
                  over to: the peers fail over as after a crash)"
             );
@@ -1325,7 +1329,7 @@ impl Cluster {
                     let peer = &self.peers[p];
                     if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
                         tracing::info!(
-                            to = %self.cfg.peers[p],
+                            target: LOG_TARGET, to = %self.cfg.peers[p],
                             "handing the active role back to {}: it has the higher priority and \
                              holds a full snapshot",
                             self.cfg.peers[p]
@@ -1444,13 +1448,13 @@ impl Cluster {
         if before == Role::Active {
             self.stats.stepped_down += 1;
             tracing::warn!(
-                role = "standby",
+                target: LOG_TARGET, role = "standby",
                 following,
                 "role: active -> standby, following {following} ({why})"
             );
         } else if before != self.role {
             tracing::info!(
-                role = "standby",
+                target: LOG_TARGET, role = "standby",
                 following,
                 "role: standby, now following {following} ({why})"
             );
@@ -1470,7 +1474,7 @@ impl Cluster {
         self.named = None;
         if self.role != Role::Active {
             self.stats.became_active += 1;
-            tracing::warn!(role = "active", "role: standby -> active ({why})");
+            tracing::warn!(target: LOG_TARGET, role = "active", "role: standby -> active ({why})");
         }
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
