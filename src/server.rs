@@ -103,6 +103,13 @@ impl From<std::io::Error> for ServeError {
     }
 }
 
+/// Debug builds only: with this variable set, the server corrupts its own
+/// lock table once a connection opens, so that the invariant walkers that
+/// run after every loop turn stop it (`tests/invariants.rs`). Release
+/// builds ignore it.
+#[cfg(debug_assertions)]
+pub const BREAK_INVARIANT_ENV: &str = "RINGLOCK_TEST_BREAK_INVARIANT";
+
 /// Starts the node and serves until SIGINT or SIGTERM.
 #[expect(clippy::too_many_lines)]
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -155,6 +162,14 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         },
     );
     let mut node = node;
+    #[cfg(debug_assertions)]
+    if std::env::var_os(BREAK_INVARIANT_ENV).is_some() {
+        tracing::warn!(
+            "{BREAK_INVARIANT_ENV} is set: the lock table is corrupted on purpose once a \
+             connection opens (a test of the invariant checks)"
+        );
+        node.break_invariant_after_first_connection();
+    }
     let mut published = None;
     if let Some(addr) = metrics_listen {
         let metrics = crate::metrics::bind(addr).map_err(|e| {

@@ -181,6 +181,8 @@ pub fn run(
                 dialer.dial(peer, addr);
             }
         }
+        // Debug builds: the invariant walkers, on what this turn did.
+        node.check_after_turn(now);
         if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
             let _ = turns.end(clock.now_precise().1);
             return Ok(turns);

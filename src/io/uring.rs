@@ -310,6 +310,8 @@ pub fn run(
                 lp.dialer.dial(peer, addr);
             }
         }
+        // Debug builds: the invariant walkers, on what this turn did.
+        node.check_after_turn(now);
         if lp
             .shutdown_until
             .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)

@@ -119,7 +119,20 @@ pub struct Node {
     summary: Summary,
     /// TLS failures of connections (handshakes, plain text on a TLS port).
     tls_log: LogLimiter,
+    /// When the lock table's walker runs next ([`Node::check_after_turn`]).
+    next_table_check_ms: u64,
+    /// A test's request to break an invariant once a connection has been
+    /// opened ([`Node::break_invariant_after_first_connection`]).
+    #[cfg(debug_assertions)]
+    break_invariant: bool,
 }
+
+/// In debug builds the lock table's walker runs after a loop turn at most
+/// once per `1 + entries / TABLE_CHECK_ENTRIES_PER_MS` ms, entries being
+/// the locks, waiters and connection slots it visits: about 1% of a debug
+/// build's time whatever the table's size, every millisecond for a small
+/// table, every 16 s for a million locks.
+pub const TABLE_CHECK_ENTRIES_PER_MS: usize = 64;
 
 /// How often, at most, refused connections and protocol errors are summed
 /// up in the log.
@@ -167,6 +180,9 @@ impl Node {
                 ..Summary::default()
             },
             tls_log: LogLimiter::default(),
+            next_table_check_ms: 0,
+            #[cfg(debug_assertions)]
+            break_invariant: false,
         }
     }
 
@@ -342,15 +358,62 @@ impl Node {
         self.cluster.as_ref()
     }
 
-    /// Asserts the engine's and the cluster's invariants.
+    /// Runs the invariant walkers after a loop turn, in debug builds only
+    /// (a release build does nothing here): the cluster's and the node's
+    /// every turn (they are the size of the peer list), the lock table's as
+    /// often as [`TABLE_CHECK_ENTRIES_PER_MS`] allows. A broken invariant
+    /// panics with its message and stops the process.
+    #[inline]
+    pub fn check_after_turn(&mut self, now: Now) {
+        #[cfg(debug_assertions)]
+        self.check_sampled(now);
+        #[cfg(not(debug_assertions))]
+        let _ = now;
+    }
+
+    #[cfg(debug_assertions)]
+    fn check_sampled(&mut self, now: Now) {
+        if self.break_invariant && self.stats.conns_opened > 0 {
+            self.break_invariant = false;
+            self.engine.break_invariant();
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.check_invariants(now, &self.engine);
+        }
+        self.check_peer_only();
+        if now.ms >= self.next_table_check_ms {
+            self.engine.check_invariants();
+            let entries = self.engine.walk_len();
+            self.next_table_check_ms = now.ms + 1 + (entries / TABLE_CHECK_ENTRIES_PER_MS) as u64;
+        }
+    }
+
+    /// For the test that proves the walkers run in a server process: once
+    /// a connection has been opened, the lock table is corrupted (a free
+    /// lock left in it), so that the next walk of the table panics. Debug
+    /// builds only.
+    #[cfg(debug_assertions)]
+    #[doc(hidden)]
+    pub fn break_invariant_after_first_connection(&mut self) {
+        self.break_invariant = true;
+    }
+
+    fn check_peer_only(&self) {
+        for &(conn, _) in &self.peer_only {
+            assert!(
+                self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1,
+                "connection {conn} listed twice as peer-only"
+            );
+        }
+    }
+
+    /// Asserts the engine's and the cluster's invariants, all of them.
     pub fn check_invariants(&self, now: Now) {
         self.engine.check_invariants();
         if let Some(cluster) = &self.cluster {
             cluster.check_invariants(now, &self.engine);
         }
-        for &(conn, _) in &self.peer_only {
-            assert!(self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1);
-        }
+        self.check_peer_only();
     }
 
     /// A configuration problem this node has now (a peer with another

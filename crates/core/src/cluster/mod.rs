@@ -1277,15 +1277,16 @@ impl Cluster {
     }
 
     /// The role rule (module docs), applied to what we know now.
-    #[expect(clippy::too_many_lines)]
     fn evaluate(&mut self, now: Now, engine: &mut Engine) {
         if self.leaving {
             return;
         }
         let me = self.cfg.me;
-        let n = self.peers.len();
+        // Before: the engine serves exactly when the node is active.
+        assert_eq!(self.role == Role::Active, engine.is_active());
         let active_peer = self.best_active_peer();
         let eligible = self.eligible(now);
+        assert!(active_peer.is_none_or(|p| p != me && self.alive(p)));
         match self.role {
             Role::Active if !eligible => {
                 // A peer with another configuration may be active: of two
@@ -1293,103 +1294,147 @@ impl Cluster {
                 let why = self.problem(now).unwrap_or("not eligible").to_string();
                 self.follow(active_peer, engine, &why);
             }
+            Role::Active => self.evaluate_active(now, active_peer, engine),
+            Role::Standby { following } => {
+                self.evaluate_standby(now, following, active_peer, eligible, engine);
+            }
+        }
+        // After: still in step with the engine; active only when eligible
+        // and outranked by no live active peer; following another node.
+        assert_eq!(
+            self.role == Role::Active,
+            engine.is_active(),
+            "the role rule left the engine out of step with the role"
+        );
+        match self.role {
             Role::Active => {
-                if !self.synced
-                    && (0..n).any(|p| {
-                        let peer = &self.peers[p];
-                        self.alive(p)
-                            && peer.following == Some(me)
-                            && peer.synced
-                            && peer.snapshot_sent
-                    })
-                {
-                    // A follower holds our snapshot: our table is the
-                    // cluster's state now.
-                    self.synced = true;
-                    self.next_heartbeat_ms = 0;
-                }
-                if let Some(better) = active_peer.filter(|&p| self.outranks(p)) {
-                    // Two actives: the outranked one steps down.
-                    let why = if self.peers[better].synced && !self.synced {
-                        format!(
-                            "two actives: {} holds the cluster's state",
-                            self.cfg.peers[better]
-                        )
+                assert!(eligible, "the role rule kept an ineligible node active");
+                assert!(
+                    self.best_active_peer().is_none_or(|p| !self.outranks(p)),
+                    "the role rule kept this node active beside an active that outranks it"
+                );
+            }
+            Role::Standby { following } => {
+                assert!(following.is_none_or(|f| f != me && f < self.peers.len()));
+            }
+        }
+    }
+
+    /// The role rule for an active node that may stay active: it marks its
+    /// table synced once a follower holds it, steps down for an active that
+    /// outranks it, and hands the role back to a higher-priority follower
+    /// that holds its snapshot.
+    fn evaluate_active(&mut self, now: Now, active_peer: Option<usize>, engine: &mut Engine) {
+        debug_assert_eq!(self.role, Role::Active);
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        if !self.synced
+            && (0..n).any(|p| {
+                let peer = &self.peers[p];
+                self.alive(p) && peer.following == Some(me) && peer.synced && peer.snapshot_sent
+            })
+        {
+            // A follower holds our snapshot: our table is the
+            // cluster's state now.
+            self.synced = true;
+            self.next_heartbeat_ms = 0;
+        }
+        if let Some(better) = active_peer.filter(|&p| self.outranks(p)) {
+            // Two actives: the outranked one steps down.
+            let why = if self.peers[better].synced && !self.synced {
+                format!(
+                    "two actives: {} holds the cluster's state",
+                    self.cfg.peers[better]
+                )
+            } else {
+                format!(
+                    "two actives: {} has the higher priority",
+                    self.cfg.peers[better]
+                )
+            };
+            self.follow(Some(better), engine, &why);
+            return;
+        }
+        let first_alive = (0..me).find(|&p| self.alive(p));
+        if let Some(p) = first_alive {
+            let peer = &self.peers[p];
+            if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
+                tracing::info!(
+                    target: LOG_TARGET, to = %self.cfg.peers[p],
+                    "handing the active role back to {}: it has the higher priority and \
+                     holds a full snapshot",
+                    self.cfg.peers[p]
+                );
+                self.hand_off(now, p, engine);
+            }
+        }
+    }
+
+    /// The role rule for a standby: follow the best live active; without
+    /// one, stop following a node that is gone or outranked, and take the
+    /// role when nothing of higher priority (or with the state) is up.
+    fn evaluate_standby(
+        &mut self,
+        now: Now,
+        following: Option<usize>,
+        active_peer: Option<usize>,
+        eligible: bool,
+        engine: &mut Engine,
+    ) {
+        debug_assert_eq!(self.role, Role::Standby { following });
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        match active_peer {
+            Some(a) if following != Some(a) => {
+                let why = format!("{} is active", self.cfg.peers[a]);
+                self.follow(Some(a), engine, &why);
+            }
+            Some(_) => {}
+            None => {
+                // Keep following a higher-priority node that is alive
+                // but not active yet (a hand-off on its way to it): it
+                // decides before we may.
+                if let Some(f) = following.filter(|&f| !self.alive(f) || f > me) {
+                    let why = if self.alive(f) {
+                        format!("{} is no longer active", self.cfg.peers[f])
                     } else {
-                        format!(
-                            "two actives: {} has the higher priority",
-                            self.cfg.peers[better]
-                        )
+                        format!("{} is down", self.cfg.peers[f])
                     };
-                    self.follow(Some(better), engine, &why);
-                    return;
+                    self.follow(None, engine, &why);
                 }
-                let first_alive = (0..me).find(|&p| self.alive(p));
-                if let Some(p) = first_alive {
-                    let peer = &self.peers[p];
-                    if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
-                        tracing::info!(
-                            target: LOG_TARGET, to = %self.cfg.peers[p],
-                            "handing the active role back to {}: it has the higher priority and \
-                             holds a full snapshot",
-                            self.cfg.peers[p]
-                        );
-                        self.hand_off(now, p, engine);
-                    }
+                let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
+                // A node without state (started, never synced, follows
+                // nobody) must not take over, and drop every grant,
+                // while a node that has the state is alive: it waits,
+                // and the others do not wait for it.
+                let empty = |p: &Peer| !p.synced && p.following.is_none() && !p.claims_active;
+                let me_empty = !self.synced && following.is_none();
+                let any_state =
+                    !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
+                let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
+                let higher_alive = (0..me).any(blocks);
+                // A live peer still follows an active we do not hear:
+                // that active is alive and serving, and only our path
+                // from it is broken (its packets to us are lost, or a
+                // fault cut us from it alone). Taking over would make
+                // two actives for as long as the fault lasts; we wait,
+                // and name it to clients. Should it be gone, that peer
+                // stops following it within its own timeout.
+                let active_elsewhere = self.hearsay_active().is_some();
+                if eligible
+                    && grace_over
+                    && (!me_empty || !any_state)
+                    && !higher_alive
+                    && !active_elsewhere
+                {
+                    self.become_active(
+                        engine,
+                        "no node is active and no node of higher priority is up",
+                    );
+                } else if self.role == (Role::Standby { following: None }) {
+                    self.name_hearsay_active(engine);
                 }
             }
-            Role::Standby { following } => match active_peer {
-                Some(a) if following != Some(a) => {
-                    let why = format!("{} is active", self.cfg.peers[a]);
-                    self.follow(Some(a), engine, &why);
-                }
-                Some(_) => {}
-                None => {
-                    // Keep following a higher-priority node that is alive
-                    // but not active yet (a hand-off on its way to it): it
-                    // decides before we may.
-                    if let Some(f) = following.filter(|&f| !self.alive(f) || f > me) {
-                        let why = if self.alive(f) {
-                            format!("{} is no longer active", self.cfg.peers[f])
-                        } else {
-                            format!("{} is down", self.cfg.peers[f])
-                        };
-                        self.follow(None, engine, &why);
-                    }
-                    let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
-                    // A node without state (started, never synced, follows
-                    // nobody) must not take over, and drop every grant,
-                    // while a node that has the state is alive: it waits,
-                    // and the others do not wait for it.
-                    let empty = |p: &Peer| !p.synced && p.following.is_none() && !p.claims_active;
-                    let me_empty = !self.synced && following.is_none();
-                    let any_state =
-                        !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
-                    let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
-                    let higher_alive = (0..me).any(blocks);
-                    // A live peer still follows an active we do not hear:
-                    // that active is alive and serving, and only our path
-                    // from it is broken (its packets to us are lost, or a
-                    // fault cut us from it alone). Taking over would make
-                    // two actives for as long as the fault lasts; we wait,
-                    // and name it to clients. Should it be gone, that peer
-                    // stops following it within its own timeout.
-                    let active_elsewhere = self.hearsay_active().is_some();
-                    if eligible
-                        && grace_over
-                        && (!me_empty || !any_state)
-                        && !higher_alive
-                        && !active_elsewhere
-                    {
-                        self.become_active(
-                            engine,
-                            "no node is active and no node of higher priority is up",
-                        );
-                    } else if self.role == (Role::Standby { following: None }) {
-                        self.name_hearsay_active(engine);
-                    }
-                }
-            },
         }
     }
 
