@@ -1083,6 +1083,7 @@ impl Cluster {
         if self.role != Role::Active {
             return;
         }
+        debug_assert!(engine.is_active(), "the active's engine serves");
         let me = self.cfg.me;
         let mut snapshot: Option<Vec<u8>> = None;
         // The events' peer lines, written once for every follower that
@@ -1128,6 +1129,17 @@ impl Cluster {
                 self.doom(conn, reason, engine);
             }
         }
+        // After: every live follower on an authenticated link has our
+        // snapshot queued (and this turn's deltas after it), or its link
+        // is being closed.
+        debug_assert!(self.peers.iter().enumerate().all(|(i, p)| {
+            i == me
+                || p.out.is_none()
+                || !p.out_authed
+                || p.heard_ms.is_none()
+                || p.following != Some(me)
+                || p.snapshot_sent
+        }));
     }
 
     /// Peer `i` went silent for a whole peer timeout: its links, both ways,
@@ -1486,6 +1498,10 @@ impl Cluster {
     }
 
     fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
+        assert!(
+            active.is_none_or(|a| a != self.cfg.me && a < self.peers.len()),
+            "follows a real other node"
+        );
         self.named = None;
         let before = self.role;
         self.role = Role::Standby { following: active };
@@ -1513,9 +1529,12 @@ impl Cluster {
             self.synced = false;
         }
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
+        debug_assert!(!engine.is_active());
+        debug_assert_eq!(self.role, Role::Standby { following: active });
     }
 
     fn become_active(&mut self, engine: &mut Engine, why: &str) {
+        assert!(!self.leaving, "a leaving node takes the role");
         self.named = None;
         if self.role != Role::Active {
             self.stats.became_active += 1;
@@ -1531,12 +1550,20 @@ impl Cluster {
             p.snapshot_sent = false;
         }
         engine.become_active();
+        debug_assert!(engine.is_active());
+        debug_assert!(self.peers.iter().all(|p| !p.snapshot_sent));
     }
 
     /// Hands the role to `to`: this turn's deltas first, then our waiters
     /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
     /// has everything before it starts serving.
     fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
+        assert_eq!(
+            self.role,
+            Role::Active,
+            "only the active hands the role off"
+        );
+        assert!(to != self.cfg.me && to < self.peers.len());
         self.flush_replication(now, engine);
         let Some(conn) = self.peers[to].out.filter(|_| self.peers[to].out_authed) else {
             return;
@@ -1556,6 +1583,15 @@ impl Cluster {
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });
         engine.write_to(conn, &self.scratch);
+        // After: this node follows `to` and no longer serves, and `to` has
+        // our whole state on the link before the HANDOFF.
+        assert_eq!(
+            self.role,
+            Role::Standby {
+                following: Some(to)
+            }
+        );
+        assert!(!engine.is_active() && self.peers[to].snapshot_sent);
     }
 
     fn encode_heartbeat(&mut self, engine: &Engine) {

@@ -701,10 +701,15 @@ impl Engine {
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
     fn hand_off(&mut self, now: Now, lock: u32) {
+        debug_assert!(
+            self.table.lock(lock).holder.is_none(),
+            "hand-off of a held lock"
+        );
         let Some(w) = self.table.head(lock) else {
             self.table.remove_if_idle(lock);
             return;
         };
+        debug_assert_eq!(self.table.waiter(w).state, WaiterState::Queued);
         let waiter = self.table.waiter_mut(w);
         let (conn, lease_ms, queued_ms) =
             (waiter.conn, u64::from(waiter.lease_ms), waiter.queued_ms);
@@ -716,6 +721,15 @@ impl Engine {
                 self.grant(now, lock, conn, lease_ms, token);
                 self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
                 self.answered(w);
+                // After: the head waiter holds the lock, with the newest
+                // token, and has left the queue.
+                debug_assert!(
+                    self.table
+                        .lock(lock)
+                        .holder
+                        .is_some_and(|g| g.token == token && token == self.tokens.highest())
+                );
+                debug_assert!(self.table.head(lock) != Some(w));
             }
             None => self.time_out_all(lock, w),
         }
