@@ -23,7 +23,7 @@ pub use session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_outpu
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::engine::{ConnId, Now};
+use crate::engine::Now;
 use crate::node::Node;
 
 /// What the event loops need to know besides the engine.
@@ -111,12 +111,6 @@ pub fn dialed_lifecycle(
         },
     }
 }
-
-/// After an accept failed (out of descriptors, say), how long until the
-/// loop tries again. At once, it would fail again at once for as long as a
-/// connection waits in the backlog (a spin); not at all, connections that
-/// wait there would wait until another one arrives (epoll's edges).
-pub const ACCEPT_RETRY_MS: u64 = 50;
 
 /// Dials peers on a thread of its own, so that a slow or unreachable peer
 /// never blocks the loop. The loop asks with [`Dialer::dial`]; each result
@@ -208,35 +202,6 @@ impl Dialer {
     /// The socket that becomes readable when a result is ready.
     pub fn wake(&self) -> &std::os::unix::net::UnixStream {
         &self.wake
-    }
-}
-
-/// Lingering connections by deadline. Deadlines are all `now + LINGER_MS`,
-/// so they arrive in order and a FIFO is sorted; an entry may be stale (its
-/// connection already gone, or its slot reused), which the loop checks.
-#[derive(Debug, Default)]
-pub struct LingerQueue {
-    queue: std::collections::VecDeque<(u64, ConnId)>,
-}
-
-impl LingerQueue {
-    pub fn push(&mut self, until_ms: u64, conn: ConnId) {
-        debug_assert!(self.queue.back().is_none_or(|&(last, _)| last <= until_ms));
-        self.queue.push_back((until_ms, conn));
-    }
-
-    /// The earliest deadline, if any.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.queue.front().map(|&(until, _)| until)
-    }
-
-    /// Takes the next entry whose deadline is at or before `now_ms`.
-    pub fn pop_due(&mut self, now_ms: u64) -> Option<(u64, ConnId)> {
-        if self.next_deadline()? <= now_ms {
-            self.queue.pop_front()
-        } else {
-            None
-        }
     }
 }
 

@@ -13,12 +13,15 @@
 //! - [`node`]: the engine and the cluster together, as the loops drive them.
 //! - [`session`] and [`lifecycle`]: one connection's protocol state and its
 //!   life from accept to close (TLS records included).
+//! - [`driver`]: the per-turn policy both event loops share (admission,
+//!   accept retry, handshake and linger deadlines, shutdown, the timeout).
 //! - [`stats`]: the counters the parts keep, and the snapshot the node
 //!   hands out for the metrics listener.
 
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod driver;
 pub mod engine;
 pub mod lifecycle;
 pub mod node;

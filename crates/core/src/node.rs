@@ -226,6 +226,7 @@ impl Node {
             .wrapping_add(n.conns_opened)
             .wrapping_add(n.conns_closed)
             .wrapping_add(n.conns_refused)
+            .wrapping_add(n.conns_failed)
             .wrapping_add(n.requests_refused)
             .wrapping_add(n.protocol_errors)
     }
@@ -328,6 +329,18 @@ impl Node {
     pub fn accept_failed(&mut self, now: Now, error: &std::io::Error) {
         self.accept_log.log(now, "failed accepts", || {
             format!("accept: {error} (connections wait in the listen backlog; see ulimit -n and --max-conns)")
+        });
+    }
+
+    /// A socket accepted or dialed could not be set up (an option, its
+    /// registration with the kernel, TLS): the loop dropped it. Counted,
+    /// and logged rate-limited, since a client may cause it at the rate it
+    /// connects.
+    #[cold]
+    pub fn setup_failed(&mut self, now: Now, what: &str, error: &dyn std::fmt::Display) {
+        self.stats.conns_failed += 1;
+        self.accept_log.log(now, "failed accepts", || {
+            format!("a new connection was dropped: {what}: {error}")
         });
     }
 

@@ -19,6 +19,9 @@ pub struct NodeStats {
     /// Accepted and closed at once: beyond `--max-conns` and the peers'
     /// reserve.
     pub conns_refused: u64,
+    /// Accepted or dialed, and dropped at once: the socket could not be set
+    /// up (an option, its registration with the kernel, TLS).
+    pub conns_failed: u64,
     /// Requests that parsed but broke the connection (`E`: too many
     /// waiting, lock table full, tokens exhausted, peer-only connection).
     pub requests_refused: u64,
