@@ -216,3 +216,93 @@ impl Driver {
         node.check_after_turn(now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeConfig;
+
+    fn at(ms: u64) -> Now {
+        Now {
+            ms,
+            unix_ns: 1_000_000 + ms * 1_000_000,
+        }
+    }
+
+    fn node() -> Node {
+        Node::new(
+            at(0),
+            NodeConfig {
+                advertise: "x:1".into(),
+                cluster: None,
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
+            },
+        )
+    }
+
+    #[test]
+    fn admission_refuses_beyond_the_limit_and_while_shutting_down() {
+        let mut node = node();
+        let mut driver = Driver::new(2, None);
+        assert_eq!(driver.admit(&mut node, 0), Admission::Client);
+        assert_eq!(driver.admit(&mut node, 1), Admission::Client);
+        assert_eq!(driver.admit(&mut node, 2), Admission::Refuse);
+        assert_eq!(node.stats().conns_refused, 1);
+        assert!(driver.shut_down(&mut node, at(5)));
+        assert!(!driver.shut_down(&mut node, at(6)), "only the first begins it");
+        assert_eq!(driver.admit(&mut node, 0), Admission::Refuse);
+    }
+
+    #[test]
+    fn a_failed_accept_is_retried_once_after_the_pause() {
+        let mut node = node();
+        let mut driver = Driver::new(8, None);
+        assert!(!driver.accept_retry_due(0));
+        let emfile = std::io::Error::from_raw_os_error(24);
+        driver.accept_failed(&mut node, at(100), &emfile);
+        assert_eq!(driver.timeout_ms(&node, 100), Some(ACCEPT_RETRY_MS));
+        assert!(!driver.accept_retry_due(100 + ACCEPT_RETRY_MS - 1));
+        assert!(driver.accept_retry_due(100 + ACCEPT_RETRY_MS));
+        assert!(!driver.accept_retry_due(100 + ACCEPT_RETRY_MS), "once");
+        assert_eq!(driver.timeout_ms(&node, 200), None, "nothing left to wait for");
+        // Not while shutting down: the listener is gone.
+        driver.accept_failed(&mut node, at(300), &emfile);
+        driver.shut_down(&mut node, at(301));
+        assert!(!driver.accept_retry_due(300 + ACCEPT_RETRY_MS));
+    }
+
+    #[test]
+    fn a_handshake_that_never_completes_is_due_at_its_deadline() {
+        let mut driver = Driver::new(8, Some(1_000));
+        driver.opened(10, 3, true);
+        driver.opened(20, 4, false); // plain text: no handshake
+        driver.opened(30, 5, true);
+        let node = node();
+        assert_eq!(driver.timeout_ms(&node, 10), Some(1_000));
+        assert_eq!(driver.due_handshake(1_009), None);
+        assert_eq!(driver.due_handshake(1_010), Some(3));
+        assert_eq!(driver.due_handshake(1_029), None);
+        assert_eq!(driver.due_handshake(5_000), Some(5));
+        assert_eq!(driver.due_handshake(5_000), None);
+        // Without TLS nothing is ever due.
+        let mut plain = Driver::new(8, None);
+        plain.opened(10, 3, true);
+        assert_eq!(plain.due_handshake(u64::MAX), None);
+    }
+
+    #[test]
+    fn shutdown_ends_when_the_connections_are_closed_or_at_the_linger_deadline() {
+        let mut node = node();
+        let mut driver = Driver::new(8, None);
+        assert!(!driver.finished(0, 0), "not shutting down");
+        driver.shut_down(&mut node, at(100));
+        assert!(driver.is_shutting_down());
+        assert!(!driver.finished(101, 3));
+        assert!(driver.finished(101, 0));
+        assert!(driver.finished(100 + LINGER_MS, 3));
+        assert_eq!(driver.timeout_ms(&node, 100), Some(LINGER_MS));
+        let mut dials = vec![(0, "stale".to_string())];
+        driver.take_dials(&mut node, at(101), &mut dials);
+        assert!(dials.is_empty());
+    }
+}
