@@ -120,6 +120,7 @@ pub struct Node {
     /// TLS failures of connections (handshakes, plain text on a TLS port).
     tls_log: LogLimiter,
     /// When the lock table's walker runs next ([`Node::check_after_turn`]).
+    #[cfg(debug_assertions)]
     next_table_check_ms: u64,
     /// A test's request to break an invariant once a connection has been
     /// opened ([`Node::break_invariant_after_first_connection`]).
@@ -180,6 +181,7 @@ impl Node {
                 ..Summary::default()
             },
             tls_log: LogLimiter::default(),
+            #[cfg(debug_assertions)]
             next_table_check_ms: 0,
             #[cfg(debug_assertions)]
             break_invariant: false,
