@@ -249,7 +249,10 @@ mod tests {
         assert_eq!(driver.admit(&mut node, 2), Admission::Refuse);
         assert_eq!(node.stats().conns_refused, 1);
         assert!(driver.shut_down(&mut node, at(5)));
-        assert!(!driver.shut_down(&mut node, at(6)), "only the first begins it");
+        assert!(
+            !driver.shut_down(&mut node, at(6)),
+            "only the first begins it"
+        );
         assert_eq!(driver.admit(&mut node, 0), Admission::Refuse);
     }
 
@@ -264,7 +267,11 @@ mod tests {
         assert!(!driver.accept_retry_due(100 + ACCEPT_RETRY_MS - 1));
         assert!(driver.accept_retry_due(100 + ACCEPT_RETRY_MS));
         assert!(!driver.accept_retry_due(100 + ACCEPT_RETRY_MS), "once");
-        assert_eq!(driver.timeout_ms(&node, 200), None, "nothing left to wait for");
+        assert_eq!(
+            driver.timeout_ms(&node, 200),
+            None,
+            "nothing left to wait for"
+        );
         // Not while shutting down: the listener is gone.
         driver.accept_failed(&mut node, at(300), &emfile);
         driver.shut_down(&mut node, at(301));
