@@ -2,6 +2,7 @@
 //! peers (the module documentation of [`super`] states it), and the moves
 //! between roles: follow, become active, hand the role off, leave.
 
+use super::replication::encode_snapshot;
 use super::*;
 
 impl Cluster {
