@@ -167,7 +167,7 @@ impl Driver {
 
     /// SIGINT or SIGTERM. The first begins the shutdown and returns true:
     /// the node leaves (an active hands its role over), and the loop stops
-    /// accepting and finishes every connection ([`crate::Lifecycle::finish`]);
+    /// accepting and finishes every connection ([`crate::lifecycle::Lifecycle::finish`]);
     /// the loop stops once they are closed, or [`LINGER_MS`] from now.
     pub fn shut_down(&mut self, node: &mut Node, now: Now) -> bool {
         if self.shutdown_until.is_some() {

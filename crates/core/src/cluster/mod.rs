@@ -624,7 +624,7 @@ pub(crate) const MAX_REASON_BYTES: usize = 400;
 
 /// `reason`, cut to [`MAX_REASON_BYTES`] (at a character boundary) with
 /// `...`.
-pub fn shorten(mut reason: String) -> String {
+pub(crate) fn shorten(mut reason: String) -> String {
     if reason.len() > MAX_REASON_BYTES {
         let mut end = MAX_REASON_BYTES - 3;
         while !reason.is_char_boundary(end) {
