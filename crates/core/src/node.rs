@@ -2,8 +2,8 @@
 //! what the I/O loops drive; it is sans-I/O like both of its parts.
 //!
 //! Driving order, once per loop turn: [`Node::tick`]; then for each
-//! connection's input [`crate::io::Session::feed`] (which calls
-//! [`Node::handle_request`] and [`Node::handle_peer_line`]); then
+//! connection's input [`crate::session::Session::feed`] (which calls
+//! `Node::handle_request` and `Node::handle_peer_line`); then
 //! [`Node::take_dirty`] and [`Node::output_mut`] to send; then
 //! [`Node::take_doomed`] to close the connections the node gave up on;
 //! then [`Node::take_dials`] to start dials; then sleep until

@@ -2,7 +2,7 @@
 //! the loop's thread (no atomics, no locks): the engine, the node and the
 //! cluster each bump their own fields inline. A copy goes to the metrics
 //! listener's thread at most every [`PUBLISH_EVERY_MS`]
-//! ([`crate::metrics`]), never per request.
+//! (the `ringlock` package's metrics listener), never per request.
 
 /// How often, at most, the loop publishes a copy of its counters.
 pub const PUBLISH_EVERY_MS: u64 = 100;

@@ -115,7 +115,7 @@ pub struct Now {
 /// A request that breaks the connection although it parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// One more than [`MAX_WAITING_PER_CONN`] waiting acquires.
+    /// One more than `MAX_WAITING_PER_CONN` waiting acquires.
     TooManyWaiting,
     /// A client request on a connection taken beyond `--max-conns` for the
     /// node's peers.
@@ -151,14 +151,14 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// A replicated grant ([`Engine::apply_grant`]) the engine does not take.
+/// A replicated grant (`Engine::apply_grant`) the engine does not take.
 /// The peer that sent it is misconfigured or broken: the cluster breaks its
 /// link with this as the reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrantRefusal {
     /// Its token is above [`token::MAX_TOKEN`].
     TokenOutOfRange(u64),
-    /// Its remaining lease is above [`MAX_LEASE_MS`].
+    /// Its remaining lease is above `MAX_LEASE_MS`.
     LeaseOutOfRange(u64),
     /// Its key has no lock here and the table holds `max_locks` locks: the
     /// active takes more than this node (every node needs the same

@@ -1,9 +1,9 @@
 //! What the engine tells the peers that follow it: each change of the lock
 //! table as a typed event, in the order the table changed.
 //!
-//! The engine only records events ([`ReplicationLog`]); it knows nothing of
+//! The engine only records events (`ReplicationLog`); it knows nothing of
 //! peers or of how events travel. The cluster takes the log once per loop
-//! turn ([`super::Engine::take_replication`]) and turns each event into its
+//! turn (`super::Engine::take_replication`) and turns each event into its
 //! peer line. A log is reused turn after turn: recording an event copies its
 //! key into one shared byte buffer and appends a fixed-size record, so a
 //! turn allocates nothing once the buffers have grown to the turn's size.

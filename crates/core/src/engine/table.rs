@@ -12,7 +12,7 @@
 //!   earlier acquire of the same key is answered.
 //!
 //! Keys are interned: one copy per lock, inline for keys of up to
-//! [`INLINE_KEY`] bytes, found through a hash index of lock indices. A lock
+//! `INLINE_KEY` bytes, found through a hash index of lock indices. A lock
 //! with no holder, no waiter and no held-back `T` is removed at once, so the
 //! table holds only live locks.
 //!
@@ -26,7 +26,7 @@
 //!   slab that never outgrows its room never reallocates, and a slab that
 //!   reallocates copies everything it holds in one go (at 2^20 locks, one
 //!   loop turn of 165–495 ms).
-//! - The index is [`SHARDS`] small hash tables, the key's hash choosing
+//! - The index is `SHARDS` small hash tables, the key's hash choosing
 //!   one. A hash table grows by rehashing everything it holds; a shard holds
 //!   1/1024th of the keys. Keys spread evenly, so the shards would all fill
 //!   up, and rehash, at about the same moment: each shard therefore grows
@@ -234,8 +234,8 @@ impl Table {
     }
 
     /// A table with room reserved for `locks` locks and
-    /// [`RESERVED_WAITERS`] waiters, as much of it as the system grants
-    /// ([`reservable`]). Memory is taken as they come.
+    /// `RESERVED_WAITERS` waiters, as much of it as the system grants
+    /// (`reservable`). Memory is taken as they come.
     pub fn with_capacity(locks: usize) -> Table {
         let shards: Vec<Shard> = (0..SHARDS)
             .map(|_| Shard {

@@ -5,7 +5,7 @@
 //! clock does; the wall-clock half makes a node restarted without any stored
 //! state start above every token it issued before, provided its clock was not
 //! stepped back by more than the time it was down. A node that learns of a
-//! token from elsewhere (a peer, a replicated grant) [`observe`]s it, so that
+//! token from elsewhere (a peer, a replicated grant) `observe`s it, so that
 //! its next token is above that one too.
 //!
 //! Tokens are bounded by [`MAX_TOKEN`], far below `u64::MAX`: a token that
@@ -14,7 +14,6 @@
 //! observed [`MAX_TOKEN`], [`next`] says so with `None`, and the engine
 //! refuses the grant instead of panicking.
 //!
-//! [`observe`]: TokenClock::observe
 //! [`next`]: TokenClock::next
 
 /// The highest token this node issues or accepts from a peer: 2^63 - 1.

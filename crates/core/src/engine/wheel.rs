@@ -25,7 +25,7 @@
 //!   in the due list once its deadline is reached). A timer moves down at most
 //!   five times in its life, so `poll` is O(1) amortised per timer.
 //!
-//! The top level wraps around: a deadline up to [`MAX_AHEAD_MS`] ahead may fall
+//! The top level wraps around: a deadline up to `MAX_AHEAD_MS` ahead may fall
 //! in the slot `elapsed` is in, one turn later. That is why slots are searched
 //! starting *after* the current slot, the current one coming last.
 //!
@@ -151,7 +151,7 @@ impl<T: Copy> Wheel<T> {
 
     /// Schedules `value` to fire at `deadline_ms`. A deadline at or before the
     /// wheel's current time fires at the next `poll`. Any deadline is taken:
-    /// one more than [`MAX_AHEAD_MS`] past the wheel's current time (the last
+    /// one more than `MAX_AHEAD_MS` past the wheel's current time (the last
     /// `now` given to `poll`, or the start time) is parked until it is in
     /// range (see the module docs).
     pub fn insert(&mut self, deadline_ms: u64, value: T) -> TimerId {
@@ -218,7 +218,7 @@ impl<T: Copy> Wheel<T> {
         self.entries.is_empty()
     }
 
-    /// The latest deadline `insert` places without parking: [`MAX_AHEAD_MS`]
+    /// The latest deadline `insert` places without parking: `MAX_AHEAD_MS`
     /// past `elapsed`, rounded up to the end of a top-level slot. Anything
     /// later lands in a top-level slot whose next start is more than a whole
     /// slot before its deadline.
