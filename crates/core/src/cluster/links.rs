@@ -19,8 +19,8 @@ impl Cluster {
             if let Some(heard) = p.heard_ms {
                 next = next.min(heard + self.cfg.peer_timeout_ms);
             }
-            if p.out.is_some() && !p.out_authed {
-                next = next.min(p.out_deadline_ms);
+            if let (Some(_), false, Some(deadline)) = (p.out, p.out_authed, p.out_deadline_ms) {
+                next = next.min(deadline);
             }
         }
         for pending in self.pending.values() {
@@ -69,7 +69,7 @@ impl Cluster {
         p.out = Some(conn);
         p.out_authed = false;
         p.out_nonce = nonce;
-        p.out_deadline_ms = now.ms + self.cfg.peer_timeout_ms;
+        p.out_deadline_ms = Some(now.ms + self.cfg.peer_timeout_ms);
         p.dialing = false;
         p.snapshot_sent = false;
         self.scratch.clear();
@@ -169,9 +169,11 @@ impl Cluster {
                 pending.deadline_ms = pending.deadline_ms.max(until);
             }
             for p in &mut self.peers {
-                if p.out.is_some() && !p.out_authed {
-                    // (u64::MAX, a link already given up, stays.)
-                    p.out_deadline_ms = p.out_deadline_ms.max(until);
+                if let (Some(_), false, Some(deadline)) =
+                    (p.out, p.out_authed, p.out_deadline_ms.as_mut())
+                {
+                    // (A link already given up has none, and keeps none.)
+                    *deadline = (*deadline).max(until);
                 }
             }
         }
@@ -226,7 +228,7 @@ impl Cluster {
             // Nothing more goes on it; `on_close` forgets it.
             p.out_authed = false;
             p.snapshot_sent = false;
-            p.out_deadline_ms = u64::MAX;
+            p.out_deadline_ms = None;
             self.doom(conn, silent.clone(), engine);
         }
         let inbound: Vec<ConnId> = self
@@ -264,7 +266,7 @@ impl Cluster {
             p.rival_since = Some(now.ms);
             p.out_authed = false;
             p.snapshot_sent = false;
-            p.out_deadline_ms = u64::MAX;
+            p.out_deadline_ms = None;
             let reason = format!(
                 "{} has claimed the active role for {} ms although this node, active, outranks \
                  it: it does not hear this link; closing it, dialing afresh",
@@ -296,9 +298,9 @@ impl Cluster {
             let p = &mut self.peers[i];
             if let Some(conn) = p.out
                 && !p.out_authed
-                && now.ms >= p.out_deadline_ms
+                && p.out_deadline_ms.is_some_and(|deadline| now.ms >= deadline)
             {
-                p.out_deadline_ms = u64::MAX; // doomed once
+                p.out_deadline_ms = None; // doomed once
                 let reason = format!(
                     "{} did not answer this node's HELLO within {} ms",
                     self.cfg.peers[i], self.cfg.peer_timeout_ms

@@ -115,9 +115,10 @@ struct Peer {
     /// Our link has checked the peer's `CHALLENGE`: heartbeats and
     /// replication may go on it.
     out_authed: bool,
-    /// Until then: the nonce of our `HELLO`, and when we give up waiting.
+    /// Until then: the nonce of our `HELLO`, and when we give up waiting
+    /// (`None` once given up: the link is being closed).
     out_nonce: Nonce,
-    out_deadline_ms: u64,
+    out_deadline_ms: Option<u64>,
     /// The size of the last snapshot queued on our link: what it may have
     /// unread beyond [`REPLICATION_BACKLOG_BYTES`].
     snapshot_bytes: usize,
