@@ -1,13 +1,16 @@
 //! ringlock: a distributed lock server with FIFO fairness and fencing tokens.
 //!
-//! The crate is layered so that each part can be built and tested alone:
+//! The sans-I/O server (engine, cluster, node, connection lifecycle) is
+//! the `ringlock-core` crate, re-exported here under its module names;
+//! this crate keeps what does I/O:
 //!
 //! - [`proto`]: the wire format, re-exported from the `ringlock-proto` crate
 //!   (zero-copy request parser, answer encoder).
-//! - [`engine`]: the sans-I/O core. It takes `(now, connection, request)` and
-//!   writes answers into per-connection output buffers. No sockets, no clock.
 //! - [`io`]: the event loops (io_uring, epoll fallback) that move bytes between
-//!   sockets and the engine.
+//!   sockets and the core, and the dialer thread.
+//! - [`server`], [`metrics`], [`tls`], [`secret`], [`log`]: `ringlock serve`,
+//!   the metrics HTTP server, TLS configuration files, the cluster's secret
+//!   file, logging.
 //! - [`cli`]: the command line for people (`acquire`, `release`, `run`, ...).
 //!
 //! Unsafe code is denied in the whole crate but the io_uring backend
@@ -16,16 +19,14 @@
 #![deny(unsafe_code)]
 
 pub mod cli;
-pub mod cluster;
-pub mod engine;
 pub mod io;
 pub mod log;
 pub mod metrics;
-pub mod node;
+pub mod secret;
 pub mod server;
-pub mod stats;
 #[doc(hidden)]
 pub mod testing;
 pub mod tls;
 
+pub use ringlock_core::{cluster, driver, engine, node, stats};
 pub use ringlock_proto as proto;

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Keygen { path } => match ringlock::cluster::auth::Secret::generate_file(&path) {
+        Command::Keygen { path } => match ringlock::secret::generate(&path) {
             Ok(()) => {
                 eprintln!(
                     "ringlock: wrote a new cluster secret to {} (mode 600); copy it to every \

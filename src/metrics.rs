@@ -31,7 +31,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use crate::engine::stats::HOLD_SHIFT;
-use crate::stats::{ClusterStats, EngineStats, LOG2_BUCKETS, Log2Histogram, NodeStats};
+pub use crate::stats::Snapshot;
+use crate::stats::{LOG2_BUCKETS, Log2Histogram};
 
 /// The longest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 * 1024;
@@ -44,37 +45,19 @@ const MAX_THREADS: usize = 4 * MAX_CONNS;
 /// Deadline for reading a request and for writing its answer.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the loop publishes: its counters and the gauges of the moment.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// The loop has published at least once.
-    pub published: bool,
-    pub engine: EngineStats,
-    pub node: NodeStats,
-    pub cluster: ClusterStats,
-    /// With peers; false for a cluster of one.
-    pub clustered: bool,
-    pub active: bool,
-    /// Active, or a standby that follows an active and holds its complete
-    /// snapshot (`/ready`).
-    pub ready: bool,
-    pub leaving: bool,
-    /// When the loop took this snapshot.
-    pub published_at: Option<Instant>,
-    /// With peers: a snapshot older than this means the loop has stopped
-    /// turning (a clustered loop turns at least every heartbeat), and
-    /// `/ready` says so whatever it holds.
-    pub stale_after: Option<Duration>,
-    pub highest_token: u64,
-    pub locks: u64,
-    pub waiters: u64,
-    pub peers_up: u64,
-    /// Per follower: its address and the replication bytes queued for it.
-    pub followers: Vec<(String, u64)>,
-}
-
 /// Where the loop puts its [`Snapshot`] and the HTTP side reads it.
 pub type Shared = Arc<Mutex<Snapshot>>;
+
+/// The loop hands the node's latest snapshot over: stamped with the time
+/// of the hand-over (the node itself reads no clock), it replaces the one
+/// the HTTP side serves.
+pub fn publish(shared: &Shared, mut snapshot: Snapshot) {
+    snapshot.published_at = Some(Instant::now());
+    match shared.lock() {
+        Ok(mut s) => *s = snapshot,
+        Err(poisoned) => *poisoned.into_inner() = snapshot,
+    }
+}
 
 /// Starts the metrics listener on `listener`; it serves until the process
 /// exits.

@@ -4,7 +4,6 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use crate::cluster::auth::{self, Secret};
 use crate::cluster::{ClusterConfig, wire};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
@@ -104,6 +103,13 @@ impl From<std::io::Error> for ServeError {
     }
 }
 
+/// Debug builds only: with this variable set, the server corrupts its own
+/// lock table once a connection opens, so that the invariant walkers that
+/// run after every loop turn stop it (`tests/invariants.rs`). Release
+/// builds ignore it.
+#[cfg(debug_assertions)]
+pub const BREAK_INVARIANT_ENV: &str = "RINGLOCK_TEST_BREAK_INVARIANT";
+
 /// Starts the node and serves until SIGINT or SIGTERM.
 #[expect(clippy::too_many_lines)]
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
@@ -159,14 +165,24 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         },
     );
     let mut node = node;
+    #[cfg(debug_assertions)]
+    if std::env::var_os(BREAK_INVARIANT_ENV).is_some() {
+        tracing::warn!(
+            "{BREAK_INVARIANT_ENV} is set: the lock table is corrupted on purpose once a \
+             connection opens (a test of the invariant checks)"
+        );
+        node.break_invariant_after_first_connection();
+    }
+    let mut published = None;
     if let Some(addr) = metrics_listen {
         let metrics = crate::metrics::bind(addr).map_err(|e| {
             ServeError::Config(format!("cannot listen on {addr} (--metrics-listen): {e}"))
         })?;
         let bound = metrics.local_addr()?;
         let shared = crate::metrics::Shared::default();
-        node.publish_to(shared.clone());
-        crate::metrics::spawn(metrics, shared)?;
+        node.publish_metrics();
+        crate::metrics::spawn(metrics, shared.clone())?;
+        published = Some(shared);
         tracing::info!("metrics on http://{bound}/metrics (and /health, /ready)");
     }
     let reserved = node.engine().reserved_locks();
@@ -184,6 +200,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         max_conns: args.max_conns,
         spin_us: args.spin_us,
         tls,
+        metrics: published,
     };
     let security = match &config.tls {
         None => "plain text",
@@ -317,11 +334,11 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
                 .into(),
         ));
     };
-    let (secret, warning) = Secret::from_file(path).map_err(ServeError::Config)?;
+    let (secret, warning) = crate::secret::load(path).map_err(ServeError::Config)?;
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
     }
-    let incarnation = auth::random_u64()
+    let incarnation = crate::secret::random_u64()
         .map_err(|e| ServeError::Config(format!("no random numbers from the OS: {e}")))?;
     Ok(Some(ClusterConfig {
         peers: args.peers.clone(),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -203,17 +203,6 @@ fn build(files: &TlsFiles, cluster: bool) -> Result<TlsConfigs, String> {
     })
 }
 
-/// Whether the certificate chain an accepted connection presented is signed
-/// by the peer CA.
-pub fn is_peer_certificate(check: &dyn ClientCertVerifier, chain: &[CertificateDer<'_>]) -> bool {
-    match chain.split_first() {
-        Some((end, intermediates)) => check
-            .verify_client_cert(end, intermediates, UnixTime::now())
-            .is_ok(),
-        None => false,
-    }
-}
-
 /// The name a dialed peer's certificate must carry: the host part of its
 /// address as `--peers` spells it (a DNS name or an IP address).
 pub fn peer_server_name(addr: &str) -> Result<ServerName<'static>, String> {
@@ -223,46 +212,6 @@ pub fn peer_server_name(addr: &str) -> Result<ServerName<'static>, String> {
     };
     ServerName::try_from(host.to_string())
         .map_err(|_| format!("peer address {addr:?} has no usable host name for TLS"))
-}
-
-/// Says what a TLS failure means for the person reading the log.
-pub fn describe(err: &rustls::Error) -> String {
-    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
-    match err {
-        E::NoCertificatesPresented => {
-            "the client presented no certificate, and --tls-client-ca requires one".into()
-        }
-        E::InvalidCertificate(c) => {
-            let what = match c {
-                C::UnknownIssuer => "is not signed by a trusted CA (unknown issuer)".to_string(),
-                C::Expired | C::ExpiredContext { .. } => "has expired".to_string(),
-                C::NotValidYet | C::NotValidYetContext { .. } => "is not valid yet".to_string(),
-                C::NotValidForName | C::NotValidForNameContext { .. } => {
-                    "does not name the address dialed".to_string()
-                }
-                C::BadSignature => "has a bad signature".to_string(),
-                other => format!("was refused: {other:?}"),
-            };
-            format!("the other side's certificate {what}")
-        }
-        E::AlertReceived(alert) => {
-            let why = match alert {
-                A::UnknownCA => "it does not trust our certificate's CA",
-                A::CertificateExpired => "our certificate has expired",
-                A::BadCertificate => "it refused our certificate",
-                A::CertificateRequired => "it requires a certificate and we sent none",
-                A::HandshakeFailure => "no common TLS parameters",
-                _ => "",
-            };
-            if why.is_empty() {
-                format!("the other side ended TLS with alert {alert:?}")
-            } else {
-                format!("the other side ended TLS: {why} (alert {alert:?})")
-            }
-        }
-        E::InvalidMessage(m) => format!("not TLS, or a corrupt TLS record ({m:?})"),
-        other => format!("TLS error: {other}"),
-    }
 }
 
 #[cfg(test)]

@@ -526,6 +526,33 @@ fn node_closed(view: Option<&ConnView>) -> bool {
     view.is_none_or(|v| !v.node_open)
 }
 
+/// Accepted connections go through the loops' admission (the `Driver`):
+/// with `--max-conns 1`, one client connection per node is taken as a
+/// client; the other client's is kept only for a peer's handshake, which
+/// it never completes, so the node closes it at the deadline with the `E`
+/// line that says why. The cluster forms all the same: peer links are
+/// taken beyond `--max-conns`.
+#[test]
+fn a_connection_beyond_max_conns_that_never_completes_a_handshake_is_closed() {
+    const REFUSED: &str = "E too many connections: a connection beyond --max-conns must be a peer";
+    let mut sim = Sim::new(1, SimConfig::scripted(3, 2));
+    sim.set_max_conns(1);
+    sim.expect_errors(0);
+    sim.expect_errors(1);
+    assert!(sim.run_for(2 * PEER_TIMEOUT_MS + 200), "{}", sim.report());
+    assert_eq!(sim.actives(), [0], "{}", sim.report());
+    let refused = (0..2)
+        .flat_map(|c| sim.answers(c).iter())
+        .filter(|(_, line)| line == REFUSED)
+        .count();
+    assert!(
+        refused >= 3,
+        "{refused} refusals, one per node at least:\n{}",
+        sim.report()
+    );
+    ok(&sim);
+}
+
 #[test]
 fn a_client_that_stops_reading_is_paused_then_resumed_with_nothing_lost() {
     // Releases of nothing: answered `R <key> 0` in order, 11 bytes each.

@@ -207,7 +207,7 @@ fn assert_refused(what: &str, addr: SocketAddr, lines: &[String]) {
 fn random_hex(bytes: usize) -> String {
     let mut out = Vec::with_capacity(bytes);
     while out.len() < bytes {
-        out.extend_from_slice(&auth::random_u64().unwrap().to_le_bytes());
+        out.extend_from_slice(&ringlock::secret::random_u64().unwrap().to_le_bytes());
     }
     auth::hex(&out[..bytes])
 }
@@ -223,14 +223,17 @@ fn fingerprint(c: &Cluster) -> String {
 fn hello(fp: &str, from: usize, addr: &str) -> String {
     format!(
         "P HELLO 3 {fp} {from} {addr} {} {}",
-        auth::random_u64().unwrap(),
+        ringlock::secret::random_u64().unwrap(),
         random_hex(auth::NONCE_LEN)
     )
 }
 
 /// The HELLO of the peer protocol before authentication.
 fn old_hello(from: usize, addr: &str) -> String {
-    format!("P HELLO 1 {from} {addr} {}", auth::random_u64().unwrap())
+    format!(
+        "P HELLO 1 {from} {addr} {}",
+        ringlock::secret::random_u64().unwrap()
+    )
 }
 
 /// An AUTH with a MAC made up by someone without the secret.

@@ -21,9 +21,10 @@ use std::os::fd::AsRawFd;
 
 use super::lifecycle::Phase;
 use super::{
-    Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, LoopTls, Step,
-    accepted_lifecycle, dialed_lifecycle,
+    Clock, Dialer, Lifecycle, LongestTurn, LoopConfig, LoopTls, Step, accepted_lifecycle,
+    dialed_lifecycle,
 };
+use crate::driver::Driver;
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
 
@@ -80,21 +81,23 @@ pub fn run(
         ready: Vec::new(),
         dirty: Vec::new(),
         from_engine: Vec::new(),
-        lingering: LingerQueue::default(),
-        handshakes: LingerQueue::default(),
-        max_conns: config.max_conns,
+        driver: Driver::new(
+            config.max_conns,
+            config.tls.as_ref().map(|t| t.handshake_ms),
+        ),
         tls: config.tls.clone(),
-        accept_retry_at: None,
     };
     let mut events = Events::with_capacity(1024);
-    let mut shutting_down_until: Option<u64> = None;
     let mut turns = LongestTurn::default();
     loop {
         let (now, at) = clock.now_precise();
         if let Some(turn) = turns.end(at) {
             node.turn_ended(turn);
         }
-        let timeout = state.timeout_ms(&node, now.ms, shutting_down_until);
+        // What the turn published reaches the metrics listener before the
+        // loop sleeps.
+        config.publish(&mut node);
+        let timeout = state.timeout_ms(&node, now.ms);
         if let Err(e) = wait(
             &mut poll,
             &mut events,
@@ -111,33 +114,26 @@ pub fn run(
             match event.token() {
                 LISTENER => {
                     if let Some(l) = &listener {
-                        state.accept(l, &poll, &mut node, now)?;
+                        state.accept(l, &poll, &mut node, now);
                     }
                 }
                 SIGNALS => {
                     let mut byte = [0u8; 16];
                     while matches!(signals.read(&mut byte), Ok(n) if n > 0) {}
-                    if shutting_down_until.is_none() {
-                        tracing::info!(
-                            "shutting down: answering waiting acquires, closing connections"
-                        );
+                    if state.driver.shut_down(&mut node, now) {
                         // Closed at once: new clients are refused rather than
                         // queued on a socket nobody will accept from.
                         if let Some(mut l) = listener.take() {
-                            poll.registry().deregister(&mut l)?;
-                        }
-                        if let Some(to) = node.leave(now) {
-                            tracing::info!("handed the active role over to {to}");
+                            let _ = poll.registry().deregister(&mut l);
                         }
                         state.close_all(&mut node, now);
-                        shutting_down_until = Some(now.ms + LINGER_MS);
                     }
                 }
                 DIALER => {
                     for (peer, result) in dialer.results() {
                         match result {
-                            Ok(stream) if shutting_down_until.is_none() => {
-                                state.adopt_peer_link(stream, peer, &poll, &mut node, now)?;
+                            Ok(stream) if !state.driver.is_shutting_down() => {
+                                state.adopt_peer_link(stream, peer, &poll, &mut node, now);
                             }
                             Ok(_) => {}
                             Err(_) => node.dial_failed(now, peer),
@@ -161,24 +157,21 @@ pub fn run(
                 }
             }
         }
-        if state.accept_retry_at.is_some_and(|at| now.ms >= at) {
-            state.accept_retry_at = None;
-            if let Some(l) = &listener {
-                state.accept(l, &poll, &mut node, now)?;
-            }
+        if state.driver.accept_retry_due(now.ms)
+            && let Some(l) = &listener
+        {
+            state.accept(l, &poll, &mut node, now);
         }
         state.read_ready(&mut node, now);
         state.flush(&mut node, now);
         state.expire_lingering(now.ms);
         state.expire_handshakes(&mut node, now);
-        if shutting_down_until.is_none() {
-            dials.clear();
-            node.take_dials(now, &mut dials);
-            for (peer, addr) in dials.drain(..) {
-                dialer.dial(peer, addr);
-            }
+        state.driver.take_dials(&mut node, now, &mut dials);
+        for (peer, addr) in dials.drain(..) {
+            dialer.dial(peer, addr);
         }
-        if shutting_down_until.is_some_and(|until| state.conns.is_empty() || now.ms >= until) {
+        state.driver.end_turn(&mut node, now);
+        if state.driver.finished(now.ms, state.conns.len()) {
             let _ = turns.end(clock.now_precise().1);
             return Ok(turns);
         }
@@ -194,68 +187,59 @@ struct Loop {
     dirty: Vec<ConnId>,
     /// Scratch for [`Engine::take_dirty`].
     from_engine: Vec<ConnId>,
-    lingering: LingerQueue,
-    /// TLS connections by handshake deadline.
-    handshakes: LingerQueue,
-    max_conns: usize,
+    /// The per-turn policy: admission, deadlines, accept retry, shutdown.
+    driver: Driver,
     tls: Option<LoopTls>,
-    /// When to try accepting again after an accept failed
-    /// ([`super::ACCEPT_RETRY_MS`]).
-    accept_retry_at: Option<u64>,
 }
 
 impl Loop {
-    /// How long the next poll may sleep: until the engine's next timer, a
-    /// lingering connection's deadline or the end of shutdown; not at all if
+    /// How long the next poll may sleep: as the driver says; not at all if
     /// some connection still has input to read.
-    fn timeout_ms(&self, node: &Node, now_ms: u64, shutdown: Option<u64>) -> Option<u64> {
+    fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
         if !self.ready.is_empty() {
             return Some(0);
         }
-        node.next_deadline()
-            .into_iter()
-            .chain(self.lingering.next_deadline())
-            .chain(self.handshakes.next_deadline())
-            .chain(shutdown)
-            .chain(self.accept_retry_at)
-            .min()
-            .map(|deadline| deadline.saturating_sub(now_ms))
+        self.driver.timeout_ms(node, now_ms)
     }
 
-    fn accept(
-        &mut self,
-        listener: &TcpListener,
-        poll: &Poll,
-        node: &mut Node,
-        now: Now,
-    ) -> io::Result<()> {
+    /// Accepts until the backlog is empty. A failure of one connection
+    /// drops that connection; a failed accept (out of descriptors, say)
+    /// leaves the backlog for the driver's retry.
+    fn accept(&mut self, listener: &TcpListener, poll: &Poll, node: &mut Node, now: Now) {
         loop {
             let (stream, remote) = match listener.accept() {
                 Ok(pair) => pair,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    // Out of descriptors or memory: leave the backlog for
-                    // later rather than stop serving everyone.
-                    node.accept_failed(now, &e);
-                    self.accept_retry_at = Some(now.ms + super::ACCEPT_RETRY_MS);
-                    return Ok(());
+                    self.driver.accept_failed(node, now, &e);
+                    return;
                 }
             };
-            let admission = node.admit(self.conns.len(), self.max_conns);
+            let admission = self.driver.admit(node, self.conns.len());
             if admission == Admission::Refuse {
                 drop(stream);
                 continue;
             }
-            stream.set_nodelay(true)?;
+            if let Err(e) = stream.set_nodelay(true) {
+                self.driver.setup_failed(node, now, "TCP_NODELAY", &e);
+                continue;
+            }
             let life = match accepted_lifecycle(self.tls.as_ref(), now.ms) {
                 Ok(life) => life,
                 Err(e) => {
-                    tracing::warn!("TLS: {e}");
+                    self.driver.setup_failed(node, now, "TLS", &e);
                     continue;
                 }
             };
-            let id = self.insert(stream, life, now.ms, poll)?;
+            let id = match self.insert(stream, life, now.ms, poll) {
+                Ok(id) => id,
+                Err(e) => {
+                    self.driver
+                        .setup_failed(node, now, "epoll registration", &e);
+                    continue;
+                }
+            };
             if admission == Admission::PeerOnly {
                 node.open_peer_only(now, id);
             } else {
@@ -281,12 +265,7 @@ impl Loop {
             Token(id),
             Interest::READABLE | Interest::WRITABLE,
         )?;
-        if life.is_tls()
-            && let Some(tls) = &self.tls
-        {
-            self.handshakes
-                .push(now_ms.saturating_add(tls.handshake_ms), id as ConnId);
-        }
+        self.driver.opened(now_ms, id as ConnId, life.is_tls());
         entry.insert(Conn {
             stream,
             life,
@@ -306,24 +285,31 @@ impl Loop {
         poll: &Poll,
         node: &mut Node,
         now: Now,
-    ) -> io::Result<()> {
+    ) {
         let remote = stream.peer_addr().ok();
         let life = match dialed_lifecycle(self.tls.as_ref(), node, peer, now.ms) {
             Ok(life) => life,
             Err(e) => {
-                tracing::warn!("TLS: {e}");
+                self.driver.setup_failed(node, now, "TLS", &e);
                 node.dial_failed(now, peer);
-                return Ok(());
+                return;
             }
         };
-        let id = self.insert(TcpStream::from_std(stream), life, now.ms, poll)?;
+        let id = match self.insert(TcpStream::from_std(stream), life, now.ms, poll) {
+            Ok(id) => id,
+            Err(e) => {
+                self.driver
+                    .setup_failed(node, now, "epoll registration", &e);
+                node.dial_failed(now, peer);
+                return;
+            }
+        };
         node.outbound_open(now, id, peer);
         // A TLS link starts with our handshake.
         self.dirty.push(id);
         if let Some(remote) = remote {
             node.set_remote(id, remote);
         }
-        Ok(())
     }
 
     /// Reads from the connections that may have input, up to
@@ -440,7 +426,7 @@ impl Loop {
                 let _ = conn.stream.shutdown(Shutdown::Write);
                 match linger_until {
                     Some(until) => {
-                        self.lingering.push(until, id);
+                        self.driver.linger(until, id);
                         // Keep reading (and discarding) until the client closes.
                         self.mark_ready(id);
                     }
@@ -458,7 +444,7 @@ impl Loop {
     /// Closes the lingering connections whose deadline passed (those whose
     /// client closed are closed by [`Loop::read_ready`]).
     fn expire_lingering(&mut self, now_ms: u64) {
-        while let Some((_, id)) = self.lingering.pop_due(now_ms) {
+        while let Some(id) = self.driver.due_lingering(now_ms) {
             // A stale entry (its connection gone, the slot reused) is
             // harmless: the lifecycle only acts on its own deadline.
             self.settle(now_ms, id);
@@ -468,7 +454,7 @@ impl Loop {
     /// Closes the TLS connections whose handshake is not done by its
     /// deadline.
     fn expire_handshakes(&mut self, node: &mut Node, now: Now) {
-        while let Some((_, id)) = self.handshakes.pop_due(now.ms) {
+        while let Some(id) = self.driver.due_handshake(now.ms) {
             // A stale entry is harmless: the lifecycle acts on its own
             // deadline only, and only while its handshake is under way.
             if let Some(conn) = self.conns.get_mut(id as usize)

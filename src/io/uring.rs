@@ -40,9 +40,10 @@ use slab::Slab;
 
 use super::lifecycle::Phase;
 use super::{
-    Clock, Dialer, LINGER_MS, Lifecycle, LingerQueue, LongestTurn, LoopConfig, LoopTls, Step,
-    accepted_lifecycle, dialed_lifecycle,
+    Clock, Dialer, Lifecycle, LongestTurn, LoopConfig, LoopTls, Step, accepted_lifecycle,
+    dialed_lifecycle,
 };
+use crate::driver::Driver;
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
 
@@ -220,21 +221,15 @@ struct Uring {
     signal_buf: Box<[u8; 16]>,
     dialer: Dialer,
     dialer_buf: Box<[u8; 64]>,
-    max_conns: usize,
     /// `--spin-us`: how long to watch for completions before sleeping.
     spin_us: u64,
     /// Connections that may have something to send this turn.
     to_send: Vec<ConnId>,
     /// Connections to look at after the turn (to free or to re-arm).
     touched: Vec<ConnId>,
-    lingering: LingerQueue,
-    /// TLS connections by handshake deadline.
-    handshakes: LingerQueue,
+    /// The per-turn policy: admission, deadlines, accept retry, shutdown.
+    driver: Driver,
     tls: Option<LoopTls>,
-    shutdown_until: Option<u64>,
-    /// When to arm the accept again after it failed
-    /// ([`super::ACCEPT_RETRY_MS`]).
-    accept_retry_at: Option<u64>,
 }
 
 /// Runs the io_uring loop until SIGINT/SIGTERM (a byte on `signals`);
@@ -259,15 +254,14 @@ pub fn run(
         signal_buf: Box::new([0u8; 16]),
         dialer: Dialer::spawn(node.link_timeout())?,
         dialer_buf: Box::new([0u8; 64]),
-        max_conns: config.max_conns,
         spin_us: config.spin_us,
         to_send: Vec::new(),
         touched: Vec::new(),
-        lingering: LingerQueue::default(),
-        handshakes: LingerQueue::default(),
+        driver: Driver::new(
+            config.max_conns,
+            config.tls.as_ref().map(|t| t.handshake_ms),
+        ),
         tls: config.tls.clone(),
-        shutdown_until: None,
-        accept_retry_at: None,
     };
     lp.arm_accept();
     lp.arm_signal();
@@ -281,7 +275,10 @@ pub fn run(
         if let Some(turn) = turns.end(at) {
             node.turn_ended(turn);
         }
-        lp.wait(lp.timeout_ms(&node, now.ms))?;
+        // What the turn published reaches the metrics listener before the
+        // loop sleeps.
+        config.publish(&mut node);
+        lp.wait(lp.driver.timeout_ms(&node, now.ms))?;
         let (now, at) = clock.now_precise();
         turns.begin(at);
         node.tick(now);
@@ -300,17 +297,12 @@ pub fn run(
         lp.close_doomed(&mut node, now, &mut dirty);
         lp.send_all(&mut node);
         lp.after_turn(&mut node, now);
-        if lp.shutdown_until.is_none() {
-            dials.clear();
-            node.take_dials(now, &mut dials);
-            for (peer, addr) in dials.drain(..) {
-                lp.dialer.dial(peer, addr);
-            }
+        lp.driver.take_dials(&mut node, now, &mut dials);
+        for (peer, addr) in dials.drain(..) {
+            lp.dialer.dial(peer, addr);
         }
-        if lp
-            .shutdown_until
-            .is_some_and(|until| lp.conns.is_empty() || now.ms >= until)
-        {
+        lp.driver.end_turn(&mut node, now);
+        if lp.driver.finished(now.ms, lp.conns.len()) {
             let _ = turns.end(clock.now_precise().1);
             return Ok(turns);
         }
@@ -381,19 +373,6 @@ impl Uring {
         Ok(!self.ring.completion().is_empty())
     }
 
-    /// Until the engine's next timer, the next lingering deadline or the end
-    /// of shutdown.
-    fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
-        node.next_deadline()
-            .into_iter()
-            .chain(self.lingering.next_deadline())
-            .chain(self.handshakes.next_deadline())
-            .chain(self.shutdown_until)
-            .chain(self.accept_retry_at)
-            .min()
-            .map(|deadline| deadline.saturating_sub(now_ms))
-    }
-
     /// Queues a submission, flushing the queue to the kernel first if it is
     /// full (never growing anything without bound).
     ///
@@ -453,17 +432,17 @@ impl Uring {
 
     /// Takes the dialer's results: connected links join the loop.
     fn dialed(&mut self, node: &mut Node, now: Now) {
-        if self.shutdown_until.is_none() {
+        if !self.driver.is_shutting_down() {
             self.arm_dialer();
         }
         for (peer, result) in self.dialer.results() {
             match result {
-                Ok(stream) if self.shutdown_until.is_none() => {
+                Ok(stream) if !self.driver.is_shutting_down() => {
                     let remote = stream.peer_addr().ok();
                     let life = match dialed_lifecycle(self.tls.as_ref(), node, peer, now.ms) {
                         Ok(life) => life,
                         Err(e) => {
-                            tracing::warn!("TLS: {e}");
+                            self.driver.setup_failed(node, now, "TLS", &e);
                             node.dial_failed(now, peer);
                             continue;
                         }
@@ -486,12 +465,7 @@ impl Uring {
     fn insert_conn(&mut self, fd: OwnedFd, life: Lifecycle, now_ms: u64) -> ConnId {
         let id = self.conns.vacant_key() as ConnId;
         self.generations.bump(id);
-        if life.is_tls()
-            && let Some(tls) = &self.tls
-        {
-            self.handshakes
-                .push(now_ms.saturating_add(tls.handshake_ms), id);
-        }
+        self.driver.opened(now_ms, id, life.is_tls());
         self.conns.insert(Conn {
             fd,
             life,
@@ -564,36 +538,40 @@ impl Uring {
 
     fn accepted(&mut self, node: &mut Node, now: Now, res: i32, flags: u32) {
         let failed = res < 0 && res != -libc::ECANCELED;
-        if !cqueue::more(flags) && self.shutdown_until.is_none() {
+        let error = || io::Error::from_raw_os_error(-res);
+        if !cqueue::more(flags) && !self.driver.is_shutting_down() {
             if failed {
                 // Out of descriptors or memory: the connection stays in the
-                // backlog and an accept armed now would fail again at once.
-                self.accept_retry_at = Some(now.ms + super::ACCEPT_RETRY_MS);
+                // backlog and an accept armed now would fail again at once;
+                // the driver says when to try again.
+                self.driver.accept_failed(node, now, &error());
             } else {
                 self.arm_accept();
             }
+        } else if failed {
+            node.accept_failed(now, &error());
         }
         if res < 0 {
-            if failed {
-                node.accept_failed(now, &io::Error::from_raw_os_error(-res));
-            }
             return;
         }
         // SAFETY: a successful accept completion's result is a new file
         // descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(res) };
-        let admission = node.admit(self.conns.len(), self.max_conns);
-        if admission == Admission::Refuse || self.shutdown_until.is_some() {
+        let admission = self.driver.admit(node, self.conns.len());
+        if admission == Admission::Refuse {
             return; // dropped: closed at once
         }
         let borrowed = fd.as_fd();
         let socket = socket2::SockRef::from(&borrowed);
-        let _ = socket.set_nodelay(true);
+        if let Err(e) = socket.set_nodelay(true) {
+            self.driver.setup_failed(node, now, "TCP_NODELAY", &e);
+            return; // dropped: closed at once
+        }
         let remote = socket.peer_addr().ok().and_then(|a| a.as_socket());
         let life = match accepted_lifecycle(self.tls.as_ref(), now.ms) {
             Ok(life) => life,
             Err(e) => {
-                tracing::warn!("TLS: {e}");
+                self.driver.setup_failed(node, now, "TLS", &e);
                 return; // dropped: closed at once
             }
         };
@@ -682,14 +660,12 @@ impl Uring {
     }
 
     fn signalled(&mut self, node: &mut Node, now: Now, res: i32) {
-        if res <= 0 || self.shutdown_until.is_some() {
-            if self.shutdown_until.is_none() {
+        if res <= 0 || !self.driver.shut_down(node, now) {
+            if !self.driver.is_shutting_down() {
                 self.arm_signal();
             }
             return;
         }
-        tracing::info!("shutting down: answering waiting acquires, closing connections");
-        self.shutdown_until = Some(now.ms + LINGER_MS);
         let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0, 0))
             .build()
             .user_data(user_data(Op::Cancel, 0, 0));
@@ -698,9 +674,6 @@ impl Uring {
         // Closed at once (the ring keeps its own reference until the accept
         // is cancelled): new clients are refused, not queued.
         self.listener = None;
-        if let Some(to) = node.leave(now) {
-            tracing::info!("handed the active role over to {to}");
-        }
         let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
         for id in ids {
             self.conns[id as usize].life.finish(node, now, id);
@@ -747,20 +720,17 @@ impl Uring {
     /// flight.
     fn after_turn(&mut self, node: &mut Node, now: Now) {
         let now_ms = now.ms;
-        if self.accept_retry_at.is_some_and(|at| now_ms >= at) {
-            self.accept_retry_at = None;
-            if self.shutdown_until.is_none() {
-                self.arm_accept();
-            }
+        if self.driver.accept_retry_due(now_ms) {
+            self.arm_accept();
         }
-        while let Some((_, id)) = self.lingering.pop_due(now_ms) {
+        while let Some(id) = self.driver.due_lingering(now_ms) {
             // A stale entry (slot reused) is harmless: the lifecycle only
             // acts on its own deadline.
             if self.conns.contains(id as usize) {
                 self.touched.push(id);
             }
         }
-        while let Some((_, id)) = self.handshakes.pop_due(now_ms) {
+        while let Some(id) = self.driver.due_handshake(now_ms) {
             // Stale entries are harmless, as above: the lifecycle acts on
             // its own deadline, and only while its handshake is under way.
             if let Some(conn) = self.conns.get_mut(id as usize)
@@ -780,7 +750,7 @@ impl Uring {
                 Step::Shut { linger_until } => {
                     let _ = socket2::SockRef::from(&conn.fd.as_fd()).shutdown(Shutdown::Write);
                     if let Some(until) = linger_until {
-                        self.lingering.push(until, id);
+                        self.driver.linger(until, id);
                     }
                 }
                 Step::Stay | Step::Close => {}

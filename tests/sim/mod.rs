@@ -39,10 +39,11 @@ use std::fmt::Write as _;
 
 use ringlock::cluster::auth::Secret;
 use ringlock::cluster::{ClusterConfig, Role, wire};
+use ringlock::driver::Driver;
 use ringlock::engine::{ConnId, Now};
 use ringlock::io::lifecycle::Phase;
 use ringlock::io::{Lifecycle, Step};
-use ringlock::node::{Node, NodeConfig};
+use ringlock::node::{Admission, Node, NodeConfig};
 use ringlock_proto::{Answer, parse_answer};
 pub use rng::Rng;
 
@@ -258,6 +259,9 @@ struct Inc {
     /// Its deadline was in the past after its last turn: a real loop would
     /// spin (poll with timeout 0) until it changes.
     spinning_since: Option<u64>,
+    /// The loops' per-turn policy: here, the admission of accepted
+    /// connections.
+    driver: Driver,
 }
 
 struct NodeSlot {
@@ -481,7 +485,12 @@ pub struct Sim {
     /// flight or in its receive buffer): a sender with that many outstanding
     /// sends no more until the reader reads.
     socket_buf: usize,
+    /// `--max-conns` of every node started from now on.
+    max_conns: usize,
 }
+
+/// The default [`Sim::max_conns`]: more than any run opens.
+const MAX_CONNS: usize = 1 << 16;
 
 /// The default [`Sim::socket_buf`]: far more than the random runs ever
 /// have outstanding on one connection.
@@ -560,6 +569,7 @@ impl Sim {
             dirty: Vec::new(),
             dial_buf: Vec::new(),
             socket_buf: SOCKET_BUF_BYTES,
+            max_conns: MAX_CONNS,
             cfg,
         };
         let drifts: Vec<String> = sim
@@ -712,6 +722,7 @@ impl Sim {
             wake_at: Some(self.now),
             last_turn: 0,
             spinning_since: None,
+            driver: Driver::new(self.max_conns, None),
         });
         self.nodes[x].hung_until = None;
         self.log(format!(
@@ -2093,9 +2104,18 @@ impl Sim {
             if self.conns[sc].as_ref().is_none_or(|c| !c.open[1]) {
                 continue;
             }
+            let open = self.nodes[x].inc.as_ref().unwrap().conns.len();
+            let admission = self.op_inc(x, "admit", |inc, _| inc.driver.admit(&mut inc.node, open));
             let cid = self.alloc_cid(x, sc);
             self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
-            self.op(x, "accept", |node, _| node.open(cid));
+            match admission {
+                // Closed at once, as the loops close a refused socket.
+                Admission::Refuse => self.node_end_closed(x, sc, 1, "refused (--max-conns)"),
+                Admission::PeerOnly => {
+                    self.op(x, "accept", |node, now| node.open_peer_only(now, cid));
+                }
+                Admission::Client => self.op(x, "accept", |node, _| node.open(cid)),
+            }
         }
         // Dial results.
         let generation = self.nodes[x].generation;
@@ -3115,6 +3135,17 @@ impl Sim {
     /// (set before the connections that should have it are made).
     pub fn set_socket_buffer(&mut self, bytes: usize) {
         self.socket_buf = bytes;
+    }
+
+    /// Sets `--max-conns` of every node, those running included (their
+    /// admission starts afresh).
+    pub fn set_max_conns(&mut self, max_conns: usize) {
+        self.max_conns = max_conns;
+        for slot in &mut self.nodes {
+            if let Some(inc) = &mut slot.inc {
+                inc.driver = Driver::new(max_conns, None);
+            }
+        }
     }
 
     /// Client `c` stops or resumes reading its sockets.

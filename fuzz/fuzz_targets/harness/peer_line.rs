@@ -46,6 +46,7 @@ pub fn check_line(line: &[u8], enc: &mut Vec<u8>, outcome: &mut Outcome) {
     let msg = match wire::parse(line) {
         Ok(msg) => msg,
         Err(reason) => {
+            let reason = reason.to_string();
             assert!(!reason.is_empty(), "empty reason for {:?}", esc(line));
             assert!(
                 reason.len() <= MAX_REASON,

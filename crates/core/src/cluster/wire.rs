@@ -107,6 +107,31 @@ pub enum PeerMsg<'a> {
     },
 }
 
+/// Why a peer line did not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// A line of the wrong shape or a field out of its bound: what was
+    /// wrong, and the line as received (quoted: printable, bounded).
+    Bad { what: &'static str, line: String },
+    /// A `HELLO` of a peer protocol version other than [`VERSION`] (the
+    /// version field, quoted).
+    Version { got: String },
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Bad { what, line } => write!(f, "bad peer line ({what}): \"{line}\""),
+            WireError::Version { got } => write!(
+                f,
+                "peer protocol version \"{got}\" unsupported (this node speaks \
+                 {MIN_VERSION} to {VERSION}): run releases at most one peer protocol \
+                 version apart (docs/operations.md, upgrades)"
+            ),
+        }
+    }
+}
+
 /// True if `line` (without `\n`) is a peer line rather than a client one.
 pub fn is_peer_line(line: &[u8]) -> bool {
     line.starts_with(b"P ")
@@ -115,9 +140,12 @@ pub fn is_peer_line(line: &[u8]) -> bool {
 /// Parses a peer line (without its `\n`). Every field is checked against
 /// its bound (module docs); the error says which field was wrong.
 #[expect(clippy::too_many_lines)]
-pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
+pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let bad = |what: &str| format!("bad peer line ({what}): \"{}\"", Quoted(line));
+    let bad = |what: &'static str| WireError::Bad {
+        what,
+        line: Quoted(line).to_string(),
+    };
     let mut fields = line.split(|&b| b == b' ');
     if fields.next() != Some(b"P") {
         return Err(bad("not a peer line"));
@@ -175,12 +203,9 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, String> {
         b"HELLO" => {
             let version = parse_u64(f[0]).filter(|v| (MIN_VERSION..=VERSION).contains(v));
             let Some(version) = version.filter(|_| count > 0) else {
-                return Err(format!(
-                    "peer protocol version \"{}\" unsupported (this node speaks \
-                     {MIN_VERSION} to {VERSION}): run releases at most one peer protocol \
-                     version apart (docs/operations.md, upgrades)",
-                    Quoted(f[0])
-                ));
+                return Err(WireError::Version {
+                    got: Quoted(f[0]).to_string(),
+                });
             };
             want(6)?;
             key(f[3])?;
@@ -379,7 +404,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
 /// holder from version 3 on), `P X` for [`Replication::Released`]. The
 /// engine records events; this is the only place they become lines.
 #[inline]
-pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
+pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
     match event {
         Replication::Granted {
             key,
@@ -396,7 +421,7 @@ pub fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u6
 
 /// Appends `P G <key> <token> <remaining_ms>`, then ` <addr> <owner>` with a
 /// holder (`-` for what it does not know), and `\n`.
-pub fn encode_grant(
+pub(crate) fn encode_grant(
     out: &mut Vec<u8>,
     key: &[u8],
     token: u64,
@@ -419,7 +444,7 @@ pub fn encode_grant(
 }
 
 /// Appends `P X <key> <token>\n`.
-pub fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
+pub(crate) fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
     out.extend_from_slice(b"P X ");
     out.extend_from_slice(key);
     out.push(b' ');
@@ -608,7 +633,7 @@ mod tests {
     fn error_reasons_are_printable_and_short() {
         let mut line = b"P G \x01\x7f\xff\r".to_vec();
         line.extend(std::iter::repeat_n(b'k', 400));
-        let err = parse(&line).unwrap_err();
+        let err = parse(&line).unwrap_err().to_string();
         assert!(err.bytes().all(|b| (0x20..0x7f).contains(&b)), "{err}");
         assert!(err.len() < 120, "{err}");
         assert!(err.contains("\\x01\\x7f\\xff"), "{err}");
@@ -616,9 +641,13 @@ mod tests {
 
     #[test]
     fn a_wrong_version_says_so() {
-        let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5").unwrap_err();
+        let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("version \"1\" unsupported"), "{err}");
-        let err = parse(b"P HELLO 4 0 127.0.0.1:7171 5").unwrap_err();
+        let err = parse(b"P HELLO 4 0 127.0.0.1:7171 5")
+            .unwrap_err()
+            .to_string();
         // What an older node says of a newer one: the dialer reads this
         // (`Cluster::downgrade_if_refused`).
         assert!(

@@ -5,7 +5,7 @@
 //! clock does; the wall-clock half makes a node restarted without any stored
 //! state start above every token it issued before, provided its clock was not
 //! stepped back by more than the time it was down. A node that learns of a
-//! token from elsewhere (a peer, a replicated grant) [`observe`]s it, so that
+//! token from elsewhere (a peer, a replicated grant) `observe`s it, so that
 //! its next token is above that one too.
 //!
 //! Tokens are bounded by [`MAX_TOKEN`], far below `u64::MAX`: a token that
@@ -14,7 +14,6 @@
 //! observed [`MAX_TOKEN`], [`next`] says so with `None`, and the engine
 //! refuses the grant instead of panicking.
 //!
-//! [`observe`]: TokenClock::observe
 //! [`next`]: TokenClock::next
 
 /// The highest token this node issues or accepts from a peer: 2^63 - 1.
@@ -56,7 +55,7 @@ impl TokenClock {
     /// it. The caller refuses tokens above [`MAX_TOKEN`] (a peer's are
     /// checked where its lines are parsed); one that gets here anyway is
     /// clamped to it, which exhausts the clock rather than wrapping it.
-    pub fn observe(&mut self, token: u64) {
+    pub(crate) fn observe(&mut self, token: u64) {
         debug_assert!(
             token <= MAX_TOKEN,
             "token {token} above MAX_TOKEN reached the token clock"

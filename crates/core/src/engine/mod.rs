@@ -24,7 +24,8 @@ pub mod token;
 pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
-pub use replication::{Replication, ReplicationLog};
+pub use replication::Replication;
+pub(crate) use replication::ReplicationLog;
 use stats::{EngineStats, HOLD_SHIFT};
 use table::{Holders, NIL, Table, WaiterState};
 use token::TokenClock;
@@ -35,13 +36,17 @@ pub type ConnId = u32;
 
 /// The most acquires one connection may have waiting (docs/protocol.md,
 /// "9. Load and limits").
-pub const MAX_WAITING_PER_CONN: u32 = 4096;
+pub(crate) const MAX_WAITING_PER_CONN: u32 = 4096;
 
 /// The longest lease the engine takes, in ms: the 86400 s of docs/protocol.md
 /// ("3. Values"), which the request parser enforces for clients (and for
 /// waits). A replicated grant with more lease left than this is refused
 /// ([`GrantRefusal`]).
-pub const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
+pub(crate) const MAX_LEASE_MS: u64 = crate::proto::MAX_DURATION_MS;
+
+// The timing wheel places every lease and wait directly: none is far
+// enough ahead to be parked (see the wheel's module documentation).
+const _: () = assert!(MAX_LEASE_MS < wheel::MAX_AHEAD_MS);
 
 /// The most live locks (keys with a holder, waiters or a held-back `T`)
 /// by default: `ringlock serve --max-locks`. A million held locks took
@@ -51,25 +56,25 @@ pub const DEFAULT_MAX_LOCKS: u32 = 1_000_000;
 /// Table slots one `L` request looks at, at most: a page may hold fewer
 /// than its limit (its cursor says where to go on), but no request holds
 /// the loop for long (well under a millisecond).
-pub const LIST_SCAN: usize = 65_536;
+pub(crate) const LIST_SCAN: usize = 65_536;
 
 /// Table slots the `L` requests of one loop turn look at together, beyond
 /// [`LIST_MIN_SCAN`] each: the first request of a turn may look at a whole
 /// [`LIST_SCAN`], later ones at what is left. Many `L` requests pipelined
 /// in one read (thousands fit in 64 KiB) would otherwise each scan
 /// [`LIST_SCAN`] slots and hold the loop for seconds.
-pub const LIST_TURN_SCAN: usize = LIST_SCAN;
+pub(crate) const LIST_TURN_SCAN: usize = LIST_SCAN;
 
 /// Table slots an `L` request looks at even when its turn's
 /// [`LIST_TURN_SCAN`] is spent: every request moves its cursor on, at the
 /// cost of a few short requests.
-pub const LIST_MIN_SCAN: usize = 64;
+pub(crate) const LIST_MIN_SCAN: usize = 64;
 
 /// The bytes of lock lines after which an `L` answer stops (its cursor
 /// says where to go on): a connection is no longer read past 64 KiB of
 /// unsent answers, and one `L` answer of 1000 long keys (about 290 KB)
 /// would otherwise go far past that.
-pub const LIST_ANSWER_BYTES: usize = 16 * 1024;
+pub(crate) const LIST_ANSWER_BYTES: usize = 16 * 1024;
 
 /// The waiters `L` reports on one lock, at most: a lock with more is listed
 /// with this many (the count is kept, not walked).
@@ -84,7 +89,7 @@ pub const MAX_LOCKS_LIMIT: u32 = 1 << 31;
 /// room is address space, which a system may refuse for very large tables
 /// (`ulimit -v`, strict overcommit): then half as much is tried, and so
 /// on. A slab that outgrows its room still works, but grows by copying.
-pub fn reservable<T>(wanted: usize) -> usize {
+pub(crate) fn reservable<T>(wanted: usize) -> usize {
     // A slab entry is the value and the slab's tag, at most.
     let entry = std::mem::size_of::<T>() + 8;
     let mut n = wanted;
@@ -110,7 +115,7 @@ pub struct Now {
 /// A request that breaks the connection although it parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// One more than [`MAX_WAITING_PER_CONN`] waiting acquires.
+    /// One more than `MAX_WAITING_PER_CONN` waiting acquires.
     TooManyWaiting,
     /// A client request on a connection taken beyond `--max-conns` for the
     /// node's peers.
@@ -146,14 +151,14 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// A replicated grant ([`Engine::apply_grant`]) the engine does not take.
+/// A replicated grant (`Engine::apply_grant`) the engine does not take.
 /// The peer that sent it is misconfigured or broken: the cluster breaks its
 /// link with this as the reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrantRefusal {
     /// Its token is above [`token::MAX_TOKEN`].
     TokenOutOfRange(u64),
-    /// Its remaining lease is above [`MAX_LEASE_MS`].
+    /// Its remaining lease is above `MAX_LEASE_MS`.
     LeaseOutOfRange(u64),
     /// Its key has no lock here and the table holds `max_locks` locks: the
     /// active takes more than this node (every node needs the same
@@ -255,7 +260,7 @@ impl Engine {
     /// and at most [`MAX_LOCKS_LIMIT`]; clamped into that range). Room for
     /// them is reserved now, so that the table never stops to copy itself
     /// as it grows; see [`Engine::reserved_locks`].
-    pub fn with_max_locks(now: Now, advertise: &str, max_locks: u32) -> Engine {
+    pub(crate) fn with_max_locks(now: Now, advertise: &str, max_locks: u32) -> Engine {
         let max_locks = max_locks.clamp(1, MAX_LOCKS_LIMIT);
         let locks = max_locks as usize;
         Engine {
@@ -288,7 +293,7 @@ impl Engine {
 
     /// Bytes in `conn`'s output not yet taken by the loop (0 for a
     /// connection the engine does not know).
-    pub fn output_len(&self, conn: ConnId) -> usize {
+    pub(crate) fn output_len(&self, conn: ConnId) -> usize {
         self.conns.get(conn as usize).map_or(0, |c| c.out.len())
     }
 
@@ -418,7 +423,7 @@ impl Engine {
     /// [`Engine::take_dirty`] would return: written after the loop took
     /// this turn's (a grant made by a release handled while another
     /// connection's answers went out, a step-down when a link closed).
-    pub fn has_uncollected_output(&self) -> bool {
+    pub(crate) fn has_uncollected_output(&self) -> bool {
         self.dirty.iter().any(|&c| {
             let conn = &self.conns[c as usize];
             conn.open && !conn.out.is_empty()
@@ -681,7 +686,7 @@ impl Engine {
 
     /// What `H` answers from now on: a problem (one line of printable
     /// text), or `None` for `H ok`.
-    pub fn set_problem(&mut self, problem: Option<&[u8]>) {
+    pub(crate) fn set_problem(&mut self, problem: Option<&[u8]>) {
         if self.problem.as_deref() != problem {
             self.problem = problem.map(Box::from);
         }
@@ -691,7 +696,7 @@ impl Engine {
     /// or `T` for one whose wait already ran out and was held back), oldest
     /// first on each connection, and later requests get `M`. Grants stay in
     /// the table (a successor may have them replicated).
-    pub fn step_down(&mut self, active: Option<&str>) {
+    pub(crate) fn step_down(&mut self, active: Option<&str>) {
         let active: Option<Box<[u8]>> = active.map(|a| a.as_bytes().into());
         for conn in 0..self.conns.len() as ConnId {
             loop {
@@ -837,10 +842,15 @@ impl Engine {
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
     fn hand_off(&mut self, now: Now, lock: u32) {
+        debug_assert!(
+            self.table.lock(lock).holder.is_none(),
+            "hand-off of a held lock"
+        );
         let Some(w) = self.table.head(lock) else {
             self.table.remove_if_idle(lock);
             return;
         };
+        debug_assert_eq!(self.table.waiter(w).state, WaiterState::Queued);
         let waiter = self.table.waiter_mut(w);
         let (conn, lease_ms, queued_ms) =
             (waiter.conn, u64::from(waiter.lease_ms), waiter.queued_ms);
@@ -852,6 +862,15 @@ impl Engine {
                 self.grant(now, lock, conn, lease_ms, token);
                 self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
                 self.answered(w);
+                // After: the head waiter holds the lock, with the newest
+                // token, and has left the queue.
+                debug_assert!(
+                    self.table
+                        .lock(lock)
+                        .holder
+                        .is_some_and(|g| g.token == token && token == self.tokens.highest())
+                );
+                debug_assert!(self.table.head(lock) != Some(w));
             }
             None => self.time_out_all(lock, w),
         }
@@ -950,7 +969,7 @@ impl Engine {
 
     /// Starts recording replication events (a node with peers). Only an
     /// active engine records: a standby's table follows its active's.
-    pub fn enable_replication(&mut self) {
+    pub(crate) fn enable_replication(&mut self) {
         self.replication.get_or_insert_with(ReplicationLog::new);
     }
 
@@ -958,7 +977,7 @@ impl Engine {
     /// first), in the order the table changed, and keeps `into`'s old
     /// buffers for the next ones: swapping two logs turn after turn
     /// allocates nothing once both have grown.
-    pub fn take_replication(&mut self, into: &mut ReplicationLog) {
+    pub(crate) fn take_replication(&mut self, into: &mut ReplicationLog) {
         into.clear();
         if let Some(log) = &mut self.replication {
             std::mem::swap(into, log);
@@ -985,7 +1004,7 @@ impl Engine {
     /// Values no node of ours sends are refused, and nothing changes: a
     /// token above [`token::MAX_TOKEN`], more than [`MAX_LEASE_MS`] left,
     /// and a new key when the table holds `max_locks` locks.
-    pub fn apply_grant(
+    pub(crate) fn apply_grant(
         &mut self,
         now: Now,
         key: &[u8],
@@ -1032,7 +1051,7 @@ impl Engine {
 
     /// A standby takes a replicated release (or expiry) of `key`'s grant
     /// with `token`; a grant with another token is left alone.
-    pub fn apply_release(&mut self, key: &[u8], token: u64) {
+    pub(crate) fn apply_release(&mut self, key: &[u8], token: u64) {
         let Some(lock) = self.table.find(key) else {
             return;
         };
@@ -1051,7 +1070,7 @@ impl Engine {
     /// standby answers acquires `M`. Should the cluster call this on a node
     /// that has some, a lock with waiters keeps its holder (a free lock with
     /// waiters would never be granted) and the rest are cleared.
-    pub fn clear_grants(&mut self) {
+    pub(crate) fn clear_grants(&mut self) {
         debug_assert!(!self.is_active());
         for lock in self.table.lock_ids() {
             if self.table.has_waiters(lock) {
@@ -1069,13 +1088,13 @@ impl Engine {
 
     /// Records a token seen elsewhere (a peer's heartbeat, a hand-off), so
     /// that every token issued later is above it.
-    pub fn observe_token(&mut self, token: u64) {
+    pub(crate) fn observe_token(&mut self, token: u64) {
         self.tokens.observe(token);
     }
 
     /// Starts serving clients with the grants this node has (replicated
     /// ones keep their remaining lease).
-    pub fn become_active(&mut self) {
+    pub(crate) fn become_active(&mut self) {
         self.serving = Serving::Active;
         if let Some(log) = &mut self.replication {
             log.clear();
@@ -1083,7 +1102,7 @@ impl Engine {
     }
 
     /// Appends bytes for `conn` (a peer link) and marks it dirty.
-    pub fn write_to(&mut self, conn: ConnId, bytes: &[u8]) {
+    pub(crate) fn write_to(&mut self, conn: ConnId, bytes: &[u8]) {
         let c = &mut self.conns[conn as usize];
         debug_assert!(c.open);
         c.out.extend_from_slice(bytes);
@@ -1134,7 +1153,24 @@ impl Engine {
         }
     }
 
-    /// Checks the table's lists and the engine's bookkeeping. For tests.
+    /// What [`Engine::check_invariants`] visits: locks, waiters and
+    /// connection slots.
+    #[cfg(debug_assertions)]
+    pub(crate) fn walk_len(&self) -> usize {
+        self.table.len() + self.table.waiter_count() + self.conns.len()
+    }
+
+    /// Corrupts the table on purpose: a free lock left in it, which
+    /// [`Engine::check_invariants`] finds ("idle lock ... kept"). Only for
+    /// the test that proves the walkers run in a server process.
+    #[cfg(debug_assertions)]
+    pub(crate) fn break_invariant(&mut self) {
+        self.table.find_or_insert(b"broken-on-purpose");
+    }
+
+    /// Checks the table's lists and the engine's bookkeeping: tests, the
+    /// simulator, the fuzzer, and every loop turn of a debug build (the
+    /// node runs it after each turn, sampled for a large table).
     pub fn check_invariants(&self) {
         self.table.check_invariants();
         let mut refs = std::collections::HashMap::new();

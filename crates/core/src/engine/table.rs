@@ -12,7 +12,7 @@
 //!   earlier acquire of the same key is answered.
 //!
 //! Keys are interned: one copy per lock, inline for keys of up to
-//! [`INLINE_KEY`] bytes, found through a hash index of lock indices. A lock
+//! `INLINE_KEY` bytes, found through a hash index of lock indices. A lock
 //! with no holder, no waiter and no held-back `T` is removed at once, so the
 //! table holds only live locks.
 //!
@@ -26,7 +26,7 @@
 //!   slab that never outgrows its room never reallocates, and a slab that
 //!   reallocates copies everything it holds in one go (at 2^20 locks, one
 //!   loop turn of 165–495 ms).
-//! - The index is [`SHARDS`] small hash tables, the key's hash choosing
+//! - The index is `SHARDS` small hash tables, the key's hash choosing
 //!   one. A hash table grows by rehashing everything it holds; a shard holds
 //!   1/1024th of the keys. Keys spread evenly, so the shards would all fill
 //!   up, and rehash, at about the same moment: each shard therefore grows
@@ -44,17 +44,18 @@ use slab::Slab;
 use super::wheel::TimerId;
 use super::{ConnId, reservable};
 
-/// "No index" in the intrusive lists.
+/// "No index" in the intrusive lists (and a grant without a holder, which
+/// the benches make).
 pub const NIL: u32 = u32::MAX;
 
 /// Shards of the key index.
-pub const SHARDS: usize = 1 << SHARD_BITS;
+pub(crate) const SHARDS: usize = 1 << SHARD_BITS;
 const SHARD_BITS: u32 = 10;
 
 /// Waiters the table reserves room for when it is made: the waiting
 /// acquires of 256 connections at their limit of 4096 each. Past that the
 /// waiter slab grows by doubling, which copies it.
-pub const RESERVED_WAITERS: usize = 1 << 20;
+pub(crate) const RESERVED_WAITERS: usize = 1 << 20;
 
 /// The shard of a key's hash: bits 32..42. A shard's own table uses the
 /// low bits (the bucket) and the top seven (the control byte).
@@ -96,7 +97,7 @@ impl Shard {
 }
 
 /// Keys up to this length are stored inside the lock, without allocation.
-pub const INLINE_KEY: usize = 30;
+pub(crate) const INLINE_KEY: usize = 30;
 
 /// A key's bytes, inline when short.
 enum KeyBuf {
@@ -311,7 +312,7 @@ impl Lock {
 
 /// Where a waiter is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaiterState {
+pub(crate) enum WaiterState {
     /// In its lock's FIFO, waiting for a grant.
     Queued,
     /// Its wait ran out while an earlier acquire of the same key on the same
@@ -326,13 +327,13 @@ pub struct Waiter {
     /// At most [`crate::proto::MAX_DURATION_MS`], which fits.
     pub lease_ms: u32,
     /// Monotonic ms of the acquire: for the wait histogram.
-    pub queued_ms: u64,
+    pub(crate) queued_ms: u64,
     /// The wait timer, if the acquire has a wait limit and is queued.
     pub timer: Option<TimerId>,
-    pub state: WaiterState,
+    pub(crate) state: WaiterState,
     /// A later acquire of the same key on the same connection is held back
     /// until this one is answered.
-    pub holds_back: bool,
+    pub(crate) holds_back: bool,
     q_prev: u32,
     q_next: u32,
     c_prev: u32,
@@ -382,8 +383,8 @@ impl Table {
     }
 
     /// A table with room reserved for `locks` locks and
-    /// [`RESERVED_WAITERS`] waiters, as much of it as the system grants
-    /// ([`reservable`]). Memory is taken as they come.
+    /// `RESERVED_WAITERS` waiters, as much of it as the system grants
+    /// (`reservable`). Memory is taken as they come.
     pub fn with_capacity(locks: usize) -> Table {
         let shards: Vec<Shard> = (0..SHARDS)
             .map(|_| Shard {
@@ -441,7 +442,7 @@ impl Table {
     /// The lock of `key`, created free if it is not live and the table
     /// holds fewer than `max_len` locks; `None` if the table is full.
     #[inline]
-    pub fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<u32> {
+    pub(crate) fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
         let s = shard_of(hash);
         let shard = &mut self.shards[s];
@@ -511,23 +512,23 @@ impl Table {
     /// One past the highest slot a lock has had since the table was last
     /// empty (0: empty): the bound of [`Table::lock_at`]'s indices. O(1):
     /// slots above the highest live one may be free, which a listing skips.
-    pub fn slot_bound(&self) -> usize {
+    pub(crate) fn slot_bound(&self) -> usize {
         self.slot_bound
     }
 
     /// The live lock in slot `i`, if any (for listing the table a page at
     /// a time: slots are stable while a lock lives).
-    pub fn lock_at(&self, i: usize) -> Option<&Lock> {
+    pub(crate) fn lock_at(&self, i: usize) -> Option<&Lock> {
         self.locks.get(i)
     }
 
     /// How many acquires wait in the queue of `lock`, up to `cap`. O(1).
-    pub fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
+    pub(crate) fn queue_len(&self, lock: &Lock, cap: u64) -> u64 {
         u64::from(lock.queued).min(cap)
     }
 
     /// The indices of every live lock.
-    pub fn lock_ids(&self) -> Vec<u32> {
+    pub(crate) fn lock_ids(&self) -> Vec<u32> {
         self.locks.iter().map(|(i, _)| i as u32).collect()
     }
 
@@ -539,36 +540,36 @@ impl Table {
         &mut self.locks[lock as usize]
     }
 
-    pub fn waiter(&self, waiter: u32) -> &Waiter {
+    pub(crate) fn waiter(&self, waiter: u32) -> &Waiter {
         &self.waiters[waiter as usize]
     }
 
-    pub fn waiter_mut(&mut self, waiter: u32) -> &mut Waiter {
+    pub(crate) fn waiter_mut(&mut self, waiter: u32) -> &mut Waiter {
         &mut self.waiters[waiter as usize]
     }
 
     /// Unanswered acquires of `conn` (queued and held back).
-    pub fn conn_len(&self, conn: ConnId) -> u32 {
+    pub(crate) fn conn_len(&self, conn: ConnId) -> u32 {
         self.conns.get(conn as usize).map_or(0, |c| c.len)
     }
 
     /// The oldest unanswered acquire of `conn`, or [`NIL`].
-    pub fn conn_first(&self, conn: ConnId) -> u32 {
+    pub(crate) fn conn_first(&self, conn: ConnId) -> u32 {
         self.conns.get(conn as usize).map_or(NIL, |c| c.head)
     }
 
     /// The next younger acquire on the same connection, or [`NIL`].
-    pub fn conn_next(&self, waiter: u32) -> u32 {
+    pub(crate) fn conn_next(&self, waiter: u32) -> u32 {
         self.waiters[waiter as usize].c_next
     }
 
     /// The next older acquire on the same connection, or [`NIL`].
-    pub fn conn_prev(&self, waiter: u32) -> u32 {
+    pub(crate) fn conn_prev(&self, waiter: u32) -> u32 {
         self.waiters[waiter as usize].c_prev
     }
 
     /// True if `lock` has queued waiters or held-back `T`s.
-    pub fn has_waiters(&self, lock: u32) -> bool {
+    pub(crate) fn has_waiters(&self, lock: u32) -> bool {
         let l = &self.locks[lock as usize];
         l.head != NIL || l.held_back > 0
     }
@@ -624,7 +625,7 @@ impl Table {
 
     /// Takes a queued waiter out of its lock's FIFO, marking it held back: it
     /// stays in its connection's list until [`Table::finish`].
-    pub fn unqueue(&mut self, waiter: u32) {
+    pub(crate) fn unqueue(&mut self, waiter: u32) {
         let (lock, prev, next) = {
             let w = &mut self.waiters[waiter as usize];
             debug_assert_eq!(w.state, WaiterState::Queued);

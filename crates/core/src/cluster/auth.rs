@@ -31,15 +31,8 @@ type HmacSha256 = Hmac<Sha256>;
 pub const NONCE_LEN: usize = 16;
 pub const MAC_LEN: usize = 32;
 
-/// Random bytes in a secret written by `ringlock keygen`.
-pub const SECRET_BYTES: usize = 32;
-
-/// The fewest characters a secret file must hold (after trimming white
-/// space): 32, i.e. 128 bits of hex. `ringlock keygen` writes 64.
-pub const MIN_SECRET_CHARS: usize = 32;
-
 pub type Nonce = [u8; NONCE_LEN];
-pub type MacBytes = [u8; MAC_LEN];
+pub(crate) type MacBytes = [u8; MAC_LEN];
 
 /// A digest of the ordered peer list and the peer protocol version: two
 /// nodes with different lists (or order) have different fingerprints.
@@ -59,54 +52,6 @@ impl Secret {
     /// A secret from its bytes (tests and the simulator).
     pub fn from_bytes(bytes: &[u8]) -> Secret {
         Secret(bytes.into())
-    }
-
-    /// Reads a secret file: its contents, trailing white space trimmed, are
-    /// the secret. Refuses a file with fewer than [`MIN_SECRET_CHARS`]
-    /// characters. Returns a warning too if others than the owner may read
-    /// the file.
-    pub fn from_file(path: &std::path::Path) -> Result<(Secret, Option<String>), String> {
-        use std::os::unix::fs::MetadataExt;
-        let shown = path.display();
-        let bytes = std::fs::read(path).map_err(|e| {
-            format!(
-                "cannot read --cluster-secret-file {shown}: {e} (make one with `ringlock keygen {shown}`)"
-            )
-        })?;
-        let trimmed = bytes.trim_ascii();
-        if trimmed.len() < MIN_SECRET_CHARS {
-            return Err(format!(
-                "--cluster-secret-file {shown} holds {} characters; a secret needs at least \
-                 {MIN_SECRET_CHARS} (make one with `ringlock keygen PATH`)",
-                trimmed.len()
-            ));
-        }
-        let mode = std::fs::metadata(path).map(|m| m.mode()).unwrap_or(0);
-        let warning = (mode & 0o077 != 0).then(|| {
-            format!(
-                "--cluster-secret-file {shown} may be read by others (mode {:o}); chmod 600 it",
-                mode & 0o777
-            )
-        });
-        Ok((Secret(trimmed.into()), warning))
-    }
-
-    /// Writes a fresh secret ([`SECRET_BYTES`] random bytes, as hex) to a
-    /// new file readable by its owner only. Refuses to overwrite a file.
-    pub fn generate_file(path: &std::path::Path) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut bytes = [0u8; SECRET_BYTES];
-        getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let mut text = hex(&bytes);
-        text.push('\n');
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()
     }
 
     fn hmac(&self) -> HmacSha256 {
@@ -198,13 +143,6 @@ pub fn fingerprint(version: u64, peers: &[String]) -> Fingerprint {
     u64::from_be_bytes(head)
 }
 
-/// A random 64-bit number from the OS (incarnations).
-pub fn random_u64() -> std::io::Result<u64> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-    Ok(u64::from_le_bytes(bytes))
-}
-
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len() * 2);
@@ -218,7 +156,7 @@ pub fn hex(bytes: &[u8]) -> String {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Decodes exactly `N` bytes of lowercase hex; `None` for anything else.
-pub fn unhex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
+pub(crate) fn unhex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
     if text.len() != 2 * N {
         return None;
     }
@@ -313,27 +251,5 @@ mod tests {
         assert_eq!(unhex::<4>(b"0001abf"), None);
         assert_eq!(unhex::<4>(b"0001abfff0"), None);
         assert_eq!(unhex::<4>(b"0001abfg"), None);
-    }
-
-    #[test]
-    fn secret_files_are_written_private_and_read_back() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("ringlock-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("secret");
-        let _ = std::fs::remove_file(&path);
-        Secret::generate_file(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let (secret, warning) = Secret::from_file(&path).unwrap();
-        assert_eq!(secret.0.len(), 2 * SECRET_BYTES);
-        assert!(warning.is_none());
-        // Never overwritten.
-        assert!(Secret::generate_file(&path).is_err());
-        // Too short.
-        std::fs::write(dir.join("short"), "abc\n").unwrap();
-        let err = Secret::from_file(&dir.join("short")).unwrap_err();
-        assert!(err.contains("at least 32"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,10 +2,12 @@
 //! the loop's thread (no atomics, no locks): the engine, the node and the
 //! cluster each bump their own fields inline. A copy goes to the metrics
 //! listener's thread at most every [`PUBLISH_EVERY_MS`]
-//! ([`crate::metrics`]), never per request.
+//! (the `ringlock` package's metrics listener), never per request.
 
 /// How often, at most, the loop publishes a copy of its counters.
 pub const PUBLISH_EVERY_MS: u64 = 100;
+
+use std::time::{Duration, Instant};
 
 pub use crate::engine::stats::{EngineStats, LOG2_BUCKETS, Log2Histogram};
 
@@ -17,6 +19,9 @@ pub struct NodeStats {
     /// Accepted and closed at once: beyond `--max-conns` and the peers'
     /// reserve.
     pub conns_refused: u64,
+    /// Accepted or dialed, and dropped at once: the socket could not be set
+    /// up (an option, its registration with the kernel, TLS).
+    pub conns_failed: u64,
     /// Requests that parsed but broke the connection (`E`: too many
     /// waiting, lock table full, tokens exhausted, peer-only connection).
     pub requests_refused: u64,
@@ -37,4 +42,34 @@ pub struct ClusterStats {
     pub became_active: u64,
     /// Times this node stepped down from active.
     pub stepped_down: u64,
+}
+
+/// What the loop publishes: its counters and the gauges of the moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The loop has published at least once.
+    pub published: bool,
+    pub engine: EngineStats,
+    pub node: NodeStats,
+    pub cluster: ClusterStats,
+    /// With peers; false for a cluster of one.
+    pub clustered: bool,
+    pub active: bool,
+    /// Active, or a standby that follows an active and holds its complete
+    /// snapshot (`/ready`).
+    pub ready: bool,
+    pub leaving: bool,
+    /// When the loop handed this snapshot to the metrics listener (set by
+    /// the loop as it does: the node reads no clock).
+    pub published_at: Option<Instant>,
+    /// With peers: a snapshot older than this means the loop has stopped
+    /// turning (a clustered loop turns at least every heartbeat), and
+    /// `/ready` says so whatever it holds.
+    pub stale_after: Option<Duration>,
+    pub highest_token: u64,
+    pub locks: u64,
+    pub waiters: u64,
+    pub peers_up: u64,
+    /// Per follower: its address and the replication bytes queued for it.
+    pub followers: Vec<(String, u64)>,
 }

@@ -1,9 +1,9 @@
 //! What the engine tells the peers that follow it: each change of the lock
 //! table as a typed event, in the order the table changed.
 //!
-//! The engine only records events ([`ReplicationLog`]); it knows nothing of
+//! The engine only records events (`ReplicationLog`); it knows nothing of
 //! peers or of how events travel. The cluster takes the log once per loop
-//! turn ([`super::Engine::take_replication`]) and turns each event into its
+//! turn (`super::Engine::take_replication`) and turns each event into its
 //! peer line. A log is reused turn after turn: recording an event copies its
 //! key into one shared byte buffer and appends a fixed-size record, so a
 //! turn allocates nothing once the buffers have grown to the turn's size.
@@ -42,32 +42,28 @@ struct Record {
 /// Replication events in order, with their keys in one buffer. Cleared and
 /// refilled, never shrunk: see the module docs.
 #[derive(Debug, Default)]
-pub struct ReplicationLog {
+pub(crate) struct ReplicationLog {
     records: Vec<Record>,
     keys: Vec<u8>,
 }
 
 impl ReplicationLog {
-    pub fn new() -> ReplicationLog {
+    pub(crate) fn new() -> ReplicationLog {
         ReplicationLog::default()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
 
-    pub fn len(&self) -> usize {
-        self.records.len()
-    }
-
     /// Forgets every event and keeps the room.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.records.clear();
         self.keys.clear();
     }
 
     /// The events in the order they were recorded.
-    pub fn iter(&self) -> impl Iterator<Item = Replication<'_>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Replication<'_>> {
         let mut start = 0;
         self.records.iter().map(move |r| {
             let key = self.keys.get(start..r.key_end).unwrap_or_default();
@@ -100,7 +96,7 @@ impl ReplicationLog {
 
     /// Appends an event (its key is copied).
     #[inline]
-    pub fn push(&mut self, event: Replication<'_>) {
+    pub(crate) fn push(&mut self, event: Replication<'_>) {
         let (key, token, remaining_ms, holder) = match event {
             Replication::Granted {
                 key,

@@ -81,7 +81,13 @@ impl Remote {
 
     /// Dials the node as `conn`: HELLO, reads the CHALLENGE, answers AUTH.
     /// Returns the result of the AUTH.
-    fn dial(&self, c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId) -> Result<(), String> {
+    fn dial(
+        &self,
+        c: &mut Cluster,
+        e: &mut Engine,
+        now: Now,
+        conn: ConnId,
+    ) -> Result<(), PeerError> {
         e.open(conn);
         let nonce = [9u8; auth::NONCE_LEN];
         let me = self.identity(nonce);
@@ -131,7 +137,7 @@ impl Remote {
         e: &mut Engine,
         now: Now,
         conn: ConnId,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, PeerError> {
         let out = lines_of(e, conn);
         let PeerMsg::Hello {
             fingerprint,
@@ -333,13 +339,13 @@ fn nothing_is_believed_before_auth() {
         highest: 1 << 62,
         synced: true,
     };
-    let err = c.on_message(at(2), 5, hb, &mut e).unwrap_err();
+    let err = c.on_message(at(2), 5, hb, &mut e).unwrap_err().to_string();
     assert!(err.contains("before AUTH"), "{err}");
     assert_eq!(e.highest_token(), 0);
     assert!(c.peers[0].heard_ms.is_none());
     // Without HELLO at all.
     e.open(6);
-    let err = c.on_message(at(2), 6, hb, &mut e).unwrap_err();
+    let err = c.on_message(at(2), 6, hb, &mut e).unwrap_err().to_string();
     assert!(err.contains("before HELLO"), "{err}");
     c.check_invariants(at(2), &e);
 }
@@ -349,7 +355,10 @@ fn a_wrong_secret_or_a_replayed_auth_is_refused() {
     let (mut c, mut e) = node(2);
     let mut stranger = Remote::new(0);
     stranger.secret = Secret::from_bytes(b"another secret of thirty-two bytes!!");
-    let err = stranger.dial(&mut c, &mut e, at(1), 5).unwrap_err();
+    let err = stranger
+        .dial(&mut c, &mut e, at(1), 5)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert!(c.peers[0].heard_ms.is_none() && c.links_in.is_empty());
     assert!(
@@ -369,7 +378,8 @@ fn a_wrong_secret_or_a_replayed_auth_is_refused() {
     c.on_message(at(2), 6, hello, &mut e).unwrap();
     let err = c
         .on_message(at(2), 6, PeerMsg::Auth { mac }, &mut e)
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert_eq!(c.peers[0].links_in, 1, "only the genuine link counts");
     c.check_invariants(at(2), &e);
@@ -528,7 +538,10 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
     // A CHALLENGE made with another secret: refused, no AUTH sent.
     let mut impostor = Remote::new(1);
     impostor.secret = Secret::from_bytes(b"not the cluster's secret, 32 bytes.");
-    let err = impostor.accept(&mut c, &mut e, at(61), 20).unwrap_err();
+    let err = impostor
+        .accept(&mut c, &mut e, at(61), 20)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert!(e.output_mut(20).is_empty(), "no AUTH for an impostor");
     assert!(!c.peers[1].out_authed);
@@ -556,7 +569,10 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
 
     // Node 0 of ours ([a, ...]), active; node "b" of theirs dials it.
     let (mut c, mut e) = active_node0();
-    let err = other.dial(&mut c, &mut e, at(600), 30).unwrap_err();
+    let err = other
+        .dial(&mut c, &mut e, at(600), 30)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("same list, in the same order"), "{err}");
     assert!(c.problem(at(600)).is_some());
     // Exactly one of the two configurations may serve.
@@ -578,7 +594,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     let mut b = Remote::new(1);
     b.peers = theirs;
     b.index = 0; // "b" is node 0 in its list
-    let err = b.accept(&mut c, &mut e, at(1), 20).unwrap_err();
+    let err = b.accept(&mut c, &mut e, at(1), 20).unwrap_err().to_string();
     assert!(err.contains("is node 0 of its --peers"), "{err}");
     // It got our AUTH, so it learns of the conflict as surely as we did.
     assert!(e.output_mut(20).starts_with(b"P AUTH "));
@@ -623,7 +639,10 @@ fn a_relayed_challenge_gets_no_auth_and_is_no_conflict() {
     e.open(40);
     c.outbound_open(at(600), 40, 1, &mut e);
     let relay = Remote::new(2);
-    let err = relay.accept(&mut c, &mut e, at(601), 40).unwrap_err();
+    let err = relay
+        .accept(&mut c, &mut e, at(601), 40)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not the node this node dialed"), "{err}");
     // No AUTH that the stranger could carry on to node 2 as node 0's, and
     // no conflict that would stop node 0 serving.
@@ -680,7 +699,8 @@ fn a_link_the_peer_gave_up_is_no_crash() {
     for conn in [10, 20] {
         let err = c
             .on_refusal(now, conn, b"E 127.0.0.1:7002 silent for 500 ms")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gave the link up"), "{err}");
         c.on_close(now, conn, &mut e);
         e.close(conn);

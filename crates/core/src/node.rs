@@ -2,8 +2,8 @@
 //! what the I/O loops drive; it is sans-I/O like both of its parts.
 //!
 //! Driving order, once per loop turn: [`Node::tick`]; then for each
-//! connection's input [`crate::io::Session::feed`] (which calls
-//! [`Node::handle_request`] and [`Node::handle_peer_line`]); then
+//! connection's input [`crate::session::Session::feed`] (which calls
+//! `Node::handle_request` and `Node::handle_peer_line`); then
 //! [`Node::take_dirty`] and [`Node::output_mut`] to send; then
 //! [`Node::take_doomed`] to close the connections the node gave up on;
 //! then [`Node::take_dials`] to start dials; then sleep until
@@ -17,11 +17,14 @@
 
 use std::net::SocketAddr;
 
-use crate::cluster::{Cluster, ClusterConfig, Role, wire};
+use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
-use crate::metrics::{Shared, Snapshot};
 use crate::proto::Request;
-use crate::stats::{NodeStats, PUBLISH_EVERY_MS};
+use crate::stats::{NodeStats, PUBLISH_EVERY_MS, Snapshot};
+
+/// The target of this module's log lines: the name it had before the core
+/// became a crate of its own, which `RUST_LOG` filters name.
+const LOG_TARGET: &str = "ringlock::node";
 
 /// The longest problem text an `H` answer carries (more is cut, with
 /// `...`): the answer stays one short line for any client.
@@ -57,7 +60,7 @@ impl LogLimiter {
         self.roll(now, what);
         if self.logged < Self::BURST {
             self.logged += 1;
-            tracing::warn!("{}", line());
+            tracing::warn!(target: LOG_TARGET, "{}", line());
         } else {
             self.suppressed += 1;
         }
@@ -68,7 +71,7 @@ impl LogLimiter {
         if now.ms >= self.window_start_ms + Self::WINDOW_MS {
             if self.suppressed > 0 {
                 tracing::warn!(
-                    "{} more {what} in the last {} s not shown",
+                    target: LOG_TARGET, "{} more {what} in the last {} s not shown",
                     self.suppressed,
                     Self::WINDOW_MS / 1000
                 );
@@ -106,18 +109,35 @@ pub struct Node {
     /// at the rate they connect.
     accept_log: LogLimiter,
     stats: NodeStats,
-    /// With `--metrics-listen`: where the counters are published.
+    /// With `--metrics-listen`: when the counters are published.
     publish: Option<Publish>,
+    /// The snapshot taken for the metrics listener and not yet handed to
+    /// the loop ([`Node::take_snapshot`]).
+    snapshot: Option<Snapshot>,
     /// Refused connections and protocol errors, summed up in the log once
     /// per [`SUMMARY_EVERY_MS`] at most.
     summary: Summary,
     /// TLS failures of connections (handshakes, plain text on a TLS port).
     tls_log: LogLimiter,
+    /// When the lock table's walker runs next ([`Node::check_after_turn`]).
+    #[cfg(debug_assertions)]
+    next_table_check_ms: u64,
+    /// A test's request to break an invariant once a connection has been
+    /// opened ([`Node::break_invariant_after_first_connection`]).
+    #[cfg(debug_assertions)]
+    break_invariant: bool,
 }
+
+/// In debug builds the lock table's walker runs after a loop turn at most
+/// once per `1 + entries / TABLE_CHECK_ENTRIES_PER_MS` ms, entries being
+/// the locks, waiters and connection slots it visits: about 1% of a debug
+/// build's time whatever the table's size, every millisecond for a small
+/// table, every 16 s for a million locks.
+pub const TABLE_CHECK_ENTRIES_PER_MS: usize = 64;
 
 /// How often, at most, refused connections and protocol errors are summed
 /// up in the log.
-pub const SUMMARY_EVERY_MS: u64 = 10_000;
+pub(crate) const SUMMARY_EVERY_MS: u64 = 10_000;
 
 #[derive(Debug, Default)]
 struct Summary {
@@ -133,7 +153,6 @@ struct Summary {
 
 /// Publishing the counters to the metrics listener's thread.
 struct Publish {
-    shared: Shared,
     next_ms: u64,
     /// [`Node::activity`] when last published: nothing to publish while it
     /// has not moved (a cluster publishes every time: its heartbeats wake
@@ -158,19 +177,24 @@ impl Node {
             accept_log: LogLimiter::default(),
             stats: NodeStats::default(),
             publish: None,
+            snapshot: None,
             summary: Summary {
                 since_ms: now.ms,
                 ..Summary::default()
             },
             tls_log: LogLimiter::default(),
+            #[cfg(debug_assertions)]
+            next_table_check_ms: 0,
+            #[cfg(debug_assertions)]
+            break_invariant: false,
         }
     }
 
-    /// Publishes the counters into `shared` from now on, at most every
-    /// [`PUBLISH_EVERY_MS`] and only when something moved.
-    pub fn publish_to(&mut self, shared: Shared) {
+    /// Publishes the counters from now on, at most every
+    /// [`PUBLISH_EVERY_MS`] and only when something moved: a snapshot for
+    /// the loop to hand to the metrics listener ([`Node::take_snapshot`]).
+    pub fn publish_metrics(&mut self) {
         self.publish = Some(Publish {
-            shared,
             next_ms: 0,
             activity: 0,
             published: false,
@@ -206,6 +230,7 @@ impl Node {
             .wrapping_add(n.conns_opened)
             .wrapping_add(n.conns_closed)
             .wrapping_add(n.conns_refused)
+            .wrapping_add(n.conns_failed)
             .wrapping_add(n.requests_refused)
             .wrapping_add(n.protocol_errors)
     }
@@ -215,6 +240,12 @@ impl Node {
         let p = self.publish.as_ref()?;
         let owed = !p.published || self.cluster.is_some() || p.activity != self.activity();
         owed.then_some(p.next_ms)
+    }
+
+    /// The snapshot published since the last call, if any: the loop hands
+    /// it to the metrics listener at the end of its turn.
+    pub fn take_snapshot(&mut self) -> Option<Snapshot> {
+        self.snapshot.take()
     }
 
     /// The numbers of the moment, as the metrics listener serves them.
@@ -241,7 +272,7 @@ impl Node {
                 None => active,
             },
             leaving: cluster.is_some_and(|c| c.is_leaving()) || (cluster.is_none() && !active),
-            published_at: Some(std::time::Instant::now()),
+            published_at: None,
             // A clustered loop turns at least every heartbeat and publishes
             // every turn (at most every PUBLISH_EVERY_MS): silence past two
             // peer timeouts means it stopped, and its peers took over.
@@ -260,10 +291,7 @@ impl Node {
         let snapshot = self.snapshot();
         let activity = self.activity();
         if let Some(p) = &mut self.publish {
-            match p.shared.lock() {
-                Ok(mut shared) => *shared = snapshot,
-                Err(poisoned) => *poisoned.into_inner() = snapshot,
-            }
+            self.snapshot = Some(snapshot);
             p.next_ms = now.ms + PUBLISH_EVERY_MS;
             p.activity = activity;
             p.published = true;
@@ -284,7 +312,7 @@ impl Node {
         let errors = self.stats.protocol_errors.saturating_sub(s.errors);
         let secs = now.ms.saturating_sub(s.since_ms).div_ceil(1000);
         if let Some(line) = summary_line(secs, refused, refused_requests, errors) {
-            tracing::warn!("{line}");
+            tracing::warn!(target: LOG_TARGET, "{line}");
         }
         s.since_ms = now.ms;
         s.refused = self.stats.conns_refused;
@@ -310,14 +338,26 @@ impl Node {
             || self.stats.protocol_errors != self.summary.errors
     }
 
+    /// A socket accepted or dialed could not be set up (an option, its
+    /// registration with the kernel, TLS): the loop dropped it. Counted,
+    /// and logged rate-limited, since a client may cause it at the rate it
+    /// connects.
+    #[cold]
+    pub fn setup_failed(&mut self, now: Now, what: &str, error: &dyn std::fmt::Display) {
+        self.stats.conns_failed += 1;
+        self.accept_log.log(now, "failed accepts", || {
+            format!("a new connection was dropped: {what}: {error}")
+        });
+    }
+
     /// A line that broke the protocol: counted (and summed up in the log).
-    pub fn protocol_error(&mut self) {
+    pub(crate) fn protocol_error(&mut self) {
         self.stats.protocol_errors += 1;
     }
 
     /// The TLS handshake of a peer link we dialed failed: counts like a
     /// wrong MAC from that peer ([`Cluster::dial_tls_failed`]).
-    pub fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
+    pub(crate) fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
         if let Some(cluster) = &mut self.cluster {
             cluster.dial_tls_failed(now, conn, why, &mut self.engine);
         }
@@ -325,7 +365,7 @@ impl Node {
 
     /// Logs why a TLS connection failed, with its remote address
     /// (rate-limited, so a flood of bad handshakes cannot fill the log).
-    pub fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
+    pub(crate) fn tls_log(&mut self, now: Now, conn: ConnId, why: impl FnOnce() -> String) {
         let remote = self.remote(conn);
         self.tls_log.log(now, "TLS failures", || {
             format!("TLS connection with {remote} closed: {}", why())
@@ -337,15 +377,62 @@ impl Node {
         self.cluster.as_ref()
     }
 
-    /// Asserts the engine's and the cluster's invariants.
+    /// Runs the invariant walkers after a loop turn, in debug builds only
+    /// (a release build does nothing here): the cluster's and the node's
+    /// every turn (they are the size of the peer list), the lock table's as
+    /// often as [`TABLE_CHECK_ENTRIES_PER_MS`] allows. A broken invariant
+    /// panics with its message and stops the process.
+    #[inline]
+    pub fn check_after_turn(&mut self, now: Now) {
+        #[cfg(debug_assertions)]
+        self.check_sampled(now);
+        #[cfg(not(debug_assertions))]
+        let _ = now;
+    }
+
+    #[cfg(debug_assertions)]
+    fn check_sampled(&mut self, now: Now) {
+        if self.break_invariant && self.stats.conns_opened > 0 {
+            self.break_invariant = false;
+            self.engine.break_invariant();
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.check_invariants(now, &self.engine);
+        }
+        self.check_peer_only();
+        if now.ms >= self.next_table_check_ms {
+            self.engine.check_invariants();
+            let entries = self.engine.walk_len();
+            self.next_table_check_ms = now.ms + 1 + (entries / TABLE_CHECK_ENTRIES_PER_MS) as u64;
+        }
+    }
+
+    /// For the test that proves the walkers run in a server process: once
+    /// a connection has been opened, the lock table is corrupted (a free
+    /// lock left in it), so that the next walk of the table panics. Debug
+    /// builds only.
+    #[cfg(debug_assertions)]
+    #[doc(hidden)]
+    pub fn break_invariant_after_first_connection(&mut self) {
+        self.break_invariant = true;
+    }
+
+    fn check_peer_only(&self) {
+        for &(conn, _) in &self.peer_only {
+            assert!(
+                self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1,
+                "connection {conn} listed twice as peer-only"
+            );
+        }
+    }
+
+    /// Asserts the engine's and the cluster's invariants, all of them.
     pub fn check_invariants(&self, now: Now) {
         self.engine.check_invariants();
         if let Some(cluster) = &self.cluster {
             cluster.check_invariants(now, &self.engine);
         }
-        for &(conn, _) in &self.peer_only {
-            assert!(self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1);
-        }
+        self.check_peer_only();
     }
 
     /// A configuration problem this node has now (a peer with another
@@ -533,7 +620,7 @@ impl Node {
 
     /// A client request. On a connection taken beyond `--max-conns` it
     /// breaks the connection.
-    pub fn handle_request(
+    pub(crate) fn handle_request(
         &mut self,
         now: Now,
         conn: ConnId,
@@ -559,22 +646,28 @@ impl Node {
 
     /// A peer line (`P ...`), or an `E` line on our link to a peer. `Err`
     /// breaks the connection with that reason (logged, rate-limited).
-    pub fn handle_peer_line(&mut self, now: Now, conn: ConnId, line: &[u8]) -> Result<(), String> {
+    pub(crate) fn handle_peer_line(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        line: &[u8],
+    ) -> Result<(), PeerError> {
         let Some(cluster) = &mut self.cluster else {
-            return Err("peer message to a node started without --peers".into());
+            return Err(Unexpected::NotClustered.into());
         };
         let result = if line.starts_with(b"E ") {
             cluster.on_refusal(now, conn, line)
         } else {
-            wire::parse(line).and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
-        }
-        .map_err(crate::cluster::shorten);
-        if let Err(reason) = &result {
+            wire::parse(line)
+                .map_err(PeerError::from)
+                .and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
+        };
+        if let Err(error) = &result {
             // Loud: between nodes this means a misconfigured cluster or a
             // stranger; rate-limited, so a flood cannot fill the log.
             let remote = self.remote(conn);
             self.peer_log.log(now, "peer link errors", || {
-                format!("peer link with {remote} broken: {reason}")
+                format!("peer link with {remote} broken: {}", error.reason())
             });
         }
         result
@@ -656,10 +749,12 @@ impl Node {
             cluster.flush_replication(now, &mut self.engine);
         }
         match &successor {
-            Some(to) => tracing::info!(to = %to, "leaving: handed the active role to {to}"),
+            Some(to) => {
+                tracing::info!(target: LOG_TARGET, to = %to, "leaving: handed the active role to {to}")
+            }
             None if self.cluster.is_some() => {
                 tracing::info!(
-                    "leaving: this node steps down (it was not active, or no peer could take over)"
+                    target: LOG_TARGET, "leaving: this node steps down (it was not active, or no peer could take over)"
                 )
             }
             None => {}

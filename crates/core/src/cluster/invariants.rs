@@ -1,0 +1,74 @@
+//! The cluster state machine's invariants, asserted by tests, the
+//! simulator, the fuzzer, and after every loop turn of a debug build.
+
+use super::*;
+
+impl Cluster {
+    /// Asserts the state machine's invariants (tests, fuzzing, simulation).
+    pub fn check_invariants(&self, now: Now, engine: &Engine) {
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        assert_eq!(
+            self.role == Role::Active,
+            engine.is_active(),
+            "the engine serves exactly when the node is active"
+        );
+        if let Role::Standby { following: Some(f) } = self.role {
+            assert!(f < n && f != me, "follows a real other node");
+        }
+        if self.role == Role::Active && !self.leaving {
+            assert!(
+                self.eligible(now),
+                "active despite a configuration conflict"
+            );
+        }
+        let mine = &self.peers[me];
+        assert!(mine.out.is_none() && mine.links_in == 0 && mine.heard_ms.is_none());
+        for (i, p) in self.peers.iter().enumerate() {
+            let links = self.links_in.iter().filter(|&&(_, peer)| peer == i).count();
+            assert_eq!(p.links_in as usize, links, "link count of peer {i}");
+            assert!(
+                !p.out_authed || p.out.is_some(),
+                "authenticated link without a link"
+            );
+            assert!(
+                !p.snapshot_sent || p.out_authed,
+                "snapshot on an unauthenticated link"
+            );
+            assert!(
+                !p.claims_active || p.heard_ms.is_some(),
+                "a dead peer claims the role"
+            );
+            assert!(p.following.is_none_or(|f| f < n));
+            assert!(!(p.dialing && p.out.is_some()), "dialing a linked peer");
+        }
+        assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
+        assert!(self.conflicts.len() <= MAX_CONFLICTS);
+        for &(conn, peer) in &self.links_in {
+            assert!(peer < n && peer != me);
+            assert!(
+                !self.pending.contains_key(&conn),
+                "link both pending and authenticated"
+            );
+            assert!(
+                self.peers.iter().all(|p| p.out != Some(conn)),
+                "link both ways"
+            );
+        }
+        for conn in self.pending.keys() {
+            assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+        }
+        for &conn in &self.superseded {
+            assert!(
+                self.is_authenticated_in(conn),
+                "a superseded link is an authenticated inbound one, until it closes"
+            );
+        }
+        for &conn in &self.given_up {
+            assert!(
+                self.is_peer_link(conn) && !self.pending.contains_key(&conn),
+                "a given-up link is an authenticated one, until it closes"
+            );
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Links and liveness: dialing peers and redialing them, the links'
+//! handshake deadlines, a peer heard or gone silent, and what the loop
+//! must wake up for.
+
+use super::*;
+
+impl Cluster {
+    /// The earliest time `tick` has work: the next heartbeat, dial or
+    /// liveness deadline.
+    pub fn next_deadline(&self) -> u64 {
+        let mut next = self.next_heartbeat_ms;
+        for (i, p) in self.peers.iter().enumerate() {
+            if i == self.cfg.me {
+                continue;
+            }
+            if p.out.is_none() && !p.dialing {
+                next = next.min(p.next_dial_ms);
+            }
+            if let Some(heard) = p.heard_ms {
+                next = next.min(heard + self.cfg.peer_timeout_ms);
+            }
+            if let (Some(_), false, Some(deadline)) = (p.out, p.out_authed, p.out_deadline_ms) {
+                next = next.min(deadline);
+            }
+        }
+        for pending in self.pending.values() {
+            next = next.min(pending.deadline_ms);
+        }
+        let conflict_ends = self.conflicts.iter().map(|c| c.until_ms);
+        let auth_failure_ends = self.auth_failure.iter().map(|(until, _)| *until);
+        for until in conflict_ends.chain(auth_failure_ends) {
+            if until > self.last_tick_ms {
+                next = next.min(until);
+            }
+        }
+        // The start-up grace, until a tick has seen it end (not after: a
+        // deadline in the past would spin the loop).
+        let grace = self.started_ms + self.cfg.peer_timeout_ms;
+        if matches!(self.role, Role::Standby { following: None }) && self.last_tick_ms < grace {
+            next = next.min(grace);
+        }
+        next
+    }
+
+    /// Peers to dial now: `(index, address)`. Each is dialing until
+    /// [`Cluster::outbound_open`] or [`Cluster::dial_failed`].
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if i != self.cfg.me && p.out.is_none() && !p.dialing && now.ms >= p.next_dial_ms {
+                p.dialing = true;
+                into.push((i, self.cfg.peers[i].clone()));
+            }
+        }
+    }
+
+    pub fn dial_failed(&mut self, peer: usize, now: Now) {
+        let p = &mut self.peers[peer];
+        p.dialing = false;
+        p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+    }
+
+    /// Our dial to `peer` succeeded as connection `conn` (opened in the
+    /// engine already): introduce ourselves with a fresh nonce. Nothing else
+    /// goes on the link until the peer's `CHALLENGE` proves it.
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize, engine: &mut Engine) {
+        debug_assert!(self.peers[peer].out.is_none());
+        let nonce = self.next_nonce();
+        let p = &mut self.peers[peer];
+        p.out = Some(conn);
+        p.out_authed = false;
+        p.out_nonce = nonce;
+        p.out_deadline_ms = Some(now.ms + self.cfg.peer_timeout_ms);
+        p.dialing = false;
+        p.snapshot_sent = false;
+        p.out_version = match p.dial_version {
+            0 => wire::VERSION,
+            v => v,
+        };
+        let version = p.out_version;
+        self.scratch.clear();
+        wire::encode(
+            &mut self.scratch,
+            &PeerMsg::Hello {
+                version,
+                fingerprint: self.fingerprint,
+                from: self.cfg.me,
+                addr: self.cfg.peers[self.cfg.me].as_bytes(),
+                incarnation: self.cfg.incarnation,
+                nonce,
+            },
+        );
+        engine.write_to(conn, &self.scratch);
+    }
+
+    /// A connection closed: if it was a peer link, forget it. A peer whose
+    /// links both ways are all closed is dead at once (a crashed process
+    /// closes all its sockets); one broken link alone is not a crash, and
+    /// leaves liveness to the heartbeats. A closed link of ours is dialed
+    /// again.
+    pub(crate) fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
+        let mut touched = None;
+        // Only the close of an authenticated link is news: our dial to a
+        // peer's address may meet anything listening there (the peer is
+        // down and something else has its port), at every retry.
+        let mut authed = false;
+        if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
+            let p = &mut self.peers[i];
+            authed = p.out_authed;
+            p.out = None;
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+            touched = Some(i);
+        }
+        self.pending.remove(&conn);
+        if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
+            let (_, peer) = self.links_in.swap_remove(i);
+            self.peers[peer].links_in -= 1;
+            touched = Some(peer);
+            authed = true;
+        }
+        // Dead at once only when every link, both ways, is gone (a crashed
+        // process's sockets all close); one broken link is not a crash, and
+        // neither is a link the peer gave up with an `E` line.
+        self.superseded.retain(|&c| c != conn);
+        let given_up = self.given_up.iter().position(|&c| c == conn);
+        if let Some(k) = given_up {
+            self.given_up.swap_remove(k);
+        }
+        if let Some(i) = touched.filter(|_| authed) {
+            let why = if given_up.is_some() {
+                "the peer gave it up"
+            } else {
+                "closed"
+            };
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "a link with {} is down: {why}", self.cfg.peers[i]);
+        }
+        if let Some(i) = touched.filter(|_| given_up.is_none()) {
+            let p = &mut self.peers[i];
+            if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
+                p.heard_ms = None;
+                p.claims_active = false;
+                tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
+                self.evaluate(now, engine);
+            }
+        }
+    }
+
+    /// Liveness, role decisions and heartbeats due at `now`.
+    pub fn tick(&mut self, now: Now, engine: &mut Engine) {
+        // The loop ticks at least once per heartbeat (`next_deadline`). A
+        // longer gap means this process did not run (SIGSTOP, a VM or swap
+        // stall): its peers' silence is its own, and what they sent waits
+        // unread in its sockets (io_uring may post it a turn or two later).
+        // Judged now, every peer would be dead and a standby would make
+        // itself active and serve the requests queued meanwhile before it
+        // read a single heartbeat. Give every live peer (and the start-up
+        // grace) a new timeout instead.
+        let stall = self.cfg.heartbeat_ms + (self.cfg.peer_timeout_ms - self.cfg.heartbeat_ms) / 2;
+        if now.ms.saturating_sub(self.last_tick_ms) > stall {
+            for p in &mut self.peers {
+                if p.heard_ms.is_some() {
+                    p.heard_ms = Some(now.ms);
+                }
+            }
+            if self.last_tick_ms < self.started_ms + self.cfg.peer_timeout_ms {
+                // Stalled in the start-up grace: it starts over.
+                self.started_ms = now.ms;
+            }
+            // So do handshakes in progress: the peer's answer may be
+            // waiting unread, and closing the link now would refuse it as
+            // a line out of place.
+            let until = now.ms + self.cfg.peer_timeout_ms;
+            for pending in self.pending.values_mut() {
+                pending.deadline_ms = pending.deadline_ms.max(until);
+            }
+            for p in &mut self.peers {
+                if let (Some(_), false, Some(deadline)) =
+                    (p.out, p.out_authed, p.out_deadline_ms.as_mut())
+                {
+                    // (A link already given up has none, and keeps none.)
+                    *deadline = (*deadline).max(until);
+                }
+            }
+        }
+        self.last_tick_ms = now.ms;
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if p.heard_ms
+                .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
+            {
+                p.heard_ms = None;
+                p.claims_active = false;
+                self.drop_silent_links(i, engine);
+            }
+        }
+        self.expire_handshakes(now, engine);
+        self.redial_deaf_rivals(now, engine);
+        self.conflicts.retain(|c| c.until_ms > now.ms);
+        self.evaluate(now, engine);
+        if now.ms >= self.next_heartbeat_ms {
+            self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
+            self.scratch.clear();
+            self.encode_heartbeat(engine);
+            for i in 0..self.peers.len() {
+                // A peer that stopped reading (hung) gets no more heartbeats
+                // once a backlog builds: they would only pile up in memory.
+                if let Some(conn) = self.peers[i].out
+                    && self.peers[i].out_authed
+                    && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
+                {
+                    engine.write_to(conn, &self.scratch);
+                }
+            }
+        }
+    }
+
+    /// Peer `i` went silent for a whole peer timeout: its links, both ways,
+    /// are closed and ours is dialed afresh. TCP would otherwise sit in its
+    /// retransmission back-off (0.2 s, 0.6 s, 1.4 s, ... 25 s) after a
+    /// partition heals, and each side would hear the other only when its
+    /// next retransmission happened to come: two actives for about as long
+    /// as the partition lasted. A new connection is tried every
+    /// [`DIAL_RETRY_MS`] plus the dial timeout, whatever the partition's
+    /// length.
+    pub(super) fn drop_silent_links(&mut self, i: usize, engine: &mut Engine) {
+        let silent = format!(
+            "{} silent for {} ms: closing its links, dialing afresh",
+            self.cfg.peers[i], self.cfg.peer_timeout_ms
+        );
+        tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: {silent}", self.cfg.peers[i]);
+        let p = &mut self.peers[i];
+        if let Some(conn) = p.out {
+            // Nothing more goes on it; `on_close` forgets it.
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.out_deadline_ms = None;
+            self.doom(conn, silent.clone(), engine);
+        }
+        let inbound: Vec<ConnId> = self
+            .links_in
+            .iter()
+            .filter(|&&(_, peer)| peer == i)
+            .map(|&(c, _)| c)
+            .collect();
+        for conn in inbound {
+            self.doom(conn, silent.clone(), engine);
+        }
+    }
+
+    /// Another active that we outrank steps down within a delivery of our
+    /// heartbeat. One that still claims the role half a peer timeout after
+    /// we first heard it does not hear us: our link to it is dead at its
+    /// end (it closed it while the network was down, and the close waits
+    /// in TCP's back-off) while its new link to us works. Waiting for TCP
+    /// would keep two actives for as long as that back-off; our link is
+    /// closed and dialed afresh instead.
+    pub(super) fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
+        let active = self.role == Role::Active;
+        for i in 0..self.peers.len() {
+            let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
+            if !rival {
+                self.peers[i].rival_since = None;
+                continue;
+            }
+            let since = *self.peers[i].rival_since.get_or_insert(now.ms);
+            let p = &mut self.peers[i];
+            if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out_authed {
+                continue;
+            }
+            let Some(conn) = p.out else { continue };
+            p.rival_since = Some(now.ms);
+            p.out_authed = false;
+            p.snapshot_sent = false;
+            p.out_deadline_ms = None;
+            let reason = format!(
+                "{} has claimed the active role for {} ms although this node, active, outranks \
+                 it: it does not hear this link; closing it, dialing afresh",
+                self.cfg.peers[i],
+                now.ms - since
+            );
+            self.doom(conn, reason, engine);
+        }
+    }
+
+    /// Closes the links whose handshake did not finish in time.
+    pub(super) fn expire_handshakes(&mut self, now: Now, engine: &mut Engine) {
+        let mut expired: Vec<ConnId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.ms >= p.deadline_ms)
+            .map(|(&conn, _)| conn)
+            .collect();
+        expired.sort_unstable();
+        for conn in expired {
+            self.pending.remove(&conn);
+            let reason = format!(
+                "peer handshake not finished within {} ms",
+                self.cfg.peer_timeout_ms
+            );
+            self.doom(conn, reason, engine);
+        }
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if let Some(conn) = p.out
+                && !p.out_authed
+                && p.out_deadline_ms.is_some_and(|deadline| now.ms >= deadline)
+            {
+                p.out_deadline_ms = None; // doomed once
+                let reason = format!(
+                    "{} did not answer this node's HELLO within {} ms",
+                    self.cfg.peers[i], self.cfg.peer_timeout_ms
+                );
+                self.doom(conn, reason, engine);
+            }
+        }
+    }
+}

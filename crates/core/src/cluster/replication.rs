@@ -1,0 +1,112 @@
+//! Replication and heartbeats: the active's snapshot and deltas to each
+//! follower, and the heartbeat every node sends.
+
+use super::*;
+
+impl Cluster {
+    /// Sends this turn's replication: a snapshot to each follower whose link
+    /// has none yet, the turn's deltas to the others. Called once per loop
+    /// turn, before the answers are collected.
+    pub(crate) fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
+        engine.take_replication(&mut self.events);
+        if self.role != Role::Active {
+            return;
+        }
+        debug_assert!(engine.is_active(), "the active's engine serves");
+        let me = self.cfg.me;
+        // Per peer protocol version (the newest, the one before).
+        let mut snapshots: [Option<Vec<u8>>; 2] = [None, None];
+        // The events' peer lines, written once for every follower that
+        // takes them: into `scratch` for the newest version, `scratch_old`
+        // for the one before.
+        let mut deltas_encoded = [false; 2];
+        for i in 0..self.peers.len() {
+            let p = &self.peers[i];
+            let Some(conn) = p.out else { continue };
+            if i == me || !p.out_authed || p.heard_ms.is_none() || p.following != Some(me) {
+                continue;
+            }
+            let version = p.out_version;
+            let v = usize::from(version < wire::VERSION);
+            if p.snapshot_sent {
+                if !self.events.is_empty() {
+                    let scratch = if v == 0 {
+                        &mut self.scratch
+                    } else {
+                        &mut self.scratch_old
+                    };
+                    if !deltas_encoded[v] {
+                        scratch.clear();
+                        for event in self.events.iter() {
+                            wire::encode_replication(scratch, event, version);
+                        }
+                        deltas_encoded[v] = true;
+                    }
+                    engine.write_to(conn, scratch);
+                }
+            } else {
+                let body =
+                    snapshots[v].get_or_insert_with(|| encode_snapshot(now, engine, version));
+                self.stats.snapshots_sent += 1;
+                engine.write_to(conn, body);
+                let p = &mut self.peers[i];
+                p.snapshot_sent = true;
+                p.snapshot_bytes = body.len();
+            }
+            let p = &mut self.peers[i];
+            let unsent = engine.output_mut(conn).len();
+            if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
+                // It does not keep up: stop queueing for it. It resyncs from
+                // a snapshot on the next link.
+                p.out_authed = false;
+                p.snapshot_sent = false;
+                let reason = format!(
+                    "follower {} has {unsent} bytes of replication unread; closing the link \
+                     (it resyncs from a snapshot)",
+                    self.cfg.peers[i]
+                );
+                self.doom(conn, reason, engine);
+            }
+        }
+        // After: every live follower on an authenticated link has our
+        // snapshot queued (and this turn's deltas after it), or its link
+        // is being closed.
+        debug_assert!(self.peers.iter().enumerate().all(|(i, p)| {
+            i == me
+                || p.out.is_none()
+                || !p.out_authed
+                || p.heard_ms.is_none()
+                || p.following != Some(me)
+                || p.snapshot_sent
+        }));
+    }
+
+    pub(super) fn encode_heartbeat(&mut self, engine: &Engine) {
+        let (active, following) = match self.role {
+            Role::Active => (true, None),
+            Role::Standby { following } => (false, following),
+        };
+        wire::encode(
+            &mut self.scratch,
+            &PeerMsg::Heartbeat {
+                active,
+                following,
+                highest: engine.highest_token(),
+                synced: self.synced,
+            },
+        );
+    }
+}
+
+/// A whole snapshot of the engine's grants: `SNAP`, one `G` per grant,
+/// `SYNCED`.
+pub(super) fn encode_snapshot(now: Now, engine: &Engine, version: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let highest = engine.highest_token();
+    wire::encode(&mut out, &PeerMsg::Snapshot { highest });
+    for grant in engine.snapshot(now) {
+        wire::encode_replication(&mut out, grant, version);
+    }
+    wire::encode(&mut out, &PeerMsg::Synced);
+    out
+}

@@ -1,0 +1,386 @@
+//! The role rule: which node is active, from what this node knows of its
+//! peers (the module documentation of [`super`] states it), and the moves
+//! between roles: follow, become active, hand the role off, leave.
+
+use super::replication::encode_snapshot;
+use super::*;
+
+impl Cluster {
+    /// SIGINT/SIGTERM: an active node hands over to the highest-priority
+    /// alive peer it has a link to. Returns that peer, if any. Either way no
+    /// role changes happen after this.
+    pub fn leave(&mut self, now: Now, engine: &mut Engine) -> Option<usize> {
+        self.leaving = true;
+        if self.role != Role::Active {
+            return None;
+        }
+        // A follower with the whole state first; any linked follower
+        // otherwise (it gets a snapshot before HANDOFF). A peer that does
+        // not follow us would ignore that snapshot (it is not replication
+        // from its active) and take over with whatever state it had: no
+        // hand-off then, the peers fail over as if we had crashed.
+        let me = self.cfg.me;
+        let linked = |p: usize| {
+            self.alive(p)
+                && self.peers[p].out.is_some()
+                && self.peers[p].out_authed
+                && self.peers[p].following == Some(me)
+        };
+        let synced = |p: usize| {
+            let peer = &self.peers[p];
+            linked(p) && peer.synced && peer.snapshot_sent
+        };
+        let n = self.peers.len();
+        let successor = (0..n)
+            .find(|&p| synced(p))
+            .or_else(|| (0..n).find(|&p| linked(p)));
+        let Some(successor) = successor else {
+            // Nobody to hand over to: this node stops serving all the same
+            // (the caller steps the engine down), and the peers fail over
+            // as after a crash.
+            self.role = Role::Standby { following: None };
+            self.stats.stepped_down += 1;
+            tracing::warn!(
+                target: LOG_TARGET, role = "standby",
+                "role: active -> standby (leaving, and no live peer follows this node to hand \
+                 over to: the peers fail over as after a crash)"
+            );
+            return None;
+        };
+        self.hand_off(now, successor, engine);
+        Some(successor)
+    }
+
+    /// The role rule (module docs), applied to what we know now.
+    pub(super) fn evaluate(&mut self, now: Now, engine: &mut Engine) {
+        if self.leaving {
+            return;
+        }
+        let me = self.cfg.me;
+        // Before: the engine serves exactly when the node is active.
+        assert_eq!(self.role == Role::Active, engine.is_active());
+        let active_peer = self.best_active_peer();
+        let eligible = self.eligible(now);
+        assert!(active_peer.is_none_or(|p| p != me && self.alive(p)));
+        match self.role {
+            Role::Active if !eligible => {
+                // A peer with another configuration may be active: of two
+                // configurations only the lower fingerprint serves.
+                let why = self.problem(now).unwrap_or("not eligible").to_string();
+                self.follow(active_peer, engine, &why);
+            }
+            Role::Active => self.evaluate_active(now, active_peer, engine),
+            Role::Standby { following } => {
+                self.evaluate_standby(now, following, active_peer, eligible, engine);
+            }
+        }
+        // After: still in step with the engine; active only when eligible
+        // and outranked by no live active peer; following another node.
+        assert_eq!(
+            self.role == Role::Active,
+            engine.is_active(),
+            "the role rule left the engine out of step with the role"
+        );
+        match self.role {
+            Role::Active => {
+                assert!(eligible, "the role rule kept an ineligible node active");
+                assert!(
+                    self.best_active_peer().is_none_or(|p| !self.outranks(p)),
+                    "the role rule kept this node active beside an active that outranks it"
+                );
+            }
+            Role::Standby { following } => {
+                assert!(following.is_none_or(|f| f != me && f < self.peers.len()));
+            }
+        }
+    }
+
+    /// The role rule for an active node that may stay active: it marks its
+    /// table synced once a follower holds it, steps down for an active that
+    /// outranks it, and hands the role back to a higher-priority follower
+    /// that holds its snapshot.
+    pub(super) fn evaluate_active(
+        &mut self,
+        now: Now,
+        active_peer: Option<usize>,
+        engine: &mut Engine,
+    ) {
+        debug_assert_eq!(self.role, Role::Active);
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        if !self.synced
+            && (0..n).any(|p| {
+                let peer = &self.peers[p];
+                self.alive(p) && peer.following == Some(me) && peer.synced && peer.snapshot_sent
+            })
+        {
+            // A follower holds our snapshot: our table is the
+            // cluster's state now.
+            self.synced = true;
+            self.next_heartbeat_ms = 0;
+        }
+        if let Some(better) = active_peer.filter(|&p| self.outranks(p)) {
+            // Two actives: the outranked one steps down.
+            let why = if self.peers[better].synced && !self.synced {
+                format!(
+                    "two actives: {} holds the cluster's state",
+                    self.cfg.peers[better]
+                )
+            } else {
+                format!(
+                    "two actives: {} has the higher priority",
+                    self.cfg.peers[better]
+                )
+            };
+            self.follow(Some(better), engine, &why);
+            return;
+        }
+        let first_alive = (0..me).find(|&p| self.alive(p));
+        if let Some(p) = first_alive {
+            let peer = &self.peers[p];
+            if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
+                tracing::info!(
+                    target: LOG_TARGET, to = %self.cfg.peers[p],
+                    "handing the active role back to {}: it has the higher priority and \
+                     holds a full snapshot",
+                    self.cfg.peers[p]
+                );
+                self.hand_off(now, p, engine);
+            }
+        }
+    }
+
+    /// The role rule for a standby: follow the best live active; without
+    /// one, stop following a node that is gone or outranked, and take the
+    /// role when nothing of higher priority (or with the state) is up.
+    pub(super) fn evaluate_standby(
+        &mut self,
+        now: Now,
+        following: Option<usize>,
+        active_peer: Option<usize>,
+        eligible: bool,
+        engine: &mut Engine,
+    ) {
+        debug_assert_eq!(self.role, Role::Standby { following });
+        let me = self.cfg.me;
+        let n = self.peers.len();
+        match active_peer {
+            Some(a) if following != Some(a) => {
+                let why = format!("{} is active", self.cfg.peers[a]);
+                self.follow(Some(a), engine, &why);
+            }
+            Some(_) => {}
+            None => {
+                // Keep following a higher-priority node that is alive
+                // but not active yet (a hand-off on its way to it): it
+                // decides before we may.
+                if let Some(f) = following.filter(|&f| !self.alive(f) || f > me) {
+                    let why = if self.alive(f) {
+                        format!("{} is no longer active", self.cfg.peers[f])
+                    } else {
+                        format!("{} is down", self.cfg.peers[f])
+                    };
+                    self.follow(None, engine, &why);
+                }
+                let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
+                // A node without state (started, never synced, follows
+                // nobody) must not take over, and drop every grant,
+                // while a node that has the state is alive: it waits,
+                // and the others do not wait for it.
+                let empty = |p: &Peer| !p.synced && p.following.is_none() && !p.claims_active;
+                let me_empty = !self.synced && following.is_none();
+                let any_state =
+                    !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
+                let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
+                let higher_alive = (0..me).any(blocks);
+                // A live peer still follows an active we do not hear:
+                // that active is alive and serving, and only our path
+                // from it is broken (its packets to us are lost, or a
+                // fault cut us from it alone). Taking over would make
+                // two actives for as long as the fault lasts; we wait,
+                // and name it to clients. Should it be gone, that peer
+                // stops following it within its own timeout.
+                let active_elsewhere = self.hearsay_active().is_some();
+                if eligible
+                    && grace_over
+                    && (!me_empty || !any_state)
+                    && !higher_alive
+                    && !active_elsewhere
+                {
+                    self.become_active(
+                        engine,
+                        "no node is active and no node of higher priority is up",
+                        false,
+                    );
+                } else if self.role == (Role::Standby { following: None }) {
+                    self.name_hearsay_active(engine);
+                }
+            }
+        }
+    }
+
+    /// Of two actives, peer `p` (alive, active) and this node: whether `p`
+    /// is the one to stay. One that holds the cluster's state (`synced`)
+    /// outranks one that does not; between two alike, the higher priority
+    /// (lower index). Both sides of a heal decide the same way from each
+    /// other's heartbeats; a stale heartbeat can only understate a peer's
+    /// state (an active gains it, never loses it), so two actives may
+    /// both stay for a heartbeat, never both step down.
+    pub(super) fn outranks(&self, p: usize) -> bool {
+        let theirs = self.peers[p].synced;
+        theirs && !self.synced || (theirs == self.synced && p < self.cfg.me)
+    }
+
+    /// The alive peer claiming the role that outranks every other such
+    /// peer (the same order as [`Cluster::outranks`]).
+    pub(super) fn best_active_peer(&self) -> Option<usize> {
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p) && self.peers[p].claims_active)
+            .min_by_key(|&p| (!self.peers[p].synced, p))
+    }
+
+    /// A standby that hears no active (say the active's packets to it are
+    /// lost) while its live peers follow one names that one in its `M`
+    /// answers: clients that asked it go there rather than wait and retry
+    /// here (`M key -`) for as long as the fault lasts. It does not follow
+    /// it: it has no link from it to take replication on.
+    pub(super) fn name_hearsay_active(&mut self, engine: &mut Engine) {
+        let named = self.hearsay_active();
+        if named != self.named {
+            self.named = named;
+            engine.step_down(named.map(|a| self.cfg.peers[a].as_str()));
+        }
+    }
+
+    /// The active a live peer follows that we do not hear ourselves (the
+    /// highest-priority one, should they differ). A node we hear is left
+    /// out: were it active we would follow it, and a peer that still
+    /// follows it while it is not (it stepped down, or a hand-off is on its
+    /// way) says nothing of an active elsewhere.
+    pub(super) fn hearsay_active(&self) -> Option<usize> {
+        let me = self.cfg.me;
+        (0..self.peers.len())
+            .filter(|&p| self.alive(p))
+            .filter_map(|p| self.peers[p].following)
+            .filter(|&a| a != me && !self.alive(a))
+            .min()
+    }
+
+    pub(super) fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
+        assert!(
+            active.is_none_or(|a| a != self.cfg.me && a < self.peers.len()),
+            "follows a real other node"
+        );
+        self.named = None;
+        let before = self.role;
+        self.role = Role::Standby { following: active };
+        let following = active.map_or("-", |a| self.cfg.peers[a].as_str());
+        if active.is_some() {
+            self.known_active = true;
+        }
+        if before == Role::Active && why.starts_with(HAND_OFF) {
+            // Planned: leaving, or handing the role back to a higher
+            // priority that holds our snapshot.
+            self.stats.stepped_down += 1;
+            tracing::info!(
+                target: LOG_TARGET, role = "standby",
+                following,
+                "role: active -> standby, following {following} ({why})"
+            );
+        } else if before == Role::Active {
+            // Two actives, or a configuration that may not serve.
+            self.stats.stepped_down += 1;
+            tracing::warn!(
+                target: LOG_TARGET, role = "standby",
+                following,
+                "role: active -> standby, following {following} ({why})"
+            );
+        } else if before != self.role {
+            tracing::info!(
+                target: LOG_TARGET, role = "standby",
+                following,
+                "role: standby, now following {following} ({why})"
+            );
+        }
+        // Tell the peers at once (next turn), not at the next heartbeat.
+        self.next_heartbeat_ms = 0;
+        // Synced to a new active only once its snapshot is in; following
+        // nobody, the copy of the last active's state is kept (and
+        // heartbeats say so).
+        if active.is_some() {
+            self.synced = false;
+        }
+        engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
+        debug_assert!(!engine.is_active());
+        debug_assert_eq!(self.role, Role::Standby { following: active });
+    }
+
+    /// Takes the role. `planned`: handed over by the active; otherwise
+    /// by the role rule, which is a failover (WARN) once this node has
+    /// known an active, and the cluster's first election (INFO) before.
+    pub(super) fn become_active(&mut self, engine: &mut Engine, why: &str, planned: bool) {
+        assert!(!self.leaving, "a leaving node takes the role");
+        self.named = None;
+        if self.role != Role::Active {
+            self.stats.became_active += 1;
+            if planned || !self.known_active {
+                tracing::info!(target: LOG_TARGET, role = "active", "role: standby -> active ({why})");
+            } else {
+                tracing::warn!(target: LOG_TARGET, role = "active", "role: standby -> active ({why})");
+            }
+        }
+        self.known_active = true;
+        self.role = Role::Active;
+        // Tell the peers at once (next turn), not at the next heartbeat:
+        // until then they answer clients `M key -`.
+        self.next_heartbeat_ms = 0;
+        // `synced` stays what it was: whether the table we serve from is
+        // the cluster's state (see the field).
+        for p in &mut self.peers {
+            p.snapshot_sent = false;
+        }
+        engine.become_active();
+        debug_assert!(engine.is_active());
+        debug_assert!(self.peers.iter().all(|p| !p.snapshot_sent));
+    }
+
+    /// Hands the role to `to`: this turn's deltas first, then our waiters
+    /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
+    /// has everything before it starts serving.
+    pub(super) fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
+        assert_eq!(
+            self.role,
+            Role::Active,
+            "only the active hands the role off"
+        );
+        assert!(to != self.cfg.me && to < self.peers.len());
+        self.flush_replication(now, engine);
+        let Some(conn) = self.peers[to].out.filter(|_| self.peers[to].out_authed) else {
+            return;
+        };
+        if !self.peers[to].snapshot_sent {
+            // It has not got our state on this link yet: send it first, so
+            // that it has everything before HANDOFF.
+            let snapshot = encode_snapshot(now, engine, self.peers[to].out_version);
+            engine.write_to(conn, &snapshot);
+            self.stats.snapshots_sent += 1;
+            self.peers[to].snapshot_sent = true;
+        }
+        let why = format!("{HAND_OFF} {}", self.cfg.peers[to]);
+        self.stats.handoffs += 1;
+        self.follow(Some(to), engine, &why);
+        self.scratch.clear();
+        let highest = engine.highest_token();
+        wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });
+        engine.write_to(conn, &self.scratch);
+        // After: this node follows `to` and no longer serves, and `to` has
+        // our whole state on the link before the HANDOFF.
+        assert_eq!(
+            self.role,
+            Role::Standby {
+                following: Some(to)
+            }
+        );
+        assert!(!engine.is_active() && self.peers[to].snapshot_sent);
+    }
+}
