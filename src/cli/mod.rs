@@ -613,7 +613,7 @@ async fn run_command(args: RunArgs) -> u8 {
                         1
                     }
                 };
-                match guard.release().await {
+                match release_at_exit(&client, guard).await {
                     Ok(true) => {}
                     Ok(false) => eprintln!(
                         "ringlock: warning: the lock on {} (token {token}) had already ended when the command finished",
@@ -668,12 +668,27 @@ async fn run_command(args: RunArgs) -> u8 {
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
-    if matches!(lost, LockLost::Expired { .. }) {
-        // The lock may still be held on a node that could not be reached:
-        // one short try to free it for the next holder.
-        let _ = tokio::time::timeout(Duration::from_secs(1), guard.release()).await;
-    }
+    let _ = release_at_exit(&client, guard).await;
     EXIT_LOST
+}
+
+/// Releases the lock as `ringlock` exits, in the open (a release left to
+/// the background would end with this process). A lock already known lost
+/// does not hold the exit up: after `N key 0` nothing is sent; after no
+/// renewal could be confirmed for a whole lease, one short try (the lock
+/// may still be held on a node that could not be reached).
+async fn release_at_exit(client: &Client, guard: RenewingGuard) -> Result<bool, Error> {
+    let watch = guard.watch();
+    let grant = guard.into_grant();
+    match watch.status().lost {
+        None => client.release_grant(&grant).await,
+        Some(LockLost::Refused) => Ok(false),
+        Some(LockLost::Expired { .. }) => {
+            tokio::time::timeout(Duration::from_secs(1), client.release_grant(&grant))
+                .await
+                .unwrap_or(Ok(false))
+        }
+    }
 }
 
 /// Receives from an optional signal stream (pending forever if none).

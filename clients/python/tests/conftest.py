@@ -451,13 +451,18 @@ class FakeConn:
 
 class FakeServer:
     """A listening socket; ``hello`` answers the client's first ``S``
-    automatically. ``max_conns``: later connections are closed at once."""
+    automatically. ``max_conns``: later connections are closed at once.
+    ``sock``: a socket already bound (see ``reserve_port``) to listen on.
+    ``accepted_at`` has the time (monotonic) of every accepted connection."""
 
-    def __init__(self, hello: bool = True, max_conns: int = 1000) -> None:
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
+    def __init__(self, hello: bool = True, max_conns: int = 1000, sock: Optional[socket.socket] = None) -> None:
+        if sock is None:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+        self.listener = sock
         self.listener.listen(64)
+        self.accepted_at: List[float] = []
         self.listener.settimeout(0.1)
         self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.hello = hello
@@ -476,6 +481,7 @@ class FakeServer:
                 continue
             except OSError:
                 return
+            self.accepted_at.append(time.monotonic())
             with self.cond:
                 if len(self.conns) >= self.max_conns:
                     sock.close()
@@ -504,6 +510,15 @@ class FakeServer:
         self.thread.join(2)
         for c in self.conns:
             c.close()
+
+
+def reserve_port() -> socket.socket:
+    """A socket bound to a free loopback port and not listening: dials to
+    it are refused until a FakeServer listens on it (``sock=``)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Against a real three-node cluster: M followed to the active, failover
-after a crash and after a hang, and a graceful hand-off (SIGTERM)."""
+after a crash and after a hang, a graceful hand-off (SIGTERM), and a
+failback (the crashed node restarts and takes the role back)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,27 @@ def test_graceful_hand_off_moves_waiting_acquires(make_cluster):
         grant = result["grant"]
         assert grant is not None and grant.token > held.token
         assert waiter.release("handoff", grant.token) is True
+
+
+def test_a_renewed_lock_survives_a_failback(make_cluster):
+    """The active crashes, node 1 takes over; the crashed node restarts and
+    takes the role back within tens of ms of starting, long before the
+    client's 3 s redial of it. The lock's renewals meet M naming it, and
+    the client dials it at once: the lock (lease 2 s) is kept."""
+    cluster = make_cluster(3)
+    with Client(cluster.addrs) as client:
+        with client.lock("failback", lease=2) as lock:
+            poll("replicated", lambda: all(cluster.node_status_token(i) >= lock.token for i in (1, 2)), 5)
+            cluster.node(0).kill()  # SIGKILL
+            cluster.wait_settled(1, alive=[1, 2])
+            time.sleep(0.7)
+            cluster.start_node(0)
+            cluster.wait_settled(0)
+            renewals = lock.renewals
+            # Longer than the lease after the hand-back.
+            time.sleep(2.5)
+            assert lock.lost is None
+            assert lock.renewals >= renewals + 3
+            assert client.try_lock("failback", 5, renew=False) is None
+        fresh = client.acquire("failback", 5, wait=3)
+        assert fresh is not None and fresh.token > lock.token

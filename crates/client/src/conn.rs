@@ -227,6 +227,52 @@ pub(crate) struct Slot {
     pub failures: AtomicUsize,
     pub ever_connected: AtomicBool,
     last_error: Mutex<Option<String>>,
+    /// The dials of this slot, for redirects that want it dialled now.
+    dials: Mutex<Dials>,
+    /// Wakes the slot's task out of its redial wait (see [`Slot::dial_now`]).
+    kick: Notify,
+}
+
+/// The first wait after a redirect dial failed before a redirect may
+/// dial the same slot again; doubled after each failure in a row.
+pub(crate) const KICK_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// The longest wait between redirect dials of one slot.
+pub(crate) const KICK_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What a slot's dials are doing, for [`Slot::dial_now`].
+#[derive(Debug, Default)]
+struct Dials {
+    /// Dials started so far (the one under way, if `dialing`, is number
+    /// `started`).
+    started: u64,
+    /// The last dial that ended (connected, or failed).
+    ended: u64,
+    dialing: bool,
+    /// A redirect asked for a dial the slot has not started yet.
+    kicked: bool,
+    /// Redirect dials that failed in a row, a connection they made that
+    /// lasted less than [`KICK_BACKOFF_MAX`] counting as a failure (reset
+    /// by a connection that lasted longer), and when the last of them
+    /// ended.
+    kick_failures: u32,
+    kick_failed_at: Option<Instant>,
+}
+
+impl Dials {
+    fn kick_failed(&mut self) {
+        self.kick_failures = self.kick_failures.saturating_add(1);
+        self.kick_failed_at = Some(Instant::now());
+    }
+}
+
+/// What [`Slot::dial_now`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DialNow {
+    /// Dial number `n` (under way or about to start) decides: wait for it.
+    Wait(u64),
+    /// A redirect dial of this slot failed too recently: the request backs
+    /// off instead.
+    TooSoon,
 }
 
 impl Slot {
@@ -237,7 +283,84 @@ impl Slot {
             failures: AtomicUsize::new(0),
             ever_connected: AtomicBool::new(false),
             last_error: Mutex::new(None),
+            dials: Mutex::new(Dials::default()),
+            kick: Notify::new(),
         }
+    }
+
+    /// A node an `M` answer named and that this slot has no connection to:
+    /// dial it now instead of at the next redial tick. At most one dial is
+    /// under way per slot: if one is, the request waits for it. After a
+    /// redirect dial failed, the next one waits 50 ms, doubling to 1 s
+    /// while they keep failing (`M` storms do not become dial storms).
+    pub(crate) fn dial_now(&self) -> DialNow {
+        let mut d = lock(&self.dials);
+        if d.dialing {
+            return DialNow::Wait(d.started);
+        }
+        if d.kicked {
+            return DialNow::Wait(d.started + 1);
+        }
+        if let Some(at) = d.kick_failed_at {
+            let shift = d.kick_failures.saturating_sub(1).min(8);
+            let gap = (KICK_BACKOFF_MIN * (1u32 << shift)).min(KICK_BACKOFF_MAX);
+            if Instant::now() < at + gap {
+                return DialNow::TooSoon;
+            }
+        }
+        d.kicked = true;
+        let next = d.started + 1;
+        drop(d);
+        self.kick.notify_one();
+        DialNow::Wait(next)
+    }
+
+    /// True once dial number `n` has ended (whether it connected: see
+    /// [`Slot::live`]).
+    pub(crate) fn dial_ended(&self, n: u64) -> bool {
+        lock(&self.dials).ended >= n
+    }
+
+    /// Marks the start of a dial; says whether a redirect asked for it.
+    fn dial_starts(&self) -> bool {
+        let mut d = lock(&self.dials);
+        d.started += 1;
+        d.dialing = true;
+        std::mem::take(&mut d.kicked)
+    }
+
+    /// Marks the end of the dial under way.
+    fn dial_done(&self, connected: bool, kicked: bool) {
+        let mut d = lock(&self.dials);
+        d.dialing = false;
+        d.ended = d.started;
+        if !connected && kicked {
+            d.kick_failed();
+        }
+    }
+
+    /// Marks the end of a connection that lasted `lived`: one that a
+    /// redirect dialled and that dropped at once counts as a failed
+    /// redirect dial (a node that accepts, answers the hello and drops the
+    /// connection does not get a dial per `M`).
+    fn conn_ended(&self, lived: Duration, kicked: bool) {
+        let mut d = lock(&self.dials);
+        if lived >= KICK_BACKOFF_MAX {
+            d.kick_failures = 0;
+            d.kick_failed_at = None;
+        } else if kicked {
+            d.kick_failed();
+        }
+    }
+
+    /// True while a dial (connect and hello) is under way.
+    pub(crate) fn is_dialing(&self) -> bool {
+        lock(&self.dials).dialing
+    }
+
+    /// True if a redirect asked for a dial not yet started.
+    fn is_kicked(&self) -> bool {
+        lock(&self.dials).kicked
     }
 
     /// The connection, if it is up.
@@ -292,7 +415,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The slot's background task: dial, hello, serve, redial every `redial`
 /// (measured from the previous dial, so a connection that lived long is
-/// redialled at once and a flapping one at most once per period). Ends when
+/// redialled at once and a flapping one at most once per period), or at
+/// once when a redirect names the address ([`Slot::dial_now`]). Ends when
 /// the client is dropped (`shutdown`'s sender is gone).
 pub(crate) async fn run_slot(
     slot: Arc<Slot>,
@@ -302,6 +426,7 @@ pub(crate) async fn run_slot(
 ) {
     loop {
         let dialed_at = Instant::now();
+        let kicked = slot.dial_starts();
         let dialed = tokio::select! {
             r = dial(&slot.addr, &shared) => r,
             _ = shutdown.changed() => return,
@@ -309,7 +434,9 @@ pub(crate) async fn run_slot(
         match dialed {
             Ok((rd, wr)) => {
                 slot.ever_connected.store(true, Ordering::Relaxed);
-                let why = serve(&slot, &shared, &client, rd, wr, &mut shutdown).await;
+                let up_at = Instant::now();
+                let why = serve(&slot, &shared, &client, rd, wr, &mut shutdown, kicked).await;
+                slot.conn_ended(up_at.elapsed(), kicked);
                 match why {
                     None => return,
                     Some(why) => slot.set_error(why),
@@ -318,12 +445,20 @@ pub(crate) async fn run_slot(
             Err(why) => {
                 slot.set_error(why);
                 slot.failures.fetch_add(1, Ordering::Relaxed);
+                slot.dial_done(false, kicked);
             }
         }
         shared.bump();
-        tokio::select! {
-            _ = tokio::time::sleep_until(dialed_at + shared.timing.redial) => {}
-            _ = shutdown.changed() => return,
+        let redial_at = dialed_at + shared.timing.redial;
+        loop {
+            if slot.is_kicked() {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(redial_at) => break,
+                _ = slot.kick.notified() => {}
+                _ = shutdown.changed() => return,
+            }
         }
     }
 }
@@ -516,6 +651,7 @@ async fn serve(
     mut rd: BufReader<ReadHalf>,
     mut wr: WriteHalf,
     shutdown: &mut watch::Receiver<()>,
+    kicked: bool,
 ) -> Option<String> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Request>();
     let conn = Arc::new(Conn {
@@ -526,6 +662,7 @@ async fn serve(
     let state = Mutex::new(ConnState::new(Instant::now()));
     let busy = Notify::new();
     *lock(&slot.live) = Some(conn.clone());
+    slot.dial_done(true, kicked);
     shared.bump();
     let timing = &shared.timing;
 

@@ -33,7 +33,8 @@
 //!   probe timeout (500 ms) it counts as dead, like a dropped one.
 //! - A connection that drops (or dies) leaves the rotation and is redialled
 //!   every 3 s (measured from the previous dial: one that had been up for
-//!   longer is redialled at once).
+//!   longer is redialled at once), or at once when an `M` names its node
+//!   (below).
 //! - Requests go round-robin over the live connections, pipelined: many
 //!   tasks share one `Client` (it is `Clone + Send + Sync`), nothing waits for
 //!   earlier answers. Answers are matched per connection by op and key exactly
@@ -46,12 +47,18 @@
 //!   many connections as the client has have failed it,
 //!   [`Error::Connection`]. An acquire with a wait ends by its wait plus the
 //!   acquire grace (1 s) whatever happens.
-//! - An `M key addr` answer sends the request again to `addr` (dialled if it
-//!   is not one of the known addresses) and makes that node the preferred
-//!   one of the rotation, at once if no earlier `M` for that request named
-//!   it. `M key -` (no active node known), and an `M` naming a node named
-//!   before, are retried with a growing delay (50 ms up to 1 s) until the
-//!   no-active timeout (10 s by default), then [`Error::NoActiveNode`].
+//! - An `M key addr` answer sends the request again to `addr` and makes that
+//!   node the preferred one of the rotation, at once if no earlier `M` for
+//!   that request named it. If the client has no live connection to `addr`
+//!   it dials it now (a new address, or a known one whose connection waits
+//!   for its next redial), and the request waits for that dial and its
+//!   hello, within its own deadline and the connect timeout. An `M` never
+//!   starts a dial to an address that has one under way; after a redirect dial failed, the next
+//!   one waits 50 ms, doubling up to 1 s while they keep failing (a
+//!   connection it made that dropped within 1 s counts as failed). `M key -`
+//!   (no active node known), and an `M` naming a node named before, are
+//!   retried with a growing delay (50 ms up to 1 s) until the no-active
+//!   timeout (10 s by default), then [`Error::NoActiveNode`].
 //! - Releases and renews are retried every 200 ms for 5 s on connection
 //!   trouble, each attempt bounded by the request timeout (2 s), then
 //!   [`Error::Connection`].
@@ -71,6 +78,7 @@ mod tls;
 // Tests in virtual time (tokio's `test-util`, a dev-dependency).
 #[cfg(test)]
 mod virtual_time {
+    mod failback_tests;
     mod timer_tests;
 }
 
@@ -83,7 +91,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use conn::{Conn, Dialer, Op, Reply, Request, Shared, Slot, Timing, lock};
+use conn::{Conn, DialNow, Dialer, Op, Reply, Request, Shared, Slot, Timing, lock};
 pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
 pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
@@ -870,7 +878,9 @@ impl Client {
             "renew"
         };
         let mut last = String::from("no attempt could be made");
-        let mut followed = false;
+        // The nodes `M` answers named for this request: a new one is tried
+        // at once, a repeated one after the usual retry delay.
+        let mut named: Vec<String> = Vec::new();
         let mut no_active = false;
         let started = Instant::now();
         loop {
@@ -894,9 +904,11 @@ impl Client {
                         let left = until.saturating_duration_since(Instant::now());
                         let within = left.min(timing.connect_timeout);
                         last = format!("redirected to {addr}");
-                        self.follow(addr, within).await;
-                        if !followed {
-                            followed = true;
+                        let news = !named.contains(&addr) && named.len() <= MAX_REDIRECT_ADDRS;
+                        if news {
+                            named.push(addr.clone());
+                        }
+                        if self.follow(addr, within).await && news {
                             continue;
                         }
                     }
@@ -977,52 +989,85 @@ impl Client {
         }
     }
 
-    /// Follows an `M` naming `addr`: makes it the preferred node (dialling
-    /// it if unknown) and waits up to `within` for it to be up. If it does
-    /// not come up, the preference is dropped again.
+    /// Follows an `M` naming `addr`: makes it the preferred node and waits
+    /// up to `within` for a live connection to it. A node the client has no
+    /// connection to is dialled now, not at its next redial tick: an
+    /// address not known yet gets a slot of its own, a known one's slot is
+    /// woken out of its redial wait ([`Slot::dial_now`]: at most one dial
+    /// under way per slot, redirect dials that keep failing spaced 50 ms
+    /// up to 1 s). The request waits for that dial (the hello included). If
+    /// it fails, or a redirect dial of the address failed too recently, the
+    /// preference is dropped again and the request goes on by its own
+    /// back-off.
     async fn follow(&self, addr: String, within: Duration) -> bool {
-        let (known, up, added) = {
+        let target = {
             let slots = read(&self.inner.slots);
-            let mut mine = slots.iter().filter(|s| s.addr == addr).peekable();
-            let known = mine.peek().is_some();
-            let up = mine.any(|s| s.live().is_some());
-            let distinct = {
+            let mine: Vec<&Arc<Slot>> = slots.iter().filter(|s| s.addr == addr).collect();
+            if mine.iter().any(|s| s.live().is_some()) {
+                Target::Up
+            } else if let Some(slot) = mine
+                .iter()
+                .find(|s| s.is_dialing())
+                .or_else(|| mine.first())
+            {
+                match slot.dial_now() {
+                    DialNow::Wait(n) => Target::Dial((*slot).clone(), n),
+                    DialNow::TooSoon => return false,
+                }
+            } else {
                 let mut seen: Vec<&str> = Vec::new();
                 for s in slots.iter() {
                     if !seen.contains(&s.addr.as_str()) {
                         seen.push(&s.addr);
                     }
                 }
-                seen.len()
-            };
-            (known, up, distinct.saturating_sub(self.inner.given))
-        };
-        if !known {
-            if added >= MAX_REDIRECT_ADDRS {
-                // A cluster has at most 16 nodes: a server naming ever new
-                // addresses is not followed further.
-                return false;
+                if seen.len().saturating_sub(self.inner.given) >= MAX_REDIRECT_ADDRS {
+                    // A cluster has at most 16 nodes: a server naming ever
+                    // new addresses is not followed further.
+                    return false;
+                }
+                Target::New
             }
-            self.add_slot(addr.clone());
-        } else if !up {
-            // A node we know and have no connection to: most likely a stale
-            // `M` from a standby that has not yet seen that node die. Its
-            // slot redials only every 3 s, so do not wait for it: the
-            // request goes on through the rotation (with the usual backoff).
-            return false;
-        }
+        };
+        let target = match target {
+            Target::New => Target::Dial(self.add_slot(addr.clone()), 1),
+            other => other,
+        };
         *lock(&self.inner.active) = Some(addr.clone());
-        if self.wait_live(Some(&addr), within).await.is_some() {
-            return true;
+        let up = match target {
+            Target::Dial(slot, n) => self.wait_dial(&slot, n, within).await.is_some(),
+            _ => true,
+        };
+        if !up {
+            let mut active = lock(&self.inner.active);
+            if active.as_deref() == Some(addr.as_str()) {
+                *active = None;
+            }
         }
-        let mut active = lock(&self.inner.active);
-        if active.as_deref() == Some(addr.as_str()) {
-            *active = None;
-        }
-        false
+        up
     }
 
-    fn add_slot(&self, addr: String) {
+    /// Waits up to `within` for a live connection to `slot`'s address, or
+    /// until its dial number `n` has ended without one.
+    async fn wait_dial(&self, slot: &Slot, n: u64, within: Duration) -> Option<Arc<Conn>> {
+        let mut changes = self.inner.shared.changed.subscribe();
+        let until = Instant::now() + within;
+        loop {
+            changes.borrow_and_update();
+            if let Some(conn) = self.pick(Some(&slot.addr)) {
+                return Some(conn);
+            }
+            if slot.dial_ended(n) {
+                return None;
+            }
+            match tokio::time::timeout_at(until, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return self.pick(Some(&slot.addr)),
+            }
+        }
+    }
+
+    fn add_slot(&self, addr: String) -> Arc<Slot> {
         let slot = Arc::new(Slot::new(addr));
         self.inner
             .slots
@@ -1030,11 +1075,12 @@ impl Client {
             .unwrap_or_else(|e| e.into_inner())
             .push(slot.clone());
         tokio::spawn(conn::run_slot(
-            slot,
+            slot.clone(),
             self.inner.shared.clone(),
             Arc::downgrade(&self.inner),
             self.inner.shutdown.subscribe(),
         ));
+        slot
     }
 
     fn why_no_connection(&self) -> String {
@@ -1056,6 +1102,16 @@ impl Client {
             "no answer on {failed} connection(s) in a row; the last: {last}"
         ))
     }
+}
+
+/// Where [`Client::follow`] finds the node an `M` named.
+enum Target {
+    /// A connection to it is up.
+    Up,
+    /// Not a known address: a slot is added for it.
+    New,
+    /// This slot's dial number `n` decides.
+    Dial(Arc<Slot>, u64),
 }
 
 /// Bounds the time spent following `M` answers.

@@ -244,13 +244,28 @@ impl RenewingGuard {
     /// Stops renewing and releases the lock now (with the usual retries:
     /// every 200 ms for 5 s). `Ok(true)`: it was held and is released;
     /// `Ok(false)`: it had already ended.
+    ///
+    /// A lock already known lost returns `Ok(false)` at once, without
+    /// waiting on a cluster that could not confirm a renewal:
+    /// [`LockLost::Refused`] sends nothing (no grant carries the token);
+    /// [`LockLost::Expired`] sends the release in the background on the
+    /// current runtime (the grant may still be held on a node that could
+    /// not be reached; the usual retries bound it).
     pub async fn release(mut self) -> Result<bool, Error> {
         self.armed = false;
         if let Some(task) = self.task.take() {
             task.abort();
             let _ = task.await;
         }
-        self.client.release_grant(&self.grant).await
+        let lost = self.rx.borrow().lost.clone();
+        match lost {
+            None => self.client.release_grant(&self.grant).await,
+            Some(LockLost::Refused) => Ok(false),
+            Some(LockLost::Expired { .. }) => {
+                super::release_with_client(&self.client, self.grant.key.clone(), self.grant.token);
+                Ok(false)
+            }
+        }
     }
 
     /// Stops renewing without releasing: the lock stays held until released
@@ -268,7 +283,8 @@ impl RenewingGuard {
 impl Drop for RenewingGuard {
     fn drop(&mut self) {
         self.stop();
-        if self.armed {
+        let refused = matches!(self.rx.borrow().lost, Some(LockLost::Refused));
+        if self.armed && !refused {
             self.armed = false;
             super::release_with_client(&self.client, self.grant.key.clone(), self.grant.token);
         }

@@ -8,6 +8,10 @@ the Rust client, docs/client.md):
   each run by a task of its own: dial, hello (``S`` answered within the
   probe timeout), then a reader task and a liveness watch; when it ends, it
   is out of the rotation and redialled every ``redial_interval``.
+- An ``M`` answer naming a node the client has no live connection to wakes
+  that node's slot out of its redial wait: it is dialled now, and the
+  request waits for that dial (one under way per slot at most; after a
+  failed one, the next waits 50 ms, doubling up to 1 s).
 - Requests are written at once (pipelined) and registered per key in send
   order; answers are matched by op and key (section 6 of the protocol).
 - A connection with requests outstanding that received nothing for
@@ -63,6 +67,11 @@ __all__ = [
 #: A cluster has at most 16 nodes: addresses named by ``M`` answers beyond
 #: that many are not followed.
 MAX_REDIRECT_ADDRS = 16
+#: After a dial that an ``M`` answer asked for failed, the next one for the
+#: same slot waits this long, doubling while they keep failing...
+KICK_BACKOFF_MIN = 0.05
+#: ... up to this.
+KICK_BACKOFF_MAX = 1.0
 
 
 def _now() -> float:
@@ -414,7 +423,8 @@ class _Conn:
 
 
 class _Slot:
-    """One address's connection, dialled and redialled in the background."""
+    """One address's connection, dialled and redialled in the background,
+    or at once when an ``M`` answer names it (``dial_now``)."""
 
     def __init__(self, addr: str) -> None:
         self.addr = addr
@@ -423,6 +433,34 @@ class _Slot:
         self.failures = 0
         self.dialing_since: Optional[float] = None
         self.task: "Optional[asyncio.Task[None]]" = None
+        # Dials started and ended so far (the one under way is ``started``).
+        self.started = 0
+        self.ended = 0
+        # A redirect asked for a dial not started yet.
+        self.kicked = False
+        self.kick = asyncio.Event()
+        # Redirect dials that failed in a row (a connection one made that
+        # lasted less than KICK_BACKOFF_MAX counts as failed; one that lasted
+        # longer resets this), and when the last one ended.
+        self.kick_failures = 0
+        self.kick_failed_at: Optional[float] = None
+
+    def dial_now(self) -> Optional[int]:
+        """An ``M`` named this slot's node and it has no connection: dial it
+        now rather than at the next redial tick. Gives the number of the
+        dial that decides (the one under way, or the next), or None if a
+        redirect dial failed too recently (the request backs off instead)."""
+        if self.dialing_since is not None:
+            return self.started
+        if self.kicked:
+            return self.started + 1
+        if self.kick_failed_at is not None:
+            gap = min(KICK_BACKOFF_MIN * 2 ** min(self.kick_failures - 1, 8), KICK_BACKOFF_MAX)
+            if _now() < self.kick_failed_at + gap:
+                return None
+        self.kicked = True
+        self.kick.set()
+        return self.started + 1
 
 
 class _AcqState:
@@ -604,30 +642,42 @@ class AsyncClient:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def _add_slot(self, addr: str) -> None:
+    def _add_slot(self, addr: str) -> _Slot:
         slot = _Slot(addr)
         self._slots.append(slot)
         slot.task = asyncio.ensure_future(self._run_slot(slot))
+        return slot
 
     async def _run_slot(self, slot: _Slot) -> None:
         t = self.timeouts
         while not self._closed:
             dialed_at = _now()
             slot.dialing_since = dialed_at
+            slot.started += 1
+            kicked, slot.kicked = slot.kicked, False
             try:
                 conn = await self._dial(slot.addr)
-            except _End as e:
+            except Exception as e:  # _End, or anything: never let the slot's task die
                 slot.dialing_since = None
-                slot.last_error = e.why
+                slot.ended = slot.started
+                slot.last_error = e.why if isinstance(e, _End) else f"connect to {slot.addr}: {e!r}"
                 slot.failures += 1
-            except Exception as e:  # never let the slot's task die
-                slot.dialing_since = None
-                slot.last_error = f"connect to {slot.addr}: {e!r}"
-                slot.failures += 1
+                if kicked:
+                    slot.kick_failures += 1
+                    slot.kick_failed_at = _now()
             else:
                 slot.dialing_since = None
+                slot.ended = slot.started
+                if self._closed:
+                    # close() cancelled this task as the dial finished: on
+                    # Python before 3.12, asyncio.wait_for then returns the
+                    # result and drops the cancellation. Serving now would
+                    # wait for ever on a healthy idle connection.
+                    conn.writer.close()
+                    return
                 slot.live = conn
                 self._bump()
+                up_at = _now()
                 try:
                     why = await conn.serve()
                 except Exception as e:
@@ -635,8 +685,27 @@ class AsyncClient:
                 finally:
                     slot.live = None
                 slot.last_error = why
+                if _now() - up_at >= KICK_BACKOFF_MAX:
+                    slot.kick_failures = 0
+                    slot.kick_failed_at = None
+                elif kicked:
+                    # A node that answers the hello and drops the connection
+                    # does not get a dial per M.
+                    slot.kick_failures += 1
+                    slot.kick_failed_at = _now()
             self._bump()
-            await asyncio.sleep(max(0.0, dialed_at + t.redial_interval - _now()))
+            # The next dial: at the redial tick, or at once if an M names
+            # this node meanwhile.
+            redial_at = dialed_at + t.redial_interval
+            while not slot.kicked:
+                left = redial_at - _now()
+                if left <= 0:
+                    break
+                slot.kick.clear()
+                try:
+                    await asyncio.wait_for(slot.kick.wait(), left)
+                except asyncio.TimeoutError:
+                    break
 
     async def _dial(self, addr: str) -> _Conn:
         """Dials ``addr`` and checks that the node answers ``S`` within the
@@ -716,9 +785,17 @@ class AsyncClient:
                 return self._pick(addr)
 
     async def _follow(self, addr: str, within: float) -> bool:
-        """Follows an ``M`` naming ``addr``: makes it the preferred node
-        (dialling it if unknown) and waits up to ``within`` for it to be up."""
+        """Follows an ``M`` naming ``addr``: makes it the preferred node and
+        waits up to ``within`` for a live connection to it. A node with no
+        live connection is dialled now (a new address gets a slot; a known
+        one's slot is woken out of its redial wait, see ``_Slot.dial_now``)
+        and the request waits for that dial, hello included. If it fails
+        (or a redirect dial failed too recently), the preference is dropped
+        and the request goes on by its own back-off."""
         mine = [s for s in self._slots if s.addr == addr]
+        if any(s.live is not None for s in mine):
+            self._active = addr
+            return True
         if not mine:
             if len(self.addresses()) - len(self._addrs) >= MAX_REDIRECT_ADDRS:
                 return False
@@ -726,18 +803,40 @@ class AsyncClient:
                 _proto.split_addr(addr)
             except InvalidArgument:
                 return False
-            self._add_slot(addr)
-        elif not any(s.live is not None for s in mine):
-            # A known node with no connection: most likely a stale M from a
-            # standby that has not yet seen that node die. Do not wait for
-            # its redial; the request goes on through the rotation.
-            return False
+            slot = self._add_slot(addr)
+            n: Optional[int] = 1
+        else:
+            slot = next((s for s in mine if s.dialing_since is not None), mine[0])
+            n = slot.dial_now()
+            if n is None:
+                return False
         self._active = addr
-        if await self._wait_live(addr, within) is not None:
+        if await self._wait_dial(slot, n, within) is not None:
             return True
         if self._active == addr:
             self._active = None
         return False
+
+    async def _wait_dial(self, slot: _Slot, n: int, within: float) -> Optional[_Conn]:
+        """Waits up to ``within`` for a live connection to ``slot``'s address,
+        or until its dial number ``n`` ended without one."""
+        until = _now() + within
+        while True:
+            changed = self._changed
+            if self._closed:
+                raise RinglockError("the client is closed")
+            conn = self._pick(slot.addr)
+            if conn is not None:
+                return conn
+            if slot.ended >= n:
+                return None
+            left = until - _now()
+            if left <= 0 or changed is None:
+                return None
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except asyncio.TimeoutError:
+                return self._pick(slot.addr)
 
     def _why_no_connection(self) -> str:
         errors: List[str] = []
@@ -967,7 +1066,9 @@ class AsyncClient:
         t = self.timeouts
         what = "release" if op == "R" else "renew"
         last = "no attempt could be made"
-        followed = False
+        # The nodes M answers named for this request: a new one is tried at
+        # once, a repeated one after the usual retry delay.
+        named: List[str] = []
         no_active = False
         started = _now()
         while True:
@@ -991,9 +1092,10 @@ class AsyncClient:
                             addr: str = reply.value  # type: ignore[assignment]
                             left = max(0.0, until - _now())
                             last = f"redirected to {addr}"
-                            await self._follow(addr, min(left, t.connect_timeout))
-                            if not followed:
-                                followed = True
+                            news = addr not in named and len(named) <= MAX_REDIRECT_ADDRS
+                            if news:
+                                named.append(addr)
+                            if await self._follow(addr, min(left, t.connect_timeout)) and news:
                                 continue
                         else:
                             last = "no active node"
@@ -1232,12 +1334,23 @@ class AsyncLock:
 
     async def release(self) -> bool:
         """Stops renewing and releases the lock (retried for 5 s). True: it
-        was held until now; False: it was already gone."""
+        was held until now; False: it was already gone.
+
+        A lock already known lost returns False at once: after ``N key 0``
+        (``refused``) nothing is sent; after no renewal could be confirmed
+        the release is sent in the background (the usual retries bound it;
+        the grant may still be held on a node that could not be reached)."""
         if self._released:
             return False
         self._released = True
         self._stop()
         g = self._state.grant
+        lost = self._state.lost
+        if lost is not None:
+            if not lost.refused:
+                self._client._release_in_background(g.key, g.token)
+            self._state.finish(lost)
+            return False
         try:
             return await self._client.release(g.key, g.token)
         finally:

@@ -20,7 +20,7 @@ use crate::*;
 
 /// What a fake node does with a new connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     /// Answers the hello, then hands the connection to the test.
     Serve,
     /// Accepts and never answers (a stopped process: the kernel accepts).
@@ -41,12 +41,12 @@ struct NetState {
 
 /// A fake network of fake nodes, reached through the client's dialer.
 #[derive(Clone, Default)]
-struct Net(Arc<StdMutex<NetState>>);
+pub(super) struct Net(Arc<StdMutex<NetState>>);
 
 impl Net {
     /// A node at `addr` in mode `Serve`; its accepted connections come out
     /// of the returned channel.
-    fn node(&self, addr: &str) -> mpsc::UnboundedReceiver<Peer> {
+    pub(super) fn node(&self, addr: &str) -> mpsc::UnboundedReceiver<Peer> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut st = self.0.lock().unwrap();
         st.modes.insert(addr.to_string(), Mode::Serve);
@@ -54,11 +54,11 @@ impl Net {
         rx
     }
 
-    fn set_mode(&self, addr: &str, mode: Mode) {
+    pub(super) fn set_mode(&self, addr: &str, mode: Mode) {
         self.0.lock().unwrap().modes.insert(addr.to_string(), mode);
     }
 
-    fn dials(&self, addr: &str) -> Vec<Instant> {
+    pub(super) fn dials(&self, addr: &str) -> Vec<Instant> {
         let st = self.0.lock().unwrap();
         st.dials
             .iter()
@@ -107,7 +107,7 @@ impl Net {
     }
 
     /// A client of `addrs` on this network.
-    async fn client(
+    pub(super) async fn client(
         &self,
         addrs: &[&str],
         setup: impl FnOnce(ClientBuilder) -> ClientBuilder,
@@ -120,7 +120,7 @@ impl Net {
 }
 
 /// The far end of one connection, driven by the test.
-struct Peer {
+pub(super) struct Peer {
     addr: String,
     rd: BufReader<ReadHalf<DuplexStream>>,
     wr: WriteHalf<DuplexStream>,
@@ -137,7 +137,7 @@ impl Peer {
     }
 
     /// The next request line, `None` at end of file.
-    async fn next(&mut self) -> Option<String> {
+    pub(super) async fn next(&mut self) -> Option<String> {
         let mut line = String::new();
         match self.rd.read_line(&mut line).await {
             Ok(0) | Err(_) => None,
@@ -148,7 +148,7 @@ impl Peer {
     /// The next request line; panics at end of file, or if none comes
     /// within an hour of virtual time (a bug must fail a test, not spin it
     /// through virtual time for ever).
-    async fn line(&mut self) -> String {
+    pub(super) async fn line(&mut self) -> String {
         let addr = self.addr.clone();
         timeout(HOUR, self.next())
             .await
@@ -156,7 +156,7 @@ impl Peer {
             .unwrap_or_else(|| panic!("{addr}: closed, a request was expected"))
     }
 
-    async fn send(&mut self, line: &str) {
+    pub(super) async fn send(&mut self, line: &str) {
         let _ = self.wr.write_all(format!("{line}\n").as_bytes()).await;
     }
 
@@ -166,7 +166,7 @@ impl Peer {
 
     /// Answers every request with `answer(line)` (nothing for `None`) until
     /// the client closes; each request is logged with its time.
-    fn serve(
+    pub(super) fn serve(
         mut self,
         log: Arc<StdMutex<Vec<(Instant, String)>>>,
         mut answer: impl FnMut(&str) -> Option<String> + Send + 'static,
@@ -182,9 +182,9 @@ impl Peer {
     }
 }
 
-type Log = Arc<StdMutex<Vec<(Instant, String)>>>;
+pub(super) type Log = Arc<StdMutex<Vec<(Instant, String)>>>;
 
-fn lines_of(log: &Log, prefix: &str) -> Vec<(Instant, String)> {
+pub(super) fn lines_of(log: &Log, prefix: &str) -> Vec<(Instant, String)> {
     log.lock()
         .unwrap()
         .iter()
@@ -193,7 +193,7 @@ fn lines_of(log: &Log, prefix: &str) -> Vec<(Instant, String)> {
         .collect()
 }
 
-async fn accept(rx: &mut mpsc::UnboundedReceiver<Peer>) -> Peer {
+pub(super) async fn accept(rx: &mut mpsc::UnboundedReceiver<Peer>) -> Peer {
     timeout(HOUR, rx.recv())
         .await
         .expect("a connection")
@@ -210,15 +210,15 @@ async fn line_on_either(a: &mut Peer, b: &mut Peer) -> (usize, String) {
 
 /// `d` is within `[at, at + 3 ms]`: tokio's timers fire on whole
 /// milliseconds, never early.
-fn about(d: Duration, at: Duration) -> bool {
+pub(super) fn about(d: Duration, at: Duration) -> bool {
     d >= at && d <= at + Duration::from_millis(3)
 }
 
-const MS: Duration = Duration::from_millis(1);
+pub(super) const MS: Duration = Duration::from_millis(1);
 
 /// Runs a test body with a bound of an hour of virtual time, so that a bug
 /// fails the test instead of spinning it through virtual time for ever.
-async fn bounded<F: Future<Output = ()>>(body: F) {
+pub(super) async fn bounded<F: Future<Output = ()>>(body: F) {
     timeout(HOUR, body)
         .await
         .expect("the test did not finish within an hour of virtual time");
