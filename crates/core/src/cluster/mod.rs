@@ -74,6 +74,15 @@ pub(crate) const MAX_PENDING_HANDSHAKES: usize = 64;
 /// Configuration conflicts remembered at once (the newest are kept).
 const MAX_CONFLICTS: usize = 16;
 
+/// The default [`ClusterConfig::failback_delay_ms`]: more than the
+/// official clients' background redial interval (3 s) plus their
+/// handshake, so that they have a connection to a returning node before it
+/// takes the role back.
+pub const DEFAULT_FAILBACK_DELAY_MS: u64 = 5_000;
+
+/// The largest [`ClusterConfig::failback_delay_ms`] (10 minutes).
+pub const MAX_FAILBACK_DELAY_MS: u64 = 600_000;
+
 /// How soon a failed dial is retried.
 pub(crate) const DIAL_RETRY_MS: u64 = 100;
 
@@ -86,6 +95,12 @@ pub struct ClusterConfig {
     pub me: usize,
     pub heartbeat_ms: u64,
     pub peer_timeout_ms: u64,
+    /// How long a returning higher-priority node must have been synced to
+    /// this active, and linked without a break, before the active hands it
+    /// the role back (0: at once). Long enough for clients to have a
+    /// connection to it by then. Each active decides by its own setting:
+    /// nodes may differ.
+    pub failback_delay_ms: u64,
     /// Random per process start: lets peers tell a restart from a reconnect.
     pub incarnation: u64,
     /// The cluster's shared secret: every peer link proves it both ways.
@@ -132,6 +147,10 @@ struct Peer {
     /// Since when it has claimed the role while we are active and outrank
     /// it (see [`Cluster::redial_deaf_rivals`]).
     rival_since: Option<u64>,
+    /// Since when it has been ready to take the role back from us (alive,
+    /// following us, holding our snapshot on a link that has not broken
+    /// since): see [`Cluster::evaluate_active`].
+    ready_since: Option<u64>,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -225,6 +244,7 @@ impl Cluster {
         assert!(cfg.me < cfg.peers.len(), "this node is not in --peers");
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
+        assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
         engine.enable_replication();
         engine.step_down(None);
         let peers = vec![Peer::default(); cfg.peers.len()];
@@ -501,6 +521,16 @@ impl Cluster {
                 next = next.min(p.out_deadline_ms);
             }
         }
+        if self.role == Role::Active {
+            for p in &self.peers {
+                if let Some(since) = p.ready_since {
+                    let due = since.saturating_add(self.cfg.failback_delay_ms);
+                    if due > self.last_tick_ms {
+                        next = next.min(due);
+                    }
+                }
+            }
+        }
         for pending in self.pending.values() {
             next = next.min(pending.deadline_ms);
         }
@@ -581,6 +611,7 @@ impl Cluster {
             p.out = None;
             p.out_authed = false;
             p.snapshot_sent = false;
+            p.ready_since = None;
             p.next_dial_ms = now.ms + DIAL_RETRY_MS;
             touched = Some(i);
         }
@@ -588,6 +619,7 @@ impl Cluster {
         if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
             let (_, peer) = self.links_in.swap_remove(i);
             self.peers[peer].links_in -= 1;
+            self.peers[peer].ready_since = None;
             touched = Some(peer);
             authed = true;
         }
@@ -1042,6 +1074,7 @@ impl Cluster {
                     p.out_deadline_ms = p.out_deadline_ms.max(until);
                 }
             }
+            self.step_down_after_stall(now, engine);
         }
         self.last_tick_ms = now.ms;
         for i in 0..self.peers.len() {
@@ -1073,6 +1106,35 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// An active that did not run for long enough that its peers may have
+    /// counted it dead (its last heartbeat went out up to one heartbeat
+    /// before its last turn) may have been replaced: another node may have
+    /// taken the role and granted keys meanwhile. Serving on, it would
+    /// grant those keys again, and at the meeting of the two actives its
+    /// higher priority would make the other drop what it granted. It steps
+    /// down before it reads a single request (the loops tick first), and
+    /// waits one peer timeout, as at its start, to hear who is active: it
+    /// follows that node and takes its snapshot (and gets the role back by
+    /// the delayed failback if it has the higher priority); if nobody took
+    /// over, it takes the role again with its table.
+    fn step_down_after_stall(&mut self, now: Now, engine: &mut Engine) {
+        let gap = now.ms.saturating_sub(self.last_tick_ms);
+        let may_be_replaced = gap + self.cfg.heartbeat_ms >= self.cfg.peer_timeout_ms;
+        if self.role != Role::Active || self.leaving || self.peers.len() < 2 || !may_be_replaced {
+            return;
+        }
+        // Whoever is active now is unknown until its heartbeat is read: what
+        // we knew of each peer's role is from before the stall.
+        for p in &mut self.peers {
+            p.claims_active = false;
+            p.following = None;
+        }
+        self.started_ms = now.ms;
+        let why = format!("this process did not run for {gap} ms: a peer may have taken over");
+        self.follow(None, engine, &why);
+        debug_assert!(!engine.is_active());
     }
 
     /// Sends this turn's replication: a snapshot to each follower whose link
@@ -1367,18 +1429,38 @@ impl Cluster {
             self.follow(Some(better), engine, &why);
             return;
         }
+        // Failback: to the first live node of higher priority, once it has
+        // held our snapshot, on a link that has not broken since, for the
+        // failback delay (so that clients have a connection to it by
+        // then). Any break starts the delay again.
         let first_alive = (0..me).find(|&p| self.alive(p));
-        if let Some(p) = first_alive {
+        for p in 0..n {
             let peer = &self.peers[p];
-            if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
-                tracing::info!(
-                    target: LOG_TARGET, to = %self.cfg.peers[p],
-                    "handing the active role back to {}: it has the higher priority and \
-                     holds a full snapshot",
-                    self.cfg.peers[p]
-                );
-                self.hand_off(now, p, engine);
+            let ready = Some(p) == first_alive
+                && peer.following == Some(me)
+                && peer.synced
+                && peer.snapshot_sent
+                && peer.out_authed;
+            if !ready {
+                self.peers[p].ready_since = None;
+            } else if peer.ready_since.is_none() {
+                self.peers[p].ready_since = Some(now.ms);
             }
+        }
+        let due = first_alive.filter(|&p| {
+            self.peers[p]
+                .ready_since
+                .is_some_and(|since| now.ms >= since.saturating_add(self.cfg.failback_delay_ms))
+        });
+        if let Some(p) = due {
+            tracing::info!(
+                target: LOG_TARGET, to = %self.cfg.peers[p],
+                "handing the active role back to {}: it has the higher priority and has \
+                 held a full snapshot for {} ms",
+                self.cfg.peers[p],
+                self.cfg.failback_delay_ms
+            );
+            self.hand_off(now, p, engine);
         }
     }
 
@@ -1548,6 +1630,7 @@ impl Cluster {
         // the cluster's state (see the field).
         for p in &mut self.peers {
             p.snapshot_sent = false;
+            p.ready_since = None;
         }
         engine.become_active();
         debug_assert!(engine.is_active());
