@@ -318,7 +318,6 @@ fn sigterm_hands_over_at_once(io: &str) {
 /// node 1 hands the role back to it (failback, at once in these tests).
 /// Node 0 is active again with its own grants and node 1's, and issues
 /// tokens above every token node 1 issued.
-#[expect(clippy::too_many_lines)]
 fn sigstop_split_brain_heals_by_demotion(io: &str) {
     let c = Cluster::start(3, io);
     let (a0, a1) = (c.addr(0), c.addr(1));

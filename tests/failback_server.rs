@@ -105,7 +105,10 @@ fn finish_holder(child: Child, dir: &Path, io: &str) {
     std::fs::write(dir.join("go"), b"").unwrap();
     let out = wait_output(child, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    eprintln!("{io}: ringlock run: exit {:?}; stderr: {err}", out.status.code());
+    eprintln!(
+        "{io}: ringlock run: exit {:?}; stderr: {err}",
+        out.status.code()
+    );
     assert!(!err.contains("LOCK LOST"), "{err}");
     assert_eq!(out.status.code(), Some(5), "CMD's status: {err}");
 }
@@ -114,7 +117,15 @@ fn finish_holder(child: Child, dir: &Path, io: &str) {
 fn acquire_no_wait(c: &Cluster, key: &str) -> Option<i32> {
     let list = c.addr_strings().join(",");
     let out = Command::new(env!("CARGO_BIN_EXE_ringlock"))
-        .args(["acquire", key, "--lease", "60", "--no-wait", "--server", &list])
+        .args([
+            "acquire",
+            key,
+            "--lease",
+            "60",
+            "--no-wait",
+            "--server",
+            &list,
+        ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -165,7 +176,14 @@ fn a_stopped_active_keeps_what_was_granted_meanwhile(io: &str) {
     // lease runs on).
     let list = c.addr_strings().join(",");
     let out = Command::new(env!("CARGO_BIN_EXE_ringlock"))
-        .args(["acquire", "fs/meanwhile", "--lease", "60", "--server", &list])
+        .args([
+            "acquire",
+            "fs/meanwhile",
+            "--lease",
+            "60",
+            "--server",
+            &list,
+        ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
