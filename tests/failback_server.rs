@@ -251,3 +251,32 @@ fn a_restarted_active_takes_the_role_back_after_the_delay(io: &str) {
     finish_holder(holder, &dir, io);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A delay beyond the bound is refused at start, with the reason.
+#[test]
+fn a_failback_delay_beyond_the_bound_is_refused() {
+    for (delay, refused) in [("600001", true), ("600000", false)] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args([
+                "--peers",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--advertise",
+                "127.0.0.1:1",
+            ])
+            // A secret file that does not exist: a delay within the bound
+            // gets as far as reading it.
+            .args(["--cluster-secret-file", "/nonexistent/ringlock-secret"])
+            .args(["--failback-delay-ms", delay])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{delay}: {err}");
+        assert_eq!(
+            err.contains("--failback-delay-ms must be at most 600000"),
+            refused,
+            "{delay}: {err}"
+        );
+    }
+}
