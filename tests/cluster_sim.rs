@@ -379,8 +379,10 @@ fn a_resumed_active_keeps_what_was_granted_while_it_was_stopped() {
     sim.set_target(1, 1);
     let b = sim.acquire(1, "b", 30_000).unwrap();
     assert!(b > a);
-    // n0 resumes (client 0 still sends to it): it serves nothing, and n1
-    // stays active with both grants.
+    // An acquire of "b" waits unread at n0 while it is stopped (client 0
+    // still sends to it). n0 resumes: it serves nothing, and n1 stays
+    // active with both grants.
+    sim.send_acquire(0, 0, "b", 1_000, 200);
     sim.run_for(1_500 - PEER_TIMEOUT_MS);
     until_n0_synced_to_n1(&mut sim, 2 * PEER_TIMEOUT_MS);
     assert_eq!(sim.table(0), grants(&[("a", a), ("b", b)]));
