@@ -4,7 +4,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use crate::cluster::{ClusterConfig, wire};
+use crate::cluster::{ClusterConfig, DEFAULT_FAILBACK_DELAY_MS, MAX_FAILBACK_DELAY_MS, wire};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
 use crate::node::{Node, NodeConfig};
@@ -45,6 +45,12 @@ pub struct ServeArgs {
     /// failover after a hang; a crash is seen at once (its links close).
     #[arg(long, default_value_t = 500)]
     pub peer_timeout_ms: u64,
+    /// Cluster: how long a returning node of higher priority must have
+    /// held the active's snapshot, linked without a break, before the
+    /// active hands the role back to it (ms; 0: at once; at most 600000).
+    /// The default leaves clients time to connect to it first.
+    #[arg(long, default_value_t = DEFAULT_FAILBACK_DELAY_MS)]
+    pub failback_delay_ms: u64,
     /// Cluster: a file holding the secret every node shares (required with
     /// --peers; make one with `ringlock keygen PATH` and copy it to every
     /// node). Peer links prove it both ways before anything else.
@@ -326,6 +332,11 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
                 .into(),
         ));
     }
+    if args.failback_delay_ms > MAX_FAILBACK_DELAY_MS {
+        return Err(ServeError::Config(format!(
+            "--failback-delay-ms must be at most {MAX_FAILBACK_DELAY_MS}"
+        )));
+    }
     let Some(path) = &args.cluster_secret_file else {
         return Err(ServeError::Config(
             "--peers needs --cluster-secret-file PATH: the secret every node shares, so that \
@@ -345,6 +356,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
         me,
         heartbeat_ms: args.heartbeat_ms,
         peer_timeout_ms: args.peer_timeout_ms,
+        failback_delay_ms: args.failback_delay_ms,
         incarnation,
         secret,
     }))

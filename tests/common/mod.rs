@@ -496,6 +496,8 @@ pub struct Cluster {
     /// `--heartbeat-ms` and `--peer-timeout-ms` of every node.
     pub heartbeat_ms: u64,
     pub peer_timeout_ms: u64,
+    /// `--failback-delay-ms` of every node.
+    pub failback_delay_ms: u64,
     nodes: Vec<Option<Server>>,
     extra: Vec<String>,
 }
@@ -525,6 +527,9 @@ impl Cluster {
     /// spelled out): heartbeats every 50 ms, a peer dead after 500 ms.
     pub const HEARTBEAT_MS: u64 = 50;
     pub const PEER_TIMEOUT_MS: u64 = 500;
+    /// Not the server's default (5 s): the hand-back to a returning node
+    /// at once, for the tests that are not about the delay.
+    pub const FAILBACK_DELAY_MS: u64 = 0;
 
     /// Starts `n` nodes under `--io io` and waits until node 0 is active and
     /// every other node a standby naming it.
@@ -558,6 +563,7 @@ impl Cluster {
             peers,
             heartbeat_ms: Self::HEARTBEAT_MS,
             peer_timeout_ms: Self::PEER_TIMEOUT_MS,
+            failback_delay_ms: Self::FAILBACK_DELAY_MS,
             nodes: (0..n).map(|_| None).collect(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         }
@@ -576,6 +582,8 @@ impl Cluster {
             self.heartbeat_ms.to_string(),
             "--peer-timeout-ms".to_string(),
             self.peer_timeout_ms.to_string(),
+            "--failback-delay-ms".to_string(),
+            self.failback_delay_ms.to_string(),
             "--cluster-secret-file".to_string(),
             secret_file().to_string(),
         ]

@@ -97,6 +97,8 @@ pub struct SimConfig {
     /// Relative weights of the fault kinds, see [`Fault`].
     pub weights: [u64; FAULT_KINDS],
     pub max_steps: u64,
+    /// Every node's `failback_delay_ms`.
+    pub failback_delay_ms: u64,
 }
 
 pub const FAULT_KINDS: usize = 9;
@@ -141,6 +143,7 @@ impl SimConfig {
             drift_ms: 0,
             weights: [1, 0, 0, 0, 0, 0, 0, 0, 0],
             max_steps: 5_000_000,
+            failback_delay_ms: 0,
         }
     }
 
@@ -159,6 +162,7 @@ impl SimConfig {
             //        steady crashA crash leave hang part oneway flap outage
             weights: [20, 14, 6, 12, 12, 12, 6, 12, 2],
             max_steps: 2_000_000,
+            failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
         }
     }
 }
@@ -696,6 +700,7 @@ impl Sim {
                     me: x,
                     heartbeat_ms: HEARTBEAT_MS,
                     peer_timeout_ms: PEER_TIMEOUT_MS,
+                    failback_delay_ms: self.cfg.failback_delay_ms,
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
                 }),

@@ -371,6 +371,7 @@ impl Harness {
                     me,
                     heartbeat_ms: HEARTBEAT_MS,
                     peer_timeout_ms: PEER_TIMEOUT_MS,
+                    failback_delay_ms: 0,
                     incarnation,
                     secret: secret.clone(),
                 }),

@@ -23,6 +23,16 @@ impl Cluster {
                 next = next.min(deadline);
             }
         }
+        if self.role == Role::Active {
+            for p in &self.peers {
+                if let Some(since) = p.ready_since {
+                    let due = since.saturating_add(self.cfg.failback_delay_ms);
+                    if due > self.last_tick_ms {
+                        next = next.min(due);
+                    }
+                }
+            }
+        }
         for pending in self.pending.values() {
             next = next.min(pending.deadline_ms);
         }
@@ -109,6 +119,7 @@ impl Cluster {
             p.out = None;
             p.out_authed = false;
             p.snapshot_sent = false;
+            p.ready_since = None;
             p.next_dial_ms = now.ms + DIAL_RETRY_MS;
             touched = Some(i);
         }
@@ -116,6 +127,7 @@ impl Cluster {
         if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
             let (_, peer) = self.links_in.swap_remove(i);
             self.peers[peer].links_in -= 1;
+            self.peers[peer].ready_since = None;
             touched = Some(peer);
             authed = true;
         }
@@ -182,6 +194,7 @@ impl Cluster {
                     *deadline = (*deadline).max(until);
                 }
             }
+            self.step_down_after_stall(now, engine);
         }
         self.last_tick_ms = now.ms;
         for i in 0..self.peers.len() {
@@ -213,6 +226,35 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// An active that did not run for long enough that its peers may have
+    /// counted it dead (its last heartbeat went out up to one heartbeat
+    /// before its last turn) may have been replaced: another node may have
+    /// taken the role and granted keys meanwhile. Serving on, it would
+    /// grant those keys again, and at the meeting of the two actives its
+    /// higher priority would make the other drop what it granted. It steps
+    /// down before it reads a single request (the loops tick first), and
+    /// waits one peer timeout, as at its start, to hear who is active: it
+    /// follows that node and takes its snapshot (and gets the role back by
+    /// the delayed failback if it has the higher priority); if nobody took
+    /// over, it takes the role again with its table.
+    fn step_down_after_stall(&mut self, now: Now, engine: &mut Engine) {
+        let gap = now.ms.saturating_sub(self.last_tick_ms);
+        let may_be_replaced = gap + self.cfg.heartbeat_ms >= self.cfg.peer_timeout_ms;
+        if self.role != Role::Active || self.leaving || self.peers.len() < 2 || !may_be_replaced {
+            return;
+        }
+        // Whoever is active now is unknown until its heartbeat is read: what
+        // we knew of each peer's role is from before the stall.
+        for p in &mut self.peers {
+            p.claims_active = false;
+            p.following = None;
+        }
+        self.started_ms = now.ms;
+        let why = format!("this process did not run for {gap} ms: a peer may have taken over");
+        self.follow(None, engine, &why);
+        debug_assert!(!engine.is_active());
     }
 
     /// Peer `i` went silent for a whole peer timeout: its links, both ways,

@@ -83,6 +83,15 @@ const MAX_CONFLICTS: usize = 16;
 /// it at INFO, an unplanned step-down at WARN.
 const HAND_OFF: &str = "hand-off to";
 
+/// The default [`ClusterConfig::failback_delay_ms`]: more than the
+/// official clients' background redial interval (3 s) plus their
+/// handshake, so that they have a connection to a returning node before it
+/// takes the role back.
+pub const DEFAULT_FAILBACK_DELAY_MS: u64 = 5_000;
+
+/// The largest [`ClusterConfig::failback_delay_ms`] (10 minutes).
+pub const MAX_FAILBACK_DELAY_MS: u64 = 600_000;
+
 /// How soon a failed dial is retried.
 pub(crate) const DIAL_RETRY_MS: u64 = 100;
 
@@ -95,6 +104,12 @@ pub struct ClusterConfig {
     pub me: usize,
     pub heartbeat_ms: u64,
     pub peer_timeout_ms: u64,
+    /// How long a returning higher-priority node must have been synced to
+    /// this active, and linked without a break, before the active hands it
+    /// the role back (0: at once). Long enough for clients to have a
+    /// connection to it by then. Each active decides by its own setting:
+    /// nodes may differ.
+    pub failback_delay_ms: u64,
     /// Random per process start: lets peers tell a restart from a reconnect.
     pub incarnation: u64,
     /// The cluster's shared secret: every peer link proves it both ways.
@@ -148,6 +163,10 @@ struct Peer {
     /// Since when it has claimed the role while we are active and outrank
     /// it (see [`Cluster::redial_deaf_rivals`]).
     rival_since: Option<u64>,
+    /// Since when it has been ready to take the role back from us (alive,
+    /// following us, holding our snapshot on a link that has not broken
+    /// since): see [`Cluster::evaluate_active`].
+    ready_since: Option<u64>,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -248,6 +267,7 @@ impl Cluster {
         assert!(cfg.me < cfg.peers.len(), "this node is not in --peers");
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
+        assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
         engine.enable_replication();
         engine.step_down(None);
         let peers = vec![Peer::default(); cfg.peers.len()];

@@ -135,18 +135,38 @@ impl Cluster {
             self.follow(Some(better), engine, &why);
             return;
         }
+        // Failback: to the first live node of higher priority, once it has
+        // held our snapshot, on a link that has not broken since, for the
+        // failback delay (so that clients have a connection to it by
+        // then). Any break starts the delay again.
         let first_alive = (0..me).find(|&p| self.alive(p));
-        if let Some(p) = first_alive {
+        for p in 0..n {
             let peer = &self.peers[p];
-            if peer.following == Some(me) && peer.synced && peer.snapshot_sent {
-                tracing::info!(
-                    target: LOG_TARGET, to = %self.cfg.peers[p],
-                    "handing the active role back to {}: it has the higher priority and \
-                     holds a full snapshot",
-                    self.cfg.peers[p]
-                );
-                self.hand_off(now, p, engine);
+            let ready = Some(p) == first_alive
+                && peer.following == Some(me)
+                && peer.synced
+                && peer.snapshot_sent
+                && peer.out_authed;
+            if !ready {
+                self.peers[p].ready_since = None;
+            } else if peer.ready_since.is_none() {
+                self.peers[p].ready_since = Some(now.ms);
             }
+        }
+        let due = first_alive.filter(|&p| {
+            self.peers[p]
+                .ready_since
+                .is_some_and(|since| now.ms >= since.saturating_add(self.cfg.failback_delay_ms))
+        });
+        if let Some(p) = due {
+            tracing::info!(
+                target: LOG_TARGET, to = %self.cfg.peers[p],
+                "handing the active role back to {}: it has the higher priority and has \
+                 held a full snapshot for {} ms",
+                self.cfg.peers[p],
+                self.cfg.failback_delay_ms
+            );
+            self.hand_off(now, p, engine);
         }
     }
 
@@ -338,6 +358,7 @@ impl Cluster {
         // the cluster's state (see the field).
         for p in &mut self.peers {
             p.snapshot_sent = false;
+            p.ready_since = None;
         }
         engine.become_active();
         debug_assert!(engine.is_active());

@@ -31,6 +31,7 @@ fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) 
         me,
         heartbeat_ms: 50,
         peer_timeout_ms: TIMEOUT_MS,
+        failback_delay_ms: 0,
         incarnation: 1,
         secret: Secret::from_bytes(secret),
     };
