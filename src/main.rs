@@ -25,7 +25,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Command::parse() {
+    let command = match Command::try_parse() {
+        Ok(command) => command,
+        Err(err) => return ringlock::cli::not_run(&err),
+    };
+    match command {
         Command::Serve(args) => {
             ringlock::log::init(args.log_format);
             match ringlock::server::run(args) {

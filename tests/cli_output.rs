@@ -143,3 +143,57 @@ fn a_full_disk_is_one_line_and_exit_74() {
         "acquire kept a lock whose token it never printed"
     );
 }
+
+/// The help and version texts obey the same rules as every other output:
+/// into a closed pipe, 141 and nothing said; into /dev/full, one line and
+/// 74 (not exit 0 with the text lost). No server is needed.
+#[test]
+fn help_and_version_into_a_closed_pipe_or_a_full_disk() {
+    for args in [
+        &["--help"][..],
+        &["help"],
+        &["acquire", "--help"],
+        &["status", "-h"],
+        &["serve", "--help"],
+        &["--version"],
+    ] {
+        let run = |stdout: Stdio| {
+            let child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn");
+            finish(child)
+        };
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = run(writer.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(BROKEN_PIPE), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?} said something");
+
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full");
+        let out = run(full.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(OUTPUT_ERROR), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.lines().collect::<Vec<_>>(),
+            ["ringlock: cannot write to standard output: No space left on device (os error 28)"],
+            "{args:?}"
+        );
+
+        // Into a pipe that is read, the text is whole and the status 0.
+        let out = run(Stdio::piped());
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.starts_with("ringlock") || text.contains("Usage:"),
+            "{args:?}: {text}"
+        );
+    }
+}

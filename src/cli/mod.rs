@@ -380,6 +380,18 @@ fn emit(text: &str) -> Result<(), u8> {
     }
 }
 
+/// A command line that names nothing to run: `--help`, `--version`, or an
+/// error. Help and version texts go to standard output like every other
+/// output (a closed pipe: 141; another write error: one line and 74), on a
+/// terminal as clap prints them (in its colours); errors go to stderr as
+/// clap prints them (exit 2).
+pub fn not_run(err: &clap::Error) -> ExitCode {
+    if err.use_stderr() || std::io::stdout().is_terminal() {
+        err.exit()
+    }
+    ExitCode::from(emitted(&err.render().to_string(), 0))
+}
+
 /// The exit status of a command whose last act is [`emit`].
 fn emitted(text: &str, done: u8) -> u8 {
     emit(text).err().unwrap_or(done)
