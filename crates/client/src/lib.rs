@@ -1000,8 +1000,11 @@ impl Client {
     /// preference is dropped again and the request goes on by its own
     /// back-off.
     async fn follow(&self, addr: String, within: Duration) -> bool {
+        // Under the write lock: requests on other threads that meet an `M`
+        // naming the same new node at once must not each add a slot (nor
+        // together pass the cap).
         let target = {
-            let slots = read(&self.inner.slots);
+            let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
             let mine: Vec<&Arc<Slot>> = slots.iter().filter(|s| s.addr == addr).collect();
             if mine.iter().any(|s| s.live().is_some()) {
                 Target::Up
@@ -1026,11 +1029,16 @@ impl Client {
                     // new addresses is not followed further.
                     return false;
                 }
-                Target::New
+                let slot = Arc::new(Slot::new(addr.clone()));
+                slots.push(slot.clone());
+                Target::New(slot)
             }
         };
         let target = match target {
-            Target::New => Target::Dial(self.add_slot(addr.clone()), 1),
+            Target::New(slot) => {
+                self.run_slot(slot.clone());
+                Target::Dial(slot, 1)
+            }
             other => other,
         };
         *lock(&self.inner.active) = Some(addr.clone());
@@ -1074,13 +1082,18 @@ impl Client {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(slot.clone());
+        self.run_slot(slot.clone());
+        slot
+    }
+
+    /// Starts the background task of a slot just added.
+    fn run_slot(&self, slot: Arc<Slot>) {
         tokio::spawn(conn::run_slot(
-            slot.clone(),
+            slot,
             self.inner.shared.clone(),
             Arc::downgrade(&self.inner),
             self.inner.shutdown.subscribe(),
         ));
-        slot
     }
 
     fn why_no_connection(&self) -> String {
@@ -1108,8 +1121,8 @@ impl Client {
 enum Target {
     /// A connection to it is up.
     Up,
-    /// Not a known address: a slot is added for it.
-    New,
+    /// Not a known address: this slot was just added for it.
+    New(Arc<Slot>),
     /// This slot's dial number `n` decides.
     Dial(Arc<Slot>, u64),
 }
