@@ -197,3 +197,90 @@ fn help_and_version_into_a_closed_pipe_or_a_full_disk() {
         );
     }
 }
+
+/// Standard error that cannot be written (a full disk here; a closed pipe
+/// is the same) changes nothing but the messages: no panic (exit 101), the
+/// documented statuses, and `run` still stops CMD when the lock is lost.
+#[test]
+fn an_unwritable_stderr_keeps_the_exit_statuses_and_run_stops_cmd() {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("open /dev/full")
+    };
+    let server = common::Server::start("epoll");
+    let mut holder = server.connect();
+    let token = common::Conn::token_of(&holder.call("A held 60000 0"));
+    assert!(token > 0);
+    let out = finish(
+        ringlock(&server, &["acquire", "held", "--no-wait"])
+            .stdout(Stdio::null())
+            .stderr(full())
+            .spawn()
+            .expect("spawn"),
+    );
+    assert_eq!(out.status.code(), Some(75), "acquire of a held lock");
+    let out = finish(
+        ringlock(&server, &["release", "held", "1"])
+            .stderr(full())
+            .spawn()
+            .expect("spawn"),
+    );
+    assert_eq!(out.status.code(), Some(1), "release with a wrong token");
+
+    // run: CMD writes its token and pid, then sleeps; the test releases the
+    // lock behind its back; the next renewal finds it lost.
+    let dir = std::env::temp_dir().join(format!("ringlock-stderr-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "echo $RINGLOCK_TOKEN $$ > {0}/t.tmp && mv {0}/t.tmp {0}/t && exec sleep 30",
+        dir.display()
+    );
+    let child = ringlock(
+        &server,
+        &["run", "job", "--lease", "1", "--", "sh", "-c", &script],
+    )
+    .stdout(Stdio::null())
+    .stderr(full())
+    .spawn()
+    .expect("spawn");
+    let started = Instant::now();
+    let info = loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join("t")) {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "CMD did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut fields = info.split_whitespace();
+    let token: u64 = fields.next().unwrap().parse().unwrap();
+    let pid: i32 = fields.next().unwrap().parse().unwrap();
+    assert_eq!(holder.call(&format!("R job {token}")), "R job 1");
+    let out = finish(child);
+    let cmd_alive = kill_ok(pid, 0);
+    if cmd_alive {
+        let _ = kill_ok(pid, 9);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(76), "run whose lock was lost");
+    assert!(
+        !cmd_alive,
+        "CMD (pid {pid}) still runs after the lock was lost"
+    );
+}
+
+/// Whether signal `sig` could be sent to `pid` (0: whether it exists), by
+/// kill(1).
+fn kill_ok(pid: i32, sig: i32) -> bool {
+    Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

@@ -46,6 +46,17 @@ use ringlock_client::{
     node_status_tls,
 };
 
+/// std's `eprintln!` panics when standard error cannot be written (a full
+/// disk, a closed pipe): a panic would end the command with 101 instead of
+/// its status, and `run` before it stopped CMD on a lost lock. Here a
+/// message that cannot be written is dropped.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Exit status: `release`/`renew` found no grant with that token.
 pub const EXIT_NOT_HELD: u8 = 1;
 /// Exit status: `status` found the cluster unhealthy.
