@@ -2,7 +2,9 @@
 //! pipe early ends a command quietly with 141 (as `ls | head` does), a
 //! full disk is one line on stderr and exit 74 (docs/client.md, "Exit
 //! status"); never a panic. Each command that prints: `acquire` (the
-//! token), `status` and `locks` (listings of several lines).
+//! token), `status` and `locks` (listings of several lines). Standard
+//! error too: a message that cannot be written is lost, never a panic (the
+//! command line's statuses, and the server's log).
 
 mod common;
 
@@ -283,4 +285,48 @@ fn kill_ok(pid: i32, sig: i32) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// The server's log on a standard error that cannot be written (a full
+/// disk): the lines are lost, the node is not. It starts, serves, logs a
+/// SIGHUP and its stop, and exits 0 on SIGTERM (not 101 at its first line).
+#[test]
+fn a_server_whose_log_cannot_be_written_serves_on() {
+    let addr = common::free_addrs(common::loopback_ip(), 1)[0];
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(["serve", "--listen", &addr.to_string()])
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(full)
+        .spawn()
+        .expect("spawn ringlock serve");
+    let started = Instant::now();
+    let mut conn = loop {
+        if let Ok(status) = child.try_wait() {
+            assert!(status.is_none(), "the server exited: {status:?}");
+        }
+        if std::net::TcpStream::connect(addr).is_ok() {
+            break common::Conn::new(addr);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the server did not listen within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(conn.call("S").starts_with("S active "));
+    let pid = child.id().to_string();
+    let hup = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(hup.success());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(conn.call("A k 5000 0").starts_with("A k "));
+    let term = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(term.success());
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
 }
