@@ -230,6 +230,19 @@ fn an_unwritable_stderr_keeps_the_exit_statuses_and_run_stops_cmd() {
             .expect("spawn"),
     );
     assert_eq!(out.status.code(), Some(1), "release with a wrong token");
+    let secret =
+        std::env::temp_dir().join(format!("ringlock-stderr-{}.secret", std::process::id()));
+    let _ = std::fs::remove_file(&secret);
+    let status = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .arg("keygen")
+        .arg(&secret)
+        .stderr(full())
+        .status()
+        .expect("run keygen");
+    let written = secret.exists();
+    let _ = std::fs::remove_file(&secret);
+    assert_eq!(status.code(), Some(0), "keygen");
+    assert!(written, "keygen wrote no file");
 
     // run: CMD writes its token and pid, then sleeps; the test releases the
     // lock behind its back; the next renewal finds it lost.
