@@ -600,10 +600,18 @@ impl Client {
                 Reply::TimedOut => return Ok(Acquired::TimedOut),
                 Reply::Moved(to) => {
                     state.doing = Doing::Redirected;
-                    if to.is_none() {
-                        state.failure = Some(Error::NoActiveNode);
+                    // If the wait runs out before a node is reached, this is
+                    // what the acquire ends with (not TimedOut: no node said
+                    // the wait ran out).
+                    state.failure = Some(match &to {
+                        None => Error::NoActiveNode,
+                        Some(addr) => self.unreached(addr),
+                    });
+                    if moves.moved(self, to.clone()).await? {
+                        state.failure = None;
+                    } else if let Some(addr) = &to {
+                        state.failure = Some(self.unreached(addr));
                     }
-                    moves.moved(self, to).await?;
                 }
                 Reply::Lost(why) => {
                     failed += 1;
@@ -1096,6 +1104,18 @@ impl Client {
         ));
     }
 
+    /// The error of an acquire redirected to `addr` that could not reach it.
+    fn unreached(&self, addr: &str) -> Error {
+        let why = read(&self.inner.slots)
+            .iter()
+            .find(|s| s.addr == addr)
+            .and_then(|s| s.last_error())
+            .unwrap_or_else(|| format!("{addr}: not connected yet"));
+        Error::Connection(format!(
+            "redirected to {addr}, which could not be reached ({why})"
+        ))
+    }
+
     fn why_no_connection(&self) -> String {
         let slots = read(&self.inner.slots);
         let mut errors: Vec<String> = Vec::new();
@@ -1151,8 +1171,8 @@ impl Moves {
     /// every `M key -`, and an `M` naming a node named before (a stale
     /// answer, or nodes sending the request around), waits a growing delay
     /// first. Gives up with [`Error::NoActiveNode`] once the bound has
-    /// passed.
-    async fn moved(&mut self, client: &Client, to: Option<String>) -> Result<(), Error> {
+    /// passed. `Ok(true)`: the named node is up (see [`Client::follow`]).
+    async fn moved(&mut self, client: &Client, to: Option<String>) -> Result<bool, Error> {
         let first = *self.first.get_or_insert_with(Instant::now);
         if first.elapsed() >= self.bound {
             return Err(Error::NoActiveNode);
@@ -1170,13 +1190,13 @@ impl Moves {
             tokio::time::sleep(self.backoff.min(left)).await;
             self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
         }
-        if let Some(addr) = to {
-            let left = self.bound.saturating_sub(first.elapsed());
-            client
-                .follow(addr, left.min(client.timing().connect_timeout))
-                .await;
-        }
-        Ok(())
+        let Some(addr) = to else {
+            return Ok(false);
+        };
+        let left = self.bound.saturating_sub(first.elapsed());
+        Ok(client
+            .follow(addr, left.min(client.timing().connect_timeout))
+            .await)
     }
 }
 
