@@ -297,3 +297,20 @@ def test_a_named_node_that_drops_every_connection_is_not_dialled_per_m(make_fake
             assert max(gaps) >= 0.75, dials
 
     run(main())
+
+
+def test_an_acquire_redirected_to_a_node_it_cannot_reach_fails_rather_than_times_out(make_fake):
+    """a keeps naming b, which refuses connections: an acquire whose wait
+    runs out meanwhile raises ConnectionFailed naming b (no node said the
+    wait ran out: None would mean the lock is held), by its wait plus the
+    grace."""
+    b_sock = reserve_port()
+    b_addr = "127.0.0.1:%d" % b_sock.getsockname()[1]
+    a = make_fake()
+    serve_all(a, standby_naming(b_addr))
+    with Client([a.addr, b_addr]) as client:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(ConnectionFailed, match=b_addr):
+                client.acquire("k", 5, wait=0.5)
+            assert time.monotonic() - started < 1.5 + 0.3
