@@ -470,9 +470,9 @@ impl Client {
     /// With a wait, the call ends by the wait plus the acquire grace (1 s by
     /// default) whatever the nodes do: if the node asked last has not
     /// answered by then, [`Error::Connection`] names it. If the wait runs
-    /// out while the request is between attempts (its connection died, or
-    /// no node was active), the error of the last attempt is returned rather
-    /// than `TimedOut`. Without a wait, a connection that dies is still
+    /// out while the request is between attempts (its connection died, no
+    /// node was active, or an `M` named a node that could not be reached),
+    /// the error of the last attempt is returned rather than `TimedOut`. Without a wait, a connection that dies is still
     /// noticed (liveness probes) and the request moves on.
     ///
     /// If the future is dropped after the request was sent, the server keeps
