@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 import pytest
 
 from conftest import FakeServer, poll, reserve_port
-from ringlock import AsyncClient, Client, ConnectionFailed, LockLost
+from ringlock import AsyncClient, Client, ConnectionFailed, LockLost, RinglockError
 
 Answer = Callable[[bytes], Optional[bytes]]
 
@@ -314,3 +314,27 @@ def test_an_acquire_redirected_to_a_node_it_cannot_reach_fails_rather_than_times
             with pytest.raises(ConnectionFailed, match=b_addr):
                 client.acquire("k", 5, wait=0.5)
             assert time.monotonic() - started < 1.5 + 0.3
+
+
+def test_close_ends_a_release_and_a_renew_in_flight_at_once(make_fake):
+    """close() while a release and a renew wait on a node that does not
+    answer them (and one redirected to a node that refuses): they raise
+    at once, not after their 5 s of retries."""
+    b_sock = reserve_port()
+    b_addr = "127.0.0.1:%d" % b_sock.getsockname()[1]
+    a = make_fake()
+    serve_all(a, lambda line: b"M " + line.split(b" ")[1] + b" " + b_addr.encode() if line.startswith(b"N") else None)
+
+    async def main() -> None:
+        client = await AsyncClient([a.addr]).connect()
+        release = asyncio.ensure_future(client.release("k", 5))
+        renew = asyncio.ensure_future(client.renew("j", 5, 2))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await client.close()
+        for call in (release, renew):
+            with pytest.raises(RinglockError):
+                await asyncio.wait_for(call, 10)
+        assert time.monotonic() - started < 0.5
+
+    run(main())

@@ -1085,6 +1085,9 @@ class AsyncClient:
         no_active = False
         started = _now()
         while True:
+            if self._closed:
+                # close() fails what is still waiting, as it does acquires.
+                raise RinglockError("the client is closed")
             now = _now()
             if now >= until:
                 break
