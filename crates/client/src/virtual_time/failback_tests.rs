@@ -382,3 +382,36 @@ async fn an_m_naming_a_black_hole_keeps_every_deadline() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_client_during_a_redirect_dial_to_a_black_hole_ends_every_task() {
+    bounded(async move {
+        let net = Net::default();
+        let a_log: Log = Arc::default();
+        serve_all(&net, "a:1", a_log.clone(), standby_naming("c:1"));
+        let _c = net.node("c:1");
+        net.set_mode("c:1", Mode::BlackHole);
+        let client = net.client(&["a:1"], |b| b).await;
+        let shared = Arc::downgrade(&client.inner.shared);
+        let c = client.clone();
+        let release = tokio::spawn(async move { c.release("k", 5).await });
+        sleep(Duration::from_millis(100)).await;
+        // The dial of c (an address only the M named) is under way.
+        assert_eq!(net.dials("c:1").len(), 1);
+        assert_eq!(client.connections(), 3);
+        release.abort();
+        let _ = release.await;
+        drop(client);
+        // Every slot task (the one dialling c too) ends at once: nothing
+        // holds what they share any more.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            shared.upgrade().is_none(),
+            "a slot task outlived the client"
+        );
+        assert_eq!(net.dials("c:1").len(), 1);
+    })
+    .await;
+}
