@@ -8,6 +8,7 @@ wait on the cluster once the lock is known lost."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Callable, List, Optional
@@ -338,3 +339,66 @@ def test_close_ends_a_release_and_a_renew_in_flight_at_once(make_fake):
         assert time.monotonic() - started < 0.5
 
     run(main())
+
+
+def black_hole():
+    """A loopback address whose connects never complete: a listener that
+    accepts nothing, its accept queue filled, so that new SYNs are dropped.
+    Returns the address and what must be kept open."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fill = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(listener.getsockname())
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(socket.timeout):
+        probe.connect(listener.getsockname())
+    probe.close()
+    return "127.0.0.1:%d" % listener.getsockname()[1], [listener, *fill]
+
+
+def test_an_m_naming_a_black_hole_keeps_the_blocking_clients_bounds(make_fake):
+    """a names a node whose connects never complete: an acquire ends by its
+    wait plus the grace (raising: no node said the wait ran out), a release
+    by its 5 s, and close() during the dial at once."""
+    bh, keep = black_hole()
+    a = make_fake()
+    serve_all(a, standby_naming(bh))
+    client = Client([a.addr])
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed, match=bh):
+            client.acquire("k", 5, wait=0.5)
+        assert time.monotonic() - started < 1.5 + 0.3
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed):
+            client.release("k", 5)
+        assert time.monotonic() - started < 5.0 + 0.3
+        failed: List[BaseException] = []
+
+        def release() -> None:
+            try:
+                client.release("j", 5)
+            except BaseException as e:
+                failed.append(e)
+
+        caller = threading.Thread(target=release)
+        caller.start()
+        time.sleep(0.3)
+    finally:
+        started = time.monotonic()
+        client.close()
+    assert time.monotonic() - started < 1.0
+    caller.join(2)
+    assert not caller.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], RinglockError), failed
+    for s in keep:
+        s.close()
