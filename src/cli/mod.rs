@@ -31,7 +31,7 @@
 //! | other | `run`: CMD's own status, 128+N if it was killed by signal N |
 
 use std::ffi::{OsStr, OsString};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
