@@ -11,6 +11,8 @@
 //! rare and never on the request path, so the loop pays one relaxed load
 //! per disabled call site at most.
 
+use std::io::Write as _;
+
 use tracing_subscriber::EnvFilter;
 
 /// `--log-format`.
@@ -32,7 +34,11 @@ fn filter() -> EnvFilter {
         Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
             Ok(filter) => filter,
             Err(e) => {
-                eprintln!("ringlock: RUST_LOG={spec:?} does not parse ({e}); logging at info");
+                // (Not eprintln!: it panics if stderr cannot be written.)
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "ringlock: RUST_LOG={spec:?} does not parse ({e}); logging at info"
+                );
                 EnvFilter::new("info")
             }
         },
@@ -46,7 +52,12 @@ pub fn init(format: LogFormat) {
         .with_writer(std::io::stderr)
         .with_env_filter(filter())
         .with_ansi(false)
-        .with_target(true);
+        .with_target(true)
+        // A line that cannot be written (stderr on a full disk, or a pipe
+        // whose reader died) is lost; by default tracing-subscriber reports
+        // that with eprintln! on the same stderr, which panics and ends the
+        // node.
+        .log_internal_errors(false);
     // Errors only if a subscriber is already set (tests calling twice).
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -1,5 +1,6 @@
 #![deny(unsafe_code)]
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -25,7 +26,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Command::parse() {
+    let command = match Command::try_parse() {
+        Ok(command) => command,
+        Err(err) => return ringlock::cli::not_run(&err),
+    };
+    match command {
         Command::Serve(args) => {
             ringlock::log::init(args.log_format);
             match ringlock::server::run(args) {
@@ -38,7 +43,10 @@ fn main() -> ExitCode {
         }
         Command::Keygen { path } => match ringlock::secret::generate(&path) {
             Ok(()) => {
-                eprintln!(
+                // (Not eprintln!: it panics if stderr cannot be written,
+                // and the file is written either way.)
+                let _ = writeln!(
+                    std::io::stderr(),
                     "ringlock: wrote a new cluster secret to {} (mode 600); copy it to every \
                          node and start each with --cluster-secret-file {}",
                     path.display(),
@@ -47,7 +55,11 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(err) => {
-                eprintln!("ringlock: cannot write {}: {err}", path.display());
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "ringlock: cannot write {}: {err}",
+                    path.display()
+                );
                 ExitCode::FAILURE
             }
         },

@@ -31,7 +31,7 @@
 //! | other | `run`: CMD's own status, 128+N if it was killed by signal N |
 
 use std::ffi::{OsStr, OsString};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
@@ -45,6 +45,17 @@ use ringlock_client::{
     Role, TRY_WAIT, TlsConfig, check_key, list_locks, list_locks_tls, lock_queue, lock_queue_tls,
     node_problem, node_problem_tls, node_status, node_status_tls,
 };
+
+/// std's `eprintln!` panics when standard error cannot be written (a full
+/// disk, a closed pipe): a panic would end the command with 101 instead of
+/// its status, and `run` before it stopped CMD on a lost lock. Here a
+/// message that cannot be written is dropped.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 /// Exit status: `release`/`renew` found no grant with that token.
 pub const EXIT_NOT_HELD: u8 = 1;
@@ -406,6 +417,18 @@ fn emit(text: &str) -> Result<(), u8> {
             Err(EXIT_OUTPUT)
         }
     }
+}
+
+/// A command line that names nothing to run: `--help`, `--version`, or an
+/// error. Help and version texts go to standard output like every other
+/// output (a closed pipe: 141; another write error: one line and 74), on a
+/// terminal as clap prints them (in its colours); errors go to stderr as
+/// clap prints them (exit 2).
+pub fn not_run(err: &clap::Error) -> ExitCode {
+    if err.use_stderr() || std::io::stdout().is_terminal() {
+        err.exit()
+    }
+    ExitCode::from(emitted(&err.render().to_string(), 0))
 }
 
 /// The exit status of a command whose last act is [`emit`].

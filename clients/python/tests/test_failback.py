@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 import pytest
 
 from conftest import FakeServer, poll, reserve_port
-from ringlock import AsyncClient, Client, ConnectionFailed, LockLost
+from ringlock import AsyncClient, Client, ConnectionFailed, LockLost, RinglockError
 
 Answer = Callable[[bytes], Optional[bytes]]
 
@@ -322,3 +322,107 @@ def test_a_try_lock_asks_even_when_finding_a_connection_took_longer_than_its_wai
             assert [l for l in log if l.startswith(b"A ")] == [b"A free 5 0.001"]
     finally:
         fake.close()
+
+
+def test_an_acquire_redirected_to_a_node_it_cannot_reach_fails_rather_than_times_out(make_fake):
+    """a keeps naming b, which refuses connections: an acquire whose wait
+    runs out meanwhile raises ConnectionFailed naming b (no node said the
+    wait ran out: None would mean the lock is held), by its wait plus the
+    grace."""
+    b_sock = reserve_port()
+    b_addr = "127.0.0.1:%d" % b_sock.getsockname()[1]
+    a = make_fake()
+    serve_all(a, standby_naming(b_addr))
+    with Client([a.addr, b_addr]) as client:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(ConnectionFailed, match=b_addr):
+                client.acquire("k", 5, wait=0.5)
+            assert time.monotonic() - started < 1.5 + 0.3
+
+
+def test_close_ends_a_release_and_a_renew_in_flight_at_once(make_fake):
+    """close() while a release and a renew wait on a node that does not
+    answer them (and one redirected to a node that refuses): they raise
+    at once, not after their 5 s of retries."""
+    b_sock = reserve_port()
+    b_addr = "127.0.0.1:%d" % b_sock.getsockname()[1]
+    a = make_fake()
+    serve_all(a, lambda line: b"M " + line.split(b" ")[1] + b" " + b_addr.encode() if line.startswith(b"N") else None)
+
+    async def main() -> None:
+        client = await AsyncClient([a.addr]).connect()
+        release = asyncio.ensure_future(client.release("k", 5))
+        renew = asyncio.ensure_future(client.renew("j", 5, 2))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await client.close()
+        for call in (release, renew):
+            with pytest.raises(RinglockError):
+                await asyncio.wait_for(call, 10)
+        assert time.monotonic() - started < 0.5
+
+    run(main())
+
+
+def black_hole():
+    """A loopback address whose connects never complete: a listener that
+    accepts nothing, its accept queue filled, so that new SYNs are dropped.
+    Returns the address and what must be kept open."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fill = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(listener.getsockname())
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(socket.timeout):
+        probe.connect(listener.getsockname())
+    probe.close()
+    return "127.0.0.1:%d" % listener.getsockname()[1], [listener, *fill]
+
+
+def test_an_m_naming_a_black_hole_keeps_the_blocking_clients_bounds(make_fake):
+    """a names a node whose connects never complete: an acquire ends by its
+    wait plus the grace (raising: no node said the wait ran out), a release
+    by its 5 s, and close() during the dial at once."""
+    bh, keep = black_hole()
+    a = make_fake()
+    serve_all(a, standby_naming(bh))
+    client = Client([a.addr])
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed, match=bh):
+            client.acquire("k", 5, wait=0.5)
+        assert time.monotonic() - started < 1.5 + 0.3
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed):
+            client.release("k", 5)
+        assert time.monotonic() - started < 5.0 + 0.3
+        failed: List[BaseException] = []
+
+        def release() -> None:
+            try:
+                client.release("j", 5)
+            except BaseException as e:
+                failed.append(e)
+
+        caller = threading.Thread(target=release)
+        caller.start()
+        time.sleep(0.3)
+    finally:
+        started = time.monotonic()
+        client.close()
+    assert time.monotonic() - started < 1.0
+    caller.join(2)
+    assert not caller.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], RinglockError), failed
+    for s in keep:
+        s.close()

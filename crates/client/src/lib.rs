@@ -495,9 +495,9 @@ impl Client {
     /// With a wait, the call ends by the wait plus the acquire grace (1 s by
     /// default) whatever the nodes do: if the node asked last has not
     /// answered by then, [`Error::Connection`] names it. If the wait runs
-    /// out while the request is between attempts (its connection died, or
-    /// no node was active), the error of the last attempt is returned rather
-    /// than `TimedOut`. Without a wait, a connection that dies is still
+    /// out while the request is between attempts (its connection died, no
+    /// node was active, or an `M` named a node that could not be reached),
+    /// the error of the last attempt is returned rather than `TimedOut`. Without a wait, a connection that dies is still
     /// noticed (liveness probes) and the request moves on.
     ///
     /// If the future is dropped after the request was sent, the server keeps
@@ -634,10 +634,18 @@ impl Client {
                 Reply::TimedOut => return Ok(Acquired::TimedOut),
                 Reply::Moved(to) => {
                     state.doing = Doing::Redirected;
-                    if to.is_none() {
-                        state.failure = Some(Error::NoActiveNode);
+                    // If the wait runs out before a node is reached, this is
+                    // what the acquire ends with (not TimedOut: no node said
+                    // the wait ran out).
+                    state.failure = Some(match &to {
+                        None => Error::NoActiveNode,
+                        Some(addr) => self.unreached(addr),
+                    });
+                    if moves.moved(self, to.clone()).await? {
+                        state.failure = None;
+                    } else if let Some(addr) = &to {
+                        state.failure = Some(self.unreached(addr));
                     }
-                    moves.moved(self, to).await?;
                 }
                 Reply::Lost(why) => {
                     failed += 1;
@@ -1034,8 +1042,11 @@ impl Client {
     /// preference is dropped again and the request goes on by its own
     /// back-off.
     async fn follow(&self, addr: String, within: Duration) -> bool {
+        // Under the write lock: requests on other threads that meet an `M`
+        // naming the same new node at once must not each add a slot (nor
+        // together pass the cap).
         let target = {
-            let slots = read(&self.inner.slots);
+            let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
             let mine: Vec<&Arc<Slot>> = slots.iter().filter(|s| s.addr == addr).collect();
             if mine.iter().any(|s| s.live().is_some()) {
                 Target::Up
@@ -1060,11 +1071,16 @@ impl Client {
                     // new addresses is not followed further.
                     return false;
                 }
-                Target::New
+                let slot = Arc::new(Slot::new(addr.clone()));
+                slots.push(slot.clone());
+                Target::New(slot)
             }
         };
         let target = match target {
-            Target::New => Target::Dial(self.add_slot(addr.clone()), 1),
+            Target::New(slot) => {
+                self.run_slot(slot.clone());
+                Target::Dial(slot, 1)
+            }
             other => other,
         };
         *lock(&self.inner.active) = Some(addr.clone());
@@ -1108,13 +1124,30 @@ impl Client {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(slot.clone());
+        self.run_slot(slot.clone());
+        slot
+    }
+
+    /// Starts the background task of a slot just added.
+    fn run_slot(&self, slot: Arc<Slot>) {
         tokio::spawn(conn::run_slot(
-            slot.clone(),
+            slot,
             self.inner.shared.clone(),
             Arc::downgrade(&self.inner),
             self.inner.shutdown.subscribe(),
         ));
-        slot
+    }
+
+    /// The error of an acquire redirected to `addr` that could not reach it.
+    fn unreached(&self, addr: &str) -> Error {
+        let why = read(&self.inner.slots)
+            .iter()
+            .find(|s| s.addr == addr)
+            .and_then(|s| s.last_error())
+            .unwrap_or_else(|| format!("{addr}: not connected yet"));
+        Error::Connection(format!(
+            "redirected to {addr}, which could not be reached ({why})"
+        ))
     }
 
     fn why_no_connection(&self) -> String {
@@ -1142,8 +1175,8 @@ impl Client {
 enum Target {
     /// A connection to it is up.
     Up,
-    /// Not a known address: a slot is added for it.
-    New,
+    /// Not a known address: this slot was just added for it.
+    New(Arc<Slot>),
     /// This slot's dial number `n` decides.
     Dial(Arc<Slot>, u64),
 }
@@ -1172,8 +1205,8 @@ impl Moves {
     /// every `M key -`, and an `M` naming a node named before (a stale
     /// answer, or nodes sending the request around), waits a growing delay
     /// first. Gives up with [`Error::NoActiveNode`] once the bound has
-    /// passed.
-    async fn moved(&mut self, client: &Client, to: Option<String>) -> Result<(), Error> {
+    /// passed. `Ok(true)`: the named node is up (see [`Client::follow`]).
+    async fn moved(&mut self, client: &Client, to: Option<String>) -> Result<bool, Error> {
         let first = *self.first.get_or_insert_with(Instant::now);
         if first.elapsed() >= self.bound {
             return Err(Error::NoActiveNode);
@@ -1191,13 +1224,13 @@ impl Moves {
             tokio::time::sleep(self.backoff.min(left)).await;
             self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
         }
-        if let Some(addr) = to {
-            let left = self.bound.saturating_sub(first.elapsed());
-            client
-                .follow(addr, left.min(client.timing().connect_timeout))
-                .await;
-        }
-        Ok(())
+        let Some(addr) = to else {
+            return Ok(false);
+        };
+        let left = self.bound.saturating_sub(first.elapsed());
+        Ok(client
+            .follow(addr, left.min(client.timing().connect_timeout))
+            .await)
     }
 }
 

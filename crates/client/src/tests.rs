@@ -628,6 +628,94 @@ async fn status_and_sync() {
     .await;
 }
 
+/// A fake node on a free port that answers the hello and then every
+/// request line with `answer(line)`.
+async fn answering(answer: impl Fn(&str) -> String + Clone + Send + Sync + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut conn = FakeConn::new(stream);
+                while let Ok(Ok(Some(line))) = timeout(LONG, conn.lines.next_line()).await {
+                    let reply = if line == "S" {
+                        "S active - 0".to_string()
+                    } else {
+                        answer(&line)
+                    };
+                    if conn
+                        .wr
+                        .write_all(format!("{reply}\n").as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Many requests on several threads meet `M` answers naming new nodes at
+/// once (the same ones, and ever more of them): the client adds one slot
+/// per node (one dial, not one per request), and however many new nodes
+/// are named, at most 16.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_ms_naming_new_nodes_add_one_slot_each_and_keep_the_cap() {
+    bounded(async move {
+        let mut targets = Vec::new();
+        for _ in 0..24 {
+            targets.push(
+                answering(|line| {
+                    let key = line.split(' ').nth(1).unwrap_or("-");
+                    format!("R {key} 1")
+                })
+                .await,
+            );
+        }
+        let targets = Arc::new(targets);
+        let count = Arc::new(AtomicUsize::new(0));
+        let (names, n) = (targets.clone(), count.clone());
+        let a = answering(move |line| {
+            let key = line.split(' ').nth(1).unwrap_or("-");
+            let i = n.fetch_add(1, Ordering::Relaxed);
+            format!("M {key} {}", names[(i / 3) % names.len()])
+        })
+        .await;
+        for round in 0..100 {
+            let client = quiet_builder(&a)
+                .release_retries(Duration::from_millis(10), Duration::from_millis(200))
+                .connect()
+                .await
+                .unwrap();
+            while client.connected() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let mut releases = Vec::new();
+            for i in 0..96 {
+                let c = client.clone();
+                releases.push(tokio::spawn(
+                    async move { c.release(format!("k{i}"), 5).await },
+                ));
+            }
+            for r in releases {
+                let _ = r.await.unwrap();
+            }
+            let slots = read(&client.inner.slots);
+            for target in targets.iter() {
+                let mine = slots.iter().filter(|s| &s.addr == target).count();
+                assert!(mine <= 1, "round {round}: {mine} slots for {target}");
+            }
+            let extra = slots.len() - 2;
+            assert!(extra <= 16, "round {round}: {extra} slots added");
+        }
+    })
+    .await;
+}
+
 /// A server older than owner labels answers `O` with `E` and closes: each
 /// connection is dialled again at once without the label, and works.
 #[tokio::test]

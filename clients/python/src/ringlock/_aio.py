@@ -572,7 +572,8 @@ class _Moves:
         self.bound = bound
         self.backoff = 0.05
 
-    async def moved(self, client: "AsyncClient", to: Optional[str]) -> None:
+    async def moved(self, client: "AsyncClient", to: Optional[str]) -> bool:
+        """Handles one ``M``; True: the named node is up (see ``_follow``)."""
         if self.first is None:
             self.first = _now()
         first = self.first
@@ -585,9 +586,10 @@ class _Moves:
             left = max(0.0, self.bound - (_now() - first))
             await asyncio.sleep(min(self.backoff, left))
             self.backoff = min(self.backoff * 2, 1.0)
-        if to is not None:
-            left = max(0.0, self.bound - (_now() - first))
-            await client._follow(to, min(left, client.timeouts.connect_timeout))
+        if to is None:
+            return False
+        left = max(0.0, self.bound - (_now() - first))
+        return await client._follow(to, min(left, client.timeouts.connect_timeout))
 
 
 def _split_addrs(addrs: Union[str, Iterable[str]]) -> List[str]:
@@ -950,6 +952,12 @@ class AsyncClient:
             except asyncio.TimeoutError:
                 return self._pick(slot.addr)
 
+    def _unreached(self, addr: str) -> ConnectionFailed:
+        """The error of an acquire redirected to ``addr`` that could not
+        reach it."""
+        why = next((s.last_error for s in self._slots if s.addr == addr and s.last_error), None)
+        return ConnectionFailed(f"redirected to {addr}, which could not be reached ({why or addr + ': not connected yet'})")
+
     def _why_no_connection(self) -> str:
         errors: List[str] = []
         for s in self._slots:
@@ -1090,9 +1098,14 @@ class AsyncClient:
                 if reply.op == "M":
                     state.doing = "redirected"
                     to: Optional[str] = reply.value  # type: ignore[assignment]
-                    if to is None:
-                        state.failure = NoActiveNode()
-                    await moves.moved(self, to)
+                    # If the wait runs out before a node is reached, this
+                    # is what the acquire ends with (not None: no node said
+                    # the wait ran out).
+                    state.failure = NoActiveNode() if to is None else self._unreached(to)
+                    if await moves.moved(self, to):
+                        state.failure = None
+                    elif to is not None:
+                        state.failure = self._unreached(to)
                     continue
                 raise ProtocolError(f"unexpected answer to A: {reply.op}")
             if isinstance(reply, _Broken):
@@ -1193,6 +1206,9 @@ class AsyncClient:
         no_active = False
         started = _now()
         while True:
+            if self._closed:
+                # close() fails what is still waiting, as it does acquires.
+                raise RinglockError("the client is closed")
             now = _now()
             if now >= until:
                 break

@@ -322,3 +322,96 @@ async fn a_named_node_that_drops_every_connection_is_not_dialled_per_m() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_m_naming_a_black_hole_keeps_every_deadline() {
+    bounded(async move {
+        // a names b for every request; dials to b never complete (its SYNs
+        // are dropped), neither for the address given nor for a new one.
+        let net = Net::default();
+        let a_log: Log = Arc::default();
+        serve_all(&net, "a:1", a_log.clone(), standby_naming("b:1"));
+        let _b = net.node("b:1");
+        net.set_mode("b:1", Mode::BlackHole);
+        let client = net.client(&["a:1", "b:1"], |b| b).await;
+        for _ in 0..2 {
+            // An acquire ends by its wait plus the grace, a release and a
+            // renew by their 5 s of retries; many at once keep one dial of b
+            // under way, never more.
+            let t = Instant::now();
+            let mut calls = Vec::new();
+            for i in 0..20 {
+                let c = client.clone();
+                calls.push(tokio::spawn(async move {
+                    let k = format!("k{i}");
+                    let t = Instant::now();
+                    let acquired = c
+                        .acquire(&k, Duration::from_secs(5), Some(Duration::from_millis(500)))
+                        .await;
+                    // Not TimedOut: no node said the wait ran out.
+                    match &acquired {
+                        Err(Error::Connection(why)) => assert!(why.contains("b:1"), "{why}"),
+                        other => panic!("{other:?}"),
+                    }
+                    assert!(t.elapsed() <= 1503 * MS, "acquire took {:?}", t.elapsed());
+                    let t = Instant::now();
+                    assert!(c.release(&k, 5).await.is_err());
+                    assert!(t.elapsed() <= 5003 * MS, "release took {:?}", t.elapsed());
+                    let t = Instant::now();
+                    assert!(c.renew(&k, 5, Duration::from_secs(5)).await.is_err());
+                    assert!(t.elapsed() <= 5003 * MS, "renew took {:?}", t.elapsed());
+                }));
+            }
+            for call in calls {
+                call.await.unwrap();
+            }
+            assert!(t.elapsed() <= 11_510 * MS, "{:?}", t.elapsed());
+            let dials = net.dials("b:1");
+            for pair in dials.windows(2) {
+                // Each dial lasts the connect timeout (3 s): the next starts
+                // when it has ended.
+                assert!(pair[1] - pair[0] >= 3000 * MS, "{dials:?}");
+            }
+        }
+        // A new address that is a black hole: the same bounds.
+        let t = Instant::now();
+        let out = client.release("k", 5).await;
+        assert!(out.is_err());
+        assert!(t.elapsed() <= 5003 * MS, "{:?}", t.elapsed());
+        assert_eq!(client.connections(), 2);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_client_during_a_redirect_dial_to_a_black_hole_ends_every_task() {
+    bounded(async move {
+        let net = Net::default();
+        let a_log: Log = Arc::default();
+        serve_all(&net, "a:1", a_log.clone(), standby_naming("c:1"));
+        let _c = net.node("c:1");
+        net.set_mode("c:1", Mode::BlackHole);
+        let client = net.client(&["a:1"], |b| b).await;
+        let shared = Arc::downgrade(&client.inner.shared);
+        let c = client.clone();
+        let release = tokio::spawn(async move { c.release("k", 5).await });
+        sleep(Duration::from_millis(100)).await;
+        // The dial of c (an address only the M named) is under way.
+        assert_eq!(net.dials("c:1").len(), 1);
+        assert_eq!(client.connections(), 3);
+        release.abort();
+        let _ = release.await;
+        drop(client);
+        // Every slot task (the one dialling c too) ends at once: nothing
+        // holds what they share any more.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            shared.upgrade().is_none(),
+            "a slot task outlived the client"
+        );
+        assert_eq!(net.dials("c:1").len(), 1);
+    })
+    .await;
+}

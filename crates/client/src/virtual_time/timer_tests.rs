@@ -27,6 +27,8 @@ pub(super) enum Mode {
     Hung,
     /// Refuses the connection.
     Refuse,
+    /// Never completes the connect (a black hole: SYNs dropped).
+    BlackHole,
 }
 
 #[derive(Default)]
@@ -86,6 +88,9 @@ impl Net {
                 };
                 if mode == Mode::Refuse {
                     return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "refused"));
+                }
+                if mode == Mode::BlackHole {
+                    return std::future::pending().await;
                 }
                 let (near, far) = tokio::io::duplex(64 * 1024);
                 match mode {
