@@ -1517,8 +1517,10 @@ async def _renew_loop(client: AsyncClient, state: _LockState) -> None:
         while True:
             await asyncio.sleep(max(0.0, state.deadline - (lease - every) - _now()))
             # A grant that waited in the queue may come with its deadline
-            # already past: its first renewal gets one request timeout.
-            loss_at = max(state.deadline, _now() + t.request_timeout) if first else state.deadline
+            # already past: its first renewal gets a request timeout, at most
+            # a third of the lease, to be confirmed. A grant made at once
+            # keeps its deadline, so a short lease is not stretched.
+            loss_at = max(state.deadline, _now() + min(t.request_timeout, every)) if first else state.deadline
             first = False
             outcome: Optional[str] = None
             sent = 0.0
