@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import poll
+from conftest import poll, reserve_port
 from ringlock import AsyncClient, Client, ConnectionFailed, NoActiveNode, ProtocolError
 
 
@@ -236,3 +236,41 @@ def test_a_short_lease_is_lost_no_later_than_it_can_have_run_out(make_fake, dela
 
     run(main())
     t.join(15)
+
+
+def test_a_wait_that_runs_out_while_redirected_is_no_active_node(make_fake):
+    """A standby names an active that refuses connections: the acquire is
+    redirected until its wait (1 s) runs out. No node said the wait ran out,
+    so it is NoActiveNode, not None (timed out)."""
+    fake = make_fake(max_conns=1)
+    gone = reserve_port()  # bound, not listening: dials are refused
+    named = "127.0.0.1:%d" % gone.getsockname()[1]
+    acquires = []
+
+    def answer_m() -> None:
+        conn = fake.conn(0)
+        try:
+            while True:
+                line = conn.line(15)
+                if line == b"S":
+                    conn.send(b"S standby " + named.encode() + b" 0\n")
+                    continue
+                acquires.append(line)
+                conn.send(b"M " + line.split(b" ")[1] + b" " + named.encode() + b"\n")
+        except (AssertionError, OSError):
+            pass
+
+    t = threading.Thread(target=answer_m, daemon=True)
+    t.start()
+    try:
+        with Client(fake.addr, redial_interval=60) as client:
+            started = time.monotonic()
+            with pytest.raises(NoActiveNode) as info:
+                client.acquire("k", 5, wait=1)
+            took = time.monotonic() - started
+            assert 0.9 < took < 2.2, took
+            assert named in str(info.value)
+            assert len(acquires) >= 2, acquires
+    finally:
+        gone.close()
+    t.join(20)

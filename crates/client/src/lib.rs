@@ -496,8 +496,8 @@ impl Client {
     /// default) whatever the nodes do: if the node asked last has not
     /// answered by then, [`Error::Connection`] names it. If the wait runs
     /// out while the request is between attempts (its connection died, or
-    /// no node was active), the error of the last attempt is returned rather
-    /// than `TimedOut`. Without a wait, a connection that dies is still
+    /// a node answered `M`: no node was active, or it was being redirected),
+    /// the error of the last attempt is returned rather than `TimedOut`. Without a wait, a connection that dies is still
     /// noticed (liveness probes) and the request moves on.
     ///
     /// If the future is dropped after the request was sent, the server keeps
@@ -633,10 +633,11 @@ impl Client {
                 }
                 Reply::TimedOut => return Ok(Acquired::TimedOut),
                 Reply::Moved(to) => {
+                    // No node said the wait ran out: if it runs out before
+                    // another node answers, the acquire ends with
+                    // NoActiveNode (`M key -` or `M key addr` alike).
                     state.doing = Doing::Redirected;
-                    if to.is_none() {
-                        state.failure = Some(Error::NoActiveNode);
-                    }
+                    state.failure = Some(Error::NoActiveNode);
                     moves.moved(self, to).await?;
                 }
                 Reply::Lost(why) => {

@@ -1088,10 +1088,15 @@ class AsyncClient:
                 if reply.op == "T":
                     return None
                 if reply.op == "M":
+                    # No node said the wait ran out: if it runs out before
+                    # another node answers, the acquire ends with
+                    # NoActiveNode (M key - or M key addr alike).
                     state.doing = "redirected"
                     to: Optional[str] = reply.value  # type: ignore[assignment]
                     if to is None:
                         state.failure = NoActiveNode()
+                    else:
+                        state.failure = NoActiveNode(f"redirected to {to}, which had not answered when the wait ran out")
                     await moves.moved(self, to)
                     continue
                 raise ProtocolError(f"unexpected answer to A: {reply.op}")

@@ -1178,3 +1178,40 @@ async fn a_node_naming_ever_new_active_nodes_is_not_followed_for_ever() {
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_whose_wait_runs_out_while_redirected_is_no_active_node() {
+    bounded(async move {
+        // A standby names an active that refuses connections: the acquire
+        // is redirected until its wait (1 s) runs out. No node said the wait
+        // ran out, so it is not `TimedOut`.
+        let net = Net::default();
+        let mut conns = net.node("s:1");
+        let _a = net.node("a:1");
+        net.set_mode("a:1", Mode::Refuse);
+        let client = net.client(&["s:1"], |b| b).await;
+        let log: Log = Arc::default();
+        for _ in 0..2 {
+            accept(&mut conns).await.serve(log.clone(), move |line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                Some(match f[0] {
+                    "S" => "S standby a:1 0".into(),
+                    _ => format!("M {} a:1", f[1]),
+                })
+            });
+        }
+        let t0 = Instant::now();
+        let out = client
+            .acquire("k", Duration::from_secs(5), Some(Duration::from_secs(1)))
+            .await;
+        assert_eq!(out, Err(Error::NoActiveNode));
+        assert!(t0.elapsed() <= Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(
+            lines_of(&log, "A k 5 ").len() >= 2,
+            "{:?}",
+            log.lock().unwrap()
+        );
+        assert!(!net.dials("a:1").is_empty(), "the named node was dialled");
+    })
+    .await;
+}
