@@ -1191,3 +1191,26 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     let hello = lines_of(&mut e, 21);
     assert!(hello[0].starts_with("P HELLO 2 "), "{hello:?}");
 }
+
+/// Out of order: a version refusal on a link the peer already
+/// authenticated (the peer cannot mean it, or someone else is talking) and
+/// a `HELLO` on the link this node dialed change nothing of the version it
+/// dials with.
+#[test]
+fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
+    let msg = wire::parse(hello).unwrap();
+    assert!(c.on_message(at(1), 20, msg, &mut e).is_err());
+    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2) in line 1";
+    assert!(c.on_refusal(at(1), 20, refusal).is_err());
+    c.on_close(at(1), 20, &mut e);
+    e.close(20);
+    e.open(21);
+    c.outbound_open(at(300), 21, 1, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+}
