@@ -983,3 +983,37 @@ fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
     h.engine.check_invariants();
     assert_eq!(h.engine.holder_count(), 0);
 }
+
+/// `O`, `W` and `Q` behind a waiting acquire on the same connection are
+/// answered at once, in order (docs/protocol.md, section 6): nothing waits
+/// for the acquire.
+#[test]
+fn owner_and_listings_behind_a_waiting_acquire_are_answered_at_once() {
+    let mut h = Harness::new(2);
+    let t = h.grant(0, "k", "10");
+    h.send(1, "A k 10 0").unwrap();
+    h.send(1, "O later").unwrap();
+    h.send(1, "Q k").unwrap();
+    h.send(1, "W 0 1 k").unwrap();
+    assert_eq!(
+        h.answers(1),
+        [
+            "O later".to_string(),
+            format!("K k {t} 10001 1 0 - -"),
+            "J 0 - later".to_string(),
+            "Q k 1".to_string(),
+            format!("K k {t} 10001 1 0 - -"),
+            "W 0".to_string(),
+        ]
+    );
+    h.send(0, &format!("R k {t}")).unwrap();
+    let granted = h.answers(1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    h.send(0, "Q k").unwrap();
+    let q = h.answers(0);
+    assert_eq!(q[0], "R k 1");
+    assert!(
+        q[1].ends_with(" - later"),
+        "the grant took the label: {q:?}"
+    );
+}
