@@ -188,6 +188,20 @@ fn bad_inputs() -> Vec<Test> {
         bad_renew_lease_zero_uring, bad_renew_lease_zero_epoll: b"N k 5 0\n";
         bad_renew_lease_four_decimals_uring, bad_renew_lease_four_decimals_epoll: b"N k 5 0.0001\n";
         bad_cr_not_before_newline_uring, bad_cr_not_before_newline_epoll: b"A k 10 0\r\r\n";
+        bad_owner_dash_uring, bad_owner_dash_epoll: b"O -\n";
+        bad_owner_empty_uring, bad_owner_empty_epoll: b"O \n";
+        bad_owner_high_byte_uring, bad_owner_high_byte_epoll: b"O caf\xc3\xa9\n";
+        bad_owner_cr_inside_uring, bad_owner_cr_inside_epoll: b"O a\r\r\n";
+        bad_owner_129_uring, bad_owner_129_epoll: format!("O {}\n", "o".repeat(129));
+        bad_owner_two_fields_uring, bad_owner_two_fields_epoll: b"O a b\n";
+        bad_who_limit_zero_uring, bad_who_limit_zero_epoll: b"W 0 0\n";
+        bad_who_limit_1001_uring, bad_who_limit_1001_epoll: b"W 0 1001\n";
+        bad_who_cursor_overflow_uring, bad_who_cursor_overflow_epoll: b"W 18446744073709551616 1\n";
+        bad_who_prefix_251_uring, bad_who_prefix_251_epoll: format!("W 0 1 {}\n", "p".repeat(251));
+        bad_who_five_fields_uring, bad_who_five_fields_epoll: b"W 0 1 a b\n";
+        bad_queue_no_key_uring, bad_queue_no_key_epoll: b"Q\n";
+        bad_queue_key_251_uring, bad_queue_key_251_epoll: format!("Q {}\n", "k".repeat(251));
+        bad_queue_key_tab_uring, bad_queue_key_tab_epoll: b"Q k\tx\n";
         bad_line_513_uring, bad_line_513_epoll: padded_acquire(513, "\n");
         bad_line_513_crlf_uring, bad_line_513_crlf_epoll: padded_acquire(513, "\r\n");
         bad_512_without_newline_uring, bad_512_without_newline_epoll: {

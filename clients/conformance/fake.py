@@ -1,8 +1,10 @@
 """The scripted fake ringlock node of the conformance suite.
 
 A Node speaks the client protocol (docs/protocol.md) well enough for a
-client: a lock table with FIFO waiters, leases, waits that run out (``T``),
-``R``, ``N``, ``S``, ``H``. Rules from the scenario make it misbehave on cue
+client: a lock table with FIFO waiters, leases, waits that run out (``T``,
+held back behind an earlier acquire of the same key on the same connection
+until that one is answered: docs/protocol.md section 6, rule 3), ``R``,
+``N``, ``S``, ``H``. Rules from the scenario make it misbehave on cue
 (answer late, never, out of order, cut the connection, send ``M``, ``T`` or
 ``E``, go silent), and the runner changes its mode while a scenario runs
 (refuse connections, accept and stay silent, close every connection).
@@ -94,11 +96,25 @@ class Rule:
         return (self.op == "*" or self.op == op) and (self.key == "*" or self.key == key)
 
 
+class Acq:
+    """One acquire the lock table took: waiting in the queue, or out of it
+    (granted, or its wait ran out) with its answer sent or held back."""
+
+    def __init__(self, conn: "Conn", key: str, lease_ms: int) -> None:
+        self.conn = conn
+        self.key = key
+        self.lease_ms = lease_ms
+        self.timer: Optional[asyncio.TimerHandle] = None
+        # The answer, once decided; sent when no earlier acquire of the key
+        # on the connection is still unanswered.
+        self.answer: Optional[str] = None
+
+
 class Lock:
     def __init__(self) -> None:
         self.token = 0
         self.expiry: Optional[asyncio.TimerHandle] = None
-        self.waiters: Deque[Tuple["Conn", int, Optional[asyncio.TimerHandle]]] = collections.deque()
+        self.waiters: Deque[Acq] = collections.deque()
         self.lease_ms = 0
 
 
@@ -108,6 +124,20 @@ class Conn:
         self.cid = cid
         self.writer = writer
         self.closed = False
+        # Per key, the acquires the lock table took on this connection that
+        # are not answered yet, oldest first (rule 3 of docs/protocol.md
+        # section 6: answers of one op and key go out in arrival order).
+        self.acqs: Dict[str, Deque[Acq]] = {}
+
+    def answer(self, acq: Acq, line: str) -> None:
+        """Decides ``acq``'s answer and sends every decided answer of its key
+        that no undecided earlier acquire holds back."""
+        acq.answer = line
+        queue = self.acqs.get(acq.key)
+        while queue and queue[0].answer is not None:
+            self.send(queue.popleft().answer or "")
+        if queue is not None and not queue:
+            del self.acqs[acq.key]
 
     def send(self, line: str) -> None:
         if self.closed:
@@ -201,9 +231,9 @@ class Node:
         for lock in self.locks.values():
             if lock.expiry is not None:
                 lock.expiry.cancel()
-            for _, _, h in lock.waiters:
-                if h is not None:
-                    h.cancel()
+            for w in lock.waiters:
+                if w.timer is not None:
+                    w.timer.cancel()
 
     # -- connections
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -245,12 +275,13 @@ class Node:
         for lock in self.locks.values():
             kept = collections.deque()
             for w in lock.waiters:
-                if w[0] is conn:
-                    if w[2] is not None:
-                        w[2].cancel()
+                if w.conn is conn:
+                    if w.timer is not None:
+                        w.timer.cancel()
                 else:
                     kept.append(w)
             lock.waiters = kept
+        conn.acqs.clear()
 
     # -- requests
     def _rule(self, op: str, key: str) -> Optional[Rule]:
@@ -377,13 +408,19 @@ class Node:
             conn.send(f"E bad request {' '.join(f)[:100]}")
             conn.close("bad request")
 
-    def _grant(self, conn: Conn, key: str, lease_ms: int) -> None:
+    def _grant(self, acq: Acq) -> None:
+        key = acq.key
         lock = self.locks.setdefault(key, Lock())
         lock.token = self.log.token()
-        lock.lease_ms = lease_ms
+        lock.lease_ms = acq.lease_ms
         self.log.grants.append((self.name, key, lock.token))
-        lock.expiry = asyncio.get_running_loop().call_later(lease_ms / 1000, self._expire, key, lock.token)
-        conn.send(f"A {key} {lock.token}")
+        lock.expiry = asyncio.get_running_loop().call_later(acq.lease_ms / 1000, self._expire, key, lock.token)
+        # The queue is FIFO: every earlier acquire of the key on this
+        # connection was granted or ran out before, so nothing holds this
+        # grant back (a T held back behind it goes out right after it).
+        queue = acq.conn.acqs.get(key)
+        assert queue is not None and queue[0] is acq, "a grant held back behind an earlier acquire"
+        acq.conn.answer(acq, f"A {key} {lock.token}")
 
     def _expire(self, key: str, token: int) -> None:
         lock = self.locks.get(key)
@@ -397,30 +434,31 @@ class Node:
         lock.token = 0
         lock.expiry = None
         while lock.waiters:
-            conn, lease_ms, handle = lock.waiters.popleft()
-            if handle is not None:
-                handle.cancel()
-            if not conn.closed:
-                self._grant(conn, key, lease_ms)
+            acq = lock.waiters.popleft()
+            if acq.timer is not None:
+                acq.timer.cancel()
+            if not acq.conn.closed:
+                self._grant(acq)
                 return
 
     def acquire(self, conn: Conn, key: str, lease_ms: int, wait_ms: int) -> None:
         lock = self.locks.setdefault(key, Lock())
+        acq = Acq(conn, key, lease_ms)
+        conn.acqs.setdefault(key, collections.deque()).append(acq)
         if lock.token == 0:
-            self._grant(conn, key, lease_ms)
+            self._grant(acq)
             return
-        handle = None
         if wait_ms > 0:
-            handle = asyncio.get_running_loop().call_later(wait_ms / 1000, self._ran_out, conn, key)
-        lock.waiters.append((conn, lease_ms, handle))
+            acq.timer = asyncio.get_running_loop().call_later(wait_ms / 1000, self._ran_out, acq)
+        lock.waiters.append(acq)
 
-    def _ran_out(self, conn: Conn, key: str) -> None:
-        lock = self.locks[key]
-        for w in list(lock.waiters):
-            if w[0] is conn:
-                lock.waiters.remove(w)
-                conn.send(f"T {key}")
-                return
+    def _ran_out(self, acq: Acq) -> None:
+        """``acq``'s wait ran out: out of the queue, and its ``T`` sent, or
+        held back until the earlier acquires of the key on its connection
+        are answered."""
+        lock = self.locks[acq.key]
+        lock.waiters.remove(acq)
+        acq.conn.answer(acq, f"T {acq.key}")
 
     def release(self, conn: Conn, key: str, token: int) -> None:
         lock = self.locks.get(key)

@@ -300,9 +300,14 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 		case replyTimedOut:
 			return nil, true, nil
 		case replyMoved:
+			// No node said the wait ran out: if it runs out before
+			// another node answers, the acquire ends with ErrNoActiveNode
+			// (M key - or M key addr alike).
 			st.doing = doingRedirected
 			if rep.addr == "" {
 				st.failure = newError(ErrNoActiveNode, "the nodes answered that no node is active")
+			} else {
+				st.failure = newError(ErrNoActiveNode, "redirected to "+rep.addr+", which had not answered when the wait ran out")
 			}
 			if err := mv.moved(ctx, c, rep.addr); err != nil {
 				return nil, false, err

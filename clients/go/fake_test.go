@@ -410,6 +410,42 @@ func TestFollowM(t *testing.T) {
 	}
 }
 
+// A standby names an active that refuses connections: the acquire is
+// redirected until its wait runs out. No node said the wait ran out, so it
+// is ErrNoActiveNode, not ErrTimeout.
+func TestWaitRunsOutWhileRedirected(t *testing.T) {
+	gone := newFake(t, serveWith(func(fc *fakeConn, line string) []string { return nil }))
+	named := gone.addr
+	gone.close()
+	var mu sync.Mutex
+	acquires := 0
+	standby := newFake(t, serveWith(func(fc *fakeConn, line string) []string {
+		mu.Lock()
+		acquires++
+		mu.Unlock()
+		return []string{"M " + fields(line)[1] + " " + named}
+	}))
+	// A short connect timeout: each follow of the refused node gives up
+	// soon, and the wait runs out between attempts, not in a follow.
+	c := connectFake(t, []string{standby.addr}, &Options{ConnectTimeout: 200 * time.Millisecond})
+	start := time.Now()
+	_, err := c.Lock(testCtx(t), "k", 5*time.Second, time.Second)
+	if !errors.Is(err, ErrNoActiveNode) || errors.Is(err, ErrTimeout) {
+		t.Fatalf("wait ran out while redirected: %v", err)
+	}
+	if !strings.Contains(err.Error(), named) {
+		t.Errorf("the error does not name %s: %v", named, err)
+	}
+	if e := time.Since(start); e < 900*time.Millisecond || e > 2200*time.Millisecond {
+		t.Errorf("ended after %v, wait 1s", e)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if acquires < 2 {
+		t.Errorf("%d acquires sent, want the M followed again", acquires)
+	}
+}
+
 // A node that answers the hello and then nothing: the liveness probe finds
 // the connection dead within the probe interval plus timeout, the acquire
 // moves to the next connection, and after every connection failed it,

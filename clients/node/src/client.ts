@@ -40,6 +40,10 @@ import { linked, now, reasonOf, showMs, sleep } from "./util.js";
 
 /** A cluster has at most 16 nodes: addresses named by `M` answers beyond that many are not followed. */
 const MAX_REDIRECT_ADDRS = 16;
+/** After a dial that an `M` answer asked for failed, the next one for the same slot waits this long, doubling while they keep failing... */
+export const KICK_BACKOFF_MIN_MS = 50;
+/** ... up to this. A connection such a dial made that lasted less than this counts as failed. */
+export const KICK_BACKOFF_MAX_MS = 1000;
 /** The most acquires the protocol lets wait on one connection. */
 export const MAX_WAITING_ACQUIRES = 4096;
 
@@ -102,12 +106,74 @@ export interface AddrStatus {
   readonly error?: RinglockError;
 }
 
+/**
+ * One address's connection, dialled and redialled in the background, or at
+ * once when an `M` answer names it (`dialNow`).
+ */
 class Slot {
   live: Conn | null = null;
   lastError: string | null = null;
   failures = 0;
   dialingSince: number | null = null;
+  /** Dials started and ended so far (the one under way is `started`). */
+  started = 0;
+  ended = 0;
+  /** A redirect asked for a dial not started yet. */
+  kicked = false;
+  /** Wakes the slot out of its wait for the next redial tick. */
+  wake: (() => void) | null = null;
+  /**
+   * Redirect dials that failed in a row (a connection one made that lasted
+   * less than KICK_BACKOFF_MAX_MS counts as failed; one that lasted longer
+   * resets this), and when the last one ended.
+   */
+  kickFailures = 0;
+  kickFailedAt: number | null = null;
   constructor(readonly addr: string) {}
+
+  /** A connection that is up and not closed. */
+  up(): boolean {
+    return this.live !== null && !this.live.closed;
+  }
+
+  /**
+   * An `M` named this slot's node and it has no connection: dial it now
+   * rather than at the next redial tick. Gives the number of the dial that
+   * decides (the one under way, or the next), or null if a redirect dial
+   * failed too recently (the request backs off instead).
+   */
+  dialNow(): number | null {
+    if (this.dialingSince !== null) return this.started;
+    if (this.kicked) return this.started + 1;
+    if (this.kickFailedAt !== null) {
+      const gap = Math.min(KICK_BACKOFF_MIN_MS * 2 ** Math.min(this.kickFailures - 1, 8), KICK_BACKOFF_MAX_MS);
+      if (now() < this.kickFailedAt + gap) return null;
+    }
+    this.kicked = true;
+    this.wake?.();
+    return this.started + 1;
+  }
+
+  /** A redirect dial failed (or its connection dropped too soon). */
+  kickFailed(): void {
+    this.kickFailures += 1;
+    this.kickFailedAt = now();
+  }
+
+  /** Resolves when `dialNow` is called, after `ms`, or when `signal` aborts. */
+  waitKick(ms: number, signal: AbortSignal): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        if (this.wake === done) this.wake = null;
+        resolve();
+      };
+      const timer = setTimeout(done, Math.max(0, Math.ceil(ms)));
+      signal.addEventListener("abort", done, { once: true });
+      this.wake = done;
+    });
+  }
 }
 
 type Doing = "connecting" | "queueing" | "asking" | "redirected";
@@ -335,38 +401,57 @@ export class Client implements Owner, AsyncDisposable {
     void q.then(() => this.background.delete(q));
   }
 
-  private addSlot(addr: string): void {
+  private addSlot(addr: string): Slot {
     const slot = new Slot(addr);
     this.slots.push(slot);
     this.track(this.runSlot(slot));
+    return slot;
   }
 
   private async runSlot(slot: Slot): Promise<void> {
     while (!this.closedFlag) {
       const dialedAt = now();
       slot.dialingSince = dialedAt;
+      slot.started += 1;
+      const kicked = slot.kicked;
+      slot.kicked = false;
       try {
         const conn = await dial(this, slot.addr, this.tls);
         slot.dialingSince = null;
+        slot.ended = slot.started;
         if (this.closedFlag) {
           conn.end("the client was closed", false);
           return;
         }
         slot.live = conn;
         this.bump();
+        const upAt = now();
         const why = await conn.ended;
         slot.live = null;
         slot.lastError = why;
+        if (now() - upAt >= KICK_BACKOFF_MAX_MS) {
+          slot.kickFailures = 0;
+          slot.kickFailedAt = null;
+        } else if (kicked) {
+          // A node that answers the hello and drops the connection does
+          // not get a dial per M.
+          slot.kickFailed();
+        }
       } catch (e) {
         slot.dialingSince = null;
+        slot.ended = slot.started;
         slot.lastError = e instanceof DialError || e instanceof Error ? e.message : String(e);
         slot.failures += 1;
+        if (kicked) slot.kickFailed();
       }
       this.bump();
-      try {
-        await sleep(dialedAt + this.timing.redialIntervalMs - now(), this.closing.signal);
-      } catch {
-        return;
+      // The next dial: at the redial tick, or at once if an M names this
+      // node meanwhile.
+      const redialAt = dialedAt + this.timing.redialIntervalMs;
+      while (!slot.kicked && !this.closedFlag) {
+        const left = redialAt - now();
+        if (left <= 0) break;
+        await slot.waitKick(left, this.closing.signal);
       }
     }
   }
@@ -410,12 +495,24 @@ export class Client implements Owner, AsyncDisposable {
   }
 
   /**
-   * Follows an `M` naming `addr`: makes it the preferred node (dialling it
-   * if unknown) and waits up to `within` for it to be up.
+   * Follows an `M` naming `addr`: makes it the preferred node and waits up
+   * to `within` for a live connection to it. A node with no live
+   * connection is dialled now (a new address gets a slot; a known one's
+   * slot is woken out of its redial wait, see `Slot.dialNow`) and the
+   * request waits for that dial, hello included. If it fails (or a
+   * redirect dial failed too recently), the preference is dropped and the
+   * request goes on by its own back-off.
    * @internal
    */
   async _follow(addr: string, within: number, signal: AbortSignal): Promise<boolean> {
+    this.checkOpen();
     const mine = this.slots.filter((s) => s.addr === addr);
+    if (mine.some((s) => s.up())) {
+      this.active = addr;
+      return true;
+    }
+    let slot: Slot;
+    let n: number | null;
     if (mine.length === 0) {
       if (this.addresses().length - this.given.length >= MAX_REDIRECT_ADDRS) return false;
       try {
@@ -423,17 +520,34 @@ export class Client implements Owner, AsyncDisposable {
       } catch {
         return false;
       }
-      this.addSlot(addr);
-    } else if (!mine.some((s) => s.live !== null)) {
-      // A known node with no connection: most likely a stale M from a
-      // standby that has not yet seen that node die. Do not wait for its
-      // redial; the request goes on through the rotation.
-      return false;
+      slot = this.addSlot(addr);
+      n = 1;
+    } else {
+      slot = mine.find((s) => s.dialingSince !== null) ?? mine[0]!;
+      n = slot.dialNow();
+      if (n === null) return false;
     }
     this.active = addr;
-    if ((await this.waitLive(addr, within, signal)) !== null) return true;
+    if ((await this.waitDial(slot, n, within, signal)) !== null) return true;
     if (this.active === addr) this.active = null;
     return false;
+  }
+
+  /**
+   * Waits up to `within` for a live connection to `slot`'s address, or
+   * until its dial number `n` ended without one.
+   */
+  private async waitDial(slot: Slot, n: number, within: number, signal: AbortSignal): Promise<Conn | null> {
+    const until = now() + within;
+    for (;;) {
+      if (this.closedFlag) throw new ClosedError();
+      const conn = this.pick(slot.addr);
+      if (conn !== null) return conn;
+      if (slot.ended >= n) return null;
+      const left = until - now();
+      if (left <= 0) return null;
+      await this.waitChange(left, signal);
+    }
   }
 
   private whyNoConnection(): string {
@@ -694,7 +808,9 @@ export class Client implements Owner, AsyncDisposable {
       const t = this.timing;
       const what = op === "R" ? "release" : "renew";
       let last = "no attempt could be made";
-      let followed = false;
+      // The nodes M answers named for this request: a new one is tried at
+      // once, a repeated one after the usual retry delay.
+      const named: string[] = [];
       let noActive = false;
       const started = now();
       for (;;) {
@@ -712,12 +828,12 @@ export class Client implements Owner, AsyncDisposable {
             return { held: reply.held, sent: at };
           } else if (reply.op === "M") {
             if (reply.addr !== null) {
-              last = `redirected to ${reply.addr}`;
-              await this._follow(reply.addr, Math.min(Math.max(0, until - now()), t.connectTimeoutMs), signal);
-              if (!followed) {
-                followed = true;
-                continue;
-              }
+              const addr = reply.addr;
+              last = `redirected to ${addr}`;
+              const news = !named.includes(addr) && named.length <= MAX_REDIRECT_ADDRS;
+              if (news) named.push(addr);
+              const left = Math.max(0, until - now());
+              if ((await this._follow(addr, Math.min(left, t.connectTimeoutMs), signal)) && news) continue;
             } else {
               last = "no active node";
               noActive = true;

@@ -227,8 +227,10 @@ async function renewLoop(client: Client, state: LockState): Promise<void> {
     for (;;) {
       await sleep(state.deadline - (lease - every) - now(), stop);
       // A grant that waited in the queue may come with its deadline already
-      // past: its first renewal gets one request timeout.
-      const lossAt = first ? Math.max(state.deadline, now() + t.requestTimeoutMs) : state.deadline;
+      // past: its first renewal gets a request timeout (at most a third of
+      // the lease) to be confirmed. A grant made at once keeps its deadline,
+      // so a short lease is not given a full request timeout past it.
+      const lossAt = first ? Math.max(state.deadline, now() + Math.min(t.requestTimeoutMs, every)) : state.deadline;
       first = false;
       let outcome: "renewed" | "refused" | "expired" | null = null;
       let sent = 0;

@@ -1,6 +1,6 @@
 // The client against a fake server whose answers each test writes: the
 // (op, key) matcher, M following, liveness, local queueing, what a broken
-// server costs.
+// server costs, when a renewing lock says it is lost.
 
 import assert from "node:assert/strict";
 import type * as net from "node:net";
@@ -254,4 +254,42 @@ test("a try-lock always asks the node, even after a slow turn of the event loop"
       if (line.startsWith("A ")) sock.write("A k 5\n");
     },
   );
+});
+
+test("a renewing lock with a lease under 3 s whose node goes silent is lost by the end of its lease", async () => {
+  const fake = await FakeServer.start();
+  let silent = false;
+  fake.onLine = (line, sock) => {
+    if (silent) return;
+    if (line === "S") sock.write(`S active ${fake.addr} 1\n`);
+    else if (line.startsWith("A ")) {
+      sock.write("A k 9\n");
+      silent = true;
+    }
+  };
+  try {
+    await using client = await Client.connect(fake.addr);
+    await poll("both up", () => client.connected() === 2);
+    const t0 = performance.now();
+    const lock = await client.lock("k", { leaseMs: 1200 });
+    const lost = await new Promise<number>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("not lost within 5 s")), 5000);
+      lock.signal.addEventListener(
+        "abort",
+        () => {
+          clearTimeout(timer);
+          resolve(performance.now());
+        },
+        { once: true },
+      );
+    });
+    const took = lost - t0;
+    assert.ok(lock.lost !== null && !lock.lost.refused);
+    // The lease runs out 1.2 s after the acquire was sent (at the latest);
+    // the loss is said then, not a request timeout (2 s) after the first renewal.
+    assert.ok(took >= 1150 && took < 1450, `lost ${took} ms after the acquire`);
+    assert.ok(fake.lines.some((l) => l.startsWith("N k 9 ")), "a renewal was tried");
+  } finally {
+    await fake.close();
+  }
 });

@@ -201,20 +201,33 @@ export function failOnUnhandledRejections(): void {
 /**
  * A fake node: every line the client sends goes to `onLine` with the
  * socket to answer on; answers `S active <addr> 1` to the hello unless told
- * otherwise.
+ * otherwise. `onAccept` sees each connection first (destroy it to cut it at
+ * once); `accepts` holds when each was accepted, `mostOpen` the most open
+ * at once. `stop()` stops listening (dials are refused) and `listen()`
+ * listens again on the same port.
  */
 export class FakeServer {
-  readonly server: net.Server;
+  server: net.Server;
   readonly sockets = new Set<net.Socket>();
   readonly lines: string[] = [];
+  readonly accepts: number[] = [];
+  mostOpen = 0;
   addr = "";
+  private port = 0;
+  onAccept: (sock: net.Socket) => void = () => undefined;
   onLine: (line: string, sock: net.Socket) => void = (line, sock) => {
     if (line === "S") sock.write(`S active ${this.addr} 1\n`);
   };
 
   private constructor() {
-    this.server = net.createServer((sock) => {
+    this.server = this.make();
+  }
+
+  private make(): net.Server {
+    return net.createServer((sock) => {
+      this.accepts.push(performance.now());
       this.sockets.add(sock);
+      this.mostOpen = Math.max(this.mostOpen, this.sockets.size);
       sock.on("close", () => this.sockets.delete(sock));
       sock.on("error", () => undefined);
       let buf = "";
@@ -228,18 +241,41 @@ export class FakeServer {
           this.onLine(line, sock);
         }
       });
+      this.onAccept(sock);
     });
   }
 
   static async start(): Promise<FakeServer> {
     const f = new FakeServer();
-    await new Promise<void>((res) => f.server.listen(0, "127.0.0.1", () => res()));
-    f.addr = `127.0.0.1:${(f.server.address() as net.AddressInfo).port}`;
+    await f.listenOn(0);
+    f.port = (f.server.address() as net.AddressInfo).port;
+    f.addr = `127.0.0.1:${f.port}`;
     return f;
   }
 
-  async close(): Promise<void> {
+  private listenOn(port: number): Promise<void> {
+    return new Promise<void>((res, rej) => {
+      this.server.once("error", rej);
+      this.server.listen(port, "127.0.0.1", () => {
+        this.server.removeListener("error", rej);
+        res();
+      });
+    });
+  }
+
+  /** Stops listening and cuts every connection: dials to it are refused. */
+  async stop(): Promise<void> {
     for (const s of this.sockets) s.destroy();
-    await new Promise((res) => this.server.close(res));
+    if (this.server.listening) await new Promise((res) => this.server.close(res));
+  }
+
+  /** Listens again on the same port after stop(). */
+  async listen(): Promise<void> {
+    this.server = this.make();
+    await this.listenOn(this.port);
+  }
+
+  async close(): Promise<void> {
+    await this.stop();
   }
 }

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import poll
+from conftest import poll, reserve_port
 from ringlock import AsyncClient, Client, ConnectionFailed, NoActiveNode, ProtocolError
 
 
@@ -179,3 +179,61 @@ def test_no_active_node_is_retried_then_reported(make_fake):
             client.acquire("k", 5)
         assert 0.9 < time.monotonic() - started < 3
     t.join(5)
+
+
+def _grant_then_silence(fake, delay: float, seen: dict) -> None:
+    """Answers the acquire of k with token 5 after ``delay`` (a grant that
+    waited in the queue; probes meanwhile are answered), then answers
+    nothing more; records when the acquire and the first renewal came."""
+    conn = fake.conn(0)
+    try:
+        line = conn.line(5)
+        seen["acquire"] = (time.monotonic(), line)
+        until = time.monotonic() + delay
+        while time.monotonic() < until:
+            try:
+                probe = conn.line(max(0.001, until - time.monotonic()))
+            except AssertionError:
+                break
+            assert probe == b"S", probe
+            conn.send(b"S active - 0\n")
+        conn.send(b"A k 5\n")
+        seen["granted"] = time.monotonic()
+        while True:
+            line = conn.line(10)
+            if line.startswith(b"N ") and "renewal" not in seen:
+                seen["renewal"] = time.monotonic()
+    except (AssertionError, OSError):
+        pass
+
+
+@pytest.mark.parametrize("delay", [0.0, 3.0], ids=["granted_at_once", "granted_after_a_wait"])
+def test_a_short_lease_is_lost_no_later_than_it_can_have_run_out(make_fake, delay):
+    """A 1.2 s lease (under the request timeout plus a third of the lease),
+    the node silent after the grant: granted at once, the loss comes when
+    the lease could have run out, 1.2 s after the acquire was sent;
+    granted after a wait (its deadline long past), the renewal sent at once
+    has a third of the lease, 0.4 s, to be confirmed."""
+    fake = make_fake(max_conns=1)
+    seen: dict = {}
+    t = threading.Thread(target=_grant_then_silence, args=(fake, delay, seen), daemon=True)
+
+    async def main() -> None:
+        async with AsyncClient(fake.addr, redial_interval=60) as client:
+            t.start()
+            lock = await client.lock("k", 1.2, wait=10)
+            lost = await asyncio.wait_for(lock.wait_lost(), 5)
+            at = time.monotonic()
+            assert lost is not None and not lost.refused, lost
+            if delay == 0.0:
+                took = at - seen["acquire"][0]
+                assert 1.15 < took < 1.45, f"lost {took:.3f}s after the acquire was sent"
+                assert 0.35 < seen["renewal"] - seen["acquire"][0] < 0.6
+            else:
+                took = at - seen["granted"]
+                assert 0.35 < took < 0.65, f"lost {took:.3f}s after the grant"
+                assert seen["renewal"] - seen["granted"] < 0.2
+
+    run(main())
+    t.join(15)
+

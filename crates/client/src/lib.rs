@@ -495,8 +495,9 @@ impl Client {
     /// With a wait, the call ends by the wait plus the acquire grace (1 s by
     /// default) whatever the nodes do: if the node asked last has not
     /// answered by then, [`Error::Connection`] names it. If the wait runs
-    /// out while the request is between attempts (its connection died, no
-    /// node was active, or an `M` named a node that could not be reached),
+    /// out while the request is between attempts (its connection died, a
+    /// node answered `M`: no node was active, or it was being redirected,
+    /// or an `M` named a node that could not be reached),
     /// the error of the last attempt is returned rather than `TimedOut`. Without a wait, a connection that dies is still
     /// noticed (liveness probes) and the request moves on.
     ///
@@ -633,16 +634,17 @@ impl Client {
                 }
                 Reply::TimedOut => return Ok(Acquired::TimedOut),
                 Reply::Moved(to) => {
+                    // No node said the wait ran out: if it runs out before
+                    // another node answers, the acquire ends with
+                    // NoActiveNode (`M key -` or `M key addr` alike), or an
+                    // error naming a named node that could not be reached.
                     state.doing = Doing::Redirected;
-                    // If the wait runs out before a node is reached, this is
-                    // what the acquire ends with (not TimedOut: no node said
-                    // the wait ran out).
                     state.failure = Some(match &to {
                         None => Error::NoActiveNode,
                         Some(addr) => self.unreached(addr),
                     });
                     if moves.moved(self, to.clone()).await? {
-                        state.failure = None;
+                        state.failure = Some(Error::NoActiveNode);
                     } else if let Some(addr) = &to {
                         state.failure = Some(self.unreached(addr));
                     }

@@ -143,7 +143,8 @@ impl fmt::Debug for RenewalWatch {
 /// when the last confirmed renewal was *sent*, so the guard says "lost" no
 /// later than the server can have let the lease run out. A grant that
 /// waited in the queue (its deadline already near or past when it is
-/// wrapped) is renewed at once.
+/// wrapped) is renewed at once, and that first renewal has a request
+/// timeout, or a third of the lease if that is shorter, to be confirmed.
 ///
 /// Await [`RenewingGuard::lost`] next to your work (`tokio::select!`), or
 /// poll [`RenewingGuard::is_lost`]; [`RenewingGuard::watch`] gives a handle
@@ -322,9 +323,11 @@ async fn renew_loop(client: Client, grant: Grant, every: Duration, tx: watch::Se
         tokio::time::sleep_until(next).await;
         // A grant that waited in the queue may come with a deadline already
         // past (counted from the acquire's sending): its first renewal gets
-        // one request timeout to be confirmed.
+        // a request timeout, at most a third of the lease, to be confirmed.
+        // A grant made at once keeps its deadline, so a short lease is not
+        // stretched.
         let loss_at = if first {
-            deadline.max(Instant::now() + timing.request_timeout)
+            deadline.max(Instant::now() + timing.request_timeout.min(every))
         } else {
             deadline
         };

@@ -408,6 +408,42 @@ mod tests {
         }
     }
 
+    /// The longest `J`, `Q`, `O`, `W` lines are what docs/protocol.md
+    /// ("Length of answer lines") says: 217, 259, 131, 23 bytes.
+    #[test]
+    fn holder_answer_lines_stay_within_their_documented_lengths() {
+        let key = [b'k'; crate::MAX_KEY];
+        let addr = [b'a'; crate::MAX_HOLDER_ADDR];
+        let owner = [b'o'; crate::MAX_OWNER];
+        let holder = Holder {
+            addr: Some(&addr),
+            owner: Some(&owner),
+        };
+        for (answer, most) in [
+            (
+                Answer::Waiter {
+                    waited_ms: u64::MAX,
+                    holder,
+                },
+                217,
+            ),
+            (
+                Answer::QueueEnd {
+                    key: &key,
+                    waiters: 65_536,
+                },
+                259,
+            ),
+            (Answer::Owner { owner: &owner }, 131),
+            (Answer::WhoEnd { cursor: u64::MAX }, 23),
+            (Answer::ListEnd { cursor: u64::MAX }, 23),
+        ] {
+            let mut out = Vec::new();
+            answer.encode(&mut out);
+            assert_eq!(out.len(), most, "{answer:?}");
+        }
+    }
+
     #[test]
     fn holder_answers_round_trip() {
         let answers = [

@@ -1096,14 +1096,15 @@ class AsyncClient:
                 if reply.op == "T":
                     return None
                 if reply.op == "M":
+                    # No node said the wait ran out: if it runs out before
+                    # another node answers, the acquire ends with
+                    # NoActiveNode (M key - or M key addr alike), or an error
+                    # naming a named node that could not be reached.
                     state.doing = "redirected"
                     to: Optional[str] = reply.value  # type: ignore[assignment]
-                    # If the wait runs out before a node is reached, this
-                    # is what the acquire ends with (not None: no node said
-                    # the wait ran out).
                     state.failure = NoActiveNode() if to is None else self._unreached(to)
                     if await moves.moved(self, to):
-                        state.failure = None
+                        state.failure = NoActiveNode(f"redirected to {to}, which had not answered when the wait ran out")
                     elif to is not None:
                         state.failure = self._unreached(to)
                     continue
@@ -1533,8 +1534,10 @@ async def _renew_loop(client: AsyncClient, state: _LockState) -> None:
         while True:
             await asyncio.sleep(max(0.0, state.deadline - (lease - every) - _now()))
             # A grant that waited in the queue may come with its deadline
-            # already past: its first renewal gets one request timeout.
-            loss_at = max(state.deadline, _now() + t.request_timeout) if first else state.deadline
+            # already past: its first renewal gets a request timeout, at most
+            # a third of the lease, to be confirmed. A grant made at once
+            # keeps its deadline, so a short lease is not stretched.
+            loss_at = max(state.deadline, _now() + min(t.request_timeout, every)) if first else state.deadline
             first = False
             outcome: Optional[str] = None
             sent = 0.0

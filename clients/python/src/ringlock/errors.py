@@ -66,7 +66,9 @@ class ConnectionFailed(RinglockError, ConnectionError):
 
 class NoActiveNode(RinglockError):
     """The nodes kept answering that no node is active (``M key -``), or kept
-    redirecting, for longer than the no-active timeout (10 s by default)."""
+    redirecting, for longer than the no-active timeout (10 s by default); or
+    an acquire's wait ran out while it was being redirected (``M``) and no
+    node had said the wait ran out."""
 
     def __init__(self, why: str = "no active node in the cluster") -> None:
         super().__init__(why)

@@ -768,6 +768,117 @@ async fn a_renewing_guard_is_lost_within_one_lease_when_nothing_answers() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_short_lease_is_lost_when_it_runs_out_not_a_request_timeout_later() {
+    bounded(async move {
+        // A 1.2 s lease, shorter than the request timeout (2 s) plus a third
+        // of the lease: the first renewal (at 400 ms) is never answered, and
+        // the loss is signalled when the lease could have run out, 1.2 s
+        // after the acquire was sent, not 2 s after the renewal.
+        let (_net, client, log) = renewing_node(vec![]).await;
+        let t0 = Instant::now();
+        let guard = client
+            .lock_renewing("k", Duration::from_millis(1200), None)
+            .await
+            .unwrap();
+        let lost = guard.lost().await;
+        let sent = lines_of(&log, "A k ")[0].0;
+        assert!(
+            about(sent - t0, Duration::ZERO),
+            "the acquire went out at {:?}",
+            sent - t0
+        );
+        assert!(
+            about(sent.elapsed(), 1200 * MS),
+            "lost {:?} after the acquire was sent",
+            sent.elapsed()
+        );
+        assert!(matches!(lost, LockLost::Expired { .. }), "{lost:?}");
+        let renewals = lines_of(&log, "N k 5 ");
+        assert!(!renewals.is_empty(), "no renewal was sent");
+        assert!(
+            about(renewals[0].0 - sent, 400 * MS),
+            "first renewal at {:?}",
+            renewals[0].0 - sent
+        );
+    })
+    .await;
+}
+
+/// A node whose two connections answer the acquire `A k 5` after `delay`
+/// (a grant that waited in the queue) and never answer renewals; the guard
+/// and the log of what the node received.
+async fn queued_grant_then_silence(lease: Duration, delay: Duration) -> (RenewingGuard, Log) {
+    let net = Net::default();
+    let mut conns = net.node("n:1");
+    let client = net.client(&["n:1"], |b| b).await;
+    let mut a = accept(&mut conns).await;
+    let mut b = accept(&mut conns).await;
+    let c = client.clone();
+    let lock = tokio::spawn(async move { c.lock_renewing("k", lease, None).await });
+    let (which, line) = line_on_either(&mut a, &mut b).await;
+    let log: Log = Arc::default();
+    log.lock().unwrap().push((Instant::now(), line));
+    let peer = if which == 0 { &mut a } else { &mut b };
+    // The node answers probes while the acquire waits, as a live node does.
+    let until = Instant::now() + delay;
+    while let Ok(line) = tokio::time::timeout_at(until, peer.line()).await {
+        assert_eq!(line, "S", "only probes while the acquire waits");
+        peer.send("S active n:1 0").await;
+    }
+    peer.send("A k 5").await;
+    let guard = lock.await.unwrap().unwrap();
+    for peer in [a, b] {
+        peer.serve(log.clone(), |line| {
+            (line == "S").then(|| "S active n:1 0".to_string())
+        });
+    }
+    (guard, log)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_grant_of_a_short_lease_gets_a_third_of_it_for_its_first_renewal() {
+    bounded(async move {
+        // Granted 5 s after the acquire was sent: its deadline (counted
+        // from the sending) is long past. It is renewed at once, and that
+        // renewal has a third of the 1.2 s lease (shorter than the request
+        // timeout) to be confirmed.
+        let (guard, log) =
+            queued_grant_then_silence(Duration::from_millis(1200), Duration::from_secs(5)).await;
+        let granted = Instant::now();
+        let lost = guard.lost().await;
+        assert!(
+            about(granted.elapsed(), 400 * MS),
+            "lost {:?} after the grant",
+            granted.elapsed()
+        );
+        assert!(matches!(lost, LockLost::Expired { .. }), "{lost:?}");
+        let renewals = lines_of(&log, "N k 5 ");
+        assert!(about(renewals[0].0 - granted, Duration::ZERO));
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_grant_of_a_long_lease_gets_a_request_timeout_for_its_first_renewal() {
+    bounded(async move {
+        // Granted 20 s after the acquire was sent, with a 9 s lease: renewed
+        // at once, and that renewal has the request timeout (2 s, shorter
+        // than a third of the lease) to be confirmed.
+        let (guard, _log) =
+            queued_grant_then_silence(Duration::from_secs(9), Duration::from_secs(20)).await;
+        let granted = Instant::now();
+        let lost = guard.lost().await;
+        assert!(
+            about(granted.elapsed(), 2000 * MS),
+            "lost {:?} after the grant",
+            granted.elapsed()
+        );
+        assert!(matches!(lost, LockLost::Expired { .. }), "{lost:?}");
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_renewing_guard_moves_to_another_connection_when_one_drops() {
     bounded(async move {
         let net = Net::default();
@@ -1069,6 +1180,47 @@ async fn a_node_naming_ever_new_active_nodes_is_not_followed_for_ever() {
         );
         let addrs = client.addresses();
         assert_eq!(addrs.len(), 1 + 16, "{addrs:?}");
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_whose_wait_runs_out_while_redirected_to_an_unreachable_node_names_it() {
+    bounded(async move {
+        // A standby names an active that refuses connections: the acquire
+        // is redirected until its wait (1 s) runs out. No node said the wait
+        // ran out, so it is not `TimedOut`: the error names the node it was
+        // sent to.
+        let net = Net::default();
+        let mut conns = net.node("s:1");
+        let _a = net.node("a:1");
+        net.set_mode("a:1", Mode::Refuse);
+        let client = net.client(&["s:1"], |b| b).await;
+        let log: Log = Arc::default();
+        for _ in 0..2 {
+            accept(&mut conns).await.serve(log.clone(), move |line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                Some(match f[0] {
+                    "S" => "S standby a:1 0".into(),
+                    _ => format!("M {} a:1", f[1]),
+                })
+            });
+        }
+        let t0 = Instant::now();
+        let out = client
+            .acquire("k", Duration::from_secs(5), Some(Duration::from_secs(1)))
+            .await;
+        assert!(
+            matches!(&out, Err(Error::Connection(why)) if why.contains("redirected to a:1")),
+            "{out:?}"
+        );
+        assert!(t0.elapsed() <= Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(
+            lines_of(&log, "A k 5 ").len() >= 2,
+            "{:?}",
+            log.lock().unwrap()
+        );
+        assert!(!net.dials("a:1").is_empty(), "the named node was dialled");
     })
     .await;
 }

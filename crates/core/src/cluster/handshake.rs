@@ -201,7 +201,18 @@ impl Cluster {
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
-        p.dial_version = claim.version;
+        // A `HELLO` says what its link speaks, not all its sender speaks
+        // (a node of this release dials 2 after a refusal by the release
+        // before): it only raises the version we dial with; a refusal
+        // lowers it ([`Cluster::downgrade_if_refused`]). Lowered on a
+        // `HELLO 2` too, two nodes of this release could both stay at 2.
+        let dialing = match p.dial_version {
+            0 => wire::VERSION,
+            v => v,
+        };
+        if claim.version > dialing {
+            p.dial_version = claim.version;
+        }
         let stale = p.out.filter(|_| p.out_version < claim.version);
         if p.incarnation != claim.incarnation {
             // A new process: what we knew of the old one is void. Only an

@@ -147,9 +147,9 @@ struct Peer {
     snapshot_sent: bool,
     /// The peer protocol version our link speaks (its `HELLO`'s).
     out_version: u64,
-    /// The version to dial it with (0: [`wire::VERSION`]): what its own
-    /// authenticated `HELLO` said last, or one less than a version it
-    /// refused.
+    /// The version to dial it with (0: [`wire::VERSION`]): one less than
+    /// a version it refused, raised again by its own authenticated `HELLO`
+    /// with a newer one.
     dial_version: u64,
     /// Its authenticated links to us that are open.
     links_in: u32,

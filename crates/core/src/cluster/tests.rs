@@ -1177,3 +1177,61 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
     assert!(hello.starts_with("P HELLO 3 "), "{hello}");
 }
+
+/// Two nodes of this release, both at peer protocol 2 on their links to
+/// each other, would stay there for good: a `HELLO 2` only says what the
+/// link speaks, not that its sender speaks nothing newer (a node of this
+/// release dials 2 after a refusal by the release before it was upgraded
+/// from). So a `HELLO 2` never lowers the version this node dials with:
+/// only a refusal does, and a `HELLO 3` raises it again.
+#[test]
+fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
+    // Node 1 (this release) dials first, with 2: this node restarted
+    // upgraded, and node 1 still dials it as it dialed the release before.
+    let (mut c, mut e) = node(0);
+    let mut peer = Remote::new(1);
+    peer.version = 2;
+    peer.dial(&mut c, &mut e, at(0), 10).unwrap();
+    e.open(20);
+    c.outbound_open(at(1), 20, 1, &mut e);
+    let hello = lines_of(&mut e, 20);
+    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    // A refusal still lowers it, and a HELLO 2 then keeps it there: no
+    // dial that is refused again and again.
+    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
+                    same ringlock release on every node in line 1";
+    assert!(c.on_refusal(at(2), 20, refusal).is_err());
+    c.on_close(at(2), 20, &mut e);
+    e.close(20);
+    let mut old = Remote::new(1);
+    old.version = 2;
+    old.incarnation = 2;
+    old.dial(&mut c, &mut e, at(3), 11).unwrap();
+    e.open(21);
+    c.outbound_open(at(300), 21, 1, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(hello[0].starts_with("P HELLO 2 "), "{hello:?}");
+}
+
+/// Out of order: a version refusal on a link the peer already
+/// authenticated (the peer cannot mean it, or someone else is talking) and
+/// a `HELLO` on the link this node dialed change nothing of the version it
+/// dials with.
+#[test]
+fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
+    let msg = wire::parse(hello).unwrap();
+    assert!(c.on_message(at(1), 20, msg, &mut e).is_err());
+    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2) in line 1";
+    assert!(c.on_refusal(at(1), 20, refusal).is_err());
+    c.on_close(at(1), 20, &mut e);
+    e.close(20);
+    e.open(21);
+    c.outbound_open(at(300), 21, 1, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+}

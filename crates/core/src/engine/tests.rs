@@ -940,3 +940,80 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
     e.check_invariants();
     assert_eq!(e.holder_count(), 0);
 }
+
+/// A connection that sets a new label before each grant has one holder
+/// entry per label its grants still use, no more: each goes with the last
+/// grant naming it (release or expiry), the connection's own with it.
+/// Many connections that come and go leave nothing behind.
+#[test]
+fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
+    let mut h = Harness::new(2);
+    h.engine.set_remote(0, "10.0.0.1:5000".parse().unwrap());
+    let mut tokens = Vec::new();
+    for i in 0..200 {
+        h.send(0, &format!("O {}{i}", "o".repeat(120))).unwrap();
+        // Labels set and replaced without a grant in between cost nothing.
+        h.send(0, &format!("O label-{i}")).unwrap();
+        h.answers(0);
+        tokens.push(h.grant(0, &format!("k{i}"), "1"));
+    }
+    h.answers(0);
+    h.engine.check_invariants();
+    assert_eq!(h.engine.holder_count(), 200);
+    // Half released, the other half expire.
+    for (i, t) in tokens.iter().enumerate().take(100) {
+        h.send(1, &format!("R k{i} {t}")).unwrap();
+    }
+    h.engine.check_invariants();
+    assert_eq!(h.engine.holder_count(), 100);
+    h.advance(1_100);
+    h.engine.check_invariants();
+    // The connection's own entry: its label stays for its next grant.
+    assert_eq!(h.engine.holder_count(), 1);
+    h.engine.close(0);
+    assert_eq!(h.engine.holder_count(), 0);
+    for _ in 0..100 {
+        h.engine.open(0);
+        h.send(0, "O x").unwrap();
+        h.answers(0);
+        let t = h.grant(0, "k", "10");
+        h.send(0, &format!("R k {t}")).unwrap();
+        h.engine.close(0);
+    }
+    h.engine.check_invariants();
+    assert_eq!(h.engine.holder_count(), 0);
+}
+
+/// `O`, `W` and `Q` behind a waiting acquire on the same connection are
+/// answered at once, in order (docs/protocol.md, section 6): nothing waits
+/// for the acquire.
+#[test]
+fn owner_and_listings_behind_a_waiting_acquire_are_answered_at_once() {
+    let mut h = Harness::new(2);
+    let t = h.grant(0, "k", "10");
+    h.send(1, "A k 10 0").unwrap();
+    h.send(1, "O later").unwrap();
+    h.send(1, "Q k").unwrap();
+    h.send(1, "W 0 1 k").unwrap();
+    assert_eq!(
+        h.answers(1),
+        [
+            "O later".to_string(),
+            format!("K k {t} 10001 1 0 - -"),
+            "J 0 - later".to_string(),
+            "Q k 1".to_string(),
+            format!("K k {t} 10001 1 0 - -"),
+            "W 0".to_string(),
+        ]
+    );
+    h.send(0, &format!("R k {t}")).unwrap();
+    let granted = h.answers(1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    h.send(0, "Q k").unwrap();
+    let q = h.answers(0);
+    assert_eq!(q[0], "R k 1");
+    assert!(
+        q[1].ends_with(" - later"),
+        "the grant took the label: {q:?}"
+    );
+}
