@@ -358,6 +358,24 @@ class Run:
         elif not msg.get("ok", False):
             raise Fail(f"reply to {label} (after {took:.0f} ms): {json.dumps(msg)[:300]}")
 
+    async def wait_connected(self, step: Dict[str, Any]) -> None:
+        """Polls `stats` until the client has at least `wait_connected`
+        live connections (instead of sleeping for a time a loaded machine
+        may not keep)."""
+        want = step["wait_connected"]
+        timeout = step.get("timeout_ms", 5000)
+        until = now() + timeout / 1000
+        while True:
+            cid = self.send({"cmd": "stats"}, None)
+            msg, _ = await self.wait_reply(cid, max(until - now(), 0.1))
+            if "connected" not in msg:
+                raise Fail(f"stats has no connected count: {json.dumps(msg)[:200]}")
+            if msg["connected"] >= want:
+                return
+            if now() >= until:
+                raise Fail(f"{msg['connected']} live connections within {timeout} ms, waited for {want}")
+            await asyncio.sleep(0.02)
+
     async def await_event(self, step: Dict[str, Any]) -> None:
         want = self.subst(step["event"])
         t_from = self.since(step.get("since"))
@@ -420,6 +438,8 @@ class Run:
                 await asyncio.sleep(step["sleep_ms"] / 1000)
         elif "mark" in step:
             self.marks[step["mark"]] = now()
+        elif "wait_connected" in step:
+            await self.wait_connected(step)
         elif "wait_wire" in step:
             await self.wait_wire(step)
         elif "check_wire" in step:
