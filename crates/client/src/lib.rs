@@ -639,6 +639,11 @@ impl Client {
                     // NoActiveNode (`M key -` or `M key addr` alike), or an
                     // error naming a named node that could not be reached.
                     state.doing = Doing::Redirected;
+                    // A node that redirects decided nothing: the attempt
+                    // at the node it names goes out (with at least the
+                    // shortest wait) even if the wait ran out meanwhile, so
+                    // a try-lock during a failover asks the new active.
+                    asked = false;
                     state.failure = Some(match &to {
                         None => Error::NoActiveNode,
                         Some(addr) => self.unreached(addr),

@@ -1101,6 +1101,11 @@ class AsyncClient:
                     # NoActiveNode (M key - or M key addr alike), or an error
                     # naming a named node that could not be reached.
                     state.doing = "redirected"
+                    # A node that redirects decided nothing: the attempt at
+                    # the node it names goes out (with at least the shortest
+                    # wait) even if the wait ran out meanwhile, so a
+                    # try-lock during a failover asks the new active.
+                    asked = False
                     to: Optional[str] = reply.value  # type: ignore[assignment]
                     state.failure = NoActiveNode() if to is None else self._unreached(to)
                     if await moves.moved(self, to):
