@@ -10,8 +10,8 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::Cluster;
 
@@ -36,41 +36,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Polls until `path` holds a complete line; panics after `within`.
-fn read_line_file(path: &PathBuf, within: Duration) -> String {
-    let started = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text.trim_end().to_string();
-        }
-        assert!(
-            started.elapsed() < within,
-            "{path:?} not written within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn wait_output(mut child: Child, within: Duration) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if started.elapsed() > within {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "ringlock did not finish within {within:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn run_keeps_its_lock_through_a_failback(io: &str) {
     let mut c = Cluster::start(3, io);
     let list = c.addr_strings().join(",");
@@ -88,7 +53,7 @@ fn run_keeps_its_lock_through_a_failback(io: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let token: u64 = read_line_file(&file, SETTLE).parse().unwrap();
+    let token: u64 = common::read_line_file(&file, SETTLE).parse().unwrap();
     c.wait_token(1, token, SETTLE);
 
     // The active crashes; node 1 takes over.
@@ -106,7 +71,7 @@ fn run_keeps_its_lock_through_a_failback(io: &str) {
     let mut n0 = c.connect(0);
     let probe = n0.call("A failback/run 1 0.1");
 
-    let out = wait_output(child, Duration::from_secs(30));
+    let out = common::wait_output(child, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!(
         "{io}: ringlock run through a failback: exit {:?}; stderr: {err}",

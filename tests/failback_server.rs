@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Cluster, status_of};
@@ -47,41 +47,6 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Polls until `path` holds a complete line; panics after `within`.
-fn read_line_file(path: &Path, within: Duration) -> String {
-    let started = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text.trim_end().to_string();
-        }
-        assert!(
-            started.elapsed() < within,
-            "{path:?} not written within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn wait_output(mut child: Child, within: Duration) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if started.elapsed() > within {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "ringlock did not finish within {within:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A `ringlock run KEY --lease 2` holder given every address, whose CMD
 /// writes its token to `dir/token` and runs until `dir/go` exists (at most
 /// 40 s), then exits 5. Returns it and its token.
@@ -103,7 +68,7 @@ fn start_holder(c: &Cluster, key: &str, dir: &Path) -> (Child, u64) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let token = read_line_file(&file, SETTLE).parse().unwrap();
+    let token = common::read_line_file(&file, SETTLE).parse().unwrap();
     (child, token)
 }
 
@@ -111,7 +76,7 @@ fn start_holder(c: &Cluster, key: &str, dir: &Path) -> (Child, u64) {
 /// CMD's own status, no `LOCK LOST`.
 fn finish_holder(child: Child, dir: &Path, io: &str) {
     std::fs::write(dir.join("go"), b"").unwrap();
-    let out = wait_output(child, Duration::from_secs(30));
+    let out = common::wait_output(child, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!(
         "{io}: ringlock run: exit {:?}; stderr: {err}",

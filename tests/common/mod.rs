@@ -883,3 +883,40 @@ pub fn node_20() -> Result<(), String> {
         Err(e) => Err(format!("no npm on PATH ({e})")),
     }
 }
+
+/// Polls until `path` holds a complete line; panics after `within`.
+pub fn read_line_file(path: &std::path::Path, within: Duration) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim_end().to_string();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{path:?} not written within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for `child` to end and returns its output; kills it and panics,
+/// with its stderr, if it has not ended within `within`.
+pub fn wait_output(mut child: Child, within: Duration) -> std::process::Output {
+    let started = std::time::Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "ringlock did not finish within {within:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
