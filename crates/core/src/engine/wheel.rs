@@ -180,6 +180,7 @@ impl<T: Copy> Wheel<T> {
     ///
     /// Timers come out in deadline order, except that timers inserted with a
     /// deadline already past come out first, in insertion order.
+    #[inline]
     pub fn poll(&mut self, now_ms: u64) -> Option<T> {
         let now = now_ms.max(self.elapsed);
         loop {
