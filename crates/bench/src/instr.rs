@@ -9,6 +9,8 @@
 //! are fixed, so the only run-to-run variation left is the lock table's
 //! randomly seeded hash (probe lengths), a few instructions at most.
 
+mod cluster;
+
 use std::hint::black_box;
 use std::process::ExitCode;
 
@@ -32,6 +34,13 @@ pub(crate) enum Case {
     Parse,
     /// Leases running out in `Engine::tick`, 10 000 held locks. Per expiry.
     Expire,
+    /// `cycle` on an active with two synced followers, plus the turn's
+    /// `Node::take_dirty` that writes the replication to their links. Per
+    /// cycle.
+    Replicate,
+    /// A follower applying the active's replication of `cycle`s (`P G` and
+    /// `P X` lines through `Session::feed`). Per cycle.
+    Apply,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -65,6 +74,8 @@ pub(crate) fn main(args: InstrArgs) -> crate::Result<ExitCode> {
         Case::Handoff => handoff(n),
         Case::Parse => parse(n),
         Case::Expire => expire(n),
+        Case::Replicate => cluster::replicate(n),
+        Case::Apply => cluster::apply(n),
     };
     println!("{ops}");
     Ok(ExitCode::SUCCESS)
