@@ -43,7 +43,7 @@ pub fn is_key_byte(b: u8) -> bool {
 
 /// True if `key` is a valid key: 1 to [`MAX_KEY`] allowed bytes.
 pub fn is_valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY && key.iter().all(|&b| is_key_byte(b))
+    !key.is_empty() && key.len() <= MAX_KEY && !request::has_non_key_byte(key)
 }
 
 /// True if `owner` is a valid owner label: 1 to [`MAX_OWNER`] bytes of
@@ -217,6 +217,28 @@ mod tests {
         }
         assert_eq!(parse_u64(b"18446744073709551616"), None);
         assert_eq!(parse_u64(b"0007"), Some(7));
+    }
+
+    /// The word-at-a-time check agrees with the byte rule for every byte at
+    /// every position of keys of every length up to 2 words and a bit.
+    #[test]
+    fn key_validation_matches_the_byte_rule() {
+        for len in 1..=19 {
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    let mut key = vec![b'k'; len];
+                    key[at] = b;
+                    assert_eq!(
+                        is_valid_key(&key),
+                        is_key_byte(b),
+                        "byte {b:#x} at {at} of {len}"
+                    );
+                }
+            }
+        }
+        assert!(!is_valid_key(b""));
+        assert!(is_valid_key(&[0x80; MAX_KEY]));
+        assert!(!is_valid_key(&[b'k'; MAX_KEY + 1]));
     }
 
     #[test]

@@ -410,22 +410,26 @@ fn key(field: &[u8]) -> Result<&[u8], ParseError<'_>> {
     if field.len() > MAX_KEY {
         return Err(ParseError::KeyTooLong(field.len()));
     }
-    // Not allowed: 0x00..=0x20 and 0x7F. Eight bytes at a time; the first
-    // bad byte is looked up only when there is one.
-    let mut chunks = field.chunks_exact(8);
-    let mut bad = false;
-    for chunk in &mut chunks {
-        let w = word(chunk);
-        bad |= (bytes_below(w, 0x21) | bytes_below(w ^ (ONES * 0x7f), 1)) != 0;
-    }
-    bad |= chunks.remainder().iter().any(|&b| !is_key_byte(b));
-    if !bad {
+    if !has_non_key_byte(field) {
         return Ok(field);
     }
     match field.iter().find(|&&b| !is_key_byte(b)) {
         Some(&b) => Err(ParseError::KeyByte(b)),
         None => Ok(field),
     }
+}
+
+/// True if `field` holds a byte no key may: 0x00..=0x20 or 0x7F. Eight
+/// bytes at a time; which byte it is, is looked up only when there is one.
+#[inline]
+pub(crate) fn has_non_key_byte(field: &[u8]) -> bool {
+    let mut chunks = field.chunks_exact(8);
+    let mut bad = false;
+    for chunk in &mut chunks {
+        let w = word(chunk);
+        bad |= (bytes_below(w, 0x21) | bytes_below(w ^ (ONES * 0x7f), 1)) != 0;
+    }
+    bad | chunks.remainder().iter().any(|&b| !is_key_byte(b))
 }
 
 fn lease(field: &[u8]) -> Result<u64, ParseError<'_>> {
