@@ -168,20 +168,34 @@ fn old_binary() -> PathBuf {
     let mut cmd = Command::new(cargo());
     cmd.args(["build", "--locked", "--bin", "ringlock", "--manifest-path"])
         .arg(src.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", dir.join("target"))
         .current_dir(&src)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // What cargo set for this test, not for a build of another tree.
+    // What cargo set for this test and its build (the package, its
+    // binaries, the target directory, the jobserver), not for a build of
+    // another tree; the user's own cargo settings stay.
+    const SET_BY_CARGO: [&str; 12] = [
+        "CARGO_PKG_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+        "CARGO_MANIFEST_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET_DIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+    ];
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
-        if (name.starts_with("CARGO_") && name != "CARGO_HOME" && !name.starts_with("CARGO_NET"))
-            || ["MAKEFLAGS", "MFLAGS"].contains(&name.as_ref())
-        {
+        if SET_BY_CARGO.iter().any(|p| name.starts_with(p)) {
             cmd.env_remove(name.as_ref());
         }
     }
+    cmd.env("CARGO_TARGET_DIR", dir.join("target"));
     let out = common::wait_output(cmd.spawn().expect("run cargo"), BUILD_LIMIT);
     assert!(
         out.status.success(),
