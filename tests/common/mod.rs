@@ -774,7 +774,13 @@ impl Server {
     /// Like [`Server::start_with`], and collects the server's stderr (its
     /// start-up lines included) into the returned [`StderrLog`].
     pub fn start_logged(args: &[&str]) -> (Server, StderrLog) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        Server::start_bin_logged(std::path::Path::new(env!("CARGO_BIN_EXE_ringlock")), args)
+    }
+
+    /// Like [`Server::start_logged`], with another `ringlock` binary (an
+    /// older release's: tests/rolling_upgrade.rs).
+    pub fn start_bin_logged(bin: &std::path::Path, args: &[&str]) -> (Server, StderrLog) {
+        let mut child = Command::new(bin)
             .arg("serve")
             .args(args)
             .stdin(Stdio::null())
@@ -852,9 +858,24 @@ impl Cluster {
     /// Starts node `i` with `args` instead of [`Cluster::node_args`] (say,
     /// another secret file), its stderr collected.
     pub fn start_node_args(&mut self, i: usize, args: &[String]) -> StderrLog {
+        self.start_node_bin_args(
+            i,
+            std::path::Path::new(env!("CARGO_BIN_EXE_ringlock")),
+            args,
+        )
+    }
+
+    /// Like [`Cluster::start_node_args`], running the `ringlock` binary
+    /// `bin` (an older release's: tests/rolling_upgrade.rs).
+    pub fn start_node_bin_args(
+        &mut self,
+        i: usize,
+        bin: &std::path::Path,
+        args: &[String],
+    ) -> StderrLog {
         assert!(self.nodes[i].is_none(), "node {i} is running already");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (server, log) = Server::start_logged(&args);
+        let (server, log) = Server::start_bin_logged(bin, &args);
         assert_eq!(server.addr, self.addrs[i], "node {i} listens elsewhere");
         self.nodes[i] = Some(server);
         log
