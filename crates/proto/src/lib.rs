@@ -17,7 +17,7 @@ mod request;
 
 pub use answer::Holder;
 pub use answer::{Answer, AnswerError, Role, parse_answer};
-pub use request::{ParseError, Quoted, Request, parse_request, quoted};
+pub use request::{ParseError, Quoted, Request, SplitSpaces, parse_request, quoted, split_spaces};
 
 /// Longest request line, counting its `\n` and any `\r`.
 pub const MAX_LINE: usize = 512;
@@ -239,6 +239,23 @@ mod tests {
         assert!(!is_valid_key(b""));
         assert!(is_valid_key(&[0x80; MAX_KEY]));
         assert!(!is_valid_key(&[b'k'; MAX_KEY + 1]));
+    }
+
+    /// `split_spaces` gives what `split(' ')` gives, empty fields included,
+    /// at every length and position a space may fall.
+    #[test]
+    fn split_spaces_matches_split() {
+        let bytes = b"P G k 1 2  x\r yy";
+        for a in 0..=bytes.len() {
+            for b in a..=bytes.len() {
+                let line = &bytes[a..b];
+                let want: Vec<&[u8]> = line.split(|&c| c == b' ').collect();
+                assert_eq!(split_spaces(line).collect::<Vec<_>>(), want, "{line:?}");
+            }
+        }
+        let long = [b"a".repeat(17), b"b".repeat(8), Vec::new(), b"c".repeat(9)].join(&b' ');
+        let want: Vec<&[u8]> = long.split(|&c| c == b' ').collect();
+        assert_eq!(split_spaces(&long).collect::<Vec<_>>(), want);
     }
 
     #[test]

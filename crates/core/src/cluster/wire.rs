@@ -146,7 +146,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
         what,
         line: Quoted(line).to_string(),
     };
-    let mut fields = line.split(|&b| b == b' ');
+    let mut fields = crate::proto::split_spaces(line);
     if fields.next() != Some(b"P") {
         return Err(bad("not a peer line"));
     }
