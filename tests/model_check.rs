@@ -51,28 +51,33 @@ fn scope(nodes: usize, ops: u32, horizon_ms: u64) -> Scope {
         one_way: true,
         split: true,
         ops,
+        release: true,
         quiet_until_ms: 80,
         grid_ms: 40,
         formed: nodes > 2,
         by_node: nodes > 2,
+        script: Vec::new(),
         heal_merge: false,
     }
 }
 
-/// Two nodes split, each active; a client gets the key from the one that
-/// steps down at the heal, then another client asks the other node.
+/// Two nodes split at 80 ms, each active by 160 ms, when a client gets the
+/// key from the one that steps down at the heal; from 200 ms, every heal
+/// and every request of the other client.
 fn heal_scope() -> Scope {
+    use model::Step::{Acquire, Split};
     Scope {
         crash: false,
         restart: false,
         leave: false,
         hang: false,
         one_way: false,
-        horizon_ms: 400,
+        release: false,
+        quiet_until_ms: 200,
         formed: true,
-        by_node: true,
+        script: vec![(80, Split(0, 1)), (160, Acquire(0, 1, 0))],
         heal_merge: true,
-        ..scope(2, 2, 400)
+        ..scope(2, 2, 480)
     }
 }
 
@@ -138,6 +143,8 @@ fn a_trace_replays_as_printed() {
     if let Ok(text) = std::env::var("RINGLOCK_MODEL_TRACE") {
         let trace = parse_trace(&text).expect("a trace as the checker prints it");
         println!("{}", show(&scope, &trace, &test));
+        let (_, result) = replay(&scope, &trace, true);
+        assert!(result.is_ok(), "the trace breaks a property: {result:?}");
         return;
     }
     // The cluster forms, a client asks the active for the key.

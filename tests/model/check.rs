@@ -57,7 +57,8 @@ pub struct Checker {
     /// Per key: the last token a client received, and whether two actives
     /// existed since.
     last_token: BTreeMap<usize, (u64, bool)>,
-    /// Since when nothing has blocked the way between two nodes.
+    /// When the way between two nodes was last unblocked (`u64::MAX`:
+    /// blocked now; none: never blocked).
     together: BTreeMap<(usize, usize), u64>,
     /// Acquires withdrawn (the client closed while waiting): client, key,
     /// the highest token any node knew then.
@@ -106,18 +107,23 @@ impl Checker {
         let n = w.scope.nodes;
         for a in 0..n {
             for b in a + 1..n {
-                if w.reachable(a, b) {
-                    let since = *self.together.entry((a, b)).or_insert(w.now);
-                    if actives.contains(&a) && actives.contains(&b) && w.now >= since + TOGETHER_MS
-                    {
-                        return Err(format!(
-                            "n{a} and n{b} are both active, and nothing has blocked the way \
-                             between them since {since} ms ({} ms)",
-                            w.now - since
-                        ));
-                    }
-                } else {
-                    self.together.remove(&(a, b));
+                if !w.reachable(a, b) {
+                    self.together.insert((a, b), u64::MAX);
+                    continue;
+                }
+                // Never blocked: since the start.
+                let since = self.together.entry((a, b)).or_insert(0);
+                if *since == u64::MAX {
+                    *since = w.now;
+                }
+                let since = *since;
+                if actives.contains(&a) && actives.contains(&b) && w.now >= since + TOGETHER_MS {
+                    let why = if since == 0 {
+                        "nothing ever blocked the way between them".to_string()
+                    } else {
+                        format!("the way between them was unblocked at {since} ms")
+                    };
+                    return Err(format!("n{a} and n{b} are both active, and {why}"));
                 }
             }
         }

@@ -197,7 +197,7 @@ pub fn show(scope: &Scope, trace: &[Step], test: &str) -> String {
     let line: Vec<String> = trace.iter().map(Step::to_string).collect();
     let _ = writeln!(
         out,
-        "replay: RINGLOCK_MODEL_TRACE='{}' cargo test --test model_check {test} -- --nocapture",
+        "replay: RINGLOCK_MODEL_TRACE='{}' RINGLOCK_MODEL_SCOPE={test} cargo test --test model_check a_trace_replays_as_printed -- --nocapture",
         line.join(" ")
     );
     out

@@ -68,6 +68,9 @@ pub struct Scope {
     pub split: bool,
     /// Client requests along one path.
     pub ops: u32,
+    /// Clients release, renew and withdraw too (otherwise they only
+    /// acquire).
+    pub release: bool,
     /// Requests and faults (but crashes) only from this time on: the
     /// cluster forms first, in every order.
     pub quiet_until_ms: u64,
@@ -85,6 +88,10 @@ pub struct Scope {
     /// which of two segments sent to a third arrives first, which this
     /// leaves unexplored.
     pub by_node: bool,
+    /// With `formed`: steps taken on the way, each at the first quiet
+    /// moment at or after its time (ms after the start). They use up the
+    /// budget of faults and requests like any other.
+    pub script: Vec<(u64, Step)>,
     /// Check that no new grant overlaps a believed one once a split healed
     /// (the merge of grants at a heal).
     pub heal_merge: bool,
@@ -307,8 +314,15 @@ impl World {
     pub fn formation(scope: &Scope) -> Vec<Step> {
         let mut w = World::new(scope.clone());
         let mut steps = Vec::new();
+        let mut script = scope.script.iter().peekable();
         while w.now < T0 + w.scope.quiet_until_ms || !w.quiescent() {
-            let step = w.enabled()[0];
+            let step = match script.peek() {
+                Some(&&(at, step)) if w.quiescent() && w.now >= T0 + at => {
+                    script.next();
+                    step
+                }
+                _ => w.enabled()[0],
+            };
             w.apply(step).expect("the cluster forms");
             steps.push(step);
         }
@@ -557,14 +571,14 @@ impl World {
         for (c, client) in self.clients.iter().enumerate() {
             if let Some(w) = &client.waiting {
                 // Only a withdrawal while it waits.
-                if w.op == b'A' {
+                if w.op == b'A' && self.scope.release {
                     out.push(Step::Close(c as u8, w.node as u8));
                 }
                 continue;
             }
             for k in 0..self.scope.keys {
                 match client.holds.get(&k) {
-                    Some(&(_, x)) if self.up(x) => {
+                    Some(&(_, x)) if self.up(x) && self.scope.release => {
                         out.push(Step::Release(c as u8, k as u8));
                         out.push(Step::Renew(c as u8, k as u8));
                     }
