@@ -25,7 +25,9 @@
 //! # Running
 //!
 //! `cargo test --test model_check` runs the CI bounds. The deeper bounds:
-//! `cargo test --test model_check -- --ignored --nocapture`. A
+//! `cargo test --test model_check deep -- --ignored --nocapture`. The
+//! ignored `the_grants_of_a_split_survive_the_heal` fails on this release:
+//! it finds the grant lost at a heal. A
 //! counterexample prints `RINGLOCK_MODEL_TRACE='...'`, which the
 //! `a_trace_replays_as_printed` test then replays, printing what each step
 //! did (`RINGLOCK_MODEL_SCOPE`: the test the trace came from).
@@ -115,13 +117,13 @@ fn three_nodes() {
 #[test]
 #[ignore = "the deeper bounds: minutes"]
 fn deep_two_nodes() {
-    run("deep_two_nodes", 1_000_000);
+    run("deep_two_nodes", 100_000);
 }
 
 #[test]
 #[ignore = "the deeper bounds: minutes"]
 fn deep_three_nodes() {
-    run("deep_three_nodes", 1_000_000);
+    run("deep_three_nodes", 30_000);
 }
 
 /// Today two actives of a split each keep what they granted, and the one

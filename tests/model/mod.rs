@@ -166,6 +166,14 @@ pub fn explore(scope: &Scope, max_states: usize) -> Outcome {
                 queue.push_back((tree.len() - 1, depth + 1));
                 out.states += 1;
                 out.depth = out.depth.max(depth + 1);
+                if out.states.is_multiple_of(5_000) {
+                    eprintln!(
+                        "  {} states, depth {}, {:.1} s",
+                        out.states,
+                        out.depth,
+                        start.elapsed().as_secs_f64()
+                    );
+                }
             }
         }
     }
