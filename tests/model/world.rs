@@ -6,11 +6,15 @@
 //! replayed; a node cannot be cloned).
 //!
 //! Time moves only by [`Step::Advance`], to the earliest deadline of any
-//! node, and only once nothing else can happen at this instant: every
-//! delivery that can get through has been made and every due timer has
-//! fired (a network delay shorter than any timer, in any order across
-//! links, in order within one). Blocked links (partitions) hold their bytes
-//! until they heal.
+//! node (or the end of a hang, or the next instant of the grid on which
+//! requests and faults come), and only once nothing else can happen at
+//! this instant: every delivery that can get through has been made and
+//! every due timer has fired (a network delay shorter than any timer, in
+//! any order across links, in order within one). Blocked links
+//! (partitions) hold their bytes until they heal. Simplified: a dial
+//! resolves at once (connected, or failed if the way is blocked or the
+//! peer is down), a lingering connection closes only when its peer does,
+//! and socket buffers are unbounded.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
