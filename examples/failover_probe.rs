@@ -7,6 +7,7 @@
 //! failover_probe crash   --pid PID --successor ADDR
 //! failover_probe handoff --pid PID --old ADDR --successor ADDR
 //! failover_probe client  --pid PID --addrs A,B,C
+//! failover_probe watch   --addrs A,B,C --ready FILE --stop FILE [--holders N]
 //! ```
 //!
 //! - `settle`: waits until node I answers `S active` and every other node
@@ -22,6 +23,17 @@
 //!   acquires and releases in a loop (50 ms waits); SIGKILL to PID; times
 //!   from the signal to the client's first grant, through its own reconnect
 //!   and `M` handling.
+//! - `watch`: the clients of a cluster through whatever the script does
+//!   meanwhile (a kill, a stop, a SIGTERM, restarts): N (default 3) locks
+//!   with lease 2 s renewed in the background (`RenewingGuard`, what
+//!   `ringlock run --lease 2` uses), each on a client of its own, and one
+//!   long-lived client doing acquire/release cycles (5 s waits) on a key of
+//!   its own, which every tenth cycle also tries (`try_acquire`) one of the
+//!   held keys. Creates the ready file once every lock is held, runs until
+//!   the stop file exists (at most 120 s), then prints `worst_cycle_ms`
+//!   (the longest acquire/release cycle), `holders_lost` (locks lost, with
+//!   their reasons) and `double_grants` (a held key granted to the
+//!   cycling client).
 //!
 //! Times are taken with one monotonic clock in this process, from just
 //! before the signal is sent.
@@ -72,6 +84,14 @@ fn main() {
         "crash" => crash(pid(&need("pid")), &need("successor")),
         "handoff" => handoff(pid(&need("pid")), &need("old"), &need("successor")),
         "client" => client(pid(&need("pid")), split(&need("addrs"))),
+        "watch" => watch(
+            split(&need("addrs")),
+            opt("holders")
+                .map_or(Ok(3), |v| v.parse())
+                .unwrap_or_else(|_| usage("bad --holders")),
+            &need("ready"),
+            &need("stop"),
+        ),
         other => usage(&format!("unknown mode {other:?}")),
     };
     match result {
@@ -84,7 +104,9 @@ fn main() {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("failover_probe: {why}\nmodes: settle | crash | handoff | client (see the source)");
+    eprintln!(
+        "failover_probe: {why}\nmodes: settle | crash | handoff | client | watch (see the source)"
+    );
     std::process::exit(2);
 }
 
@@ -377,4 +399,103 @@ fn client(pid: i32, addrs: Vec<String>) -> Result<Value, String> {
         }
         unreachable!()
     })
+}
+
+/// What the long-lived client of `watch` saw.
+#[derive(Default)]
+struct Cycles {
+    n: u64,
+    worst: Duration,
+    errors: Vec<String>,
+    double_grants: Vec<String>,
+}
+
+fn watch(addrs: Vec<String>, holders: usize, ready: &str, stop: &str) -> Result<Value, String> {
+    use ringlock_client::Client;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut held = Vec::new();
+        for i in 0..holders {
+            let c = Client::connect(addrs.clone())
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let key = format!("failover/probe/held/{i}");
+            let guard = c
+                .lock_renewing(&key, Duration::from_secs(2), Some(Duration::from_secs(5)))
+                .await
+                .map_err(|e| format!("lock {key}: {e}"))?;
+            held.push((c, key, guard));
+        }
+        let client = Client::connect(addrs)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let keys: Vec<String> = held.iter().map(|(_, k, _)| k.clone()).collect();
+        std::fs::write(ready, b"").map_err(|e| format!("{ready}: {e}"))?;
+        let cycles = cycle_until(&client, &keys, stop).await?;
+        let mut lost = Vec::new();
+        for (_, key, guard) in held {
+            if guard.is_lost() {
+                lost.push(format!("{key}: {}", guard.lost().await));
+            } else {
+                let _ = guard.release().await;
+            }
+        }
+        let mut errors = cycles.errors;
+        errors.dedup();
+        Ok(json!({
+            "mode": "watch",
+            "cycles": cycles.n,
+            "worst_cycle_ms": ms(cycles.worst),
+            "cycle_errors": errors,
+            "holders": holders,
+            "holders_lost": lost.len(),
+            "lost": lost,
+            "double_grants": cycles.double_grants,
+        }))
+    })
+}
+
+/// The long-lived client's acquire/release cycles until `stop` exists.
+async fn cycle_until(
+    client: &ringlock_client::Client,
+    held: &[String],
+    stop: &str,
+) -> Result<Cycles, String> {
+    use ringlock_client::Acquired;
+    let limit = Instant::now() + Duration::from_secs(120);
+    let mut c = Cycles::default();
+    while !std::path::Path::new(stop).exists() {
+        if Instant::now() > limit {
+            return Err(format!("{stop} not made within 120 s"));
+        }
+        let t = Instant::now();
+        let wait = Some(Duration::from_secs(5));
+        match client
+            .acquire("failover/probe/cycle", Duration::from_secs(5), wait)
+            .await
+        {
+            Ok(Acquired::Granted(g)) => {
+                if let Err(e) = client.release_grant(&g).await {
+                    c.errors.push(format!("release: {e}"));
+                }
+            }
+            Ok(Acquired::TimedOut) => c.errors.push("acquire timed out".into()),
+            Err(e) => c.errors.push(format!("acquire: {e}")),
+        }
+        c.worst = c.worst.max(t.elapsed());
+        c.n += 1;
+        if !held.is_empty() && c.n % 10 == 0 {
+            let key = &held[(c.n / 10) as usize % held.len()];
+            if let Ok(Acquired::Granted(g)) = client.try_acquire(key, Duration::from_secs(1)).await
+            {
+                c.double_grants.push(format!("{key}: token {}", g.token()));
+                let _ = client.release_grant(&g).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(c)
 }

@@ -2,11 +2,13 @@
 # Failover timings of a three-node ringlock cluster, with the real binary
 # (docs/cluster.md).
 #
-#   scripts/failover.sh             5 runs of each measurement, both backends
+#   scripts/failover.sh             5 runs of each measurement, 2 of each
+#                                   client event, both backends
 #   scripts/failover.sh --runs 20 --io epoll
 #
-# Options: --runs N (5), --io "uring epoll", --heartbeat-ms MS (50),
-#          --peer-timeout-ms MS (500), --out DIR (bench-results)
+# Options: --runs N (5), --event-runs N (2), --io "uring epoll",
+#          --heartbeat-ms MS (50), --peer-timeout-ms MS (500),
+#          --out DIR (bench-results)
 #
 # Builds release (ringlock and examples/failover_probe.rs), starts three
 # nodes on free 127.0.0.1 ports with the same --peers list, and for each
@@ -19,7 +21,16 @@
 #   client   kill -9 of the active -> first grant through the official
 #            client (ringlock-client) given all three addresses
 # After each measurement node 0 is started again on its port and the script
-# waits until it has the role back (failback), so every run starts alike.
+# waits until it has the role back (failback, after the server's default
+# --failback-delay-ms of 5 s), so every run starts alike.
+# Then the client events, each with the probe's `watch` running throughout
+# (three locks with lease 2 s renewed by the official client, and a
+# long-lived client's acquire/release cycles): kill -9 of the active and a
+# restart 1 s and 2.6 s later, SIGSTOP of the active for 2.5 s and 4 s,
+# SIGTERM and a restart; then the hand-back to node 0 and 2.5 s more (past
+# a lease). Per event: "client stall" (the worst cycle; target: under
+# 1.5 s), "locks lost at lease 2 s" (target: none), and any held key
+# granted to another client (target: none).
 # Writes DIR/failover-<date>-<commit>.json (every run, min/median/max, the
 # target checks, the machine) and .md; exits 1 if a target is missed.
 # Everything it started is stopped on exit.
@@ -27,6 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=5
+EVENT_RUNS=2
 BACKENDS="uring epoll"
 HEARTBEAT_MS=50
 PEER_TIMEOUT_MS=500
@@ -35,11 +47,12 @@ COMMAND="scripts/failover.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) RUNS=$2; shift ;;
+        --event-runs) EVENT_RUNS=$2; shift ;;
         --io) BACKENDS=$2; shift ;;
         --heartbeat-ms) HEARTBEAT_MS=$2; shift ;;
         --peer-timeout-ms) PEER_TIMEOUT_MS=$2; shift ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "failover.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -66,7 +79,9 @@ RAW=$WORK/runs.jsonl
 : >"$RAW"
 
 declare -a PID=()
+WATCHER=
 cleanup() {
+    [ -n "$WATCHER" ] && kill -KILL "$WATCHER" 2>/dev/null
     for p in "${PID[@]}"; do
         [ -n "$p" ] && kill -CONT "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
     done
@@ -107,7 +122,8 @@ stop_all() {
 }
 
 settle_on_0() {
-    if ! "$PROBE" settle --addrs "$PEERS" --active 0 --within-ms 10000 >/dev/null; then
+    # The start-up wait, a snapshot and the 5 s failback delay.
+    if ! "$PROBE" settle --addrs "$PEERS" --active 0 --within-ms 20000 >/dev/null; then
         say "the cluster did not settle on node 0; logs:"
         tail -n 20 "$WORK"/node*-"$IO".log >&2
         exit 1
@@ -132,6 +148,58 @@ restart_0() {
     settle_on_0
 }
 
+# Node 0 killed (kill -9), started again SECONDS later.
+kill_restart_0() {
+    kill -KILL "${PID[0]}"
+    wait "${PID[0]}" 2>/dev/null || true
+    PID[0]=
+    sleep "$1"
+    start_node 0
+}
+
+# One client event (see the top): the watch probe runs through it, the
+# hand-back to node 0 and 2.5 s after.
+client_event() {
+    local run=$1 event=$2
+    rm -f "$WORK/ready" "$WORK/stop"
+    "$PROBE" watch --addrs "$PEERS" --ready "$WORK/ready" --stop "$WORK/stop" >"$WORK/watch.json" &
+    WATCHER=$!
+    for _ in $(seq 1 300); do
+        [ -e "$WORK/ready" ] && break
+        sleep 0.1
+    done
+    if [ ! -e "$WORK/ready" ]; then
+        say "the watch probe did not hold its locks within 30 s"
+        exit 1
+    fi
+    sleep 1
+    case $event in
+        kill-restart-1s) kill_restart_0 1 ;;
+        kill-restart-2.6s) kill_restart_0 2.6 ;;
+        stop-2.5s | stop-4s)
+            kill -STOP "${PID[0]}"
+            sleep "${event#stop-}" # 2.5s, 4s
+            kill -CONT "${PID[0]}"
+            ;;
+        term-restart)
+            kill -TERM "${PID[0]}"
+            EXIT=0
+            wait "${PID[0]}" 2>/dev/null || EXIT=$?
+            PID[0]=
+            start_node 0
+            ;;
+    esac
+    settle_on_0
+    sleep 2.5
+    : >"$WORK/stop"
+    if ! wait "$WATCHER"; then
+        say "the watch probe failed ($event)"
+        exit 1
+    fi
+    WATCHER=
+    record "$run" ",\"event\":\"$event\"" "$(cat "$WORK/watch.json")"
+}
+
 START=$(date +%s)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 for IO in $BACKENDS; do
@@ -150,6 +218,11 @@ for IO in $BACKENDS; do
         json=$("$PROBE" client --pid "${PID[0]}" --addrs "$PEERS")
         restart_0
         record "$run" "" "$json"
+    done
+    for run in $(seq 1 "$EVENT_RUNS"); do
+        for event in kill-restart-1s kill-restart-2.6s stop-2.5s stop-4s term-restart; do
+            client_event "$run" "$event"
+        done
     done
     stop_all
 done
@@ -196,10 +269,32 @@ for io in dict.fromkeys(r["io"] for r in runs):
         if target is not None:
             checks.append({"io": io, "figure": what, "target_ms": target,
                            "max_ms": max(xs), "met": max(xs) < target})
+# The client events: per event, the client stall (worst cycle) and the
+# locks lost at lease 2 s, with their targets.
+events = []
+for io in dict.fromkeys(r["io"] for r in runs):
+    for ev in dict.fromkeys(r["event"] for r in runs if "event" in r):
+        rs = [r["result"] for r in runs if r["io"] == io and r.get("event") == ev]
+        if not rs:
+            continue
+        stalls = [x["worst_cycle_ms"] for x in rs]
+        row = {"io": io, "event": ev, "n": len(rs),
+               "stall_median_ms": statistics.median(stalls), "stall_max_ms": max(stalls),
+               "holders": sum(x["holders"] for x in rs),
+               "holders_lost": sum(x["holders_lost"] for x in rs),
+               "double_grants": sum(len(x["double_grants"]) for x in rs),
+               "cycles": sum(x["cycles"] for x in rs),
+               "cycle_errors": sum(len(x["cycle_errors"]) for x in rs)}
+        events.append(row)
+        checks.append({"io": io, "figure": f"{ev}: client stall", "target_ms": 1500.0,
+                       "max_ms": max(stalls), "met": max(stalls) < 1500.0})
+        checks.append({"io": io, "figure": f"{ev}: locks lost at lease 2 s, held keys granted again, failed cycles",
+                       "count": row["holders_lost"] + row["double_grants"] + row["cycle_errors"],
+                       "met": row["holders_lost"] == 0 and row["double_grants"] == 0 and row["cycle_errors"] == 0})
 exits = [r.get("exit") for r in runs if r["result"]["mode"] == "handoff"]
 checks.append({"figure": "old active exits 0 after SIGTERM", "exits": exits,
                "met": all(e == 0 for e in exits)})
-out = {"meta": meta, "summary": summary, "checks": checks, "runs": runs}
+out = {"meta": meta, "summary": summary, "events": events, "checks": checks, "runs": runs}
 with open(prefix + ".json", "w") as f:
     json.dump(out, f, indent=2)
     f.write("\n")
@@ -214,9 +309,22 @@ md = [f"# Failover, {meta['date']}, commit {meta['commit']}", "",
 for r in summary:
     md.append(f"| {r['io']} | {r['figure']} | {r['n']} | {r['min_ms']:.2f} | "
               f"{r['median_ms']:.2f} | {r['max_ms']:.2f} |")
+if events:
+    md += ["", "Client events (three locks with lease 2 s renewed by the official client, "
+           "and a long-lived client's acquire/release cycles, through the event, the hand-back "
+           "and 2.5 s after):", "",
+           "| io | event | runs | client stall median ms | client stall max ms | locks lost at lease 2 s | held keys granted again | cycles (failed) |",
+           "|----|-------|------|------------------------|---------------------|-------------------------|-------------------------|-----------------|"]
+    for e in events:
+        md.append(f"| {e['io']} | {e['event']} | {e['n']} | {e['stall_median_ms']:.0f} | "
+                  f"{e['stall_max_ms']:.0f} | {e['holders_lost']} of {e['holders']} | "
+                  f"{e['double_grants']} | {e['cycles']} ({e['cycle_errors']}) |")
 md += ["", "| target | io | worst run | met |", "|--------|----|-----------|-----|"]
 for c in checks:
-    if "target_ms" in c:
+    if "count" in c:
+        md.append(f"| {c['figure']}: none | {c['io']} | {c['count']} | "
+                  f"{'yes' if c['met'] else '**no**'} |")
+    elif "target_ms" in c:
         md.append(f"| {c['figure']} < {c['target_ms']:.0f} ms | {c['io']} | "
                   f"{c['max_ms']:.2f} ms | {'yes' if c['met'] else '**no**'} |")
     else:

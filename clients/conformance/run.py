@@ -234,6 +234,13 @@ class Run:
 
     def check_expect(self, what: str, msg: Dict[str, Any], expect: Dict[str, Any]) -> None:
         for k, want in self.subst(expect).items():
+            if k == "message_has":
+                # Text the reply's message must contain (each of a list).
+                message = msg.get("message") or ""
+                for part in want if isinstance(want, list) else [want]:
+                    if part not in message:
+                        raise Fail(f"{what}: the message does not contain {part!r} (reply {json.dumps(msg)[:300]})")
+                continue
             got = msg.get(k)
             if got != want:
                 raise Fail(f"{what}: {k} is {got!r}, expected {want!r} (reply {json.dumps(msg)[:300]})")

@@ -237,6 +237,7 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 		return nil, true, nil
 	}
 	failed := 0
+	asked := false
 	mv := newMoves(c.opts.noActive)
 	for {
 		// The deadline (or ctx) may have passed while following an M:
@@ -276,15 +277,25 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 			st.failure = newError(ErrConnection, why)
 			continue
 		}
+		// The wait is the server's to count: the first attempt always goes
+		// out (with at least the shortest wait), however long finding a
+		// connection took, so that a free key is granted rather than
+		// reported held. Later attempts carry what is left; one whose wait
+		// ran out meanwhile ends with the last attempt's error.
 		waitNow := uint64(0)
 		if wms != 0 {
 			elapsed := time.Since(started)
-			if elapsed >= total {
+			switch {
+			case elapsed < total:
+				waitNow = ceilMs(total - elapsed)
+			case asked:
 				cn.giveSlot()
 				return ranOut()
+			default:
+				waitNow = 1
 			}
-			waitNow = ceilMs(total - elapsed)
 		}
+		asked = true
 		req := newRequest(opAcquire, key, acquireLine(key, lms, waitNow))
 		req.permit = true
 		sent := time.Now()
@@ -302,15 +313,28 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 		case replyMoved:
 			// No node said the wait ran out: if it runs out before
 			// another node answers, the acquire ends with ErrNoActiveNode
-			// (M key - or M key addr alike).
+			// (M key -, or a named node that came up but had not answered),
+			// or an ErrConnection naming a named node that could not be
+			// reached.
 			st.doing = doingRedirected
+			// A node that redirects decided nothing: the attempt at the
+			// node it names goes out (with at least the shortest wait)
+			// even if the wait ran out meanwhile, so a try-lock during a
+			// failover asks the new active.
+			asked = false
 			if rep.addr == "" {
 				st.failure = newError(ErrNoActiveNode, "the nodes answered that no node is active")
 			} else {
-				st.failure = newError(ErrNoActiveNode, "redirected to "+rep.addr+", which had not answered when the wait ran out")
+				st.failure = c.unreached(rep.addr)
 			}
-			if err := mv.moved(ctx, c, rep.addr); err != nil {
+			up, err := mv.moved(ctx, c, rep.addr)
+			if err != nil {
 				return nil, false, err
+			}
+			if up {
+				st.failure = newError(ErrNoActiveNode, "redirected to "+rep.addr+", which had not answered when the wait ran out")
+			} else if rep.addr != "" {
+				st.failure = c.unreached(rep.addr)
 			}
 		case replyLost:
 			failed++

@@ -630,6 +630,24 @@ func (c *Client) follow(ctx context.Context, addr string, within time.Duration) 
 	return false
 }
 
+// unreached is the error of an acquire redirected to addr that could not
+// reach it.
+func (c *Client) unreached(addr string) error {
+	c.mu.Lock()
+	why := ""
+	for _, s := range c.slots {
+		if s.addr == addr && s.lastErr != "" {
+			why = s.lastErr
+			break
+		}
+	}
+	c.mu.Unlock()
+	if why == "" {
+		why = addr + ": not connected yet"
+	}
+	return newError(ErrConnection, fmt.Sprintf("redirected to %s, which could not be reached (%s)", addr, why))
+}
+
 func (c *Client) whyNoConnection() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -693,13 +711,14 @@ func newMoves(bound time.Duration) *moves {
 // moved handles one M: one naming a node no earlier M for this request
 // named is followed at once (a failover happened); every M key -, and an
 // M naming a node named before, waits a growing delay first (50 ms, doubling
-// up to 1 s). ErrNoActiveNode once the bound has passed.
-func (m *moves) moved(ctx context.Context, c *Client, to string) error {
+// up to 1 s). ErrNoActiveNode once the bound has passed. True: the named
+// node is up (see follow).
+func (m *moves) moved(ctx context.Context, c *Client, to string) (bool, error) {
 	if m.first.IsZero() {
 		m.first = time.Now()
 	}
 	if time.Since(m.first) >= m.bound {
-		return newError(ErrNoActiveNode, fmt.Sprintf("the cluster kept redirecting or answered that no node is active for %v", m.bound))
+		return false, newError(ErrNoActiveNode, fmt.Sprintf("the cluster kept redirecting or answered that no node is active for %v", m.bound))
 	}
 	news := to != "" && !contains(m.named, to) && len(m.named) <= maxRedirectAddrs
 	if news {
@@ -707,15 +726,15 @@ func (m *moves) moved(ctx context.Context, c *Client, to string) error {
 	} else {
 		left := m.bound - time.Since(m.first)
 		if err := sleep(ctx, c, min(m.backoff, left)); err != nil {
-			return err
+			return false, err
 		}
 		m.backoff = min(m.backoff*2, time.Second)
 	}
-	if to != "" {
-		left := m.bound - time.Since(m.first)
-		c.follow(ctx, to, min(left, c.opts.connectTimeout))
+	if to == "" {
+		return false, nil
 	}
-	return nil
+	left := m.bound - time.Since(m.first)
+	return c.follow(ctx, to, min(left, c.opts.connectTimeout)), nil
 }
 
 // sleep waits d, or until ctx ends or the client is closed.

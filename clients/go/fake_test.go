@@ -411,8 +411,9 @@ func TestFollowM(t *testing.T) {
 }
 
 // A standby names an active that refuses connections: the acquire is
-// redirected until its wait runs out. No node said the wait ran out, so it
-// is ErrNoActiveNode, not ErrTimeout.
+// redirected until its wait (plus grace) runs out. No node said the wait
+// ran out, so it is not ErrTimeout but, as in the Rust and Python clients,
+// ErrConnection naming the node that could not be reached.
 func TestWaitRunsOutWhileRedirected(t *testing.T) {
 	gone := newFake(t, serveWith(func(fc *fakeConn, line string) []string { return nil }))
 	named := gone.addr
@@ -430,10 +431,10 @@ func TestWaitRunsOutWhileRedirected(t *testing.T) {
 	c := connectFake(t, []string{standby.addr}, &Options{ConnectTimeout: 200 * time.Millisecond})
 	start := time.Now()
 	_, err := c.Lock(testCtx(t), "k", 5*time.Second, time.Second)
-	if !errors.Is(err, ErrNoActiveNode) || errors.Is(err, ErrTimeout) {
+	if !errors.Is(err, ErrConnection) || errors.Is(err, ErrTimeout) {
 		t.Fatalf("wait ran out while redirected: %v", err)
 	}
-	if !strings.Contains(err.Error(), named) {
+	if !strings.Contains(err.Error(), "redirected to "+named+", which could not be reached") {
 		t.Errorf("the error does not name %s: %v", named, err)
 	}
 	if e := time.Since(start); e < 900*time.Millisecond || e > 2200*time.Millisecond {
@@ -443,6 +444,77 @@ func TestWaitRunsOutWhileRedirected(t *testing.T) {
 	defer mu.Unlock()
 	if acquires < 2 {
 		t.Errorf("%d acquires sent, want the M followed again", acquires)
+	}
+}
+
+// A try-lock (a 1 ms wait) redirected by M asks the node the M names,
+// though its wait ran out while that node was dialled: a node that
+// redirects decided nothing.
+func TestRedirectedTryLockAsksTheNamedNode(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	// Its hello answered after 20 ms: the dial outlasts the try's wait.
+	active := newFake(t, func(fc *fakeConn) {
+		for {
+			line, ok := fc.next()
+			if !ok {
+				return
+			}
+			if line == "S" {
+				time.Sleep(20 * time.Millisecond)
+				fc.send("S active - 0")
+				continue
+			}
+			mu.Lock()
+			asked = append(asked, line)
+			mu.Unlock()
+			fc.send("A " + fields(line)[1] + " 77")
+		}
+	})
+	standby := newFake(t, serveWith(func(fc *fakeConn, line string) []string {
+		return []string{"M " + fields(line)[1] + " " + active.addr}
+	}))
+	c := connectFake(t, []string{standby.addr}, nil)
+	l, ok, err := c.TryLock(testCtx(t), "k", 5*time.Second)
+	if err != nil || !ok || l.Token() != 77 {
+		t.Fatalf("a try-lock redirected to a free node: %v %v %v", l, ok, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || asked[0] != "A k 5 0.001" {
+		t.Fatalf("the named node was asked %q", asked)
+	}
+}
+
+// A try-lock met by M key - (a node that just stepped down) asks again
+// after the back-off, with the shortest wait, rather than taking the lock
+// for held or giving up.
+func TestTryLockAfterMDashAsksAgain(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	node := newFake(t, serveWith(func(fc *fakeConn, line string) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, line)
+		if len(asked) == 1 {
+			return []string{"M " + fields(line)[1] + " -"}
+		}
+		return []string{"A " + fields(line)[1] + " 7"}
+	}))
+	c := connectFake(t, []string{node.addr}, nil)
+	start := time.Now()
+	l, ok, err := c.TryLock(testCtx(t), "k", 5*time.Second)
+	took := time.Since(start)
+	if err != nil || !ok || l.Token() != 7 {
+		t.Fatalf("after M k -: %v %v %v", l, ok, err)
+	}
+	if took < 45*time.Millisecond || took > time.Second {
+		t.Errorf("granted after %v, want about the 50 ms back-off", took)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 2 || asked[0] != "A k 5 0.001" || asked[1] != "A k 5 0.001" {
+		t.Fatalf("asked %q", asked)
 	}
 }
 

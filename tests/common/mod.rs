@@ -11,6 +11,7 @@
 
 #[macro_use]
 pub mod harness;
+pub mod python;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -194,7 +194,8 @@ class Moves {
   private backoff = 50;
   constructor(private readonly bound: number) {}
 
-  async moved(client: Client, to: string | null, signal: AbortSignal): Promise<void> {
+  /** Handles one `M`; true: the named node is up (see `Client._follow`). */
+  async moved(client: Client, to: string | null, signal: AbortSignal): Promise<boolean> {
     this.first ??= now();
     const first = this.first;
     if (now() - first >= this.bound) {
@@ -209,10 +210,9 @@ class Moves {
       await sleep(Math.min(this.backoff, Math.max(0, this.bound - (now() - first))), signal);
       this.backoff = Math.min(this.backoff * 2, 1000);
     }
-    if (to !== null) {
-      const left = Math.max(0, this.bound - (now() - first));
-      await client._follow(to, Math.min(left, client.timing.connectTimeoutMs), signal);
-    }
+    if (to === null) return false;
+    const left = Math.max(0, this.bound - (now() - first));
+    return client._follow(to, Math.min(left, client.timing.connectTimeoutMs), signal);
   }
 }
 
@@ -550,6 +550,12 @@ export class Client implements Owner, AsyncDisposable {
     }
   }
 
+  /** The error of an acquire redirected to `addr` that could not reach it. */
+  private unreached(addr: string): ConnectionError {
+    const why = this.slots.find((s) => s.addr === addr && s.lastError !== null)?.lastError ?? `${addr}: not connected yet`;
+    return new ConnectionError(`redirected to ${addr}, which could not be reached (${why})`);
+  }
+
   private whyNoConnection(): string {
     const errors: string[] = [];
     for (const s of this.slots) {
@@ -743,11 +749,23 @@ export class Client implements Owner, AsyncDisposable {
           return new Grant(key, reply.token, lms, sent + lms);
         case "T":
           return null;
-        case "M":
+        case "M": {
+          // No node said the wait ran out: if it runs out before another
+          // node answers, the acquire ends with NoActiveNodeError (`M key -`,
+          // or a named node that came up), or a ConnectionError naming a
+          // named node that could not be reached.
           state.doing = "redirected";
-          if (reply.addr === null) state.failure = new NoActiveNodeError();
-          await moves.moved(this, reply.addr, signal);
+          // A node that redirects decided nothing: the attempt at the node
+          // it names goes out (with at least the shortest wait) even if the
+          // wait ran out meanwhile, so a try-lock during a failover asks the
+          // new active.
+          asked = false;
+          const to = reply.addr;
+          state.failure = to === null ? new NoActiveNodeError() : this.unreached(to);
+          if (await moves.moved(this, to, signal)) state.failure = new NoActiveNodeError();
+          else if (to !== null) state.failure = this.unreached(to);
           continue;
+        }
         default:
           throw new ProtocolError(`${conn.addr}: unexpected answer to A: ${reply.op}`);
       }

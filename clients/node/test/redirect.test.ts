@@ -8,7 +8,7 @@ import type * as net from "node:net";
 import { test } from "node:test";
 
 import { KICK_BACKOFF_MAX_MS, KICK_BACKOFF_MIN_MS } from "../src/client.js";
-import { Client, RinglockError } from "../src/index.js";
+import { Client, ConnectionError, RinglockError } from "../src/index.js";
 import { failOnUnhandledRejections, FakeServer, poll } from "./helpers.js";
 
 failOnUnhandledRejections();
@@ -177,4 +177,60 @@ test("a release retries at once only toward a node no earlier M of its named", a
   } finally {
     await Promise.all([s.close(), a.close()]);
   }
+});
+
+test("a try-lock redirected by M asks the node it names, though its 1 ms wait ran out meanwhile", async () => {
+  await withNodes(async (s, a) => {
+    serving(a);
+    // A standby that has not heard of an active yet when the client says
+    // hello, and redirects the acquire: the node its M names is dialled (a
+    // dial and a hello, far longer than the try's 1 ms), then asked.
+    const redirect = s.onLine;
+    s.onLine = (line, sock) => (line === "S" ? sock.write("S standby - 1\n") : redirect?.(line, sock));
+    await using client = await Client.connect([s.addr]);
+    const g = await client.tryAcquire("k", { leaseMs: 5000 });
+    assert.equal(g?.token, 42n);
+    assert.deepEqual(
+      a.lines.filter((l) => l.startsWith("A ")),
+      ["A k 5 0.001"],
+    );
+  });
+});
+
+test("an M key - met by a try-lock is asked again after the back-off, not taken for a held lock", async () => {
+  const s = await FakeServer.start();
+  let answered = 0;
+  s.onLine = (line, sock) => {
+    if (line === "S") sock.write(`S active ${s.addr} 1\n`);
+    else if (line.startsWith("A ")) sock.write(answered++ === 0 ? "M k -\n" : "A k 7\n");
+  };
+  try {
+    await using client = await Client.connect([s.addr]);
+    const t0 = performance.now();
+    const g = await client.tryAcquire("k", { leaseMs: 5000 });
+    const took = performance.now() - t0;
+    assert.equal(g?.token, 7n);
+    assert.ok(took >= 45 && took < 1000, `granted after ${took} ms (a 50 ms back-off)`);
+    assert.deepEqual(
+      s.lines.filter((l) => l.startsWith("A ")),
+      ["A k 5 0.001", "A k 5 0.001"],
+    );
+  } finally {
+    await s.close();
+  }
+});
+
+test("an acquire redirected to a node that cannot be reached ends by its wait plus grace with a ConnectionError naming it", async () => {
+  await withNodes(async (s, a) => {
+    await a.stop();
+    await using client = await Client.connect([s.addr], { connectTimeoutMs: 200 });
+    const t0 = performance.now();
+    await assert.rejects(client.acquire("k", { leaseMs: 5000, waitMs: 500 }), (e: unknown) => {
+      assert.ok(e instanceof ConnectionError, String(e));
+      assert.ok(e.message.includes(`redirected to ${a.addr}, which could not be reached`), e.message);
+      return true;
+    });
+    const took = performance.now() - t0;
+    assert.ok(took >= 450 && took < 2500, `ended after ${took} ms (wait 500 ms, grace 1 s)`);
+  });
 });

@@ -881,6 +881,19 @@ fn reply_lost(reply: &Reply) -> Reply {
     }
 }
 
+/// The node an `M` or `S` answer names: printable ASCII, since it may be
+/// dialled (and shown); anything else makes the answer malformed, which
+/// ends the connection as a protocol error (as in the Python client).
+fn named_addr(field: &[u8], from: &str) -> Result<String, End> {
+    match std::str::from_utf8(field) {
+        Ok(text) if field.iter().all(|b| (0x21..=0x7e).contains(b)) => Ok(text.to_string()),
+        _ => Err(End::Protocol(format!(
+            "{from}: an answer names an address with unprintable bytes: {:?}",
+            String::from_utf8_lossy(field)
+        ))),
+    }
+}
+
 /// Hands one answer line to the request it answers. An answer that matches
 /// nothing, or a malformed line, ends the connection as a protocol error.
 fn dispatch(
@@ -921,8 +934,8 @@ fn dispatch(
             let _ = req.answer(Reply::TimedOut);
         }
         Answer::Moved { key, addr: active } => {
+            let active = active.map(|a| named_addr(a, addr)).transpose()?;
             let req = state.take(key, None).ok_or_else(unmatched)?;
-            let active = active.map(|a| String::from_utf8_lossy(a).into_owned());
             let _ = req.answer(Reply::Moved(active));
         }
         Answer::Released { key, ok } => {
@@ -938,8 +951,8 @@ fn dispatch(
             addr: active,
             token,
         } => {
+            let active = active.map(|a| named_addr(a, addr)).transpose()?;
             let req = state.take_status().ok_or_else(unmatched)?;
-            let active = active.map(|a| String::from_utf8_lossy(a).into_owned());
             let _ = req.answer(Reply::Status {
                 role,
                 active,

@@ -1073,6 +1073,11 @@ impl Client {
                         seen.push(&s.addr);
                     }
                 }
+                if !is_host_port(&addr) {
+                    // Not an address this client could dial: not followed
+                    // (as in the Python client).
+                    return false;
+                }
                 if seen.len().saturating_sub(self.inner.given) >= MAX_REDIRECT_ADDRS {
                     // A cluster has at most 16 nodes: a server naming ever
                     // new addresses is not followed further.
@@ -1186,6 +1191,20 @@ enum Target {
     New(Arc<Slot>),
     /// This slot's dial number `n` decides.
     Dial(Arc<Slot>, u64),
+}
+
+/// True for `host:port` (`[v6]:port` too): a host of at least one byte,
+/// then a port of 1 to 65535, as an `M` answer must name a node.
+fn is_host_port(addr: &str) -> bool {
+    match addr.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
+        None => false,
+    }
 }
 
 /// Bounds the time spent following `M` answers.

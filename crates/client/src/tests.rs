@@ -331,6 +331,67 @@ async fn e_answer_and_malformed_lines_are_protocol_errors() {
     .await;
 }
 
+/// An `M` naming an address with bytes that are not printable ASCII is a
+/// malformed answer (a protocol error); one that is printable but not
+/// `host:port` is not followed: no slot is added for it, and the acquire
+/// asks again where it can (as the Python client does).
+#[tokio::test]
+async fn junk_addresses_in_m_are_refused() {
+    bounded(async move {
+        for bad in [
+            "M k a\u{1}b:1",
+            "M k h\u{7f}:1",
+            "M k h\u{e9}:1",
+            "M k h\tx:1",
+        ] {
+            let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
+            let c = client.clone();
+            let acquire =
+                tokio::spawn(async move { c.acquire("k", Duration::from_secs(1), None).await });
+            let (which, line) = line_on_either(&mut a, &mut b).await;
+            assert_eq!(line, "A k 1 0");
+            let conn = if which == 0 { &mut a } else { &mut b };
+            conn.send(bad).await;
+            let err = acquire.await.unwrap().unwrap_err();
+            assert!(err.is_protocol(), "{bad:?} gave {err:?}");
+            assert_eq!(
+                client.addresses().len(),
+                1,
+                "{bad:?}: {:?}",
+                client.addresses()
+            );
+        }
+        for junk in [
+            "nonsense",
+            "host:",
+            ":80",
+            "host:0",
+            "host:65536",
+            "host:8x",
+            "h:+1",
+        ] {
+            let (client, mut a, mut b, _conns) = two_conns(|b| b).await;
+            let given = client.addresses();
+            let c = client.clone();
+            let acquire =
+                tokio::spawn(async move { c.acquire("k", Duration::from_secs(1), None).await });
+            let (which, line) = line_on_either(&mut a, &mut b).await;
+            assert_eq!(line, "A k 1 0");
+            let conn = if which == 0 { &mut a } else { &mut b };
+            conn.send(&format!("M k {junk}")).await;
+            // Not followed: asked again where the client can.
+            let (which, line) = line_on_either(&mut a, &mut b).await;
+            assert_eq!(line, "A k 1 0", "{junk}");
+            let conn = if which == 0 { &mut a } else { &mut b };
+            conn.send("A k 9").await;
+            let grant = acquire.await.unwrap().unwrap().into_grant().unwrap();
+            assert_eq!(grant.token(), 9);
+            assert_eq!(client.addresses(), given, "{junk} was followed");
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn an_answer_for_nothing_pending_is_a_protocol_error() {
     bounded(async move {
