@@ -2,13 +2,14 @@
 //! one three-node cluster of real `ringlock serve` processes on loopback
 //! (the server's default failback delay, 5 s), under each io backend:
 //!
-//! 1. kill -9 of the active, and a restart 2.6 s later;
-//! 2. SIGSTOP of the active for 4 s, with a lock taken on the node that
+//! 1. kill -9 of the active, and a restart 1 s later;
+//! 2. the same with the restart 2.6 s later;
+//! 3. SIGSTOP of the active for 4 s, with a lock taken on the node that
 //!    took over meanwhile, then SIGCONT;
-//! 3. SIGTERM of the active (a hand-off), and a restart.
+//! 4. SIGTERM of the active (a hand-off), and a restart.
 //!
 //! After each, the restarted (or resumed) node gets the role back by the
-//! delayed hand-back before the next event begins. Through all three: a
+//! delayed hand-back before the next event begins. Through all four: a
 //! `ringlock run --lease 2` holder and a Python renewing lock with lease 2
 //! keep their locks (the active lists each key with its holder's token,
 //! a `--no-wait` acquire of it is refused, and at the end neither saw its
@@ -331,24 +332,36 @@ fn sleep_until(at: Instant) {
     }
 }
 
-/// Event 1: kill -9 of the active, restart 2.6 s later.
-fn crash_and_restart(c: &mut Cluster, clients: &mut Clients, held: &[(&str, u64)]) {
+/// Events 1 and 2: kill -9 of the active, restart `after` it.
+fn crash_and_restart(
+    c: &mut Cluster,
+    clients: &mut Clients,
+    held: &[(&str, u64)],
+    after: Duration,
+) {
     let killed = Instant::now();
     c.kill9(0);
     c.wait_settled(1, SETTLE);
     check_held(c, 1, clients, held, "after the kill -9");
-    sleep_until(killed + Duration::from_millis(2_600));
+    sleep_until(killed + after);
     let restarted = Instant::now();
     c.start_node(0);
     check_held(c, 1, clients, held, "at the restart");
-    wait_failback(c, restarted, "restart 2.6 s after a kill -9");
+    let what = format!("restart {:.1} s after a kill -9", after.as_secs_f64());
+    wait_failback(c, restarted, &what);
     check_held(c, 0, clients, held, "after the failback");
 }
 
-/// Event 2: SIGSTOP of the active for 4 s; a lock taken on node 1
+/// Event 3: SIGSTOP of the active for `stop`; a lock taken on node 1
 /// meanwhile is held through the resume and the hand-back. Returns its
 /// token.
-fn stop_for_4s(c: &mut Cluster, clients: &mut Clients, held: &[(&str, u64)]) -> u64 {
+fn stop_for(
+    c: &mut Cluster,
+    clients: &mut Clients,
+    held: &[(&str, u64)],
+    stop: Duration,
+    meanwhile: &str,
+) -> u64 {
     let stopped = Instant::now();
     c.node(0).signal(libc::SIGSTOP);
     common::poll_until(
@@ -359,32 +372,26 @@ fn stop_for_4s(c: &mut Cluster, clients: &mut Clients, held: &[(&str, u64)]) -> 
     );
     let list = c.addr_strings().join(",");
     let out = Command::new(env!("CARGO_BIN_EXE_ringlock"))
-        .args([
-            "acquire",
-            "ev/meanwhile",
-            "--lease",
-            "120",
-            "--server",
-            &list,
-        ])
+        .args(["acquire", meanwhile, "--lease", "120", "--server", &list])
         .stdin(Stdio::null())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let token: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     let mut held = held.to_vec();
-    held.push(("ev/meanwhile", token));
+    held.push((meanwhile, token));
     check_held(c, 1, clients, &held, "while node 0 is stopped");
-    sleep_until(stopped + Duration::from_secs(4));
+    sleep_until(stopped + stop);
     c.node(0).signal(libc::SIGCONT);
     let resumed = Instant::now();
     check_held(c, 1, clients, &held, "at the resume");
-    wait_failback(c, resumed, "SIGCONT after 4 s stopped");
+    let what = format!("SIGCONT after {:.1} s stopped", stop.as_secs_f64());
+    wait_failback(c, resumed, &what);
     check_held(c, 0, clients, &held, "after the failback");
     token
 }
 
-/// Event 3: SIGTERM of the active (it hands the role to node 1 and exits
+/// Event 4: SIGTERM of the active (it hands the role to node 1 and exits
 /// 0), and a restart.
 fn terminate_and_restart(c: &mut Cluster, clients: &mut Clients, held: &[(&str, u64)]) {
     let mut node0 = c.take_node(0);
@@ -497,13 +504,18 @@ fn clients_live_through_failback_events(io: &str) {
         ("ev/python", clients.py_token),
     ];
     check_held(&c, 0, &mut clients, &held, "before the events");
-    let mut events = vec![(wall(), "kill -9 and restart after 2.6 s")];
-    crash_and_restart(&mut c, &mut clients, &held);
-    events.push((wall(), "SIGSTOP for 4 s"));
-    let meanwhile = stop_for_4s(&mut c, &mut clients, &held);
-    events.push((wall(), "SIGTERM and restart"));
     let mut all = held.to_vec();
-    all.push(("ev/meanwhile", meanwhile));
+    let mut events = vec![(wall(), "kill -9 and restart after 1 s")];
+    crash_and_restart(&mut c, &mut clients, &all, Duration::from_secs(1));
+    events.push((wall(), "kill -9 and restart after 2.6 s"));
+    crash_and_restart(&mut c, &mut clients, &all, Duration::from_millis(2_600));
+    events.push((wall(), "SIGSTOP for 4 s"));
+    let stop = Duration::from_secs(4);
+    all.push((
+        "ev/meanwhile-4",
+        stop_for(&mut c, &mut clients, &all, stop, "ev/meanwhile-4"),
+    ));
+    events.push((wall(), "SIGTERM and restart"));
     terminate_and_restart(&mut c, &mut clients, &all);
     events.push((wall(), "after the events"));
     finish(clients, &events, io);
