@@ -407,11 +407,11 @@ fn replicated_releases_and_snapshots_apply_to_any_table() {
     e.apply_grant(now, b"a", 7, 3_000, Holder::default())
         .unwrap();
     // Unknown keys and stale tokens are ignored.
-    e.apply_release(b"nothing", 5);
-    e.apply_release(b"a", 5);
-    e.apply_release(b"a", u64::MAX);
+    e.apply_release(now, b"nothing", 5);
+    e.apply_release(now, b"a", 5);
+    e.apply_release(now, b"a", u64::MAX);
     assert_eq!(e.holder(b"a"), Some((7, now.ms + 3_000)));
-    e.apply_release(b"a", 7);
+    e.apply_release(now, b"a", 7);
     assert_eq!(e.holder(b"a"), None);
     e.observe_token(token::MAX_TOKEN);
     e.clear_grants();
@@ -539,7 +539,7 @@ fn a_replicated_grant_beyond_max_locks_is_refused() {
     e.apply_grant(now, b"a", 8, 2_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder(b"a"), Some((8, now.ms + 2_000)));
-    e.apply_release(b"b", 6);
+    e.apply_release(now, b"b", 6);
     e.apply_grant(now, b"c", 9, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.lock_count(), 2);
@@ -676,6 +676,12 @@ fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
                 token,
                 remaining_ms,
                 ..
+            }
+            | Replication::Believed {
+                key,
+                token,
+                remaining_ms,
+                ..
             } => (
                 String::from_utf8_lossy(key).into(),
                 token,
@@ -737,7 +743,7 @@ fn only_an_active_with_replication_enabled_records() {
     h.engine
         .apply_grant(now, b"k", 5, 100, Holder::default())
         .unwrap();
-    h.engine.apply_release(b"k", 5);
+    h.engine.apply_release(now, b"k", 5);
     h.engine
         .apply_grant(now, b"k", 6, 100, Holder::default())
         .unwrap();
@@ -765,7 +771,9 @@ fn a_log_reused_turn_after_turn_keeps_its_room() {
         let keys: Vec<&[u8]> = log
             .iter()
             .map(|e| match e {
-                Replication::Granted { key, .. } | Replication::Released { key, .. } => key,
+                Replication::Granted { key, .. }
+                | Replication::Released { key, .. }
+                | Replication::Believed { key, .. } => key,
             })
             .collect();
         assert_eq!(keys[126], b"key-063");
@@ -781,7 +789,9 @@ fn a_snapshot_lists_the_grants_with_lease_left() {
     h.advance(50);
     let mut grants: Vec<_> = h.engine.snapshot(h.now).collect();
     grants.sort_by_key(|e| match e {
-        Replication::Granted { token, .. } | Replication::Released { token, .. } => *token,
+        Replication::Granted { token, .. }
+        | Replication::Released { token, .. }
+        | Replication::Believed { token, .. } => *token,
     });
     assert_eq!(
         grants,
@@ -932,8 +942,8 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
     e.apply_grant(now, b"d", 20, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder_of(b"d"), Some(Holder::default()));
-    e.apply_release(b"a", 10);
-    e.apply_release(b"b", 11);
+    e.apply_release(now, b"a", 10);
+    e.apply_release(now, b"b", 11);
     e.check_invariants();
     assert_eq!(e.holder_count(), 1);
     e.clear_grants();
