@@ -33,6 +33,17 @@
 //!    acknowledged survives a failover").
 //! 5. No `E` on peer links or client connections; every answer matches a
 //!    request; requests are answered in time when no fault intervenes.
+//! 6. After the cluster has agreed on one active again (the network whole,
+//!    one active, no node hearing another claim the role, every node that
+//!    gave way holding the merged table of the one that stayed), no new
+//!    grant overlaps an older grant a client may still believe in: a
+//!    partition no longer excuses it (a crash, leave or hang between the
+//!    two grants still does).
+//! 7. No grant is lost without a crash: a release or renewal refused
+//!    (`R key 0`, `N key 0`) while the client's lease had not run out is a
+//!    failure unless a crash, leave without a successor, outage or hang
+//!    came in the grant's life, or a partition was not yet healed into one
+//!    agreed active when the request was sent.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past).
