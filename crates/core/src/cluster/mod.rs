@@ -13,8 +13,10 @@
 //!   and not while a live peer still follows an active (then only our path
 //!   from that active is broken; our `M` answers name it).
 //! - An active that hears an active that outranks it steps down (demotion
-//!   after a split brain); one that sees a higher-priority peer following it
-//!   with a complete snapshot hands the role over to it (failback). Of two
+//!   after a split brain) and sends it every grant it holds to merge
+//!   (`MERGE` ... `MERGED`, [`crate::engine::merge`]); one that sees a
+//!   higher-priority peer following it with a complete snapshot hands the
+//!   role over to it (failback). Of two
 //!   actives, one that holds the cluster's state outranks one that does
 //!   not (a node that started cut off from every peer and took the role
 //!   with an empty table); between two alike, the higher priority wins. A

@@ -2,7 +2,7 @@
 //! active stays" and "Guarantees").
 //!
 //! The node that gives way sends the one that stays every grant it holds
-//! ([`Engine::merge_grant`] for each). A grant of a key the node does not
+//! (`Engine::merge_grant` for each). A grant of a key the node does not
 //! hold is adopted as its grant. A grant of a key it holds with another
 //! token is kept *beside* that grant: both holders may still believe in
 //! their lock, so the key goes to nobody new until every such grant is
@@ -36,7 +36,7 @@ pub(crate) struct Believed {
     pub(crate) holder: u32,
 }
 
-/// What [`Engine::merge_grant`] did with a merged grant.
+/// What `Engine::merge_grant` did with a merged grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Merged {
     /// The key was free here: the merged grant is its grant now.
