@@ -33,6 +33,17 @@
 //!    acknowledged survives a failover").
 //! 5. No `E` on peer links or client connections; every answer matches a
 //!    request; requests are answered in time when no fault intervenes.
+//! 6. After the cluster has agreed on one active again (the network whole,
+//!    one active, no node hearing another claim the role, every node that
+//!    gave way holding the merged table of the one that stayed), no new
+//!    grant overlaps an older grant a client may still believe in: a
+//!    partition no longer excuses it (a crash, leave or hang between the
+//!    two grants still does).
+//! 7. No grant is lost without a crash: a release or renewal refused
+//!    (`R key 0`, `N key 0`) while the client's lease had not run out is a
+//!    failure unless a crash, leave without a successor, outage or hang
+//!    came in the grant's life, or a partition was not yet healed into one
+//!    agreed active when the request was sent.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past).
@@ -526,6 +537,54 @@ fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
     assert!(c > before, "token {c} not above {before}");
     assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
     ok(&sim);
+}
+
+#[test]
+fn a_healed_split_brain_merges_the_grants_and_grants_nothing_twice() {
+    // n0 (active, with client 0) is cut off from n1 and n2 (with client 1):
+    // n1 takes over. Both sides grant "x"; n1 also grants "b". At the heal
+    // n1 gives way to n0 and merges: n0 adopts "b", keeps both holders of
+    // "x", and grants "x" to nobody new until both have released it.
+    let mut sim = cluster(3);
+    sim.partition_with_clients(vec![0, 1, 1], vec![0, 1]);
+    until_active(&mut sim, 1, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    sim.set_target(1, 1);
+    let b = sim.acquire(1, "b", 30_000).unwrap();
+    let x1 = sim.acquire(1, "x", 30_000).unwrap();
+    sim.set_target(0, 0);
+    let x0 = sim.acquire(0, "x", 30_000).unwrap();
+    assert_ne!(x0, x1);
+    sim.heal();
+    sim.run_for(1_000);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0], "{}", sim.report());
+    for x in 0..3 {
+        let table = sim.table(x);
+        assert!(table.contains(&("b".into(), b)), "n{x}: {table:?}");
+        assert!(table.iter().any(|(k, _)| k == "x"), "n{x}: {table:?}");
+    }
+    assert!(sim.highest_token(0) >= b.max(x1), "n0's clock moved above");
+    // A third acquire of "x" waits while either holder may believe in it.
+    let x_grants = |sim: &Sim| -> Vec<u64> {
+        sim.answers(0)
+            .iter()
+            .filter_map(|(_, a)| a.strip_prefix("A x ")?.parse().ok())
+            .collect()
+    };
+    sim.send_acquire(0, 0, "x", 5_000, 3_000);
+    sim.run_for(200);
+    assert_eq!(x_grants(&sim), [x0], "{}", sim.report());
+    assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
+    assert_eq!(sim.release_at(1, 0, "x", x1), "R x 1");
+    assert_eq!(x_grants(&sim), [x0], "granted before both released");
+    // Its release hands the key to the waiter, on the same connection.
+    sim.release_at(0, 0, "x", x0);
+    sim.run_for(100);
+    ok(&sim);
+    assert!(sim.answers(0).iter().any(|(_, a)| a == "R x 1"));
+    let granted = x_grants(&sim);
+    assert_eq!(granted.len(), 2, "{}", sim.report());
+    assert!(granted[1] > x0.max(x1), "the next grant is above both");
 }
 
 #[test]

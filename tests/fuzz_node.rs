@@ -173,7 +173,9 @@ fn mutate(rng: &mut XorShift, line: &mut Vec<u8>) {
                 line.splice(at..at, n.bytes());
             }
             _ => {
-                let kind = *rng.pick(&["HB ", "G ", "X ", "HELLO 2 ", "SNAP ", " - ", " A "]);
+                let kind = *rng.pick(&[
+                    "HB ", "G ", "X ", "HELLO 2 ", "SNAP ", " - ", " A ", "MERGE ", "MERGED",
+                ]);
                 line.splice(at..at, kind.bytes());
             }
         }

@@ -341,8 +341,8 @@ fn accept_hello_from(listener: &TcpListener, from: usize, within: Duration) -> (
         };
         let f: Vec<&str> = first.split(' ').collect();
         assert!(
-            f.len() == 8 && f[..3] == ["P", "HELLO", "3"],
-            "a dialer's first line is not a HELLO of version 3: {first:?}"
+            f.len() == 8 && f[..3] == ["P", "HELLO", "4"],
+            "a dialer's first line is not a HELLO of version 4: {first:?}"
         );
         if f[4] == from.to_string() {
             return (stranger, first);

@@ -112,17 +112,20 @@ pub fn dialed_lifecycle(
     }
 }
 
-/// Dials peers on a thread of its own, so that a slow or unreachable peer
-/// never blocks the loop. The loop asks with [`Dialer::dial`]; each result
-/// comes back through [`Dialer::results`] with a byte on [`Dialer::wake`],
-/// which the loop watches like any socket.
+/// Dials peers off the loop, so that a slow or unreachable peer never
+/// blocks it. The loop asks with [`Dialer::dial`]; a thread takes the
+/// requests and runs each dial on a thread of its own (the cluster has at
+/// most one dial per peer under way, so a dial to a silent peer never
+/// holds up the dial to another); each result comes back through
+/// [`Dialer::results`] with a byte on [`Dialer::wake`], which the loop
+/// watches like any socket.
 ///
 /// Fields drop in order: `requests` first, so the thread takes no new dial
-/// and ends after the one under way; `results` next, so that dial's result
-/// finds no receiver and the thread returns before writing a wake byte;
-/// `wake` last. A wake byte racing with the drop meets a closed socket,
-/// which is an error for the thread (sent with `MSG_NOSIGNAL`), never a
-/// `SIGPIPE` for the process.
+/// and ends; `results` next, so a dial still under way finds no receiver
+/// and its thread returns before writing a wake byte; `wake` last. A wake
+/// byte racing with the drop meets a closed socket, which is an error for
+/// the thread (sent with `MSG_NOSIGNAL`), never a `SIGPIPE` for the
+/// process.
 pub struct Dialer {
     requests: std::sync::mpsc::Sender<(usize, String)>,
     results: std::sync::mpsc::Receiver<(usize, std::io::Result<std::net::TcpStream>)>,
@@ -131,6 +134,92 @@ pub struct Dialer {
 
 /// How long one dial may take before it counts as failed.
 pub const DIAL_TIMEOUT_MS: u64 = 500;
+
+/// Within a dial, how soon another connection attempt goes out while the
+/// first is unanswered: a SYN lost in a partition that has just healed is
+/// not retransmitted by TCP for a second, so a dial that waited on it alone
+/// would hear the peer only after its whole [`DIAL_TIMEOUT_MS`] and the
+/// next dial. The first attempt to connect wins; the others are closed.
+pub const DIAL_AGAIN_MS: u64 = 50;
+
+/// Connects to `addr` as [`Dialer`] does: a new attempt every
+/// [`DIAL_AGAIN_MS`] while none has connected, for at most
+/// [`DIAL_TIMEOUT_MS`] in all. An attempt refused (nothing listens there)
+/// fails the dial at once unless another is still under way.
+fn dial_overlapping(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    use mio::unix::SourceFd;
+    use std::os::fd::AsRawFd;
+    let mut poll = mio::Poll::new()?;
+    let mut events = mio::Events::with_capacity(16);
+    let start = Instant::now();
+    let deadline = start + std::time::Duration::from_millis(DIAL_TIMEOUT_MS);
+    let again = std::time::Duration::from_millis(DIAL_AGAIN_MS);
+    let most = (DIAL_TIMEOUT_MS / DIAL_AGAIN_MS) as usize;
+    // Attempts by token; `None` once failed.
+    let mut tries: Vec<Option<socket2::Socket>> = Vec::new();
+    let mut next = start;
+    let mut last_error = None;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(last_error.unwrap_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "dial timed out")
+            }));
+        }
+        if now >= next && tries.len() < most {
+            next = now + again;
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            socket.set_nonblocking(true)?;
+            match socket.connect(&addr.into()) {
+                Ok(()) => return Ok(socket.into()),
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                    let fd = socket.as_raw_fd();
+                    poll.registry().register(
+                        &mut SourceFd(&fd),
+                        mio::Token(tries.len()),
+                        mio::Interest::WRITABLE,
+                    )?;
+                    tries.push(Some(socket));
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let pending = tries.iter().filter(|t| t.is_some()).count();
+        if pending == 0 && last_error.is_some() {
+            // Refused (or unreachable) with nothing else under way.
+            return Err(last_error.unwrap_or_else(|| std::io::Error::other("dial failed")));
+        }
+        let until = if tries.len() < most {
+            next.min(deadline)
+        } else {
+            deadline
+        };
+        match poll.poll(&mut events, Some(until.saturating_duration_since(now))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        for event in &events {
+            let Some(slot) = tries.get_mut(event.token().0) else {
+                continue;
+            };
+            let Some(socket) = slot.take() else { continue };
+            match socket.take_error() {
+                Ok(None) if socket.peer_addr().is_ok() => return Ok(socket.into()),
+                Ok(None) => *slot = Some(socket), // not connected yet
+                Ok(Some(e)) | Err(e) => {
+                    last_error = Some(e);
+                    let fd = socket.as_raw_fd();
+                    let _ = poll.registry().deregister(&mut SourceFd(&fd));
+                }
+            }
+        }
+    }
+}
 
 impl Dialer {
     /// Starts the dial thread. Each connected link gets `TCP_USER_TIMEOUT`
@@ -153,31 +242,53 @@ impl Dialer {
         std::thread::Builder::new()
             .name("ringlock-dialer".into())
             .spawn(move || {
-                let timeout = std::time::Duration::from_millis(DIAL_TIMEOUT_MS);
-                for (peer, addr) in request_rx {
-                    let result = addr.to_socket_addrs().and_then(|mut addrs| {
-                        let addr = addrs.next().ok_or_else(|| {
-                            std::io::Error::other(format!("{addr} resolves to nothing"))
-                        })?;
-                        let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
-                        stream.set_nodelay(true)?;
-                        stream.set_nonblocking(true)?;
-                        let socket = socket2::SockRef::from(&stream);
-                        socket.set_tcp_user_timeout(Some(link_timeout))?;
-                        // Keepalive counts in whole seconds: at least 1.
-                        let second = std::time::Duration::from_secs(1);
-                        let probes = socket2::TcpKeepalive::new()
-                            .with_time(link_timeout.max(second))
-                            .with_interval(second)
-                            .with_retries(3);
-                        socket.set_tcp_keepalive(&probes)?;
-                        Ok(stream)
-                    });
-                    if result_tx.send((peer, result)).is_err() {
-                        return; // the loop is gone
-                    }
+                let fail = |peer: usize, why: &str| {
+                    let failed = std::io::Error::other(why.to_string());
+                    let sent = result_tx.send((peer, Err(failed))).is_ok();
                     let _ = socket2::SockRef::from(&wake_writer)
                         .send_with_flags(&[1], libc::MSG_NOSIGNAL);
+                    sent
+                };
+                for (peer, addr) in request_rx {
+                    let tx = result_tx.clone();
+                    let Ok(wake) = wake_writer.try_clone() else {
+                        if !fail(peer, "cannot start a dial") {
+                            return;
+                        }
+                        continue;
+                    };
+                    let one = move || {
+                        let result = addr.to_socket_addrs().and_then(|mut addrs| {
+                            let addr = addrs.next().ok_or_else(|| {
+                                std::io::Error::other(format!("{addr} resolves to nothing"))
+                            })?;
+                            let stream = dial_overlapping(addr)?;
+                            stream.set_nodelay(true)?;
+                            stream.set_nonblocking(true)?;
+                            let socket = socket2::SockRef::from(&stream);
+                            socket.set_tcp_user_timeout(Some(link_timeout))?;
+                            // Keepalive counts in whole seconds: at least 1.
+                            let second = std::time::Duration::from_secs(1);
+                            let probes = socket2::TcpKeepalive::new()
+                                .with_time(link_timeout.max(second))
+                                .with_interval(second)
+                                .with_retries(3);
+                            socket.set_tcp_keepalive(&probes)?;
+                            Ok(stream)
+                        });
+                        if tx.send((peer, result)).is_err() {
+                            return; // the loop is gone
+                        }
+                        let _ =
+                            socket2::SockRef::from(&wake).send_with_flags(&[1], libc::MSG_NOSIGNAL);
+                    };
+                    let started = std::thread::Builder::new()
+                        .name("ringlock-dial".into())
+                        .spawn(one);
+                    // No thread for it: the dial fails, and is retried.
+                    if started.is_err() && !fail(peer, "cannot start a dial thread") {
+                        return;
+                    }
                 }
             })?;
         Ok(Dialer {

@@ -356,6 +356,12 @@ struct Belief {
     granted_ms: u64,
     start: u64,
     end: u64,
+    /// Its lease end as the client counts it (renewals move it; a release
+    /// does not): a release or renewal refused before it is a lost grant.
+    lease_end: u64,
+    /// Granted after the cluster agreed on one active again (see
+    /// [`Sim::agreed_since`]): no partition excuses an overlap with it.
+    after_agreement: bool,
 }
 
 struct Client {
@@ -377,6 +383,8 @@ struct Client {
     expects_error: bool,
     /// Per connection, the start of a line whose end has not arrived.
     partial: BTreeMap<usize, Vec<u8>>,
+    /// Releases sent: (key, token) to the belief they end.
+    releasing: BTreeMap<(Vec<u8>, u64), usize>,
 }
 
 // ---------------------------------------------------------------------------
@@ -415,6 +423,8 @@ pub struct Stats {
     pub demotions: u64,
     pub faults: BTreeMap<&'static str, u64>,
     pub me_excused: u64,
+    /// Grants lost where a fault excuses it (check 7).
+    pub lost_excused: u64,
     /// Longest a node's loop would have spun (deadline in the past), ms.
     pub spin_ms_max: u64,
     pub sim_ms: u64,
@@ -433,6 +443,7 @@ impl Stats {
             *self.faults.entry(k).or_default() += v;
         }
         self.me_excused += o.me_excused;
+        self.lost_excused += o.lost_excused;
         self.spin_ms_max = self.spin_ms_max.max(o.spin_ms_max);
         self.sim_ms += o.sim_ms;
     }
@@ -455,6 +466,9 @@ pub struct Sim {
     last_disturbance: u64,
     /// Last time exactly one node was active.
     last_one_active: u64,
+    /// Since when the network has been whole (no partition, no hang) with
+    /// exactly one active, unbroken: the cluster has agreed on one active.
+    agreed_since: Option<u64>,
     beliefs: Vec<Belief>,
     /// Every grant by issue time: (ms, token, node).
     issued: VecDeque<(u64, u64, usize)>,
@@ -514,6 +528,11 @@ pub struct ConnView {
 
 const LOG_KEEP: usize = 400;
 
+/// Slack for check 7: a release or renewal sent this close to its lease's
+/// end may arrive after it (two deliveries: the request may wait behind a
+/// retransmission).
+const LOST_MARGIN_MS: u64 = 2 * MAX_DELAY_MS;
+
 impl Sim {
     #[expect(clippy::too_many_lines)]
     pub fn new(seed: u64, cfg: SimConfig) -> Sim {
@@ -552,6 +571,7 @@ impl Sim {
             last_disturbance: T0,
             last_one_active: T0,
             beliefs: Vec::new(),
+            agreed_since: None,
             issued: VecDeque::new(),
             issued_old_max: 0,
             issued_max: 0,
@@ -601,6 +621,7 @@ impl Sim {
                 reading: true,
                 expects_error: false,
                 partial: BTreeMap::new(),
+                releasing: BTreeMap::new(),
             });
         }
         if sim.cfg.faults {
@@ -2563,6 +2584,9 @@ impl Sim {
         // The client stops relying on the lock when it sends the release.
         let b = &mut self.beliefs[held.belief];
         b.end = b.end.min(self.now);
+        self.clients[c]
+            .releasing
+            .insert((key.to_vec(), held.token), held.belief);
         let req = Req {
             op: b'R',
             key: key.to_vec(),
@@ -2732,7 +2756,14 @@ impl Sim {
                     self.clients[c].busy.insert(req.key.clone());
                     self.clients[c].retries.push((self.now + delay, to, req));
                 }
-                Answer::Released { .. } => {}
+                Answer::Released { ok, .. } => {
+                    let belief = self.clients[c]
+                        .releasing
+                        .remove(&(req.key.clone(), req.token));
+                    if let Some(b) = belief.filter(|_| !ok) {
+                        self.check_lost(b, &req, n);
+                    }
+                }
                 Answer::Renewed { ok, .. } => {
                     let held = self.clients[c].held.get(&req.key).cloned();
                     match held {
@@ -2741,11 +2772,13 @@ impl Sim {
                             let end = sent + req.lease_ms;
                             if end > self.beliefs[b].end {
                                 self.beliefs[b].end = end;
+                                self.beliefs[b].lease_end = end;
                                 self.check_overlap(b);
                             }
                         }
                         Some(h) if h.token == req.token => {
                             // The server does not know the grant any more.
+                            self.check_lost(h.belief, &req, n);
                             self.clients[c].held.remove(&req.key);
                             let b = &mut self.beliefs[h.belief];
                             b.end = b.end.min(self.now);
@@ -2790,6 +2823,8 @@ impl Sim {
             granted_ms: sent,
             start: self.now,
             end: sent + req.lease_ms,
+            lease_end: sent + req.lease_ms,
+            after_agreement: self.agreed_since.is_some_and(|a| a <= sent),
         };
         self.beliefs.push(b);
         let idx = self.beliefs.len() - 1;
@@ -2825,6 +2860,22 @@ impl Sim {
                 other
             };
             let lost = (older.key.clone(), older.token);
+            // A grant made after the cluster agreed on one active again
+            // overlaps nothing a partition left behind: the node that gave
+            // way merged its grants into the one that stayed (check 6).
+            let (older_ms, newer_ms) = (from, new.granted_ms.max(other.granted_ms));
+            // (Unless a crash, leave or hang came between: a failover to a
+            // node that had not caught up yet is check 4's business.)
+            let failover_between = self
+                .windows
+                .iter()
+                .any(|w| w.kind != "partition" && w.start >= older_ms && w.start <= newer_ms);
+            let newer_agreed = !failover_between
+                && if new.granted_ms < other.granted_ms {
+                    other.after_agreement
+                } else {
+                    new.after_agreement
+                };
             let excuse = self
                 .windows
                 .iter()
@@ -2832,6 +2883,7 @@ impl Sim {
                     w.start <= now
                         && w.end >= from
                         && w.survivors.as_ref().is_none_or(|s| !s.contains(&lost))
+                        && !(newer_agreed && w.kind == "partition")
                 })
                 .map(|w| w.kind);
             let what = format!(
@@ -2854,11 +2906,62 @@ impl Sim {
                     let line = format!("mutual exclusion broken in a {kind} window: {what}");
                     self.log(line);
                 }
+                None if newer_agreed => {
+                    self.fail(format!(
+                        "check 6: a grant after one active was agreed overlaps an older one: {what}"
+                    ));
+                }
                 None => {
                     self.fail(format!("check 4: mutual exclusion: {what}"));
                 }
             }
             return;
+        }
+    }
+
+    /// Check 7: no grant lost without a crash. A release or renewal
+    /// refused (`R key 0`, `N key 0`) while the client's lease had not run
+    /// out is a lost grant, excused only by a crash (a leave without a
+    /// successor, an outage) or a hang in its lifetime, or a partition that had not
+    /// been healed into one agreed active when the request was sent. A heal
+    /// loses nothing.
+    fn check_lost(&mut self, b: usize, req: &Req, n: usize) {
+        let belief = self.beliefs[b].clone();
+        if belief.lease_end <= req.sent_ms + LOST_MARGIN_MS {
+            return;
+        }
+        let agreed_at_send = self.agreed_since.is_some_and(|a| a <= req.sent_ms);
+        let excuse = self
+            .windows
+            .iter()
+            .find(|w| match w.kind {
+                // A partition excuses what was asked before the cluster
+                // agreed on one active again, not after.
+                "partition" => w.start <= req.sent_ms && !agreed_at_send,
+                // A crash, a leave without a successor, a hang: "without
+                // a crash" is the property (that a crash loses only what no
+                // other node had is check 4's).
+                _ => w.start <= self.now && w.end >= belief.granted_ms,
+            })
+            .map(|w| w.kind);
+        let line = req.line();
+        let what = format!(
+            "client {} lost {} {} (from n{} at {}, lease to {}): \"{}\" sent at {} refused by n{n}",
+            belief.client,
+            show(&belief.key),
+            belief.token,
+            belief.node,
+            belief.granted_ms,
+            belief.lease_end,
+            show(&line[..line.len() - 1]),
+            req.sent_ms
+        );
+        match excuse {
+            Some(kind) => {
+                self.stats.lost_excused += 1;
+                self.log(format!("grant lost in a {kind} window: {what}"));
+            }
+            None => self.fail(format!("check 7: grant lost without a crash: {what}")),
         }
     }
 
@@ -2881,6 +2984,20 @@ impl Sim {
         let actives = self.actives();
         if actives.len() == 1 {
             self.last_one_active = t;
+        }
+        // Agreed: one active, no node hears another claim the role, and
+        // every node that gave way holds the merged table of the one that
+        // stayed.
+        let rival_heard = self.nodes.iter().any(|n| {
+            n.inc
+                .as_ref()
+                .and_then(|i| i.node.cluster())
+                .is_some_and(|c| c.settling())
+        });
+        if actives.len() == 1 && self.healed() && !rival_heard {
+            self.agreed_since.get_or_insert(t);
+        } else {
+            self.agreed_since = None;
         }
         // A node whose next deadline stays in the past after its turn makes
         // its I/O loop spin (poll with a zero timeout).

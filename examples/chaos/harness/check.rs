@@ -33,6 +33,15 @@
 //! - **(e) failover**: from the fault's start, the first `S` in which
 //!   another node than the one active before says active ("promotion"), and
 //!   the first grant a client read from such a node.
+//! - **(f) overlap after agreement**: an overlap inside a network fault's
+//!   window (loss, isolation, link down) whose later grant was asked for
+//!   after the cluster agreed on one active again ((d)'s moment), with no
+//!   crash, stop or SIGTERM between the two grants: the node that gave way
+//!   merged its grants into the one that stayed, so none may happen.
+//! - **(g) lost grant outside crash windows**: a (c) loss inside a network
+//!   fault's window whose request was sent after the cluster agreed on one
+//!   active again, touching no crash, stop or SIGTERM window: a heal loses
+//!   nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -181,6 +190,10 @@ pub struct Report {
     pub lost_inside: usize,
     pub lost_outside: Vec<String>,
     pub lost_ambiguous: usize,
+    /// (f): indexes into `overlaps`.
+    pub overlaps_agreed: Vec<usize>,
+    /// (g)
+    pub lost_after_agreement: Vec<String>,
     pub failures: Vec<String>,
     pub text: String,
     pub json: Value,
@@ -357,6 +370,38 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         });
     }
 
+    // The moment each network fault healed into one agreed active, and the
+    // windows of the faults that may lose grants (a process gone or stopped).
+    let crash_kind = |k: &str| matches!(k, "kill9-restart" | "stop-cont" | "term-restart");
+    let agreed: Vec<Option<(u64, u64)>> = rec
+        .faults
+        .iter()
+        .zip(&results)
+        .map(|(f, r)| {
+            let t = r
+                .one_active_ms
+                .filter(|_| r.measured && !crash_kind(r.kind))?;
+            Some((f.t_start, f.t_heal + (t * 1000.0) as u64))
+        })
+        .collect();
+    let crash_windows: Vec<(u64, u64)> = rec
+        .faults
+        .iter()
+        .zip(&windows)
+        .filter(|(f, _)| crash_kind(f.fault.kind.name()))
+        .map(|(_, &w)| w)
+        .collect();
+    let crash_touches = |a: u64, b: u64| crash_windows.iter().any(|&(s, e)| a <= e && b >= s);
+    // After agreement: `t` is after some network fault's agreed moment and
+    // inside its window, and no crash window touches `from..t`.
+    let after_agreement = |from: u64, t: u64| {
+        !crash_touches(from, t)
+            && agreed
+                .iter()
+                .zip(&windows)
+                .any(|(a, &(_, end))| a.is_some_and(|(_, at)| at <= t && t <= end))
+    };
+
     // (a) overlaps.
     let mut by_key: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, g) in rec.grants.iter().enumerate() {
@@ -393,6 +438,22 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
             "(a) {overlaps_outside} overlapping holders outside fault windows"
         ));
     }
+    let overlaps_agreed: Vec<usize> = overlaps
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            let (x, y) = (&rec.grants[o.a], &rec.grants[o.b]);
+            let (older, later) = if x.t_sent <= y.t_sent { (x, y) } else { (y, x) };
+            !o.outside && after_agreement(older.t_sent, later.t_sent)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if !overlaps_agreed.is_empty() {
+        failures.push(format!(
+            "(f) {} overlapping holders whose later grant came after one active was agreed",
+            overlaps_agreed.len()
+        ));
+    }
 
     // (b) token order per key.
     let (mut reversals_inside, mut reversals_outside) = (0, Vec::new());
@@ -427,6 +488,7 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
 
     // (c) lost grants.
     let (mut lost_inside, mut lost_outside, mut lost_ambiguous) = (0, Vec::new(), 0);
+    let mut lost_after_agreement = Vec::new();
     for g in &rec.grants {
         let first_end = g.t_sent + g.lease_ms * 1000;
         let checks = [
@@ -446,6 +508,17 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
             }
             if touches(g.t_sent, t_recv) {
                 lost_inside += 1;
+                if after_agreement(g.t_sent, op.t_sent) {
+                    lost_after_agreement.push(format!(
+                        "key {} token {} granted by node {} at {:.3} s: {what} sent at {:.3} s answered 0 by node {}",
+                        g.key,
+                        g.token,
+                        g.node,
+                        secs(g.t_recv, rec.origin),
+                        secs(op.t_sent, rec.origin),
+                        op.node.map_or("?".into(), |n| n.to_string()),
+                    ));
+                }
             } else {
                 lost_outside.push(format!(
                     "key {} token {} granted by node {} at {:.3} s (lease {} ms): {what} answered 0 by node {} at {:.3} s, {:.0} ms before the lease could end",
@@ -465,6 +538,12 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         failures.push(format!(
             "(c) {} grants lost outside fault windows",
             lost_outside.len()
+        ));
+    }
+    if !lost_after_agreement.is_empty() {
+        failures.push(format!(
+            "(g) {} grants lost outside crash windows, asked after one active was agreed",
+            lost_after_agreement.len()
         ));
     }
     for c in &rec.crashes {
@@ -488,6 +567,8 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         lost_inside,
         lost_outside,
         lost_ambiguous,
+        overlaps_agreed,
+        lost_after_agreement,
         failures,
         text: String::new(),
         json: Value::Null,
@@ -706,6 +787,31 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     for x in r.lost_outside.iter().take(10) {
         let _ = writeln!(o, "  - {x}");
     }
+    let _ = writeln!(
+        o,
+        "- (f) overlapping holders whose later grant was asked for after one active was agreed (no crash, stop or SIGTERM between): **{}** (target 0)",
+        r.overlaps_agreed.len()
+    );
+    for &i in r.overlaps_agreed.iter().take(10) {
+        let x = &r.overlaps[i];
+        let _ = writeln!(
+            o,
+            "  - key {}: {:.3}-{:.3} s: {} / {}",
+            x.key,
+            secs(x.from, rec.origin),
+            secs(x.to, rec.origin),
+            describe_grant(&rec.grants[x.a], rec.origin),
+            describe_grant(&rec.grants[x.b], rec.origin)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "- (g) grants lost outside crash windows (R/N answered 0, asked after one active was agreed): **{}** (target 0)",
+        r.lost_after_agreement.len()
+    );
+    for x in r.lost_after_agreement.iter().take(10) {
+        let _ = writeln!(o, "  - {x}");
+    }
     let measured: Vec<&FaultResult> = r.faults.iter().filter(|f| f.measured).collect();
     let over = measured.iter().filter(|f| !f.within_bound).count();
     let _ = writeln!(
@@ -788,6 +894,8 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
         "lost_outside": r.lost_outside,
         "lost_inside": r.lost_inside,
         "lost_ambiguous": r.lost_ambiguous,
+        "overlaps_after_agreement": r.overlaps_agreed.len(),
+        "lost_after_agreement": r.lost_after_agreement,
         "clients": {
             "acquires": t.acquires, "granted": t.granted, "timed_out": t.timed_out,
             "gave_up": t.gave_up, "moved": t.moved, "moved_none": t.moved_none,

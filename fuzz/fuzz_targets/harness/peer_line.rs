@@ -98,7 +98,7 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
             index(i);
             key(addr);
         }
-        PeerMsg::Auth { .. } | PeerMsg::Synced => {}
+        PeerMsg::Auth { .. } | PeerMsg::Synced | PeerMsg::Merged => {}
         PeerMsg::Heartbeat {
             following, highest, ..
         } => {
@@ -107,7 +107,9 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
             }
             token(highest);
         }
-        PeerMsg::Snapshot { highest } | PeerMsg::Handoff { highest } => token(highest),
+        PeerMsg::Snapshot { highest }
+        | PeerMsg::Handoff { highest }
+        | PeerMsg::Merge { highest } => token(highest),
         PeerMsg::Grant {
             key: k,
             token: t,

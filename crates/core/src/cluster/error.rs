@@ -50,6 +50,10 @@ pub enum Unexpected {
     FollowsBeyondPeers {
         following: Option<usize>,
     },
+    /// `MERGE` inside a merge.
+    NestedMerge,
+    /// `MERGED` with no merge open.
+    MergedWithoutMerge,
 }
 
 impl From<WireError> for PeerError {
@@ -110,6 +114,8 @@ impl fmt::Display for Unexpected {
             Unexpected::FollowsBeyondPeers { following } => {
                 write!(f, "heartbeat follows node {following:?}, beyond --peers")
             }
+            Unexpected::NestedMerge => f.write_str("peer MERGE inside a merge"),
+            Unexpected::MergedWithoutMerge => f.write_str("peer MERGED without a MERGE"),
         }
     }
 }

@@ -201,6 +201,8 @@ impl Cluster {
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
         p.links_in += 1;
+        // A merge cut off with its old link is not continued on this one.
+        p.in_merge = false;
         // A `HELLO` says what its link speaks, not all its sender speaks
         // (a node of this release dials 2 after a refusal by the release
         // before): it only raises the version we dial with; a refusal
@@ -299,6 +301,10 @@ impl Cluster {
         self.peers[peer].out_authed = true;
         self.authenticated_any = true;
         tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
+        if self.merge_owed == Some(peer) {
+            // The grants we owe it go before our heartbeat says we follow it.
+            self.send_owed_merge(now, engine);
+        }
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);

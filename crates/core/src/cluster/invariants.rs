@@ -41,6 +41,22 @@ impl Cluster {
             );
             assert!(p.following.is_none_or(|f| f < n));
             assert!(!(p.dialing && p.out.is_some()), "dialing a linked peer");
+            assert!(
+                !p.in_merge || p.links_in > 0,
+                "a merge open from peer {i} with no link from it"
+            );
+        }
+        // A merge is owed only by a standby, to the active it follows (it
+        // gave way to that one and has not had its snapshot yet).
+        if let Some(to) = self.merge_owed {
+            assert!(to < n && to != me, "a merge owed to a real other node");
+            assert_eq!(
+                self.role,
+                Role::Standby {
+                    following: Some(to)
+                },
+                "a merge owed to a node this one does not follow"
+            );
         }
         assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
         assert!(self.conflicts.len() <= MAX_CONFLICTS);

@@ -127,6 +127,10 @@ impl Cluster {
         if let Some(i) = self.links_in.iter().position(|&(c, _)| c == conn) {
             let (_, peer) = self.links_in.swap_remove(i);
             self.peers[peer].links_in -= 1;
+            if self.peers[peer].links_in == 0 {
+                // A merge cut off with its link.
+                self.peers[peer].in_merge = false;
+            }
             self.peers[peer].ready_since = None;
             touched = Some(peer);
             authed = true;

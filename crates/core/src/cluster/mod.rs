@@ -13,8 +13,10 @@
 //!   and not while a live peer still follows an active (then only our path
 //!   from that active is broken; our `M` answers name it).
 //! - An active that hears an active that outranks it steps down (demotion
-//!   after a split brain); one that sees a higher-priority peer following it
-//!   with a complete snapshot hands the role over to it (failback). Of two
+//!   after a split brain) and sends it every grant it holds to merge
+//!   (`MERGE` ... `MERGED`, [`crate::engine::merge`]); one that sees a
+//!   higher-priority peer following it with a complete snapshot hands the
+//!   role over to it (failback). Of two
 //!   actives, one that holds the cluster's state outranks one that does
 //!   not (a node that started cut off from every peer and took the role
 //!   with an empty table); between two alike, the higher priority wins. A
@@ -167,6 +169,9 @@ struct Peer {
     /// following us, holding our snapshot on a link that has not broken
     /// since): see [`Cluster::evaluate_active`].
     ready_since: Option<u64>,
+    /// Its link to us is between `MERGE` and `MERGED`: the `G` lines are
+    /// grants to merge ([`crate::engine::merge`]).
+    in_merge: bool,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -248,6 +253,11 @@ pub struct Cluster {
     doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
+    /// This node gave way to the active `merge_owed` at a heal, and that
+    /// node's snapshot has not replaced our table yet: our grants go to it
+    /// on every link of ours to it that authenticates meanwhile
+    /// ([`Cluster::send_owed_merge`]).
+    merge_owed: Option<usize>,
     /// Whether this node has known an active (been one, or followed one):
     /// taking the role after that is a failover, before it the cluster's
     /// first election (which the log tells apart by level).
@@ -291,6 +301,7 @@ impl Cluster {
             superseded: Vec::new(),
             doomed: Vec::new(),
             leaving: false,
+            merge_owed: None,
             known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),
@@ -398,6 +409,21 @@ impl Cluster {
 
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// True while this node hears a live peer claim the active role that
+    /// is not the node it follows (as a standby) or itself (as an active),
+    /// or has given way to an active whose snapshot (which comes after our
+    /// merge) it has not received: the cluster has not settled on one
+    /// active with one table yet, as this node sees it.
+    pub fn settling(&self) -> bool {
+        let followed = match self.role {
+            Role::Active => None,
+            Role::Standby { following } => following,
+        };
+        (0..self.peers.len())
+            .any(|p| self.alive(p) && self.peers[p].claims_active && Some(p) != followed)
+            || self.merge_owed.is_some()
     }
 
     /// What the cluster has counted.
@@ -588,7 +614,12 @@ impl Cluster {
         let refused = memchr::memmem::find(line, b"peer protocol version").is_some();
         if refused && p.out_version > wire::MIN_VERSION {
             p.dial_version = p.out_version - 1;
-            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; holders are not replicated to it)", self.cfg.peers[i], p.out_version, p.dial_version);
+            let lacks = if p.dial_version < 3 {
+                "holders are not replicated to it, and it cannot merge"
+            } else {
+                "it cannot merge grants at a heal"
+            };
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; {lacks})", self.cfg.peers[i], p.out_version, p.dial_version);
         }
     }
 
@@ -634,19 +665,15 @@ impl Cluster {
                 engine.observe_token(highest);
                 engine.clear_grants();
                 self.synced = false;
+                // Its state replaces ours: nothing is owed to it any more.
+                self.merge_owed = None;
             }
-            PeerMsg::Grant {
-                key,
-                token,
-                remaining_ms,
-                holder,
-            } => {
-                engine.observe_token(token);
-                if following_sender {
-                    engine.apply_grant(now, key, token, remaining_ms, holder)?;
-                }
+            PeerMsg::Grant { .. } | PeerMsg::Merge { .. } | PeerMsg::Merged => {
+                self.on_grant_or_merge(now, from, following_sender, msg, engine)?;
             }
-            PeerMsg::Release { key, token } if following_sender => engine.apply_release(key, token),
+            PeerMsg::Release { key, token } if following_sender => {
+                engine.apply_release(now, key, token);
+            }
             PeerMsg::Synced if following_sender => {
                 if !self.synced {
                     tracing::info!(target: LOG_TARGET, active = %self.cfg.peers[from], "holds a full snapshot of the active {}", self.cfg.peers[from]);
@@ -678,6 +705,58 @@ impl Cluster {
             PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
         }
         self.evaluate(now, engine);
+        Ok(())
+    }
+}
+
+impl Cluster {
+    /// `G`, `MERGE` and `MERGED` from peer `from`. A `G` outside a merge is
+    /// replication, taken from the node we follow; between `MERGE` and
+    /// `MERGED` it is a grant to merge ([`crate::engine::merge`]): from a
+    /// peer that gave way to us while we are active, or, from our active, a
+    /// grant it keeps beside a key's grant.
+    fn on_grant_or_merge(
+        &mut self,
+        now: Now,
+        from: usize,
+        following_sender: bool,
+        msg: PeerMsg<'_>,
+        engine: &mut Engine,
+    ) -> Result<(), PeerError> {
+        match msg {
+            PeerMsg::Grant {
+                key,
+                token,
+                remaining_ms,
+                holder,
+            } => {
+                engine.observe_token(token);
+                if self.peers[from].in_merge {
+                    if self.role == Role::Active || following_sender {
+                        engine.merge_grant(now, key, token, remaining_ms, holder)?;
+                    }
+                } else if following_sender {
+                    engine.apply_grant(now, key, token, remaining_ms, holder)?;
+                }
+            }
+            PeerMsg::Merge { highest } => {
+                if self.peers[from].in_merge {
+                    return Err(Unexpected::NestedMerge.into());
+                }
+                engine.observe_token(highest);
+                self.peers[from].in_merge = true;
+                if self.role == Role::Active && !following_sender {
+                    tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[from], "merging the grants of {}, which gave way to this node", self.cfg.peers[from]);
+                }
+            }
+            PeerMsg::Merged => {
+                if !self.peers[from].in_merge {
+                    return Err(Unexpected::MergedWithoutMerge.into());
+                }
+                self.peers[from].in_merge = false;
+            }
+            _ => debug_assert!(false, "not a grant or merge line"),
+        }
         Ok(())
     }
 }

@@ -107,6 +107,14 @@ pub(super) fn encode_snapshot(now: Now, engine: &Engine, version: u64) -> Vec<u8
     for grant in engine.snapshot(now) {
         wire::encode_replication(&mut out, grant, version);
     }
+    if version >= wire::MERGE_VERSION && engine.believed_count() > 0 {
+        // The grants kept beside a key's grant after a merge.
+        wire::encode(&mut out, &PeerMsg::Merge { highest });
+        for grant in engine.believed(now) {
+            wire::encode_replication(&mut out, grant, version);
+        }
+        wire::encode(&mut out, &PeerMsg::Merged);
+    }
     wire::encode(&mut out, &PeerMsg::Synced);
     out
 }

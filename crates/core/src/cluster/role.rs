@@ -132,6 +132,10 @@ impl Cluster {
                     self.cfg.peers[better]
                 )
             };
+            // What we granted goes to the one that stays, before our
+            // heartbeat says we follow it (same link, in order).
+            self.merge_owed = Some(better);
+            self.send_owed_merge(now, engine);
             self.follow(Some(better), engine, &why);
             return;
         }
@@ -286,6 +290,43 @@ impl Cluster {
             .min()
     }
 
+    /// Sends the active we gave way to ([`Cluster::merge_owed`]) every
+    /// grant we hold, between `MERGE` and `MERGED`, once our link to it is
+    /// authenticated and speaks version 4 (an older node cannot merge: our
+    /// grants are lost to it, as before). It is owed until that node's
+    /// snapshot arrives (which it sends once it has read our heartbeat,
+    /// behind the merge on the same link): a new link sends it again, and
+    /// the other side takes a grant it already has as known. See
+    /// docs/cluster.md, "Which active stays".
+    pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine) {
+        let Some(to) = self.merge_owed else { return };
+        let p = &self.peers[to];
+        let Some(conn) = p.out.filter(|_| p.out_authed) else {
+            return;
+        };
+        if p.out_version < wire::MERGE_VERSION {
+            self.merge_owed = None;
+            tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "gave way to {}, which speaks peer protocol version {} and cannot merge: the grants this node made alone are lost", self.cfg.peers[to], p.out_version);
+            return;
+        }
+        let mut out = Vec::new();
+        wire::encode(
+            &mut out,
+            &PeerMsg::Merge {
+                highest: engine.highest_token(),
+            },
+        );
+        let version = p.out_version;
+        let mut count = 0usize;
+        for grant in engine.snapshot(now).chain(engine.believed(now)) {
+            wire::encode_replication(&mut out, grant, version);
+            count += 1;
+        }
+        wire::encode(&mut out, &PeerMsg::Merged);
+        engine.write_to(conn, &out);
+        tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "sent {count} grants to {} to merge (it stays active)", self.cfg.peers[to]);
+    }
+
     pub(super) fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
         assert!(
             active.is_none_or(|a| a != self.cfg.me && a < self.peers.len()),
@@ -297,6 +338,9 @@ impl Cluster {
         let following = active.map_or("-", |a| self.cfg.peers[a].as_str());
         if active.is_some() {
             self.known_active = true;
+        }
+        if active != self.merge_owed {
+            self.merge_owed = None;
         }
         if before == Role::Active && why.starts_with(HAND_OFF) {
             // Planned: leaving, or handing the role back to a higher
@@ -350,6 +394,7 @@ impl Cluster {
             }
         }
         self.known_active = true;
+        self.merge_owed = None;
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.

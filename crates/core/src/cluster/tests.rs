@@ -535,7 +535,7 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
     c.tick(at(60), &mut e);
     let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.starts_with("P HELLO 3 "));
+    assert!(out.starts_with(&format!("P HELLO {} ", wire::VERSION)));
     // A CHALLENGE made with another secret: refused, no AUTH sent.
     let mut impostor = Remote::new(1);
     impostor.secret = Secret::from_bytes(b"not the cluster's secret, 32 bytes.");
@@ -1094,11 +1094,18 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     c.check_invariants(at(5), &e);
 }
 
-/// Node 0 of this release with node 1 of this release and node 2 of the
-/// release before (peer protocol 2): node 2 refuses the `HELLO 3` as an
-/// older node does, is dialed with 2, and gets the grants without their
-/// holders while node 1 gets them with; once node 2 says it speaks 3 (it
-/// was upgraded), the link to it is dialed again with 3.
+/// The peer refused our `HELLO` on `conn` with `refusal`, and the link closed.
+fn refused(c: &mut Cluster, e: &mut Engine, ms: u64, conn: ConnId, refusal: &[u8]) {
+    assert!(c.on_refusal(at(ms), conn, refusal).is_err());
+    c.on_close(at(ms), conn, e);
+    e.close(conn);
+}
+
+/// Node 0 of this release with node 1 of this release and node 2 of two
+/// releases before (peer protocol 2): node 2 refuses the `HELLO 4` and then
+/// the `HELLO 3` as an older node does, is dialed with 2, and gets the
+/// grants without their holders while node 1 gets them with; once node 2
+/// says it speaks 4 (it was upgraded), the link to it is dialed again with 4.
 #[test]
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let (mut c, mut e) = node(0);
@@ -1108,12 +1115,17 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     e.open(21);
     c.outbound_open(at(0), 21, 2, &mut e);
     let hello = lines_of(&mut e, 21);
+    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
+    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3): run \
+                    releases at most one peer protocol version apart in line 1";
+    refused(&mut c, &mut e, 0, 21, refusal);
+    e.open(24);
+    c.outbound_open(at(100), 24, 2, &mut e);
+    let hello = lines_of(&mut e, 24);
     assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
     let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
                     same ringlock release on every node in line 1";
-    assert!(c.on_refusal(at(0), 21, refusal).is_err());
-    c.on_close(at(0), 21, &mut e);
-    e.close(21);
+    refused(&mut c, &mut e, 100, 24, refusal);
     e.open(22);
     c.outbound_open(at(200), 22, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
@@ -1154,8 +1166,8 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     );
     assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
-    // Node 2 comes back upgraded: its new link says 3, and ours to it is
-    // given up to be dialed again with 3.
+    // Node 2 comes back upgraded: its new link says 4, and ours to it is
+    // given up to be dialed again with 4.
     let mut new = Remote::new(2);
     new.incarnation = 2;
     new.dial(&mut c, &mut e, now, 12).unwrap();
@@ -1164,7 +1176,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     assert!(
         doomed
             .iter()
-            .any(|(conn, why)| *conn == 22 && why.contains("version 3")),
+            .any(|(conn, why)| *conn == 22 && why.contains("version 4")),
         "{doomed:?}"
     );
     c.on_close(now, 22, &mut e);
@@ -1175,7 +1187,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     e.open(23);
     c.outbound_open(at(now.ms + 200), 23, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
-    assert!(hello.starts_with("P HELLO 3 "), "{hello}");
+    assert!(hello.starts_with("P HELLO 4 "), "{hello}");
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to
@@ -1183,7 +1195,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
 /// link speaks, not that its sender speaks nothing newer (a node of this
 /// release dials 2 after a refusal by the release before it was upgraded
 /// from). So a `HELLO 2` never lowers the version this node dials with:
-/// only a refusal does, and a `HELLO 3` raises it again.
+/// only a refusal does (by one version), and a `HELLO 4` raises it again.
 #[test]
 fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     // Node 1 (this release) dials first, with 2: this node restarted
@@ -1195,11 +1207,11 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(20);
     c.outbound_open(at(1), 20, 1, &mut e);
     let hello = lines_of(&mut e, 20);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
     // A refusal still lowers it, and a HELLO 2 then keeps it there: no
     // dial that is refused again and again.
-    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
-                    same ringlock release on every node in line 1";
+    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3): run \
+                    releases at most one peer protocol version apart in line 1";
     assert!(c.on_refusal(at(2), 20, refusal).is_err());
     c.on_close(at(2), 20, &mut e);
     e.close(20);
@@ -1210,7 +1222,7 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 2 "), "{hello:?}");
+    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
 }
 
 /// Out of order: a version refusal on a link the peer already
@@ -1226,12 +1238,12 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
     let msg = wire::parse(hello).unwrap();
     assert!(c.on_message(at(1), 20, msg, &mut e).is_err());
-    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2) in line 1";
+    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3) in line 1";
     assert!(c.on_refusal(at(1), 20, refusal).is_err());
     c.on_close(at(1), 20, &mut e);
     e.close(20);
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
 }

@@ -21,11 +21,15 @@
 //! P X <key> <token>                                   release or expiry
 //! P SYNCED                                            snapshot complete
 //! P HANDOFF <highest-token>                           you are active now
+//! P MERGE <highest-token>                             version 4: the `G`
+//! P MERGED                                            lines between are
+//!                                                     grants to merge
 //! ```
 //!
 //! A node speaks versions [`MIN_VERSION`] to [`VERSION`]: the dialer says
 //! in its `HELLO` which one the link speaks (see [`super::Cluster`] for how
-//! it picks), and only a version 3 link carries a grant's holder.
+//! it picks); only a link of version 3 or later carries a grant's holder,
+//! and only one of version 4 a merge.
 //!
 //! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
 //! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
@@ -41,7 +45,10 @@ use crate::proto::{
 };
 
 /// The newest peer protocol version, which this node dials with.
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;
+
+/// The first version that carries `MERGE` ... `MERGED`.
+pub const MERGE_VERSION: u64 = 4;
 
 /// The oldest version this node still speaks: a link from (or to) a node
 /// of the release before (`P G` without the holder).
@@ -105,6 +112,12 @@ pub enum PeerMsg<'a> {
     Handoff {
         highest: u64,
     },
+    /// The `G` lines up to [`PeerMsg::Merged`] are grants to merge, not to
+    /// replicate: see [`crate::engine::merge`].
+    Merge {
+        highest: u64,
+    },
+    Merged,
 }
 
 /// Why a peer line did not parse.
@@ -305,6 +318,16 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
                 highest: token(f[0])?,
             }
         }
+        b"MERGE" => {
+            want(1)?;
+            PeerMsg::Merge {
+                highest: token(f[0])?,
+            }
+        }
+        b"MERGED" => {
+            want(0)?;
+            PeerMsg::Merged
+        }
         _ => return Err(bad("unknown message kind")),
     };
     Ok(msg)
@@ -395,14 +418,21 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             out.extend_from_slice(b"P HANDOFF ");
             write_u64(out, highest);
         }
+        PeerMsg::Merge { highest } => {
+            out.extend_from_slice(b"P MERGE ");
+            write_u64(out, highest);
+        }
+        PeerMsg::Merged => out.extend_from_slice(b"P MERGED"),
     }
     out.push(b'\n');
 }
 
 /// Appends the peer line of an engine's replication event for a link of
 /// peer protocol `version`: `P G` for [`Replication::Granted`] (with the
-/// holder from version 3 on), `P X` for [`Replication::Released`]. The
-/// engine records events; this is the only place they become lines.
+/// holder from version 3 on), `P X` for [`Replication::Released`], and for
+/// [`Replication::Believed`] its `P G` between `P MERGE` and `P MERGED`
+/// (version 4 on; nothing before: an older node knows no believed grants).
+/// The engine records events; this is the only place they become lines.
 #[inline]
 pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
     match event {
@@ -416,6 +446,17 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             encode_grant(out, key, token, remaining_ms, holder);
         }
         Replication::Released { key, token } => encode_release(out, key, token),
+        Replication::Believed {
+            key,
+            token,
+            remaining_ms,
+            holder,
+        } if version >= MERGE_VERSION => {
+            encode(out, &PeerMsg::Merge { highest: token });
+            encode_grant(out, key, token, remaining_ms, Some(holder));
+            encode(out, &PeerMsg::Merged);
+        }
+        Replication::Believed { .. } => {}
     }
 }
 
@@ -517,6 +558,8 @@ mod tests {
             },
             PeerMsg::Synced,
             PeerMsg::Handoff { highest: 11 },
+            PeerMsg::Merge { highest: 12 },
+            PeerMsg::Merged,
         ]
     }
 
@@ -621,6 +664,10 @@ mod tests {
             format!("P CHALLENGE 0123456789abcdef 0 a:1 {nonce} {}", &mac[2..]),
             format!("P AUTH {mac}0"),
             "P AUTH".into(),
+            "P MERGE".into(),
+            "P MERGE 9223372036854775808".into(),
+            "P MERGE 1 2".into(),
+            "P MERGED 1".into(),
             "P NOPE".into(),
             "A k 1 0".into(),
         ];
@@ -645,13 +692,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("version \"1\" unsupported"), "{err}");
-        let err = parse(b"P HELLO 4 0 127.0.0.1:7171 5")
+        let err = parse(b"P HELLO 5 0 127.0.0.1:7171 5")
             .unwrap_err()
             .to_string();
         // What an older node says of a newer one: the dialer reads this
         // (`Cluster::downgrade_if_refused`).
         assert!(
-            err.contains("peer protocol version \"4\" unsupported"),
+            err.contains("peer protocol version \"5\" unsupported"),
             "{err}"
         );
     }
@@ -659,7 +706,7 @@ mod tests {
     #[test]
     fn both_versions_are_spoken() {
         let nonce = "ab".repeat(NONCE_LEN);
-        for version in [MIN_VERSION, VERSION] {
+        for version in MIN_VERSION..=VERSION {
             let line = format!("P HELLO {version} 0123456789abcdef 0 a:1 1 {nonce}");
             match parse(line.as_bytes()) {
                 Ok(PeerMsg::Hello { version: v, .. }) => assert_eq!(v, version),

@@ -17,6 +17,7 @@
 //! several connections). The same engine runs under io_uring, under epoll and
 //! inside tests with a fake clock.
 
+pub mod merge;
 pub mod replication;
 pub mod stats;
 pub mod table;
@@ -24,6 +25,7 @@ pub mod token;
 pub mod wheel;
 
 use crate::proto::{Answer, Request, Role};
+pub use merge::Merged;
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
 use stats::{EngineStats, HOLD_SHIFT};
@@ -247,6 +249,9 @@ pub struct Engine {
     list_budget: usize,
     /// Who holds the grants (a grant names an entry).
     holders: Holders,
+    /// Grants kept beside a key's grant after a healed split brain, by
+    /// lock ([`merge`]); empty on a node that never merged.
+    merged: std::collections::HashMap<u32, Vec<merge::Believed>>,
 }
 
 impl Engine {
@@ -278,6 +283,7 @@ impl Engine {
             stats: EngineStats::default(),
             list_budget: LIST_TURN_SCAN,
             holders: Holders::default(),
+            merged: std::collections::HashMap::new(),
         }
     }
 
@@ -443,7 +449,9 @@ impl Engine {
                         self.holders.unref(grant.holder);
                         self.replicate_release(lock, grant.token);
                     }
-                    self.hand_off(now, lock);
+                    if self.merged.is_empty() || !self.promote_believed(now, lock) {
+                        self.hand_off(now, lock);
+                    }
                 }
                 Timer::Wait(w) => {
                     self.table.waiter_mut(w).timer = None;
@@ -780,10 +788,12 @@ impl Engine {
                     .hold
                     .record(now.unix_ns.saturating_sub(token) >> HOLD_SHIFT);
                 self.replicate_release(lock, token);
-                self.hand_off(now, lock);
+                if self.merged.is_empty() || !self.promote_believed(now, lock) {
+                    self.hand_off(now, lock);
+                }
                 true
             }
-            _ => false,
+            _ => !self.merged.is_empty() && self.release_believed(now, lock, token),
         }
     }
 
@@ -792,7 +802,7 @@ impl Engine {
             return false;
         };
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
-            return false;
+            return !self.merged.is_empty() && self.renew_believed(now, lock, token, lease_ms);
         };
         self.wheel.cancel(grant.timer);
         let expires_ms = deadline(now, lease_ms);
@@ -1031,6 +1041,10 @@ impl Engine {
             });
         };
         self.tokens.observe(token);
+        if !self.merged.is_empty() {
+            // The active made a believed grant the key's grant.
+            self.forget_believed(lock, token);
+        }
         // The new entry first: a renewal names the same holder, whose
         // entry must not go in between.
         let holder = self.holders.intern(holder.addr, holder.owner);
@@ -1051,7 +1065,7 @@ impl Engine {
 
     /// A standby takes a replicated release (or expiry) of `key`'s grant
     /// with `token`; a grant with another token is left alone.
-    pub(crate) fn apply_release(&mut self, key: &[u8], token: u64) {
+    pub(crate) fn apply_release(&mut self, now: Now, key: &[u8], token: u64) {
         let Some(lock) = self.table.find(key) else {
             return;
         };
@@ -1060,7 +1074,11 @@ impl Engine {
             *holder = None;
             self.wheel.cancel(grant.timer);
             self.holders.unref(grant.holder);
-            self.table.remove_if_idle(lock);
+            if self.merged.is_empty() || !self.promote_believed(now, lock) {
+                self.table.remove_if_idle(lock);
+            }
+        } else if !self.merged.is_empty() {
+            self.forget_believed(lock, token);
         }
     }
 
@@ -1072,6 +1090,7 @@ impl Engine {
     /// waiters would never be granted) and the rest are cleared.
     pub(crate) fn clear_grants(&mut self) {
         debug_assert!(!self.is_active());
+        self.clear_believed();
         for lock in self.table.lock_ids() {
             if self.table.has_waiters(lock) {
                 debug_assert!(false, "waiters on a standby");
@@ -1188,6 +1207,7 @@ impl Engine {
                 *refs.entry(g.holder).or_insert(0) += 1;
             }
         }
+        self.check_believed(&mut refs);
         self.holders.check_refs(&refs);
     }
 }

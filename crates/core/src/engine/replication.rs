@@ -24,6 +24,15 @@ pub enum Replication<'a> {
     /// `key`'s grant with `token` ended: released by its holder, or its
     /// lease ran out.
     Released { key: &'a [u8], token: u64 },
+    /// `key` is held beside its grant by `token` for `remaining_ms` more:
+    /// a grant merged at the heal of a split brain, or its renewal (see
+    /// [`super::merge`]). It ends with a [`Replication::Released`].
+    Believed {
+        key: &'a [u8],
+        token: u64,
+        remaining_ms: u64,
+        holder: crate::proto::Holder<'a>,
+    },
 }
 
 /// A recorded event: its key is `keys[previous end..key_end]`, then a
@@ -37,6 +46,8 @@ struct Record {
     token: u64,
     /// `None` for a release.
     remaining_ms: Option<u64>,
+    /// A [`Replication::Believed`].
+    believed: bool,
 }
 
 /// Replication events in order, with their keys in one buffer. Cleared and
@@ -80,6 +91,12 @@ impl ReplicationLog {
             };
             start = end;
             match r.remaining_ms {
+                Some(remaining_ms) if r.believed => Replication::Believed {
+                    key,
+                    token: r.token,
+                    remaining_ms,
+                    holder,
+                },
                 Some(remaining_ms) => Replication::Granted {
                     key,
                     token: r.token,
@@ -97,8 +114,15 @@ impl ReplicationLog {
     /// Appends an event (its key is copied).
     #[inline]
     pub(crate) fn push(&mut self, event: Replication<'_>) {
+        let believed = matches!(event, Replication::Believed { .. });
         let (key, token, remaining_ms, holder) = match event {
             Replication::Granted {
+                key,
+                token,
+                remaining_ms,
+                holder,
+            }
+            | Replication::Believed {
                 key,
                 token,
                 remaining_ms,
@@ -122,6 +146,7 @@ impl ReplicationLog {
             owner_end,
             token,
             remaining_ms,
+            believed,
         });
     }
 }

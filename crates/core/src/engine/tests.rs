@@ -407,11 +407,11 @@ fn replicated_releases_and_snapshots_apply_to_any_table() {
     e.apply_grant(now, b"a", 7, 3_000, Holder::default())
         .unwrap();
     // Unknown keys and stale tokens are ignored.
-    e.apply_release(b"nothing", 5);
-    e.apply_release(b"a", 5);
-    e.apply_release(b"a", u64::MAX);
+    e.apply_release(now, b"nothing", 5);
+    e.apply_release(now, b"a", 5);
+    e.apply_release(now, b"a", u64::MAX);
     assert_eq!(e.holder(b"a"), Some((7, now.ms + 3_000)));
-    e.apply_release(b"a", 7);
+    e.apply_release(now, b"a", 7);
     assert_eq!(e.holder(b"a"), None);
     e.observe_token(token::MAX_TOKEN);
     e.clear_grants();
@@ -539,7 +539,7 @@ fn a_replicated_grant_beyond_max_locks_is_refused() {
     e.apply_grant(now, b"a", 8, 2_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder(b"a"), Some((8, now.ms + 2_000)));
-    e.apply_release(b"b", 6);
+    e.apply_release(now, b"b", 6);
     e.apply_grant(now, b"c", 9, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.lock_count(), 2);
@@ -676,6 +676,12 @@ fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
                 token,
                 remaining_ms,
                 ..
+            }
+            | Replication::Believed {
+                key,
+                token,
+                remaining_ms,
+                ..
             } => (
                 String::from_utf8_lossy(key).into(),
                 token,
@@ -737,7 +743,7 @@ fn only_an_active_with_replication_enabled_records() {
     h.engine
         .apply_grant(now, b"k", 5, 100, Holder::default())
         .unwrap();
-    h.engine.apply_release(b"k", 5);
+    h.engine.apply_release(now, b"k", 5);
     h.engine
         .apply_grant(now, b"k", 6, 100, Holder::default())
         .unwrap();
@@ -765,7 +771,9 @@ fn a_log_reused_turn_after_turn_keeps_its_room() {
         let keys: Vec<&[u8]> = log
             .iter()
             .map(|e| match e {
-                Replication::Granted { key, .. } | Replication::Released { key, .. } => key,
+                Replication::Granted { key, .. }
+                | Replication::Released { key, .. }
+                | Replication::Believed { key, .. } => key,
             })
             .collect();
         assert_eq!(keys[126], b"key-063");
@@ -781,7 +789,9 @@ fn a_snapshot_lists_the_grants_with_lease_left() {
     h.advance(50);
     let mut grants: Vec<_> = h.engine.snapshot(h.now).collect();
     grants.sort_by_key(|e| match e {
-        Replication::Granted { token, .. } | Replication::Released { token, .. } => *token,
+        Replication::Granted { token, .. }
+        | Replication::Released { token, .. }
+        | Replication::Believed { token, .. } => *token,
     });
     assert_eq!(
         grants,
@@ -932,8 +942,8 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
     e.apply_grant(now, b"d", 20, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder_of(b"d"), Some(Holder::default()));
-    e.apply_release(b"a", 10);
-    e.apply_release(b"b", 11);
+    e.apply_release(now, b"a", 10);
+    e.apply_release(now, b"b", 11);
     e.check_invariants();
     assert_eq!(e.holder_count(), 1);
     e.clear_grants();
@@ -1016,4 +1026,73 @@ fn owner_and_listings_behind_a_waiting_acquire_are_answered_at_once() {
         q[1].ends_with(" - later"),
         "the grant took the label: {q:?}"
     );
+}
+
+/// A heal's merge on the active that stays: a key it does not hold is
+/// adopted, the same grant keeps the longer lease, and a key both sides
+/// granted keeps both holders, each able to renew and release with its
+/// token, and goes to nobody new until both are done.
+#[test]
+fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
+    let mut h = Harness::new(3);
+    h.engine.enable_replication();
+    let mine = h.grant(0, "k", "1");
+    let theirs = mine + 1_000;
+    let now = h.now;
+    let merge = |h: &mut Harness, key: &[u8], token, ms| {
+        let now = h.now;
+        let got = h.engine.merge_grant(now, key, token, ms, Holder::default());
+        h.engine.check_invariants();
+        got
+    };
+    assert_eq!(merge(&mut h, b"k", theirs, 3_000), Ok(Merged::Beside));
+    assert_eq!(merge(&mut h, b"j", theirs + 1, 500), Ok(Merged::Adopted));
+    assert_eq!(h.engine.holder(b"j"), Some((theirs + 1, now.ms + 500)));
+    assert_eq!(merge(&mut h, b"j", theirs + 1, 200), Ok(Merged::Known));
+    assert_eq!(h.engine.holder(b"j"), Some((theirs + 1, now.ms + 500)));
+    assert_eq!(h.engine.believed_count(), 1);
+    assert!(h.engine.highest_token() > theirs, "the clock moved above");
+    // A new acquire of k waits: both holders may still believe in it.
+    h.send(1, "A k 5 10").unwrap();
+    assert!(h.answers(1).is_empty());
+    // The key's own holder releases: the merged one holds it now.
+    h.send(0, &format!("R k {mine}")).unwrap();
+    assert_eq!(h.answers(0), ["R k 1"]);
+    assert!(h.answers(1).is_empty());
+    assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(theirs));
+    h.send(2, &format!("N k {theirs} 2")).unwrap();
+    assert_eq!(h.answers(2), ["N k 1"]);
+    h.engine.check_invariants();
+    h.send(2, &format!("R k {theirs}")).unwrap();
+    assert_eq!(h.answers(2), ["R k 1"]);
+    let granted = h.answers(1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    let t: u64 = granted[0].strip_prefix("A k ").unwrap().parse().unwrap();
+    assert!(t > theirs + 1, "the next grant is above every merged token");
+    assert_eq!(h.engine.believed_count(), 0);
+    h.engine.check_invariants();
+}
+
+/// The lock-delay never outlasts the merged leases: with both holders
+/// silent, the key goes to its waiter once the longest lease ends, not
+/// before; a believed grant whose lease ran out cannot be renewed.
+#[test]
+fn the_lock_delay_ends_with_the_longest_merged_lease() {
+    let mut h = Harness::new(2);
+    let mine = h.grant(0, "k", "1");
+    let now = h.now;
+    let got = h
+        .engine
+        .merge_grant(now, b"k", mine + 7, 2_000, Holder::default());
+    assert_eq!(got, Ok(Merged::Beside));
+    h.send(1, "A k 5 10").unwrap();
+    h.advance(1_500);
+    assert!(h.answers(1).is_empty(), "granted while a merged lease runs");
+    assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(mine + 7));
+    h.advance(600);
+    let granted = h.answers(1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    h.send(0, &format!("N k {} 1", mine + 7)).unwrap();
+    assert_eq!(h.answers(0), ["N k 0"]);
+    h.engine.check_invariants();
 }
