@@ -58,6 +58,7 @@ use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
 use crate::stats::ClusterStats;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
+use replication::OLD_VERSIONS;
 use wire::PeerMsg;
 
 /// The target of this module's log lines: the name it had before the core
@@ -253,8 +254,9 @@ pub struct Cluster {
     /// first election (which the log tells apart by level).
     known_active: bool,
     scratch: Vec<u8>,
-    /// Replication lines for followers on the older peer protocol version.
-    scratch_old: Vec<u8>,
+    /// Replication lines for followers on older peer protocol versions
+    /// (one buffer each, newest first).
+    scratch_old: [Vec<u8>; OLD_VERSIONS],
     /// The engine's replication events of the turn, swapped with its log by
     /// [`Cluster::flush_replication`] (both are reused).
     events: ReplicationLog,
@@ -294,7 +296,7 @@ impl Cluster {
             known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),
-            scratch_old: Vec::new(),
+            scratch_old: Default::default(),
             events: ReplicationLog::new(),
         }
     }

@@ -535,7 +535,7 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
     c.tick(at(60), &mut e);
     let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.starts_with("P HELLO 3 "));
+    assert!(out.starts_with(&format!("P HELLO {} ", wire::VERSION)));
     // A CHALLENGE made with another secret: refused, no AUTH sent.
     let mut impostor = Remote::new(1);
     impostor.secret = Secret::from_bytes(b"not the cluster's secret, 32 bytes.");
@@ -1094,26 +1094,41 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     c.check_invariants(at(5), &e);
 }
 
-/// Node 0 of this release with node 1 of this release and node 2 of the
-/// release before (peer protocol 2): node 2 refuses the `HELLO 3` as an
-/// older node does, is dialed with 2, and gets the grants without their
-/// holders while node 1 gets them with; once node 2 says it speaks 3 (it
-/// was upgraded), the link to it is dialed again with 3.
+/// Peer `peer` refuses each `HELLO` newer than [`wire::MIN_VERSION`] as a
+/// node of the oldest release does, on links `first_conn` on: each refusal
+/// lowers the version this node dials it with by one.
+fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_conn: ConnId) {
+    for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
+        e.open(conn);
+        c.outbound_open(at(0), conn, peer, e);
+        let hello = lines_of(e, conn);
+        assert!(
+            hello[0].starts_with(&format!("P HELLO {refused} ")),
+            "{hello:?}"
+        );
+        let refusal = format!(
+            "E peer protocol version \"{refused}\" unsupported (this node speaks 2): run \
+             the same ringlock release on every node in line 1"
+        );
+        assert!(c.on_refusal(at(0), conn, refusal.as_bytes()).is_err());
+        c.on_close(at(0), conn, e);
+        e.close(conn);
+    }
+}
+
+/// Node 0 of this release with node 1 of this release and node 2 of an
+/// older release (peer protocol 2): node 2 refuses each newer `HELLO` as an
+/// older node does, is dialed with 2 at last, and gets the grants without
+/// their holders while node 1 gets them with; once node 2 says it speaks
+/// the newest version (it was upgraded), the link to it is dialed again
+/// with that.
 #[test]
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let (mut c, mut e) = node(0);
     e.open(20);
     c.outbound_open(at(0), 20, 1, &mut e);
     Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
-    e.open(21);
-    c.outbound_open(at(0), 21, 2, &mut e);
-    let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
-    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
-                    same ringlock release on every node in line 1";
-    assert!(c.on_refusal(at(0), 21, refusal).is_err());
-    c.on_close(at(0), 21, &mut e);
-    e.close(21);
+    refuse_newer_versions(&mut c, &mut e, 2, 30);
     e.open(22);
     c.outbound_open(at(200), 22, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
@@ -1154,8 +1169,8 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     );
     assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
-    // Node 2 comes back upgraded: its new link says 3, and ours to it is
-    // given up to be dialed again with 3.
+    // Node 2 comes back upgraded: its new link says the newest version,
+    // and ours to it is given up to be dialed again with it.
     let mut new = Remote::new(2);
     new.incarnation = 2;
     new.dial(&mut c, &mut e, now, 12).unwrap();
@@ -1164,7 +1179,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     assert!(
         doomed
             .iter()
-            .any(|(conn, why)| *conn == 22 && why.contains("version 3")),
+            .any(|(conn, why)| *conn == 22 && why.contains(&format!("version {}", wire::VERSION))),
         "{doomed:?}"
     );
     c.on_close(now, 22, &mut e);
@@ -1175,7 +1190,10 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     e.open(23);
     c.outbound_open(at(now.ms + 200), 23, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
-    assert!(hello.starts_with("P HELLO 3 "), "{hello}");
+    assert!(
+        hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello}"
+    );
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to
@@ -1195,12 +1213,18 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(20);
     c.outbound_open(at(1), 20, 1, &mut e);
     let hello = lines_of(&mut e, 20);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
-    // A refusal still lowers it, and a HELLO 2 then keeps it there: no
-    // dial that is refused again and again.
-    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
-                    same ringlock release on every node in line 1";
-    assert!(c.on_refusal(at(2), 20, refusal).is_err());
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
+    // A refusal still lowers it (by one), and a HELLO 2 then keeps it
+    // there: no dial that is refused again and again.
+    let refusal = format!(
+        "E peer protocol version \"{}\" unsupported (this node speaks 2): run the same \
+         ringlock release on every node in line 1",
+        wire::VERSION
+    );
+    assert!(c.on_refusal(at(2), 20, refusal.as_bytes()).is_err());
     c.on_close(at(2), 20, &mut e);
     e.close(20);
     let mut old = Remote::new(1);
@@ -1210,7 +1234,10 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 2 "), "{hello:?}");
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
+        "{hello:?}"
+    );
 }
 
 /// Out of order: a version refusal on a link the peer already
@@ -1233,5 +1260,8 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
 }

@@ -23,6 +23,7 @@ pub mod table;
 pub mod token;
 pub mod wheel;
 
+use crate::access::Access;
 use crate::proto::{Answer, Request, Role};
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
@@ -113,8 +114,11 @@ pub struct Now {
 }
 
 /// A request that breaks the connection although it parsed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
+    /// An acquire of a key outside the rules of the connection's identity
+    /// (`--acl`): the words after `not allowed: `.
+    NotAllowed { why: Box<str> },
     /// One more than `MAX_WAITING_PER_CONN` waiting acquires.
     TooManyWaiting,
     /// A client request on a connection taken beyond `--max-conns` for the
@@ -132,6 +136,7 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Refusal::NotAllowed { why } => write!(f, "not allowed: {why}"),
             Refusal::TooManyWaiting => write!(
                 f,
                 "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
@@ -187,6 +192,30 @@ impl std::fmt::Display for GrantRefusal {
     }
 }
 
+/// How a release or renewal with a token went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Touch {
+    Done,
+    /// No grant with that token.
+    Stale,
+    /// The grant is another identity's ([`Engine::may_touch`]).
+    NotHolder,
+}
+
+/// The refusal of an acquire outside `access`'s rules.
+#[cold]
+#[inline(never)]
+fn not_allowed(access: &Access, key: &[u8]) -> Refusal {
+    Refusal::NotAllowed {
+        why: format!(
+            "identity \"{}\" may not lock \"{}\"",
+            crate::proto::Quoted(access.identity()),
+            crate::proto::Quoted(key)
+        )
+        .into(),
+    }
+}
+
 /// What the engine's timers are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timer {
@@ -211,6 +240,9 @@ struct Conn {
     addr: Option<std::net::SocketAddr>,
     /// Its owner label (`O`), if it set one.
     owner: Option<Box<[u8]>>,
+    /// With client certificates: its identity and what the rules allow it
+    /// (set when its TLS handshake ended).
+    access: Option<Box<Access>>,
 }
 
 /// Whether this node serves clients.
@@ -247,6 +279,9 @@ pub struct Engine {
     list_budget: usize,
     /// Who holds the grants (a grant names an entry).
     holders: Holders,
+    /// Client certificates give identities ([`Engine::require_identities`]):
+    /// only a grant's holder (or an admin) releases and renews it.
+    identities: bool,
 }
 
 impl Engine {
@@ -278,6 +313,7 @@ impl Engine {
             stats: EngineStats::default(),
             list_budget: LIST_TURN_SCAN,
             holders: Holders::default(),
+            identities: false,
         }
     }
 
@@ -349,6 +385,39 @@ impl Engine {
         }
     }
 
+    /// From now on grants are released and renewed only by their holder's
+    /// identity or an admin: a node with client certificates, called at
+    /// start (a standby's replicated grants count too).
+    pub fn require_identities(&mut self) {
+        self.identities = true;
+    }
+
+    /// Whether [`Engine::require_identities`] was called.
+    pub fn requires_identities(&self) -> bool {
+        self.identities
+    }
+
+    /// `conn`'s identity and what it may do, from its client certificate
+    /// (before its first request). Its later grants name the identity.
+    pub fn set_access(&mut self, conn: ConnId, access: Access) {
+        debug_assert!(self.identities, "an identity on a node without them");
+        let Some(c) = self.conns.get_mut(conn as usize) else {
+            return;
+        };
+        c.access = Some(Box::new(access));
+        if let Some(holder) = c.holder.take() {
+            self.holders.unref(holder);
+        }
+    }
+
+    /// `conn`'s identity, if it has one.
+    pub fn identity_of(&self, conn: ConnId) -> Option<&[u8]> {
+        self.conns
+            .get(conn as usize)
+            .and_then(|c| c.access.as_ref())
+            .map(|a| a.identity())
+    }
+
     /// Every live grant: `(key, token, expires_ms)`. For tests and tools.
     pub fn grants(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         self.table
@@ -378,6 +447,7 @@ impl Engine {
         c.out.clear();
         c.addr = None;
         c.owner = None;
+        c.access = None;
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
@@ -474,10 +544,17 @@ impl Engine {
                 wait_ms,
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
-                let ok = self.release(now, key, token);
-                if !ok {
-                    self.stats.release_stale += 1;
-                }
+                let ok = match self.release(now, conn, key, token) {
+                    Touch::Done => true,
+                    Touch::Stale => {
+                        self.stats.release_stale += 1;
+                        false
+                    }
+                    Touch::NotHolder => {
+                        self.stats.release_not_holder += 1;
+                        false
+                    }
+                };
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -490,12 +567,20 @@ impl Engine {
                 token,
                 lease_ms,
             } => {
-                let ok = self.renew(now, key, token, lease_ms);
-                if ok {
-                    self.stats.renewed += 1;
-                } else {
-                    self.stats.renew_stale += 1;
-                }
+                let ok = match self.renew(now, conn, key, token, lease_ms) {
+                    Touch::Done => {
+                        self.stats.renewed += 1;
+                        true
+                    }
+                    Touch::Stale => {
+                        self.stats.renew_stale += 1;
+                        false
+                    }
+                    Touch::NotHolder => {
+                        self.stats.renew_not_holder += 1;
+                        false
+                    }
+                };
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -563,7 +648,8 @@ impl Engine {
             addr.as_ref()
                 .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
         );
-        let holder = self.holders.insert(addr, c.owner.as_deref());
+        let identity = c.access.as_ref().map(|a| a.identity());
+        let holder = self.holders.insert(addr, c.owner.as_deref(), identity);
         self.holders.add_ref(holder);
         self.conns[conn as usize].holder = Some(holder);
         holder
@@ -583,7 +669,11 @@ impl Engine {
     fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
         let mut out = std::mem::take(&mut self.conns[conn as usize].out);
         let mut waiters = 0;
-        if let Some(lock) = self.table.find(key) {
+        let hidden = self.conns[conn as usize]
+            .access
+            .as_ref()
+            .is_some_and(|a| !a.may_lock(key));
+        if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
             let l = self.table.lock(lock);
             lock_who(&self.table, &self.holders, now, l).encode(&mut out);
             waiters = self.table.queue_len(l, LIST_WAITERS_CAP);
@@ -597,6 +687,7 @@ impl Engine {
                     holder: crate::proto::Holder {
                         addr: addr.as_deref().map(str::as_bytes),
                         owner,
+                        identity: None,
                     },
                 }
                 .encode(&mut out);
@@ -647,11 +738,14 @@ impl Engine {
         let mut listed = 0;
         let mut next = end;
         let out_start = self.conns[conn as usize].out.len();
+        // With identities, only keys the connection may lock (an admin: all).
+        let access = self.conns[conn as usize].access.take();
+        let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {
                 continue;
             };
-            if !lock.key().starts_with(prefix) {
+            if !lock.key().starts_with(prefix) || hidden(lock.key()) {
                 continue;
             }
             let written = self.conns[conn as usize].out.len() - out_start;
@@ -675,6 +769,7 @@ impl Engine {
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
         }
+        self.conns[conn as usize].access = access;
         let cursor = if next >= bound { 0 } else { next as u64 };
         let end = if who {
             Answer::WhoEnd { cursor }
@@ -735,6 +830,11 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
+        if let Some(access) = &self.conns[conn as usize].access
+            && !access.may_lock(key)
+        {
+            return Err(not_allowed(access, key));
+        }
         let Some(lock) = self
             .table
             .find_or_insert_within(key, self.max_locks as usize)
@@ -764,14 +864,16 @@ impl Engine {
         Ok(())
     }
 
-    fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
+    fn release(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64) -> Touch {
         let Some(lock) = self.table.find(key) else {
-            return false;
+            return Touch::Stale;
         };
-        let holder = &mut self.table.lock_mut(lock).holder;
-        match *holder {
+        match self.table.lock(lock).holder {
             Some(grant) if grant.token == token => {
-                *holder = None;
+                if self.identities && !self.may_touch(conn, grant.holder) {
+                    return Touch::NotHolder;
+                }
+                self.table.lock_mut(lock).holder = None;
                 self.wheel.cancel(grant.timer);
                 self.holders.unref(grant.holder);
                 // A token is the wall clock's ns at its grant (unless the
@@ -781,19 +883,22 @@ impl Engine {
                     .record(now.unix_ns.saturating_sub(token) >> HOLD_SHIFT);
                 self.replicate_release(lock, token);
                 self.hand_off(now, lock);
-                true
+                Touch::Done
             }
-            _ => false,
+            _ => Touch::Stale,
         }
     }
 
-    fn renew(&mut self, now: Now, key: &[u8], token: u64, lease_ms: u64) -> bool {
+    fn renew(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64, lease_ms: u64) -> Touch {
         let Some(lock) = self.table.find(key) else {
-            return false;
+            return Touch::Stale;
         };
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
-            return false;
+            return Touch::Stale;
         };
+        if self.identities && !self.may_touch(conn, grant.holder) {
+            return Touch::NotHolder;
+        }
         self.wheel.cancel(grant.timer);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
@@ -804,7 +909,20 @@ impl Engine {
             holder: grant.holder,
         });
         self.replicate_grant(now, lock);
-        true
+        Touch::Done
+    }
+
+    /// On a node with identities: whether `conn` may release or renew a
+    /// grant held by `holder`: its own identity's, or any as admin. A grant
+    /// whose holder's identity is not known (replicated over a link too old
+    /// to carry it) is released and renewed by an admin only.
+    #[cold]
+    #[inline(never)]
+    fn may_touch(&self, conn: ConnId, holder: u32) -> bool {
+        let Some(access) = &self.conns[conn as usize].access else {
+            return false;
+        };
+        access.is_admin() || self.holders.get(holder).identity == Some(access.identity())
     }
 
     /// Grants the free `lock` to `conn` with `token` (just issued), and
@@ -1033,7 +1151,7 @@ impl Engine {
         self.tokens.observe(token);
         // The new entry first: a renewal names the same holder, whose
         // entry must not go in between.
-        let holder = self.holders.intern(holder.addr, holder.owner);
+        let holder = self.holders.intern(holder);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
             self.holders.unref(old.holder);
@@ -1178,6 +1296,10 @@ impl Engine {
             if !conn.open {
                 assert_eq!(self.table.conn_len(c as ConnId), 0);
                 assert!(conn.holder.is_none() && conn.owner.is_none() && conn.addr.is_none());
+                assert!(
+                    conn.access.is_none(),
+                    "a closed connection kept its identity"
+                );
             }
             if let Some(h) = conn.holder {
                 *refs.entry(h).or_insert(0) += 1;
