@@ -590,7 +590,7 @@ impl Cluster {
         let refused = memchr::memmem::find(line, b"peer protocol version").is_some();
         if refused && p.out_version > wire::MIN_VERSION {
             p.dial_version = p.out_version - 1;
-            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; holders are not replicated to it)", self.cfg.peers[i], p.out_version, p.dial_version);
+            tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release: what its version lacks, holders or their identities, is not replicated to it)", self.cfg.peers[i], p.out_version, p.dial_version);
         }
     }
 
