@@ -345,6 +345,19 @@ fn acquires_outside_the_rules_are_refused(io: &str) {
         "Q b/secret 0",
         "hidden from alice"
     );
+    // A certificate whose name is no usable identity (over 32 bytes) is
+    // refused right after the handshake, before any answer.
+    let long = "a-name-much-longer-than-32-bytes-x";
+    pki.client_ca.issue(&pki.dir, long, &[]);
+    let mut unnamed = pki.connect(server.addr, long);
+    unnamed.send("S");
+    let refused = unnamed.recv().unwrap_or_default();
+    assert!(
+        refused.starts_with("E not allowed: the client certificate's subject common name")
+            && refused.contains("is no usable identity"),
+        "{refused}"
+    );
+    assert_eq!(unnamed.recv(), None);
 }
 
 /// SIGHUP reads `--acl` again: new connections get the new rules; a bad

@@ -665,13 +665,14 @@ impl Node {
         let before = not_holder(self.engine.stats());
         let result = self.engine.handle(now, conn, request);
         let refused_not_holder = not_holder(self.engine.stats()) != before;
-        if refused_not_holder || matches!(result, Err(Refusal::NotAllowed { .. })) {
+        if refused_not_holder || result == Err(Refusal::NotAllowed) {
             let remote = self.remote(conn);
             let who = self.engine.identity_of(conn).map_or_else(
                 || "(no identity)".to_string(),
                 |id| format!("identity \"{}\"", crate::proto::Quoted(id)),
             );
             let what = match (&result, request.key()) {
+                (Err(Refusal::NotAllowed), _) => self.engine.not_allowed_reason().to_string(),
                 (Err(refusal), _) => refusal.to_string(),
                 (Ok(()), Some(key)) => format!(
                     "{} of \"{}\" refused: the grant is another identity's",
@@ -699,6 +700,15 @@ impl Node {
     /// and each connection's identity is given by [`Node::set_access`].
     pub fn require_identities(&mut self) {
         self.engine.require_identities();
+    }
+
+    /// The words of an `E` line for `refusal` (the node's own for a refusal
+    /// by identity, which names the identity and the key).
+    pub(crate) fn refusal_reason(&self, refusal: Refusal) -> String {
+        match refusal {
+            Refusal::NotAllowed => self.engine.not_allowed_reason().to_string(),
+            other => other.to_string(),
+        }
     }
 
     /// Gives `conn` its identity and what the rules allow it (its TLS

@@ -114,11 +114,13 @@ pub struct Now {
 }
 
 /// A request that breaks the connection although it parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// An acquire of a key outside the rules of the connection's identity
-    /// (`--acl`): the words after `not allowed: `.
-    NotAllowed { why: Box<str> },
+    /// (`--acl`). It stays `Copy` (the request path's result is a word):
+    /// the words that name the identity and the key are
+    /// [`Engine::not_allowed_reason`].
+    NotAllowed,
     /// One more than `MAX_WAITING_PER_CONN` waiting acquires.
     TooManyWaiting,
     /// A client request on a connection taken beyond `--max-conns` for the
@@ -136,7 +138,9 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::NotAllowed { why } => write!(f, "not allowed: {why}"),
+            Refusal::NotAllowed => {
+                f.write_str("not allowed: the key is outside the identity's rules")
+            }
             Refusal::TooManyWaiting => write!(
                 f,
                 "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
@@ -202,18 +206,17 @@ enum Touch {
     NotHolder,
 }
 
-/// The refusal of an acquire outside `access`'s rules.
+/// On a node with identities: whether `conn` may release or renew a grant
+/// held by `holder`: its own identity's, or any as admin. A grant whose
+/// holder's identity is not known (replicated over a link too old to carry
+/// it) is released and renewed by an admin only.
 #[cold]
 #[inline(never)]
-fn not_allowed(access: &Access, key: &[u8]) -> Refusal {
-    Refusal::NotAllowed {
-        why: format!(
-            "identity \"{}\" may not lock \"{}\"",
-            crate::proto::Quoted(access.identity()),
-            crate::proto::Quoted(key)
-        )
-        .into(),
-    }
+fn may_touch(conns: &[Conn], holders: &Holders, conn: ConnId, holder: u32) -> bool {
+    let Some(access) = conns.get(conn as usize).and_then(|c| c.access.as_ref()) else {
+        return false;
+    };
+    access.is_admin() || holders.get(holder).identity == Some(access.identity())
 }
 
 /// What the engine's timers are for.
@@ -282,6 +285,8 @@ pub struct Engine {
     /// Client certificates give identities ([`Engine::require_identities`]):
     /// only a grant's holder (or an admin) releases and renews it.
     identities: bool,
+    /// The reason of the last [`Refusal::NotAllowed`].
+    not_allowed: String,
 }
 
 impl Engine {
@@ -314,6 +319,7 @@ impl Engine {
             list_budget: LIST_TURN_SCAN,
             holders: Holders::default(),
             identities: false,
+            not_allowed: String::new(),
         }
     }
 
@@ -830,10 +836,8 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
-        if let Some(access) = &self.conns[conn as usize].access
-            && !access.may_lock(key)
-        {
-            return Err(not_allowed(access, key));
+        if self.identities {
+            self.check_access(conn, key)?;
         }
         let Some(lock) = self
             .table
@@ -868,12 +872,13 @@ impl Engine {
         let Some(lock) = self.table.find(key) else {
             return Touch::Stale;
         };
-        match self.table.lock(lock).holder {
+        let holder = &mut self.table.lock_mut(lock).holder;
+        match *holder {
             Some(grant) if grant.token == token => {
-                if self.identities && !self.may_touch(conn, grant.holder) {
+                if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
                     return Touch::NotHolder;
                 }
-                self.table.lock_mut(lock).holder = None;
+                *holder = None;
                 self.wheel.cancel(grant.timer);
                 self.holders.unref(grant.holder);
                 // A token is the wall clock's ns at its grant (unless the
@@ -896,7 +901,7 @@ impl Engine {
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
             return Touch::Stale;
         };
-        if self.identities && !self.may_touch(conn, grant.holder) {
+        if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
             return Touch::NotHolder;
         }
         self.wheel.cancel(grant.timer);
@@ -912,17 +917,30 @@ impl Engine {
         Touch::Done
     }
 
-    /// On a node with identities: whether `conn` may release or renew a
-    /// grant held by `holder`: its own identity's, or any as admin. A grant
-    /// whose holder's identity is not known (replicated over a link too old
-    /// to carry it) is released and renewed by an admin only.
+    /// On a node with identities: `Err` if `conn`'s identity may not
+    /// acquire `key` (the words are kept for
+    /// [`Engine::not_allowed_reason`]).
     #[cold]
     #[inline(never)]
-    fn may_touch(&self, conn: ConnId, holder: u32) -> bool {
-        let Some(access) = &self.conns[conn as usize].access else {
-            return false;
+    fn check_access(&mut self, conn: ConnId, key: &[u8]) -> Result<(), Refusal> {
+        let c = &self.conns[conn as usize];
+        let identity = match &c.access {
+            Some(access) if access.may_lock(key) => return Ok(()),
+            Some(access) => access.identity(),
+            None => b"-",
         };
-        access.is_admin() || self.holders.get(holder).identity == Some(access.identity())
+        self.not_allowed = format!(
+            "not allowed: identity \"{}\" may not lock \"{}\"",
+            crate::proto::Quoted(identity),
+            crate::proto::Quoted(key)
+        );
+        Err(Refusal::NotAllowed)
+    }
+
+    /// The words of the last [`Refusal::NotAllowed`]: `not allowed: `, the
+    /// identity and the key.
+    pub fn not_allowed_reason(&self) -> &str {
+        &self.not_allowed
     }
 
     /// Grants the free `lock` to `conn` with `token` (just issued), and
