@@ -337,8 +337,10 @@ pub fn encode(s: &Snapshot) -> String {
         ("any", "refused", s.node.requests_refused),
         ("release", "released", e.released()),
         ("release", "stale_token", e.release_stale),
+        ("release", "not_holder", e.release_not_holder),
         ("renew", "renewed", e.renewed),
         ("renew", "stale_token", e.renew_stale),
+        ("renew", "not_holder", e.renew_not_holder),
         ("status", "answered", e.status),
     ] {
         counters

@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// verify each other against it (default: --tls-client-ca).
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_peer_ca: Option<std::path::PathBuf>,
+    /// Who may lock what (with --tls-client-ca): one rule a line,
+    /// `IDENTITY KEY-PREFIX RIGHTS` (docs/security.md). SIGHUP reloads it.
+    /// Without it every client certificate may lock every key.
+    #[arg(long, value_name = "PATH", requires = "tls_client_ca")]
+    pub acl: Option<std::path::PathBuf>,
     /// TLS: a connection whose handshake is not done within this many
     /// milliseconds is closed.
     #[arg(long, default_value_t = 5_000, value_name = "MS")]
@@ -171,6 +176,9 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         },
     );
     let mut node = node;
+    if tls.as_ref().is_some_and(|t| t.tls.acl().is_some()) {
+        node.require_identities();
+    }
     #[cfg(debug_assertions)]
     if std::env::var_os(BREAK_INVARIANT_ENV).is_some() {
         tracing::warn!(
@@ -210,9 +218,17 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     };
     let security = match &config.tls {
         None => "plain text",
+        Some(t) if t.tls.files().acl.is_some() => "TLS, client certificates required, --acl rules",
         Some(t) if t.tls.files().client_ca.is_some() => "TLS, client certificates required",
         Some(_) => "TLS",
     };
+    if config.tls.is_none() && !bound.ip().is_loopback() {
+        tracing::warn!(
+            "listening on {bound} without TLS: anyone who reaches the port may take, renew \
+             and release any lock (give --tls-cert, --tls-key and --tls-client-ca; see \
+             docs/security.md)"
+        );
+    }
     match &backend {
         Backend::Uring => tracing::info!("listening on {bound} (io: uring; {security})"),
         Backend::Epoll { why: None } => {
@@ -248,6 +264,7 @@ fn tls_config(args: &ServeArgs, cluster: bool) -> Result<Option<io::LoopTls>, Se
         key: key.clone(),
         client_ca: args.tls_client_ca.clone(),
         peer_ca: args.tls_peer_ca.clone(),
+        acl: args.acl.clone(),
     };
     if cluster {
         // Each dialed peer's certificate is checked against the host of
@@ -289,6 +306,15 @@ fn spawn_reloader(tls: Option<Arc<Tls>>) -> Result<(), ServeError> {
                     Err(e) => tracing::warn!(
                         "SIGHUP: TLS reload failed, keeping the certificates in use: {e}"
                     ),
+                }
+                match tls.reload_acl() {
+                    Ok(None) => {}
+                    Ok(Some(rules)) => tracing::info!(
+                        "SIGHUP: --acl reloaded ({rules} rules); new connections use them"
+                    ),
+                    Err(e) => {
+                        tracing::warn!("SIGHUP: --acl reload failed, keeping the rules in use: {e}")
+                    }
                 }
             }
         })?;

@@ -14,6 +14,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use crate::access::{Acl, MAX_ACL_BYTES};
+
 /// The files named by `--tls-cert`, `--tls-key`, `--tls-client-ca` and
 /// `--tls-peer-ca`.
 #[derive(Debug, Clone)]
@@ -24,6 +26,8 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
     /// The CA that signs the nodes' certificates (default: `client_ca`).
     pub peer_ca: Option<PathBuf>,
+    /// `--acl`: who may lock what (with `client_ca` only).
+    pub acl: Option<PathBuf>,
 }
 
 /// One loading of the files: what new connections are made with.
@@ -47,6 +51,9 @@ pub struct Tls {
     files: TlsFiles,
     cluster: bool,
     current: Mutex<Arc<TlsConfigs>>,
+    /// With client certificates: the rules new connections get (`--acl`,
+    /// or without it every identity may lock every key).
+    acl: Mutex<Option<Arc<Acl>>>,
 }
 
 impl Tls {
@@ -54,11 +61,48 @@ impl Tls {
     /// needed (`--tls-peer-ca`, or else `--tls-client-ca`).
     pub fn load(files: TlsFiles, cluster: bool) -> Result<Tls, String> {
         let configs = build(&files, cluster)?;
+        let acl = match (&files.client_ca, &files.acl) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err("--acl needs --tls-client-ca: identities come from client \
+                            certificates"
+                    .into());
+            }
+            (Some(_), None) => Some(Arc::new(Acl::allow_all())),
+            (Some(_), Some(path)) => Some(Arc::new(load_acl(path)?)),
+        };
         Ok(Tls {
             files,
             cluster,
             current: Mutex::new(Arc::new(configs)),
+            acl: Mutex::new(acl),
         })
+    }
+
+    /// The rules new connections get: `None` without client certificates
+    /// (no identities).
+    pub fn acl(&self) -> Option<Arc<Acl>> {
+        match self.acl.lock() {
+            Ok(a) => a.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Reads `--acl` again. On success new connections get the new rules
+    /// (connections already open keep theirs) and `Ok` says how many there
+    /// are; `Ok(None)` without `--acl`; on failure the old rules stay in
+    /// force and the error says why (the line number with it).
+    pub fn reload_acl(&self) -> Result<Option<usize>, String> {
+        let Some(path) = &self.files.acl else {
+            return Ok(None);
+        };
+        let acl = Arc::new(load_acl(path)?);
+        let rules = acl.len();
+        match self.acl.lock() {
+            Ok(mut a) => *a = Some(acl),
+            Err(poisoned) => *poisoned.into_inner() = Some(acl),
+        }
+        Ok(Some(rules))
     }
 
     /// The configurations new connections use.
@@ -84,6 +128,27 @@ impl Tls {
     pub fn files(&self) -> &TlsFiles {
         &self.files
     }
+}
+
+/// Reads and parses an `--acl` file; the error names the file and, for a
+/// bad rule, its line.
+pub fn load_acl(path: &Path) -> Result<Acl, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read --acl {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ACL_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read --acl {}: {e}", path.display()))?;
+    if bytes.len() > MAX_ACL_BYTES {
+        return Err(format!(
+            "--acl {} is larger than {MAX_ACL_BYTES} bytes",
+            path.display()
+        ));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("--acl {} is not UTF-8 text", path.display()))?;
+    Acl::parse(&text).map_err(|e| format!("bad --acl {}: {e}", path.display()))
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

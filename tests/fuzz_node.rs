@@ -128,6 +128,7 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
             holder: ringlock::proto::Holder {
                 addr: (rng.below(2) == 0).then_some(&b"[::1]:65535"[..]),
                 owner: (rng.below(2) == 0).then_some(b"fuzz/1"),
+                identity: None,
             },
         },
         6 => PeerMsg::Release { key: &k, token },

@@ -222,7 +222,8 @@ fn fingerprint(c: &Cluster) -> String {
 /// `addr`, with a new incarnation and a random nonce.
 fn hello(fp: &str, from: usize, addr: &str) -> String {
     format!(
-        "P HELLO 3 {fp} {from} {addr} {} {}",
+        "P HELLO {} {fp} {from} {addr} {} {}",
+        wire::VERSION,
         ringlock::secret::random_u64().unwrap(),
         random_hex(auth::NONCE_LEN)
     )
@@ -341,8 +342,9 @@ fn accept_hello_from(listener: &TcpListener, from: usize, within: Duration) -> (
         };
         let f: Vec<&str> = first.split(' ').collect();
         assert!(
-            f.len() == 8 && f[..3] == ["P", "HELLO", "4"],
-            "a dialer's first line is not a HELLO of version 4: {first:?}"
+            f.len() == 8 && f[..2] == ["P", "HELLO"] && f[2] == wire::VERSION.to_string(),
+            "a dialer's first line is not a HELLO of version {}: {first:?}",
+            wire::VERSION
         );
         if f[4] == from.to_string() {
             return (stranger, first);

@@ -170,3 +170,41 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatalf("a key that does not match: %v", err)
 	}
 }
+
+// An acquire outside the rules of the client certificate's identity
+// (--acl) is ErrNotAllowed at once, not retried, and the identity may
+// still lock what its rules allow.
+func TestNotAllowedByTheRules(t *testing.T) {
+	nodes := newPKI(t, "node-ca")
+	clients := newPKI(t, "client-ca")
+	cert, key := nodes.issue(t, "127.0.0.1", x509.ExtKeyUsageServerAuth)
+	// The client certificate's identity is its DNS name, "job".
+	acl := filepath.Join(clients.dir, "acl")
+	if err := os.WriteFile(acl, []byte("job a/ lock\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := startSingle(t, "--tls-cert", cert, "--tls-key", key,
+		"--tls-client-ca", clients.ca("client-ca"), "--acl", acl)
+	ctx := ctxFor(t, 20*time.Second)
+	ccert, ckey := clients.issue(t, "job", x509.ExtKeyUsageClientAuth)
+	conf, err := ringlock.LoadTLS(nodes.ca("node-ca"), ccert, ckey, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, []string{n.addr}, &ringlock.Options{TLS: conf})
+	started := time.Now()
+	_, err = c.Lock(ctx, "b/x", 5*time.Second, 5*time.Second)
+	if !errors.Is(err, ringlock.ErrNotAllowed) || !strings.Contains(err.Error(), `identity "job" may not lock "b/x"`) {
+		t.Fatalf("outside the rules: %v", err)
+	}
+	if took := time.Since(started); took > 2*time.Second {
+		t.Fatalf("a refusal is not retried, but it took %v", took)
+	}
+	l, err := c.Lock(ctx, "a/x", 5*time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := l.Release(ctx); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+}

@@ -71,6 +71,9 @@ pub const EXIT_PROTOCOL: u8 = 70;
 pub const EXIT_TIMEOUT: u8 = 75;
 /// Exit status: `run` lost the lock while the command ran.
 pub const EXIT_LOST: u8 = 76;
+/// Exit status: the node refused the request for this client's identity
+/// (`E not allowed: ...`; EX_NOPERM). Not retried.
+pub const EXIT_NOT_ALLOWED: u8 = 77;
 /// Exit status: standard output could not be written (EX_IOERR).
 pub const EXIT_OUTPUT: u8 = 74;
 /// Exit status: standard output is a pipe that its reader closed: what a
@@ -105,10 +108,13 @@ pub enum ClientCommand {
     /// Inside `ringlock run KEY` (RINGLOCK_KEY is KEY) it refuses at once
     /// and exits 2: locks are not reentrant, it would wait for itself.
     Acquire(AcquireArgs),
-    /// Release KEY's grant that carries TOKEN.
+    /// Release KEY's grant that carries TOKEN (or, with --force, whoever's
+    /// grant KEY has).
     ///
     /// Exits 1 if no grant of KEY carries TOKEN (released before, expired,
-    /// never issued). Retries for 5 s on connection trouble, then exits 69.
+    /// never issued; with --force: KEY is not held, or its grant is
+    /// another identity's and this client's certificate is not an admin's).
+    /// Retries for 5 s on connection trouble, then exits 69.
     Release(ReleaseArgs),
     /// Renew KEY's grant that carries TOKEN for LEASE from now.
     ///
@@ -279,7 +285,14 @@ pub struct ReleaseArgs {
     #[arg(value_parser = clap::value_parser!(OsString))]
     pub key: OsString,
     /// The token that `acquire` printed.
-    pub token: u64,
+    #[arg(required_unless_present = "force")]
+    pub token: Option<u64>,
+    /// An operator's release of whoever holds KEY: looks its token up (as
+    /// `ringlock locks` does) and releases that grant. With client
+    /// certificates and --acl on the node, only an identity with the admin
+    /// right may release another identity's grant.
+    #[arg(long, conflicts_with = "token")]
+    pub force: bool,
     #[command(flatten)]
     pub server: ServerArg,
 }
@@ -453,6 +466,7 @@ fn fail(err: &Error) -> u8 {
         Error::Timeout => EXIT_TIMEOUT,
         Error::InvalidArgument(_) => EXIT_USAGE,
         Error::Protocol(_) => EXIT_PROTOCOL,
+        Error::NotAllowed(_) => EXIT_NOT_ALLOWED,
         _ => EXIT_UNAVAILABLE,
     }
 }
@@ -677,17 +691,77 @@ async fn release(args: ReleaseArgs) -> u8 {
         Ok(pair) => pair,
         Err(code) => return code,
     };
-    match client.release(&key, args.token).await {
-        Ok(true) => 0,
+    let token = match args.token {
+        Some(token) => token,
+        None => match holder_token(&key, &args.server).await {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                eprintln!("ringlock: nobody holds {}", show_key(&key));
+                return EXIT_NOT_HELD;
+            }
+            Err(code) => return code,
+        },
+    };
+    match client.release(&key, token).await {
+        Ok(true) => {
+            if args.force {
+                eprintln!("ringlock: released {} (token {token})", show_key(&key));
+            }
+            0
+        }
+        Ok(false) if args.force => {
+            eprintln!(
+                "ringlock: the grant of {} with token {token} was not released: it ended \
+                 meanwhile, or it is another identity's and this certificate's identity is \
+                 not an admin",
+                show_key(&key)
+            );
+            EXIT_NOT_HELD
+        }
         Ok(false) => {
             eprintln!(
-                "ringlock: no grant of {} carries token {} (released before, expired, or never issued)",
-                show_key(&key),
-                args.token
+                "ringlock: no grant of {} carries token {token} (released before, expired, or never issued)",
+                show_key(&key)
             );
             EXIT_NOT_HELD
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// `release --force`: the token of `key`'s grant, as the active node lists
+/// it (`None`: not held). `Err` is the exit status, the reason printed.
+async fn holder_token(key: &[u8], server: &ServerArg) -> Result<Option<u64>, u8> {
+    let limit = Duration::from_secs(5);
+    let addrs = servers(server);
+    let tls = tls_of(server).map_err(|e| fail(&e))?;
+    let Some(addr) = node_to_list(&addrs, limit, tls.as_ref()).await else {
+        eprintln!("ringlock: no node of {} answered", addrs.join(","));
+        return Err(EXIT_UNAVAILABLE);
+    };
+    // Keys that start with `key` come in table order: page until it shows.
+    let mut cursor = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let answer = match &tls {
+            None => list_locks(&addr, key, cursor, 1000, limit).await,
+            Some(tls) => list_locks_tls(&addr, key, cursor, 1000, limit, tls).await,
+        };
+        let (locks, next) = answer.map_err(|e| fail(&e))?;
+        if let Some(lock) = locks.iter().find(|l| l.key == key) {
+            return Ok(Some(lock.token).filter(|&t| t != 0));
+        }
+        if next == 0 {
+            return Ok(None);
+        }
+        if started.elapsed() > limit {
+            eprintln!(
+                "ringlock: {addr} did not list {} within {limit:?}",
+                show_key(key)
+            );
+            return Err(EXIT_UNAVAILABLE);
+        }
+        cursor = next;
     }
 }
 

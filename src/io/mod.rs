@@ -67,6 +67,7 @@ impl LoopTls {
             rustls::Connection::Server(conn),
             now_ms.saturating_add(self.handshake_ms),
             configs.peer_check.clone(),
+            self.tls.acl(),
         ))
     }
 
@@ -82,6 +83,7 @@ impl LoopTls {
         Ok(Lifecycle::with_tls(
             rustls::Connection::Client(conn),
             now_ms.saturating_add(self.handshake_ms),
+            None,
             None,
         ))
     }

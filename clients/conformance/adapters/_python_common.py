@@ -68,6 +68,8 @@ def error(cid: int, e: BaseException) -> Dict[str, Any]:
         kind = "connection"
     elif isinstance(e, ringlock.NoActiveNode):
         kind = "no_active"
+    elif isinstance(e, ringlock.NotAllowed):
+        kind = "not_allowed"
     elif isinstance(e, ringlock.ProtocolError):
         kind = "protocol"
     elif isinstance(e, ringlock.InvalidArgument):

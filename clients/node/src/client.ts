@@ -11,6 +11,7 @@ import { setMaxListeners } from "node:events";
 
 import { Broken, Conn, DialError, dial, Lost, type Owner, type Reply, type Timing } from "./conn.js";
 import {
+  brokenError,
   ClosedError,
   ConnectionError,
   InvalidArgumentError,
@@ -743,7 +744,7 @@ export class Client implements Owner, AsyncDisposable {
         state.failure = new ConnectionError(reply.why);
         continue;
       }
-      if (reply instanceof Broken) throw new ProtocolError(reply.why);
+      if (reply instanceof Broken) throw brokenError(reply.why);
       switch (reply.op) {
         case "A":
           return new Grant(key, reply.token, lms, sent + lms);
@@ -839,7 +840,7 @@ export class Client implements Owner, AsyncDisposable {
           const bound = Math.min(t.requestTimeoutMs, until - at);
           const reply: Reply = await conn.call(op, key, line, { signal, timeoutMs: bound });
           noActive = false;
-          if (reply instanceof Broken) throw new ProtocolError(reply.why);
+          if (reply instanceof Broken) throw brokenError(reply.why);
           if (reply instanceof Lost) {
             last = reply.why;
           } else if (reply.op === op) {
@@ -902,7 +903,7 @@ export class Client implements Owner, AsyncDisposable {
         timeoutMs: limit,
         ...(signal !== undefined ? { signal } : {}),
       });
-      if (reply instanceof Broken) throw new ProtocolError(reply.why);
+      if (reply instanceof Broken) throw brokenError(reply.why);
       if (reply instanceof Lost) {
         if (reply.why.includes("did not answer")) throw new ConnectionError(`${addr}: no answer to S within ${showMs(limit)}`);
       } else if (reply.op === "S") {
@@ -931,7 +932,7 @@ export class Client implements Owner, AsyncDisposable {
       ),
     );
     for (const r of replies) {
-      if (r instanceof Broken) throw new ProtocolError(r.why);
+      if (r instanceof Broken) throw brokenError(r.why);
       if (r instanceof Lost) {
         throw new ConnectionError(
           r.why.includes("did not answer")

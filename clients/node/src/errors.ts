@@ -112,14 +112,19 @@ export class InvalidArgumentError extends RinglockError {
 }
 
 /**
- * A server refused the request for this client's identity (access rules).
- * The protocol this client speaks has no such refusal yet: no server of this
- * version throws it; it is here so that code can handle it once servers do.
+ * A server refused the request for this client's identity: an acquire of a
+ * key outside the rules of its certificate's identity (the server's `E`
+ * reason says "not allowed"). Not retried: it would be refused again.
  */
 export class NotAllowedError extends RinglockError {
   constructor(message: string) {
     super("not_allowed", message);
   }
+}
+
+/** The error for an `E` line or a broken answer: `NotAllowedError` if the reason says "not allowed", else `ProtocolError`. */
+export function brokenError(why: string): RinglockError {
+  return /not allowed/i.test(why) ? new NotAllowedError(why) : new ProtocolError(why);
 }
 
 /** The client was closed (before or during the call). */

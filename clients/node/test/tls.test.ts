@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { Client, ConnectionError, nodeStatus, tlsFromFiles } from "../src/index.js";
+import { Client, ConnectionError, NotAllowedError, ProtocolError, nodeStatus, tlsFromFiles } from "../src/index.js";
 import { failOnUnhandledRejections, startServer } from "./helpers.js";
 
 failOnUnhandledRejections();
@@ -65,6 +65,30 @@ test("TLS with client certificates: locks work; the wrong CA, no certificate or 
     await fails({ tls: tlsFromFiles({ caFile: f("node-ca.pem") }) }, /requires a client certificate|does not accept our client certificate|TLS/);
     await fails({ tls: { ...tls, serverName: "other.example" } }, /does not name the address dialed/);
     await fails({}, /E this port speaks TLS/);
+  } finally {
+    await server.kill();
+  }
+});
+
+test("an acquire outside the identity's rules is NotAllowedError, not retried", { skip: hasOpenssl ? false : "openssl is not on PATH", timeout: 60_000 }, async () => {
+  const dir = certs();
+  const f = (n: string): string => join(dir, n);
+  // The client certificate names no SAN: its identity is its CN, "client".
+  writeFileSync(f("acl"), "client a/ lock\n");
+  const server = await startServer("--tls-cert", f("node.pem"), "--tls-key", f("node.key"), "--tls-client-ca", f("client-ca.pem"), "--acl", f("acl"));
+  try {
+    const tls = tlsFromFiles({ caFile: f("node-ca.pem"), certFile: f("client.pem"), keyFile: f("client.key") });
+    await using client = await Client.connect(server.addr, { tls });
+    const started = Date.now();
+    await assert.rejects(client.acquire("b/x", { leaseMs: 5000, waitMs: 5000 }), (e: unknown) => {
+      assert.ok(e instanceof NotAllowedError && !(e instanceof ProtocolError), String(e));
+      assert.match(e.message, /not allowed: identity "client" may not lock "b\/x"/);
+      return true;
+    });
+    assert.ok(Date.now() - started < 2000, "not retried");
+    const g = await client.acquire("a/x", { leaseMs: 5000 });
+    assert.ok(g);
+    assert.equal(await client.release(g.key, g.token), true);
   } finally {
     await server.kill();
   }

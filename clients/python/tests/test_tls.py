@@ -25,6 +25,7 @@ from ringlock import (
     Client,
     ConnectionFailed,
     InvalidArgument,
+    NotAllowed,
     ProtocolError,
     TlsConfig,
     async_node_status,
@@ -186,6 +187,30 @@ def test_mutual_tls_with_and_without_a_client_certificate(tls_server, pki: Pki):
     stranger_cert, stranger_key = pki.other_ca.issue("stranger", ["client.example"])
     with pytest.raises(ConnectionFailed, match="does not accept our client certificate"):
         Client(server.addr, tls=TlsConfig(pki.node_ca.pem, stranger_cert, stranger_key))
+
+
+def test_an_acquire_outside_the_rules_is_not_allowed_and_not_retried(tls_server, pki: Pki, tmp_path):
+    # The client certificate's identity is its DNS name, client.example.
+    acl = tmp_path / "acl"
+    acl.write_text("client.example a/ lock\n")
+    server = tls_server("--tls-client-ca", pki.client_ca.pem, "--acl", str(acl))
+    tls = TlsConfig(pki.node_ca.pem, pki.client_cert, pki.client_key)
+    with Client(server.addr, tls=tls) as client:
+        e, took = _timed(lambda: client.acquire("b/x", 5, wait=5))
+        assert isinstance(e, NotAllowed) and not isinstance(e, ProtocolError), repr(e)
+        assert 'not allowed: identity "client.example" may not lock "b/x"' in str(e), str(e)
+        assert took < 2, f"not retried: {took:.1f} s"
+        grant = client.acquire("a/x", 5, wait=5)
+        assert grant is not None and client.release("a/x", grant.token)
+
+    async def main() -> None:
+        async with AsyncClient([server.addr], tls=tls) as client:
+            with pytest.raises(NotAllowed, match="may not lock"):
+                await client.acquire("b/y", 5, wait=5)
+            grant = await client.acquire("a/y", 5, wait=5)
+            assert grant is not None
+
+    asyncio.run(main())
 
 
 def test_wrong_ca_and_expired_server_certificate(tls_server, pki: Pki):

@@ -233,6 +233,7 @@ fn kind(e: &Error) -> &'static str {
         Error::NoActiveNode => "no_active",
         Error::Protocol(_) => "protocol",
         Error::InvalidArgument(_) => "invalid_argument",
+        Error::NotAllowed(_) => "not_allowed",
         _ => "other",
     }
 }

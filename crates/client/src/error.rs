@@ -29,6 +29,12 @@ pub enum Error {
     /// The call was refused before anything was sent: a bad key, a lease or
     /// wait out of range, token 0, an empty address list.
     InvalidArgument(String),
+    /// A node refused the request for this client's identity: an acquire of
+    /// a key outside the rules of its certificate's identity, or a
+    /// certificate that names no usable identity (the node's `E` reason
+    /// says "not allowed"; the text holds it). Not retried: it would be
+    /// refused again.
+    NotAllowed(String),
 }
 
 impl Error {
@@ -47,6 +53,22 @@ impl Error {
     pub fn is_protocol(&self) -> bool {
         matches!(self, Error::Protocol(_))
     }
+
+    /// True for [`Error::NotAllowed`].
+    pub fn is_not_allowed(&self) -> bool {
+        matches!(self, Error::NotAllowed(_))
+    }
+
+    /// The error for an `E` line (or a broken answer) a node sent: a
+    /// refusal by identity if its reason says "not allowed", else a
+    /// protocol error.
+    pub(crate) fn from_refusal(why: String) -> Error {
+        if why.to_ascii_lowercase().contains("not allowed") {
+            Error::NotAllowed(why)
+        } else {
+            Error::Protocol(why)
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -57,6 +79,7 @@ impl fmt::Display for Error {
             Error::NoActiveNode => f.write_str("no active node in the cluster"),
             Error::Protocol(why) => write!(f, "protocol error: {why}"),
             Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
+            Error::NotAllowed(why) => write!(f, "not allowed: {why}"),
         }
     }
 }

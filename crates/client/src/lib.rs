@@ -661,7 +661,7 @@ impl Client {
                     }
                     state.failure = Some(Error::Connection(why));
                 }
-                Reply::Protocol(why) => return Err(Error::Protocol(why)),
+                Reply::Protocol(why) => return Err(Error::from_refusal(why)),
                 other => return Err(unexpected("A", &other)),
             }
         }
@@ -841,7 +841,7 @@ impl Client {
                     });
                 }
                 Ok(Reply::Lost(_)) => {}
-                Ok(Reply::Protocol(why)) => return Err(Error::Protocol(why)),
+                Ok(Reply::Protocol(why)) => return Err(Error::from_refusal(why)),
                 Ok(other) => return Err(unexpected("S", &other)),
                 Err(_) => {
                     return Err(Error::Connection(format!(
@@ -897,7 +897,7 @@ impl Client {
             };
             match reply {
                 Reply::Status { .. } => {}
-                Reply::Protocol(why) => return Err(Error::Protocol(why)),
+                Reply::Protocol(why) => return Err(Error::from_refusal(why)),
                 Reply::Lost(_) => {
                     return Err(Error::Connection("a connection dropped during sync".into()));
                 }
@@ -966,7 +966,7 @@ impl Client {
                         no_active = true;
                     }
                     Reply::Lost(why) => last = why,
-                    Reply::Protocol(why) => return Err(Error::Protocol(why)),
+                    Reply::Protocol(why) => return Err(Error::from_refusal(why)),
                     other => {
                         return Err(unexpected(
                             if op == Op::Release { "R" } else { "N" },

@@ -5,6 +5,8 @@
 //! takes a lock. The event loops of the `ringlock` package (io_uring and
 //! epoll) and the simulator of its tests drive it alike.
 //!
+//! - [`access`]: client identities from certificates and the `--acl`
+//!   rules (who may lock what).
 //! - [`engine`]: the lock table, its timers and fencing tokens: takes
 //!   `(now, connection, request)` and writes answers into per-connection
 //!   output buffers.
@@ -20,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod cluster;
 pub mod driver;
 pub mod engine;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 
+use crate::access::Acl;
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
 use crate::session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
@@ -98,6 +99,9 @@ struct TlsLayer {
     /// connection's certificate is signed by the peer CA before it may
     /// speak as a peer.
     peer_check: Option<Arc<dyn ClientCertVerifier>>,
+    /// For accepted connections of a node with client certificates: the
+    /// rules that say what the certificate's identity may do.
+    acl: Option<Arc<Acl>>,
     /// Our `close_notify` is queued (a closing connection).
     close_queued: bool,
     /// TLS failed (or the client spoke plain text): nothing more is
@@ -129,11 +133,14 @@ impl Lifecycle {
     /// (accepted) or client connection (a dialed peer link). Its handshake
     /// must be over by `handshake_until` ([`Lifecycle::handshake_expired`]).
     /// With `peer_check` (accepted, node with peers), peer lines are
-    /// refused unless the certificate passes it.
+    /// refused unless the certificate passes it. With `acl` (accepted, node
+    /// with client certificates) the certificate's identity is the
+    /// connection's, with what `acl` allows it ([`crate::access`]).
     pub fn with_tls(
         conn: rustls::Connection,
         handshake_until: u64,
         peer_check: Option<Arc<dyn ClientCertVerifier>>,
+        acl: Option<Arc<Acl>>,
     ) -> Lifecycle {
         let mut life = Lifecycle::new();
         if matches!(conn, rustls::Connection::Server(_)) {
@@ -147,6 +154,7 @@ impl Lifecycle {
             handshake_until,
             first: true,
             peer_check,
+            acl,
             close_queued: false,
             dead: false,
         }));
@@ -299,17 +307,11 @@ impl Lifecycle {
                 break;
             }
             if was_handshaking && !tls.conn.is_handshaking() {
-                // The handshake is done: may this connection speak as a peer?
-                if let (Some(check), rustls::Connection::Server(server)) =
-                    (&tls.peer_check, &tls.conn)
-                {
-                    let ok = server
-                        .peer_certificates()
-                        .is_some_and(|chain| is_peer_certificate(&**check, chain, now.unix_ns));
-                    self.session.refuse_peer_lines(!ok);
-                } else {
-                    self.session.refuse_peer_lines(false);
-                }
+                // The handshake is done.
+                broken = handshake_done(tls, &mut self.session, node, now, conn);
+            }
+            if broken {
+                break;
             }
             // The plaintext, fed where rustls decrypted it.
             loop {
@@ -508,6 +510,52 @@ fn encrypt(conn: &mut rustls::Connection, plain: &mut Vec<u8>) {
     } else {
         plain.drain(..taken);
     }
+}
+
+/// A TLS connection's handshake just ended: may it speak as a peer (its
+/// certificate is signed by the peer CA), and, on a node with client
+/// certificates, what is its identity and what may it do? True if the
+/// connection is refused (its `E` line is in its output): a client whose
+/// certificate names no usable identity.
+fn handshake_done(
+    tls: &TlsLayer,
+    session: &mut Session,
+    node: &mut Node,
+    now: Now,
+    conn: ConnId,
+) -> bool {
+    let rustls::Connection::Server(server) = &tls.conn else {
+        session.refuse_peer_lines(false);
+        return false;
+    };
+    let peer = tls.peer_check.as_ref().map(|check| {
+        server
+            .peer_certificates()
+            .is_some_and(|chain| is_peer_certificate(&**check, chain, now.unix_ns))
+    });
+    session.refuse_peer_lines(peer == Some(false));
+    let Some(acl) = &tls.acl else {
+        return false;
+    };
+    let end = server.peer_certificates().and_then(|chain| chain.first());
+    let why = match end.map(|cert| crate::access::identity_of(cert)) {
+        Some(Ok(identity)) => {
+            node.set_access(conn, acl.access(&identity));
+            return false;
+        }
+        // A node of the cluster whose certificate names no usable identity
+        // is still a peer (it locks nothing).
+        _ if peer == Some(true) => return false,
+        Some(Err(why)) => why,
+        None => "the client presented no certificate".to_string(),
+    };
+    node.identity_refused(now, conn, &why);
+    let reason = format!("not allowed: {why}");
+    crate::proto::Answer::Error {
+        reason: reason.as_bytes(),
+    }
+    .encode(node.output_mut(conn));
+    true
 }
 
 /// Whether the certificate chain an accepted connection presented is signed

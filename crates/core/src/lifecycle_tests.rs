@@ -212,6 +212,7 @@ fn tls_pair(now: Now) -> (Lifecycle, rustls::ClientConnection) {
         rustls::Connection::Server(rustls::ServerConnection::new(Arc::new(server)).unwrap()),
         now.ms + 1000,
         None,
+        None,
     );
     let client = rustls::ClientConnection::new(
         Arc::new(client),

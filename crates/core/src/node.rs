@@ -119,6 +119,9 @@ pub struct Node {
     summary: Summary,
     /// TLS failures of connections (handshakes, plain text on a TLS port).
     tls_log: LogLimiter,
+    /// Refusals by identity: releases and renewals of another identity's
+    /// grant, acquires outside the rules (with client certificates only).
+    access_log: LogLimiter,
     /// When the lock table's walker runs next ([`Node::check_after_turn`]).
     #[cfg(debug_assertions)]
     next_table_check_ms: u64,
@@ -183,6 +186,7 @@ impl Node {
                 ..Summary::default()
             },
             tls_log: LogLimiter::default(),
+            access_log: LogLimiter::default(),
             #[cfg(debug_assertions)]
             next_table_check_ms: 0,
             #[cfg(debug_assertions)]
@@ -225,6 +229,8 @@ impl Node {
             .wrapping_add(e.release_stale)
             .wrapping_add(e.renewed)
             .wrapping_add(e.renew_stale)
+            .wrapping_add(e.release_not_holder)
+            .wrapping_add(e.renew_not_holder)
             .wrapping_add(e.status)
             .wrapping_add(e.lease_expiries)
             .wrapping_add(n.conns_opened)
@@ -575,6 +581,9 @@ impl Node {
         if self.accept_log.suppressed > 0 {
             self.accept_log.roll(now, "failed accepts");
         }
+        if self.access_log.suppressed > 0 {
+            self.access_log.roll(now, "refusals by identity");
+        }
         if now.ms >= self.summary.since_ms + SUMMARY_EVERY_MS {
             self.summarize(now);
         }
@@ -630,11 +639,91 @@ impl Node {
             self.stats.requests_refused += 1;
             return Err(Refusal::TooManyConns);
         }
+        if self.engine.requires_identities() {
+            return self.handle_identified(now, conn, request);
+        }
         let result = self.engine.handle(now, conn, request);
         if result.is_err() {
             self.stats.requests_refused += 1;
         }
         result
+    }
+
+    /// [`Node::handle_request`] on a node with client identities: the same,
+    /// and a refusal by identity is logged (rate-limited).
+    #[cold]
+    #[inline(never)]
+    fn handle_identified(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        request: Request<'_>,
+    ) -> Result<(), Refusal> {
+        let not_holder = |e: &crate::engine::stats::EngineStats| {
+            e.release_not_holder.wrapping_add(e.renew_not_holder)
+        };
+        let before = not_holder(self.engine.stats());
+        let result = self.engine.handle(now, conn, request);
+        let refused_not_holder = not_holder(self.engine.stats()) != before;
+        if refused_not_holder || result == Err(Refusal::NotAllowed) {
+            let remote = self.remote(conn);
+            let who = self.engine.identity_of(conn).map_or_else(
+                || "(no identity)".to_string(),
+                |id| format!("identity \"{}\"", crate::proto::Quoted(id)),
+            );
+            let what = match (&result, request.key()) {
+                (Err(Refusal::NotAllowed), _) => self.engine.not_allowed_reason().to_string(),
+                (Err(refusal), _) => refusal.to_string(),
+                (Ok(()), Some(key)) => format!(
+                    "{} of \"{}\" refused: the grant is another identity's",
+                    if matches!(request, Request::Release { .. }) {
+                        "release"
+                    } else {
+                        "renewal"
+                    },
+                    crate::proto::Quoted(key)
+                ),
+                (Ok(()), None) => "refused".to_string(),
+            };
+            self.access_log.log(now, "refusals by identity", || {
+                format!("{who} at {remote}: {what}")
+            });
+        }
+        if result.is_err() {
+            self.stats.requests_refused += 1;
+        }
+        result
+    }
+
+    /// A node with client certificates (`--tls-client-ca`): grants are
+    /// released and renewed by their holder's identity (or an admin) only,
+    /// and each connection's identity is given by [`Node::set_access`].
+    pub fn require_identities(&mut self) {
+        self.engine.require_identities();
+    }
+
+    /// The words of an `E` line for `refusal` (the node's own for a refusal
+    /// by identity, which names the identity and the key).
+    pub(crate) fn refusal_reason(&self, refusal: Refusal) -> String {
+        match refusal {
+            Refusal::NotAllowed => self.engine.not_allowed_reason().to_string(),
+            other => other.to_string(),
+        }
+    }
+
+    /// Gives `conn` its identity and what the rules allow it (its TLS
+    /// handshake just ended). A node with identities only.
+    pub(crate) fn set_access(&mut self, conn: ConnId, access: crate::access::Access) {
+        self.engine.set_access(conn, access);
+    }
+
+    /// Logs that a connection was refused for its certificate's identity
+    /// (rate-limited).
+    pub(crate) fn identity_refused(&mut self, now: Now, conn: ConnId, why: &str) {
+        let remote = self.remote(conn);
+        self.access_log.log(now, "refusals by identity", || {
+            format!("connection with {remote} refused: {why}")
+        });
     }
 
     /// True if `conn` is a peer link (either way, authenticated or not): a

@@ -179,7 +179,8 @@ impl Session {
                 Ok(Some((request, used))) => {
                     self.lines += 1;
                     if let Err(refusal) = node.handle_request(now, conn, request) {
-                        return broken(node, conn, self.lines, refusal);
+                        let reason = node.refusal_reason(refusal);
+                        return broken(node, conn, self.lines, reason);
                     }
                     data = &data[used..];
                 }

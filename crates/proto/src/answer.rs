@@ -28,11 +28,15 @@ impl fmt::Display for Role {
 
 /// Who holds a grant, or waits: the address of the connection that asked,
 /// as the server saw it, and that connection's owner label (`O`). Each is
-/// `-` on the wire when unknown (`None`).
+/// `-` on the wire when unknown (`None`). With client certificates the
+/// holder also has an identity (from its certificate), which the client
+/// protocol never shows: only the peer protocol carries it, so that a
+/// standby knows who may release and renew the grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Holder<'a> {
     pub addr: Option<&'a [u8]>,
     pub owner: Option<&'a [u8]>,
+    pub identity: Option<&'a [u8]>,
 }
 
 /// One answer line. `addr` is `None` for `-` (no known active node).
@@ -205,7 +209,11 @@ fn holder<'a>(addr: &'a [u8], owner: &'a [u8]) -> Option<Holder<'a>> {
         o if is_valid_owner(o) => Some(o),
         _ => return None,
     };
-    Some(Holder { addr, owner })
+    Some(Holder {
+        addr,
+        owner,
+        identity: None,
+    })
 }
 
 #[inline]
@@ -418,6 +426,7 @@ mod tests {
         let holder = Holder {
             addr: Some(&addr),
             owner: Some(&owner),
+            identity: None,
         };
         for (answer, most) in [
             (
@@ -459,6 +468,7 @@ mod tests {
                 holder: Holder {
                     addr: Some(b"[::1]:50000"),
                     owner: Some(b"host-a/1234"),
+                    identity: None,
                 },
             },
             Answer::LockWho {
@@ -475,6 +485,7 @@ mod tests {
                 holder: Holder {
                     addr: Some(b"127.0.0.1:1"),
                     owner: None,
+                    identity: None,
                 },
             },
             Answer::QueueEnd {

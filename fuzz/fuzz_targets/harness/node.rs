@@ -969,6 +969,7 @@ impl Harness {
                         ringlock::proto::Holder {
                             addr: Some(b"127.0.0.1:9"),
                             owner: Some(b"fuzz/1"),
+                            identity: Some(b"fuzz-client"),
                         }
                     } else {
                         ringlock::proto::Holder::default()

@@ -34,6 +34,7 @@ from .errors import (
     LockLost,
     LockTimeout,
     NoActiveNode,
+    NotAllowed,
     ProtocolError,
     RinglockError,
 )
@@ -69,5 +70,6 @@ __all__ = [
     "ConnectionFailed",
     "NoActiveNode",
     "ProtocolError",
+    "NotAllowed",
     "InvalidArgument",
 ]

@@ -52,6 +52,7 @@ from .errors import (
     LockTimeout,
     NoActiveNode,
     ProtocolError,
+    broken_error,
     RinglockError,
 )
 
@@ -1115,7 +1116,7 @@ class AsyncClient:
                     continue
                 raise ProtocolError(f"unexpected answer to A: {reply.op}")
             if isinstance(reply, _Broken):
-                raise ProtocolError(reply.why)
+                raise broken_error(reply.why)
             failed += 1
             if failed >= self.connections():
                 raise self._cut_off(failed, reply.why)
@@ -1246,7 +1247,7 @@ class AsyncClient:
                     else:
                         raise ProtocolError(f"unexpected answer to {op}: {reply.op}")
                 elif isinstance(reply, _Broken):
-                    raise ProtocolError(reply.why)
+                    raise broken_error(reply.why)
                 else:
                     last = reply.why
             else:
@@ -1286,7 +1287,7 @@ class AsyncClient:
             if isinstance(reply, Answer) and reply.op == "S":
                 return NodeStatus(reply.key.decode(), reply.addr, int(reply.value))  # type: ignore[call-overload]
             if isinstance(reply, _Broken):
-                raise ProtocolError(reply.why)
+                raise broken_error(reply.why)
         return await node_status(addr, self.timeouts.connect_timeout, tls=self.tls)
 
     async def sync(self) -> None:
@@ -1304,7 +1305,7 @@ class AsyncClient:
             raise ConnectionFailed(f"sync: a node did not answer S within {limit:g}s") from None
         for reply in replies:
             if isinstance(reply, _Broken):
-                raise ProtocolError(reply.why)
+                raise broken_error(reply.why)
             if isinstance(reply, _Lost):
                 raise ConnectionFailed(f"a connection dropped during sync: {reply.why}")
 

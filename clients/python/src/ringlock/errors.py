@@ -11,6 +11,7 @@ __all__ = [
     "ConnectionFailed",
     "NoActiveNode",
     "ProtocolError",
+    "NotAllowed",
     "InvalidArgument",
 ]
 
@@ -77,6 +78,22 @@ class NoActiveNode(RinglockError):
 class ProtocolError(RinglockError):
     """A server sent ``E <reason>``, a malformed line, an over-long line or an
     answer that matches no request. The connection is dropped."""
+
+
+class NotAllowed(RinglockError, PermissionError):
+    """A node refused the request for this client's identity: an acquire of a
+    key outside the rules of its certificate's identity (the node's ``E``
+    reason says "not allowed"; the message holds it). The connection is
+    closed by the node; the request is not retried, it would be refused
+    again."""
+
+
+def broken_error(why: str) -> RinglockError:
+    """The error for an ``E`` line or a broken answer: NotAllowed if the
+    reason says "not allowed", else ProtocolError."""
+    if "not allowed" in why.lower():
+        return NotAllowed(why)
+    return ProtocolError(why)
 
 
 class InvalidArgument(RinglockError, ValueError):

@@ -60,6 +60,7 @@ use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
 use crate::stats::ClusterStats;
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
+use replication::OLD_VERSIONS;
 use wire::PeerMsg;
 
 /// The target of this module's log lines: the name it had before the core
@@ -263,8 +264,9 @@ pub struct Cluster {
     /// first election (which the log tells apart by level).
     known_active: bool,
     scratch: Vec<u8>,
-    /// Replication lines for followers on the older peer protocol version.
-    scratch_old: Vec<u8>,
+    /// Replication lines for followers on older peer protocol versions
+    /// (one buffer each, newest first).
+    scratch_old: [Vec<u8>; OLD_VERSIONS],
     /// The engine's replication events of the turn, swapped with its log by
     /// [`Cluster::flush_replication`] (both are reused).
     events: ReplicationLog,
@@ -305,7 +307,7 @@ impl Cluster {
             known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),
-            scratch_old: Vec::new(),
+            scratch_old: Default::default(),
             events: ReplicationLog::new(),
         }
     }
@@ -617,7 +619,7 @@ impl Cluster {
             let lacks = if p.dial_version < 3 {
                 "holders are not replicated to it, and it cannot merge"
             } else {
-                "it cannot merge grants at a heal"
+                "the identities of holders are not replicated to it, and it cannot merge grants at a heal"
             };
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; {lacks})", self.cfg.peers[i], p.out_version, p.dial_version);
         }

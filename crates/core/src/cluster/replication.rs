@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Peer protocol versions older than [`wire::VERSION`] that a link may
+/// speak.
+pub(super) const OLD_VERSIONS: usize = (wire::VERSION - wire::MIN_VERSION) as usize;
+
 impl Cluster {
     /// Sends this turn's replication: a snapshot to each follower whose link
     /// has none yet, the turn's deltas to the others. Called once per loop
@@ -14,12 +18,12 @@ impl Cluster {
         }
         debug_assert!(engine.is_active(), "the active's engine serves");
         let me = self.cfg.me;
-        // Per peer protocol version (the newest, the one before).
-        let mut snapshots: [Option<Vec<u8>>; 2] = [None, None];
+        // Per peer protocol version (the newest, then each older one).
+        let mut snapshots: [Option<Vec<u8>>; 1 + OLD_VERSIONS] = Default::default();
         // The events' peer lines, written once for every follower that
         // takes them: into `scratch` for the newest version, `scratch_old`
-        // for the one before.
-        let mut deltas_encoded = [false; 2];
+        // for the older ones.
+        let mut deltas_encoded = [false; 1 + OLD_VERSIONS];
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let Some(conn) = p.out else { continue };
@@ -27,13 +31,15 @@ impl Cluster {
                 continue;
             }
             let version = p.out_version;
-            let v = usize::from(version < wire::VERSION);
+            debug_assert!((wire::MIN_VERSION..=wire::VERSION).contains(&version));
+            let v = usize::try_from(wire::VERSION.saturating_sub(version))
+                .unwrap_or(OLD_VERSIONS)
+                .min(OLD_VERSIONS);
             if p.snapshot_sent {
                 if !self.events.is_empty() {
-                    let scratch = if v == 0 {
-                        &mut self.scratch
-                    } else {
-                        &mut self.scratch_old
+                    let scratch = match v.checked_sub(1) {
+                        None => &mut self.scratch,
+                        Some(old) => &mut self.scratch_old[old],
                     };
                     if !deltas_encoded[v] {
                         scratch.clear();

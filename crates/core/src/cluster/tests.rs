@@ -1094,38 +1094,41 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     c.check_invariants(at(5), &e);
 }
 
-/// The peer refused our `HELLO` on `conn` with `refusal`, and the link closed.
-fn refused(c: &mut Cluster, e: &mut Engine, ms: u64, conn: ConnId, refusal: &[u8]) {
-    assert!(c.on_refusal(at(ms), conn, refusal).is_err());
-    c.on_close(at(ms), conn, e);
-    e.close(conn);
+/// Peer `peer` refuses each `HELLO` newer than [`wire::MIN_VERSION`] as a
+/// node of the oldest release does, on links `first_conn` on: each refusal
+/// lowers the version this node dials it with by one.
+fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_conn: ConnId) {
+    for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
+        e.open(conn);
+        c.outbound_open(at(0), conn, peer, e);
+        let hello = lines_of(e, conn);
+        assert!(
+            hello[0].starts_with(&format!("P HELLO {refused} ")),
+            "{hello:?}"
+        );
+        let refusal = format!(
+            "E peer protocol version \"{refused}\" unsupported (this node speaks 2): run \
+             the same ringlock release on every node in line 1"
+        );
+        assert!(c.on_refusal(at(0), conn, refusal.as_bytes()).is_err());
+        c.on_close(at(0), conn, e);
+        e.close(conn);
+    }
 }
 
-/// Node 0 of this release with node 1 of this release and node 2 of two
-/// releases before (peer protocol 2): node 2 refuses the `HELLO 4` and then
-/// the `HELLO 3` as an older node does, is dialed with 2, and gets the
-/// grants without their holders while node 1 gets them with; once node 2
-/// says it speaks 4 (it was upgraded), the link to it is dialed again with 4.
+/// Node 0 of this release with node 1 of this release and node 2 of an
+/// older release (peer protocol 2): node 2 refuses each newer `HELLO` as an
+/// older node does, is dialed with 2 at last, and gets the grants without
+/// their holders while node 1 gets them with; once node 2 says it speaks
+/// the newest version (it was upgraded), the link to it is dialed again
+/// with that.
 #[test]
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let (mut c, mut e) = node(0);
     e.open(20);
     c.outbound_open(at(0), 20, 1, &mut e);
     Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
-    e.open(21);
-    c.outbound_open(at(0), 21, 2, &mut e);
-    let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
-    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3): run \
-                    releases at most one peer protocol version apart in line 1";
-    refused(&mut c, &mut e, 0, 21, refusal);
-    e.open(24);
-    c.outbound_open(at(100), 24, 2, &mut e);
-    let hello = lines_of(&mut e, 24);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
-    let refusal = b"E peer protocol version \"3\" unsupported (this node speaks 2): run the \
-                    same ringlock release on every node in line 1";
-    refused(&mut c, &mut e, 100, 24, refusal);
+    refuse_newer_versions(&mut c, &mut e, 2, 30);
     e.open(22);
     c.outbound_open(at(200), 22, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
@@ -1166,8 +1169,8 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     );
     assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
-    // Node 2 comes back upgraded: its new link says 4, and ours to it is
-    // given up to be dialed again with 4.
+    // Node 2 comes back upgraded: its new link says the newest version,
+    // and ours to it is given up to be dialed again with it.
     let mut new = Remote::new(2);
     new.incarnation = 2;
     new.dial(&mut c, &mut e, now, 12).unwrap();
@@ -1176,7 +1179,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     assert!(
         doomed
             .iter()
-            .any(|(conn, why)| *conn == 22 && why.contains("version 4")),
+            .any(|(conn, why)| *conn == 22 && why.contains(&format!("version {}", wire::VERSION))),
         "{doomed:?}"
     );
     c.on_close(now, 22, &mut e);
@@ -1187,7 +1190,10 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     e.open(23);
     c.outbound_open(at(now.ms + 200), 23, 2, &mut e);
     let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
-    assert!(hello.starts_with("P HELLO 4 "), "{hello}");
+    assert!(
+        hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello}"
+    );
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to
@@ -1207,12 +1213,18 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(20);
     c.outbound_open(at(1), 20, 1, &mut e);
     let hello = lines_of(&mut e, 20);
-    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
-    // A refusal still lowers it, and a HELLO 2 then keeps it there: no
-    // dial that is refused again and again.
-    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3): run \
-                    releases at most one peer protocol version apart in line 1";
-    assert!(c.on_refusal(at(2), 20, refusal).is_err());
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
+    // A refusal still lowers it (by one), and a HELLO 2 then keeps it
+    // there: no dial that is refused again and again.
+    let refusal = format!(
+        "E peer protocol version \"{}\" unsupported (this node speaks 2): run the same \
+         ringlock release on every node in line 1",
+        wire::VERSION
+    );
+    assert!(c.on_refusal(at(2), 20, refusal.as_bytes()).is_err());
     c.on_close(at(2), 20, &mut e);
     e.close(20);
     let mut old = Remote::new(1);
@@ -1222,7 +1234,10 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 3 "), "{hello:?}");
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
+        "{hello:?}"
+    );
 }
 
 /// Out of order: a version refusal on a link the peer already
@@ -1245,5 +1260,8 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     e.open(21);
     c.outbound_open(at(300), 21, 1, &mut e);
     let hello = lines_of(&mut e, 21);
-    assert!(hello[0].starts_with("P HELLO 4 "), "{hello:?}");
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
 }

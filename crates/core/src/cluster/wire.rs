@@ -16,8 +16,11 @@
 //!                                                     node it follows, its
 //!                                                     token, synced to it
 //! P SNAP <highest-token>                              snapshot begins
-//! P G <key> <token> <remaining-ms> <addr> <owner>     grant (or renewal);
-//!                                                     version 2: no holder
+//! P G <key> <token> <remaining-ms> <addr> <owner> <identity>
+//!                                                     grant (or renewal);
+//!                                                     version 3: no
+//!                                                     identity; version 2:
+//!                                                     no holder
 //! P X <key> <token>                                   release or expiry
 //! P SYNCED                                            snapshot complete
 //! P HANDOFF <highest-token>                           you are active now
@@ -28,8 +31,9 @@
 //!
 //! A node speaks versions [`MIN_VERSION`] to [`VERSION`]: the dialer says
 //! in its `HELLO` which one the link speaks (see [`super::Cluster`] for how
-//! it picks); only a link of version 3 or later carries a grant's holder,
-//! and only one of version 4 a merge.
+//! it picks); a version 3 link carries a grant's holder (address and owner
+//! label), a version 4 link its identity too (from its client certificate,
+//! `-` for none) and a heal's merge.
 //!
 //! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
 //! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
@@ -38,11 +42,27 @@
 //! breaks the link.
 
 use super::auth::{self, Fingerprint, MAC_LEN, MacBytes, NONCE_LEN, Nonce};
+use crate::access::{MAX_IDENTITY, is_valid_identity};
 use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::{
-    Holder, MAX_HOLDER_ADDR, Quoted, is_valid_key, is_valid_owner, parse_u64, write_u64,
+    Holder, MAX_HOLDER_ADDR, MAX_KEY, MAX_LINE, MAX_OWNER, Quoted, is_valid_key, is_valid_owner,
+    parse_u64, write_u64,
 };
+
+/// The longest `P G` line, with its `\n` (a token has at most 19 digits, a
+/// remaining lease 8): the session reads no longer peer line, so the
+/// identity's bound is what the other fields leave of the 512 bytes.
+pub const LONGEST_GRANT_LINE: usize = b"P G ".len()
+    + MAX_KEY
+    + b" 9223372036854775807 86400000 ".len()
+    + MAX_HOLDER_ADDR
+    + b" ".len()
+    + MAX_OWNER
+    + b" ".len()
+    + MAX_IDENTITY
+    + b"\n".len();
+const _: () = assert!(LONGEST_GRANT_LINE <= MAX_LINE);
 
 /// The newest peer protocol version, which this node dials with.
 pub const VERSION: u64 = 4;
@@ -101,7 +121,8 @@ pub enum PeerMsg<'a> {
         key: &'a [u8],
         token: u64,
         remaining_ms: u64,
-        /// Version 3; both `None` on a version 2 link.
+        /// Version 3 (the identity: version 4); all `None` on a version 2
+        /// link.
         holder: Holder<'a>,
     },
     Release {
@@ -270,18 +291,22 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
             }
         }
         b"G" => {
-            if count != 5 {
+            if count != 5 && count != 6 {
                 want(3)?;
             }
             key(f[0])?;
-            let holder = if count == 5 {
+            let holder = if count >= 5 {
                 Holder {
                     addr: Some(f[3]).filter(|&a| a != b"-"),
                     owner: Some(f[4]).filter(|&o| o != b"-"),
+                    identity: Some(f[5]).filter(|&i| count == 6 && i != b"-"),
                 }
             } else {
                 Holder::default()
             };
+            if holder.identity.is_some_and(|i| !is_valid_identity(i)) {
+                return Err(bad("bad identity"));
+            }
             if holder
                 .addr
                 .is_some_and(|a| a.len() > MAX_HOLDER_ADDR || !is_valid_key(a))
@@ -442,7 +467,14 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             remaining_ms,
             holder,
         } => {
-            let holder = (version >= 3).then_some(holder);
+            let holder = match version {
+                ..=2 => None,
+                3 => Some(Holder {
+                    identity: None,
+                    ..holder
+                }),
+                _ => Some(holder),
+            };
             encode_grant(out, key, token, remaining_ms, holder);
         }
         Replication::Released { key, token } => encode_release(out, key, token),
@@ -461,7 +493,9 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
 }
 
 /// Appends `P G <key> <token> <remaining_ms>`, then ` <addr> <owner>` with a
-/// holder (`-` for what it does not know), and `\n`.
+/// holder (`-` for what it does not know), ` <identity>` if the holder has
+/// one, and `\n`. The version 3 form (no identity) is what a version 4 node
+/// reads as "no identity" too.
 pub(crate) fn encode_grant(
     out: &mut Vec<u8>,
     key: &[u8],
@@ -480,6 +514,11 @@ pub(crate) fn encode_grant(
         out.extend_from_slice(holder.addr.unwrap_or(b"-"));
         out.push(b' ');
         out.extend_from_slice(holder.owner.unwrap_or(b"-"));
+        if let Some(identity) = holder.identity {
+            debug_assert!(is_valid_identity(identity));
+            out.push(b' ');
+            out.extend_from_slice(identity);
+        }
     }
     out.push(b'\n');
 }
@@ -541,6 +580,7 @@ mod tests {
                 holder: Holder {
                     addr: Some(b"[::1]:40000"),
                     owner: Some(b"host-a/job-42"),
+                    identity: None,
                 },
             },
             PeerMsg::Grant {
@@ -550,6 +590,17 @@ mod tests {
                 holder: Holder {
                     addr: None,
                     owner: Some(b"o"),
+                    identity: None,
+                },
+            },
+            PeerMsg::Grant {
+                key: b"k",
+                token: 3,
+                remaining_ms: 1,
+                holder: Holder {
+                    addr: None,
+                    owner: None,
+                    identity: Some(b"spiffe://x/alice"),
                 },
             },
             PeerMsg::Release {
@@ -586,6 +637,7 @@ mod tests {
                 holder: Holder {
                     addr: Some(b"127.0.0.1:5"),
                     owner: None,
+                    identity: Some(b"alice"),
                 },
             },
             Replication::Released {
@@ -598,13 +650,16 @@ mod tests {
             encode_replication(&mut old, event, 2);
         }
         assert_eq!(old, b"P G k\xff 3 86400000\nP X k 9223372036854775807\n");
+        let mut v3 = Vec::new();
+        encode_replication(&mut v3, events[0], 3);
+        assert_eq!(v3, b"P G k\xff 3 86400000 127.0.0.1:5 -\n");
         let mut out = Vec::new();
         for event in events {
             encode_replication(&mut out, event, VERSION);
         }
         assert_eq!(
             out,
-            b"P G k\xff 3 86400000 127.0.0.1:5 -\nP X k 9223372036854775807\n"
+            b"P G k\xff 3 86400000 127.0.0.1:5 - alice\nP X k 9223372036854775807\n"
         );
         let mut lines = out.split(|&b| b == b'\n');
         assert_eq!(
@@ -616,6 +671,7 @@ mod tests {
                 holder: Holder {
                     addr: Some(b"127.0.0.1:5"),
                     owner: None,
+                    identity: Some(b"alice"),
                 },
             }))
         );
@@ -646,7 +702,10 @@ mod tests {
             "P HANDOFF 18446744073709551615".into(),
             "P G k 1".into(),
             "P G k 1 1 -".into(),
-            "P G k 1 1 - - x".into(),
+            "P G k 1 1 - - x y".into(),
+            "P G k 1 1 - - *".into(),
+            "P G k 1 1 - - a\x01".into(),
+            format!("P G k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1)),
             "P G k 1 1 a\x01b -".into(),
             "P G k 1 1 - caf\u{e9}".into(),
             format!("P G k 1 1 {} -", "a".repeat(65)),

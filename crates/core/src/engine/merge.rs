@@ -80,7 +80,7 @@ impl Engine {
         let outcome = match self.table.lock(lock).holder {
             None => {
                 debug_assert!(self.table.head(lock).is_none() && !self.merged.contains_key(&lock));
-                let holder = self.holders.intern(holder.addr, holder.owner);
+                let holder = self.holders.intern(holder);
                 let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
                 self.table.lock_mut(lock).holder = Some(table::Grant {
                     token,
@@ -145,7 +145,7 @@ impl Engine {
             beside.swap_remove(i);
             self.holders.unref(least.holder);
         }
-        let holder = self.holders.intern(holder.addr, holder.owner);
+        let holder = self.holders.intern(holder);
         self.merged.entry(lock).or_default().push(Believed {
             token,
             expires_ms,
@@ -189,46 +189,60 @@ impl Engine {
 
     /// `R key token` of a believed grant of `lock` with lease left: it is
     /// forgotten (true).
-    pub(super) fn release_believed(&mut self, now: Now, lock: u32, token: u64) -> bool {
+    pub(super) fn release_believed(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        lock: u32,
+        token: u64,
+    ) -> Touch {
         let Some(beside) = self.merged.get_mut(&lock) else {
-            return false;
+            return Touch::Stale;
         };
         let Some(i) = beside.iter().position(|b| b.token == token) else {
-            return false;
+            return Touch::Stale;
         };
+        // Only its holder (or an admin) ends a merged grant too.
+        if self.identities && !may_touch(&self.conns, &self.holders, conn, beside[i].holder) {
+            return Touch::NotHolder;
+        }
         let b = beside.swap_remove(i);
         if beside.is_empty() {
             self.merged.remove(&lock);
         }
         self.holders.unref(b.holder);
         if b.expires_ms <= now.ms {
-            return false;
+            return Touch::Stale;
         }
         self.replicate_release(lock, token);
-        true
+        Touch::Done
     }
 
     /// `N key token lease` of a believed grant of `lock` with lease left.
     pub(super) fn renew_believed(
         &mut self,
         now: Now,
+        conn: ConnId,
         lock: u32,
         token: u64,
         lease_ms: u64,
-    ) -> bool {
+    ) -> Touch {
         let Some(b) = self
             .merged
             .get_mut(&lock)
             .and_then(|beside| beside.iter_mut().find(|b| b.token == token))
         else {
-            return false;
+            return Touch::Stale;
         };
         if b.expires_ms <= now.ms {
-            return false;
+            return Touch::Stale;
+        }
+        if self.identities && !may_touch(&self.conns, &self.holders, conn, b.holder) {
+            return Touch::NotHolder;
         }
         b.expires_ms = deadline(now, lease_ms);
         self.replicate_believed(now, lock, token);
-        true
+        Touch::Done
     }
 
     /// A standby: the replicated release of a believed grant.

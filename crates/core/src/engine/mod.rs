@@ -24,6 +24,7 @@ pub mod table;
 pub mod token;
 pub mod wheel;
 
+use crate::access::Access;
 use crate::proto::{Answer, Request, Role};
 pub use merge::Merged;
 pub use replication::Replication;
@@ -117,6 +118,11 @@ pub struct Now {
 /// A request that breaks the connection although it parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
+    /// An acquire of a key outside the rules of the connection's identity
+    /// (`--acl`). It stays `Copy` (the request path's result is a word):
+    /// the words that name the identity and the key are
+    /// [`Engine::not_allowed_reason`].
+    NotAllowed,
     /// One more than `MAX_WAITING_PER_CONN` waiting acquires.
     TooManyWaiting,
     /// A client request on a connection taken beyond `--max-conns` for the
@@ -134,6 +140,9 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Refusal::NotAllowed => {
+                f.write_str("not allowed: the key is outside the identity's rules")
+            }
             Refusal::TooManyWaiting => write!(
                 f,
                 "more than {MAX_WAITING_PER_CONN} waiting acquires on one connection"
@@ -189,6 +198,29 @@ impl std::fmt::Display for GrantRefusal {
     }
 }
 
+/// How a release or renewal with a token went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Touch {
+    Done,
+    /// No grant with that token.
+    Stale,
+    /// The grant is another identity's ([`Engine::may_touch`]).
+    NotHolder,
+}
+
+/// On a node with identities: whether `conn` may release or renew a grant
+/// held by `holder`: its own identity's, or any as admin. A grant whose
+/// holder's identity is not known (replicated over a link too old to carry
+/// it) is released and renewed by an admin only.
+#[cold]
+#[inline(never)]
+fn may_touch(conns: &[Conn], holders: &Holders, conn: ConnId, holder: u32) -> bool {
+    let Some(access) = conns.get(conn as usize).and_then(|c| c.access.as_ref()) else {
+        return false;
+    };
+    access.is_admin() || holders.get(holder).identity == Some(access.identity())
+}
+
 /// What the engine's timers are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timer {
@@ -213,6 +245,9 @@ struct Conn {
     addr: Option<std::net::SocketAddr>,
     /// Its owner label (`O`), if it set one.
     owner: Option<Box<[u8]>>,
+    /// With client certificates: its identity and what the rules allow it
+    /// (set when its TLS handshake ended).
+    access: Option<Box<Access>>,
 }
 
 /// Whether this node serves clients.
@@ -252,6 +287,11 @@ pub struct Engine {
     /// Grants kept beside a key's grant after a healed split brain, by
     /// lock ([`merge`]); empty on a node that never merged.
     merged: std::collections::HashMap<u32, Vec<merge::Believed>>,
+    /// Client certificates give identities ([`Engine::require_identities`]):
+    /// only a grant's holder (or an admin) releases and renews it.
+    identities: bool,
+    /// The reason of the last [`Refusal::NotAllowed`].
+    not_allowed: String,
 }
 
 impl Engine {
@@ -284,6 +324,8 @@ impl Engine {
             list_budget: LIST_TURN_SCAN,
             holders: Holders::default(),
             merged: std::collections::HashMap::new(),
+            identities: false,
+            not_allowed: String::new(),
         }
     }
 
@@ -355,6 +397,39 @@ impl Engine {
         }
     }
 
+    /// From now on grants are released and renewed only by their holder's
+    /// identity or an admin: a node with client certificates, called at
+    /// start (a standby's replicated grants count too).
+    pub fn require_identities(&mut self) {
+        self.identities = true;
+    }
+
+    /// Whether [`Engine::require_identities`] was called.
+    pub fn requires_identities(&self) -> bool {
+        self.identities
+    }
+
+    /// `conn`'s identity and what it may do, from its client certificate
+    /// (before its first request). Its later grants name the identity.
+    pub fn set_access(&mut self, conn: ConnId, access: Access) {
+        debug_assert!(self.identities, "an identity on a node without them");
+        let Some(c) = self.conns.get_mut(conn as usize) else {
+            return;
+        };
+        c.access = Some(Box::new(access));
+        if let Some(holder) = c.holder.take() {
+            self.holders.unref(holder);
+        }
+    }
+
+    /// `conn`'s identity, if it has one.
+    pub fn identity_of(&self, conn: ConnId) -> Option<&[u8]> {
+        self.conns
+            .get(conn as usize)
+            .and_then(|c| c.access.as_ref())
+            .map(|a| a.identity())
+    }
+
     /// Every live grant: `(key, token, expires_ms)`. For tests and tools.
     pub fn grants(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         self.table
@@ -384,6 +459,7 @@ impl Engine {
         c.out.clear();
         c.addr = None;
         c.owner = None;
+        c.access = None;
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
@@ -482,10 +558,17 @@ impl Engine {
                 wait_ms,
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
-                let ok = self.release(now, key, token);
-                if !ok {
-                    self.stats.release_stale += 1;
-                }
+                let ok = match self.release(now, conn, key, token) {
+                    Touch::Done => true,
+                    Touch::Stale => {
+                        self.stats.release_stale += 1;
+                        false
+                    }
+                    Touch::NotHolder => {
+                        self.stats.release_not_holder += 1;
+                        false
+                    }
+                };
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -498,12 +581,20 @@ impl Engine {
                 token,
                 lease_ms,
             } => {
-                let ok = self.renew(now, key, token, lease_ms);
-                if ok {
-                    self.stats.renewed += 1;
-                } else {
-                    self.stats.renew_stale += 1;
-                }
+                let ok = match self.renew(now, conn, key, token, lease_ms) {
+                    Touch::Done => {
+                        self.stats.renewed += 1;
+                        true
+                    }
+                    Touch::Stale => {
+                        self.stats.renew_stale += 1;
+                        false
+                    }
+                    Touch::NotHolder => {
+                        self.stats.renew_not_holder += 1;
+                        false
+                    }
+                };
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -571,7 +662,8 @@ impl Engine {
             addr.as_ref()
                 .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
         );
-        let holder = self.holders.insert(addr, c.owner.as_deref());
+        let identity = c.access.as_ref().map(|a| a.identity());
+        let holder = self.holders.insert(addr, c.owner.as_deref(), identity);
         self.holders.add_ref(holder);
         self.conns[conn as usize].holder = Some(holder);
         holder
@@ -591,7 +683,11 @@ impl Engine {
     fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
         let mut out = std::mem::take(&mut self.conns[conn as usize].out);
         let mut waiters = 0;
-        if let Some(lock) = self.table.find(key) {
+        let hidden = self.conns[conn as usize]
+            .access
+            .as_ref()
+            .is_some_and(|a| !a.may_lock(key));
+        if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
             let l = self.table.lock(lock);
             lock_who(&self.table, &self.holders, now, l).encode(&mut out);
             waiters = self.table.queue_len(l, LIST_WAITERS_CAP);
@@ -605,6 +701,7 @@ impl Engine {
                     holder: crate::proto::Holder {
                         addr: addr.as_deref().map(str::as_bytes),
                         owner,
+                        identity: None,
                     },
                 }
                 .encode(&mut out);
@@ -655,11 +752,14 @@ impl Engine {
         let mut listed = 0;
         let mut next = end;
         let out_start = self.conns[conn as usize].out.len();
+        // With identities, only keys the connection may lock (an admin: all).
+        let access = self.conns[conn as usize].access.take();
+        let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {
                 continue;
             };
-            if !lock.key().starts_with(prefix) {
+            if !lock.key().starts_with(prefix) || hidden(lock.key()) {
                 continue;
             }
             let written = self.conns[conn as usize].out.len() - out_start;
@@ -683,6 +783,7 @@ impl Engine {
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
         }
+        self.conns[conn as usize].access = access;
         let cursor = if next >= bound { 0 } else { next as u64 };
         let end = if who {
             Answer::WhoEnd { cursor }
@@ -743,6 +844,9 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
+        if self.identities {
+            self.check_access(conn, key)?;
+        }
         let Some(lock) = self
             .table
             .find_or_insert_within(key, self.max_locks as usize)
@@ -772,13 +876,16 @@ impl Engine {
         Ok(())
     }
 
-    fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
+    fn release(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64) -> Touch {
         let Some(lock) = self.table.find(key) else {
-            return false;
+            return Touch::Stale;
         };
         let holder = &mut self.table.lock_mut(lock).holder;
         match *holder {
             Some(grant) if grant.token == token => {
+                if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
+                    return Touch::NotHolder;
+                }
                 *holder = None;
                 self.wheel.cancel(grant.timer);
                 self.holders.unref(grant.holder);
@@ -791,19 +898,26 @@ impl Engine {
                 if self.merged.is_empty() || !self.promote_believed(now, lock) {
                     self.hand_off(now, lock);
                 }
-                true
+                Touch::Done
             }
-            _ => !self.merged.is_empty() && self.release_believed(now, lock, token),
+            _ if self.merged.is_empty() => Touch::Stale,
+            _ => self.release_believed(now, conn, lock, token),
         }
     }
 
-    fn renew(&mut self, now: Now, key: &[u8], token: u64, lease_ms: u64) -> bool {
+    fn renew(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64, lease_ms: u64) -> Touch {
         let Some(lock) = self.table.find(key) else {
-            return false;
+            return Touch::Stale;
         };
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
-            return !self.merged.is_empty() && self.renew_believed(now, lock, token, lease_ms);
+            if self.merged.is_empty() {
+                return Touch::Stale;
+            }
+            return self.renew_believed(now, conn, lock, token, lease_ms);
         };
+        if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
+            return Touch::NotHolder;
+        }
         self.wheel.cancel(grant.timer);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
@@ -814,7 +928,33 @@ impl Engine {
             holder: grant.holder,
         });
         self.replicate_grant(now, lock);
-        true
+        Touch::Done
+    }
+
+    /// On a node with identities: `Err` if `conn`'s identity may not
+    /// acquire `key` (the words are kept for
+    /// [`Engine::not_allowed_reason`]).
+    #[cold]
+    #[inline(never)]
+    fn check_access(&mut self, conn: ConnId, key: &[u8]) -> Result<(), Refusal> {
+        let c = &self.conns[conn as usize];
+        let identity = match &c.access {
+            Some(access) if access.may_lock(key) => return Ok(()),
+            Some(access) => access.identity(),
+            None => b"-",
+        };
+        self.not_allowed = format!(
+            "not allowed: identity \"{}\" may not lock \"{}\"",
+            crate::proto::Quoted(identity),
+            crate::proto::Quoted(key)
+        );
+        Err(Refusal::NotAllowed)
+    }
+
+    /// The words of the last [`Refusal::NotAllowed`]: `not allowed: `, the
+    /// identity and the key.
+    pub fn not_allowed_reason(&self) -> &str {
+        &self.not_allowed
     }
 
     /// Grants the free `lock` to `conn` with `token` (just issued), and
@@ -1047,7 +1187,7 @@ impl Engine {
         }
         // The new entry first: a renewal names the same holder, whose
         // entry must not go in between.
-        let holder = self.holders.intern(holder.addr, holder.owner);
+        let holder = self.holders.intern(holder);
         if let Some(old) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(old.timer);
             self.holders.unref(old.holder);
@@ -1197,6 +1337,10 @@ impl Engine {
             if !conn.open {
                 assert_eq!(self.table.conn_len(c as ConnId), 0);
                 assert!(conn.holder.is_none() && conn.owner.is_none() && conn.addr.is_none());
+                assert!(
+                    conn.access.is_none(),
+                    "a closed connection kept its identity"
+                );
             }
             if let Some(h) = conn.holder {
                 *refs.entry(h).or_insert(0) += 1;

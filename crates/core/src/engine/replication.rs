@@ -36,13 +36,15 @@ pub enum Replication<'a> {
 }
 
 /// A recorded event: its key is `keys[previous end..key_end]`, then a
-/// grant's holder address and owner up to `addr_end` and `owner_end`
+/// grant's holder address, owner and identity up to `addr_end`,
+/// `owner_end` and `identity_end`
 /// (`None`: not known).
 #[derive(Debug, Clone, Copy)]
 struct Record {
     key_end: usize,
     addr_end: Option<usize>,
     owner_end: Option<usize>,
+    identity_end: Option<usize>,
     token: u64,
     /// `None` for a release.
     remaining_ms: Option<u64>,
@@ -88,6 +90,7 @@ impl ReplicationLog {
             let holder = crate::proto::Holder {
                 addr: field(r.addr_end),
                 owner: field(r.owner_end),
+                identity: field(r.identity_end),
             };
             start = end;
             match r.remaining_ms {
@@ -140,10 +143,12 @@ impl ReplicationLog {
         };
         let addr_end = field(holder.addr);
         let owner_end = field(holder.owner);
+        let identity_end = field(holder.identity);
         self.records.push(Record {
             key_end,
             addr_end,
             owner_end,
+            identity_end,
             token,
             remaining_ms,
             believed,

@@ -65,6 +65,11 @@ pub struct EngineStats {
     pub release_stale: u64,
     pub renewed: u64,
     pub renew_stale: u64,
+    /// `R` and `N` with the right token from another identity than the
+    /// grant's holder (with client certificates): answered `0`, nothing
+    /// changed.
+    pub release_not_holder: u64,
+    pub renew_not_holder: u64,
     /// `S` and `H`.
     pub status: u64,
     /// Leases that ran out.

@@ -152,12 +152,15 @@ const _: () = assert!(std::mem::size_of::<Lock>() == 88);
 struct HolderEntry {
     addr: Option<Box<[u8]>>,
     owner: Option<Box<[u8]>>,
+    /// The identity of the connection's client certificate (with client
+    /// certificates only): who may release and renew its grants.
+    identity: Option<Box<[u8]>>,
     /// Found through [`Holders::shared`] (a replicated holder).
     shared: bool,
 }
 
-/// A replicated holder's `(addr, owner)`.
-type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>);
+/// A replicated holder's `(addr, owner, identity)`.
+type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>, Option<Box<[u8]>>);
 
 /// Who holds grants, interned: a lock stores a `u32` index, not the
 /// address and label. An open connection that was granted something has
@@ -172,17 +175,24 @@ pub struct Holders {
     /// belongs to (0: a free slot). Apart from the entries, so that a grant
     /// and a release touch one `u32` each.
     refs: Vec<u32>,
-    /// Replicated holders by `(addr, owner)`: each distinct one once.
+    /// Replicated holders by `(addr, owner, identity)`: each distinct one
+    /// once.
     shared: std::collections::HashMap<HolderKey, u32>,
 }
 
 impl Holders {
     /// A new entry with one reference (its connection's).
     #[cold]
-    pub fn insert(&mut self, addr: Option<Box<[u8]>>, owner: Option<&[u8]>) -> u32 {
+    pub fn insert(
+        &mut self,
+        addr: Option<Box<[u8]>>,
+        owner: Option<&[u8]>,
+        identity: Option<&[u8]>,
+    ) -> u32 {
         let i = self.entries.insert(HolderEntry {
             addr,
             owner: owner.map(Box::from),
+            identity: identity.map(Box::from),
             shared: false,
         });
         self.counted(i)
@@ -200,11 +210,15 @@ impl Holders {
 
     /// The entry of a replicated holder, with one more reference (made if
     /// new).
-    pub fn intern(&mut self, addr: Option<&[u8]>, owner: Option<&[u8]>) -> u32 {
-        if addr.is_none() && owner.is_none() {
+    pub fn intern(&mut self, holder: crate::proto::Holder<'_>) -> u32 {
+        if holder == crate::proto::Holder::default() {
             return NIL;
         }
-        let key = (addr.map(Box::from), owner.map(Box::from));
+        let key = (
+            holder.addr.map(Box::from),
+            holder.owner.map(Box::from),
+            holder.identity.map(Box::from),
+        );
         if let Some(&i) = self.shared.get(&key) {
             self.add_ref(i);
             return i;
@@ -212,6 +226,7 @@ impl Holders {
         let i = self.entries.insert(HolderEntry {
             addr: key.0.clone(),
             owner: key.1.clone(),
+            identity: key.2.clone(),
             shared: true,
         });
         let i = self.counted(i);
@@ -246,7 +261,7 @@ impl Holders {
     fn remove(&mut self, holder: u32) {
         let e = self.entries.remove(holder as usize);
         if e.shared {
-            self.shared.remove(&(e.addr, e.owner));
+            self.shared.remove(&(e.addr, e.owner, e.identity));
         }
     }
 
@@ -256,6 +271,7 @@ impl Holders {
             Some(e) => crate::proto::Holder {
                 addr: e.addr.as_deref(),
                 owner: e.owner.as_deref(),
+                identity: e.identity.as_deref(),
             },
             None => crate::proto::Holder::default(),
         }
