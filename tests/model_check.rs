@@ -25,9 +25,7 @@
 //! # Running
 //!
 //! `cargo test --test model_check` runs the CI bounds. The deeper bounds:
-//! `cargo test --test model_check deep -- --ignored --nocapture`. The
-//! ignored `the_grants_of_a_split_survive_the_heal` fails on this release:
-//! it finds the grant lost at a heal. A
+//! `cargo test --test model_check deep -- --ignored --nocapture`. A
 //! counterexample prints `RINGLOCK_MODEL_TRACE='...'`, which the
 //! `a_trace_replays_as_printed` test then replays, printing what each step
 //! did (`RINGLOCK_MODEL_SCOPE`: the test the trace came from).
@@ -138,11 +136,11 @@ fn deep_three_nodes() {
     run("deep_three_nodes", 30_000);
 }
 
-/// Today two actives of a split each keep what they granted, and the one
-/// that steps down at the heal takes the other's snapshot: its grants are
-/// lost while their clients believe them.
+/// Two actives of a split each keep what they granted; at the heal the one
+/// that steps down merges its grants into the one that stays, so no grant
+/// a client believes in is lost or granted to another (before the merge,
+/// this found the outranked side's grant lost and granted again).
 #[test]
-#[ignore = "the merge of grants at a heal is not in yet: this finds the lost grant"]
 fn the_grants_of_a_split_survive_the_heal() {
     run("the_grants_of_a_split_survive_the_heal", 1_000_000);
 }
