@@ -30,15 +30,36 @@ pub fn run(cmd: &mut Command, what: &str) {
     assert!(status.success(), "{what} failed: {status}");
 }
 
+/// target/ (the binary lives in target/<profile>/).
+fn target_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ringlock"));
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the binary lives in target/<profile>/")
+        .to_path_buf()
+}
+
+/// Held while the environment is made or the package installed into it:
+/// the tests of a harness file run at once, each in a process of its own,
+/// and two `venv` or `pip install` runs into one directory break each
+/// other (`File exists`). Released when dropped.
+fn exclusive() -> std::fs::File {
+    let path = target_dir().join("python-venv.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    file.lock()
+        .unwrap_or_else(|e| panic!("lock {}: {e}", path.display()));
+    file
+}
+
 /// The virtual environment under target/, made with pytest the first time.
 pub fn venv(python: &str) -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_ringlock"));
-    // target/<profile>/ringlock -> target/python-venv
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the binary lives in target/<profile>/");
-    let dir = target.join("python-venv");
+    let _only_us = exclusive();
+    let dir = target_dir().join("python-venv");
     let bin = dir.join("bin");
     if !bin.join("pytest").exists() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -64,6 +85,34 @@ pub fn venv(python: &str) -> PathBuf {
 /// Installs this tree's clients/python into the environment `dir`
 /// (again, over what an earlier run installed).
 pub fn install_package(dir: &Path) {
+    let _only_us = exclusive();
+    install(dir);
+    let _ = std::fs::write(dir.join(STAMP), package_stamp());
+}
+
+/// Where the environment records which package sources it has installed.
+const STAMP: &str = "ringlock-package-stamp";
+
+/// A digest of this tree's Python package sources: a second test process
+/// finds it in the environment and does not install over the files a
+/// first one's Python is importing.
+fn package_stamp() -> String {
+    use std::hash::{Hash, Hasher};
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("src/ringlock"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.push(root.join("pyproject.toml"));
+    files.sort();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in &files {
+        f.hash(&mut h);
+        std::fs::read(f).unwrap_or_default().hash(&mut h);
+    }
+    format!("{:016x}\n", h.finish())
+}
+
+fn install(dir: &Path) {
     let package = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python");
     run(
         // `python -m pip`, not the `pip` script: a script's first line names
@@ -91,7 +140,12 @@ pub fn with_package() -> PathBuf {
     DIR.get_or_init(|| {
         let python = python().expect("the prerequisite was checked");
         let dir = venv(&python);
-        install_package(&dir);
+        let _only_us = exclusive();
+        let stamp = package_stamp();
+        if std::fs::read_to_string(dir.join(STAMP)).ok().as_deref() != Some(stamp.as_str()) {
+            install(&dir);
+            let _ = std::fs::write(dir.join(STAMP), stamp);
+        }
         dir
     })
     .join("bin/python")
