@@ -156,6 +156,8 @@ impl Engine {
     /// The key's grant of `lock` just ended: a believed grant with lease
     /// left takes its place (true), or, with none, the believed grants are
     /// forgotten and the caller hands the lock on (false).
+    #[cold]
+    #[inline(never)]
     pub(super) fn promote_believed(&mut self, now: Now, lock: u32) -> bool {
         debug_assert!(self.table.lock(lock).holder.is_none());
         let Some(mut beside) = self.merged.remove(&lock) else {

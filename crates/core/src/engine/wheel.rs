@@ -231,6 +231,7 @@ impl<T: Copy> Wheel<T> {
 
     /// Links entry `idx` into the list its deadline belongs to, relative to
     /// the current `elapsed`.
+    #[inline]
     fn place(&mut self, idx: u32) {
         let deadline = self.entries[idx as usize].deadline;
         if deadline <= self.elapsed {
@@ -280,6 +281,7 @@ impl<T: Copy> Wheel<T> {
     /// Moves the clock to `start`, the start of the non-empty `slot` of
     /// `level`, and places that slot's timers again: each goes to a lower level
     /// or, if its deadline is `start`, to the due list.
+    #[inline]
     fn cascade(&mut self, level: usize, slot: usize, start: u64) {
         debug_assert!(start > self.elapsed, "clock would pass a slot");
         self.elapsed = start;
