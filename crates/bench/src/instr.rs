@@ -82,9 +82,10 @@ pub(crate) fn main(args: InstrArgs) -> crate::Result<ExitCode> {
 }
 
 /// Session input for `cycles` acquire/release cycles starting at `first`,
-/// cut into reads of 16 cycles. Tokens are sequential: the engine's first
-/// token is `UNIX_NS`, and each grant takes the last one plus one.
-fn cycle_reads(first: u64, cycles: u64) -> Vec<Vec<u8>> {
+/// cut into reads of 16 cycles, releasing with the tokens the grants get
+/// when the first one's is `first_token` and each takes the last one plus
+/// one (a single node's first token is `UNIX_NS`).
+fn cycle_reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
     let mut reads = Vec::new();
     let mut i = first;
     while i < first + cycles {
@@ -94,7 +95,8 @@ fn cycle_reads(first: u64, cycles: u64) -> Vec<Vec<u8>> {
             read.extend_from_slice(format!("A {} 30 0\n", key(j)).as_bytes());
         }
         for j in i..end {
-            read.extend_from_slice(format!("R {} {}\n", key(j), UNIX_NS + j).as_bytes());
+            let token = first_token + (j - first);
+            read.extend_from_slice(format!("R {} {token}\n", key(j)).as_bytes());
         }
         reads.push(read);
         i = end;
@@ -112,13 +114,13 @@ fn cycle(n: u64) -> u64 {
     node.open(0);
     let mut session = Session::new();
     let warm = 4 * KEYS;
-    for read in cycle_reads(0, warm) {
+    for read in cycle_reads(0, warm, UNIX_NS) {
         session.feed(&mut node, now(1), 0, &read);
         let out = node.output_mut(0);
         assert!(!out.windows(3).any(|w| w == b" 0\n"), "a release failed");
         out.clear();
     }
-    let reads = cycle_reads(warm, n);
+    let reads = cycle_reads(warm, n, UNIX_NS + warm);
     ringlock_instr_cycle(&mut node, &mut session, &reads);
     assert_eq!(node.engine().lock_count(), 0);
     n

@@ -20,7 +20,7 @@ use ringlock::engine::{ConnId, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
 
-use super::{KEYS, UNIX_NS, key};
+use super::{KEYS, UNIX_NS, cycle_reads as reads};
 
 const NODES: usize = 3;
 /// The client's connection on the active.
@@ -197,26 +197,6 @@ impl Mesh {
         self.turn();
         token + 1
     }
-}
-
-/// Acquire/release reads of 16 cycles, tokens from `first_token` on.
-fn reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
-    let mut reads = Vec::new();
-    let mut i = first;
-    while i < first + cycles {
-        let mut read = Vec::new();
-        let end = (i + 16).min(first + cycles);
-        for j in i..end {
-            read.extend_from_slice(format!("A {} 30 0\n", key(j)).as_bytes());
-        }
-        for j in i..end {
-            let token = first_token + (j - first);
-            read.extend_from_slice(format!("R {} {token}\n", key(j)).as_bytes());
-        }
-        reads.push(read);
-        i = end;
-    }
-    reads
 }
 
 /// A settled mesh whose active has run `warm` cycles; returns it and the
