@@ -385,6 +385,9 @@ struct Client {
     partial: BTreeMap<usize, Vec<u8>>,
     /// Releases sent: (key, token) to the belief they end.
     releasing: BTreeMap<(Vec<u8>, u64), usize>,
+    /// Releases sent again after their connection broke: the first copy
+    /// may have reached the node, so `R key 0` to a later one loses nothing.
+    resent_releases: BTreeSet<(Vec<u8>, u64)>,
 }
 
 // ---------------------------------------------------------------------------
@@ -622,6 +625,7 @@ impl Sim {
                 expects_error: false,
                 partial: BTreeMap::new(),
                 releasing: BTreeMap::new(),
+                resent_releases: BTreeSet::new(),
             });
         }
         if sim.cfg.faults {
@@ -1396,8 +1400,11 @@ impl Sim {
         let succ = to.as_deref().and_then(|a| node_of_addr(a.as_bytes()));
         self.log(format!("LEAVE n{x} (was {was:?}): successor {to:?}"));
         self.disturb();
-        if succ.is_none() && was == Role::Active {
-            // Nobody to hand over to: like a crash, the grants no other
+        let cut_off = succ.is_none_or(|s| self.blocked(Party::Node(x), Party::Node(s)));
+        if cut_off && was == Role::Active {
+            // Nobody to hand over to, or a successor the hand-off cannot
+            // reach (cut off for less than the peer timeout, so the node
+            // still counted on it): like a crash, the grants no other
             // running node has go with it.
             self.crash_window(x, "leave-alone");
         }
@@ -2674,6 +2681,9 @@ impl Sim {
                 continue;
             }
             if req.op == b'R' && self.now < req.retry_until {
+                self.clients[c]
+                    .resent_releases
+                    .insert((req.key.clone(), req.token));
                 let at = self.now + 200;
                 let target = self.clients[c].target;
                 self.clients[c].busy.insert(req.key.clone());
@@ -2757,10 +2767,10 @@ impl Sim {
                     self.clients[c].retries.push((self.now + delay, to, req));
                 }
                 Answer::Released { ok, .. } => {
-                    let belief = self.clients[c]
-                        .releasing
-                        .remove(&(req.key.clone(), req.token));
-                    if let Some(b) = belief.filter(|_| !ok) {
+                    let id = (req.key.clone(), req.token);
+                    let belief = self.clients[c].releasing.remove(&id);
+                    let resent = self.clients[c].resent_releases.remove(&id);
+                    if let Some(b) = belief.filter(|_| !ok && !resent) {
                         self.check_lost(b, &req, n);
                     }
                 }
@@ -3377,6 +3387,14 @@ impl Sim {
             retry_until: 0,
             sent_ms: 0,
         };
+        // This node's answer needs a connection to it: a client redials a
+        // node that went away within 500 ms.
+        for _ in 0..1_000 {
+            if self.clients[c].conns[node].is_some() {
+                break;
+            }
+            self.run_for(1);
+        }
         self.client_send(c, node, req);
         for _ in 0..1_000 {
             if self.clients[c].answers.len() > before {
