@@ -45,6 +45,8 @@
 //!    came in the grant's life, or a partition was not yet healed into one
 //!    agreed active when the request was sent. A release sent again after
 //!    its connection broke may be refused: its first copy may have arrived.
+//! 8. Each turn a node hands its peer links' output (the replication of
+//!    what it answered) to the network before any client's answer.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past).

@@ -2409,6 +2409,7 @@ impl Sim {
     fn flush_node(&mut self, x: usize) {
         let mut dirty = std::mem::take(&mut self.dirty);
         self.op(x, "flush", |node, now| node.take_dirty(now, &mut dirty));
+        self.check_links_first(x, &dirty);
         // Links the node gave up on (a handshake that did not finish in
         // time): closed as the loops close them, after their last output.
         let mut doomed = Vec::new();
@@ -2442,6 +2443,34 @@ impl Sim {
             self.settle(x, sc, e, cid);
         }
         self.dirty = dirty;
+    }
+
+    /// Check 8: a node hands its peer links' output to the network before
+    /// any client's, so a node stopped between two sends has sent its
+    /// followers the replication of every answer a client got.
+    fn check_links_first(&mut self, x: usize, dirty: &[ConnId]) {
+        let inc = self.nodes[x].inc.as_ref().unwrap();
+        let is_link = |cid: &ConnId| {
+            inc.conns.get(cid).is_some_and(|&sc| {
+                self.conns[sc]
+                    .as_ref()
+                    .is_some_and(|c| c.parties.iter().all(|p| matches!(p, Party::Node(_))))
+            })
+        };
+        let first_client = dirty.iter().position(|c| !is_link(c));
+        let late_link = first_client.and_then(|i| dirty[i..].iter().find(|c| is_link(c)));
+        if let Some(link) = late_link {
+            let who: Vec<String> = dirty
+                .iter()
+                .map(|cid| match inc.conns.get(cid) {
+                    Some(&sc) => format!("{cid}: #{sc}"),
+                    None => format!("{cid}: ?"),
+                })
+                .collect();
+            self.fail(format!(
+                "check 8: n{x} sends peer link {link} after a client's answers: {who:?}"
+            ));
+        }
     }
 
     // ----- clients -----
