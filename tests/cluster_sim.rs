@@ -587,6 +587,58 @@ fn a_healed_split_brain_merges_the_grants_and_grants_nothing_twice() {
     assert!(granted[1] > x0.max(x1), "the next grant is above both");
 }
 
+/// Three nodes, n0 active; n2 (with client 1) cut off from n0 and n1
+/// takes the role and grants "z"; the heal, run 1 ms at a time until n2
+/// gives way to n0. `Some` if n0 has not read n2's merge by then (its
+/// bytes are in flight: the seed drew a delay), with the token of "z".
+fn gave_way_with_the_merge_in_flight(seed: u64) -> Option<(Sim, u64)> {
+    let mut sim = Sim::new(seed, SimConfig::scripted(3, 2));
+    sim.run_for(PEER_TIMEOUT_MS + 200);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0]);
+    sim.partition_with_clients(vec![0, 0, 1], vec![0, 1]);
+    until_active(&mut sim, 2, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    sim.set_target(1, 2);
+    let z = sim.acquire(1, "z", 30_000).unwrap();
+    sim.heal();
+    let start = sim.now;
+    while sim.role(2) != Some(Role::Standby { following: Some(0) }) {
+        assert!(sim.run_for(1), "{}", sim.report());
+        assert!(
+            sim.now - start < 2_000,
+            "n2 never gave way: {}",
+            sim.report()
+        );
+    }
+    ok(&sim);
+    (!sim.table(0).iter().any(|(k, _)| k == "z")).then_some((sim, z))
+}
+
+#[test]
+fn a_merge_the_winner_never_read_goes_to_the_next_active() {
+    // At the heal n2 gives way to n0 and sends it its merge; n0 leaves
+    // (SIGTERM: a hand-off to n1) before reading it. The merge stays owed
+    // until an active has taken it: n2 sends it to n1 once n1 is active,
+    // and the holder of "z" keeps its lock. (The first seed whose merge is
+    // still in flight when n2 has given way.)
+    let (mut sim, z) = (1..100)
+        .find_map(gave_way_with_the_merge_in_flight)
+        .expect("a seed with the merge in flight");
+    assert_eq!(sim.leave(0), Some(1));
+    sim.run_for(1_000);
+    ok(&sim);
+    assert_eq!(sim.actives(), [1], "{}", sim.report());
+    for x in 1..3 {
+        assert!(
+            sim.table(x).contains(&("z".into(), z)),
+            "n{x}: {}",
+            sim.report()
+        );
+    }
+    assert_eq!(sim.release_at(1, 1, "z", z), "R z 1", "{}", sim.report());
+    ok(&sim);
+}
+
 #[test]
 fn a_standby_cut_off_from_the_active_one_way_sends_clients_to_it() {
     // The active's packets to n2 are lost: n2 hears no active, but n1
