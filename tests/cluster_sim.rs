@@ -885,11 +885,10 @@ fn a_stored_model_trace_reaches_the_same_states_in_the_simulator() {
         let act = sim::replay::parse_act(&text).expect("a step the simulator reads");
         assert_eq!(act.to_string(), text);
         let m = w.apply(step);
-        assert!(m.is_ok(), "the model at step {i} ({step}): {m:?}");
         let r = s.replay_act(act);
         assert!(
-            r.is_ok(),
-            "the simulator at step {i} ({act}): {r:?}\n{}",
+            m.is_ok() && r.is_ok(),
+            "step {i} ({act}): the model: {m:?}; the simulator: {r:?}\n{}",
             s.replay_log()
         );
         assert_eq!(s.observed(), w.observed(), "after step {i} ({act})");
