@@ -306,7 +306,7 @@ pub fn scope(nodes: usize, ops: u32, horizon_ms: u64) -> Scope {
         by_node: nodes > 2,
         script: Vec::new(),
         heal_merge: false,
-        fair_every: 1,
+        fair_every: 2,
     }
 }
 
@@ -326,7 +326,7 @@ pub fn heal_scope() -> Scope {
         formed: true,
         script: vec![(80, Split(0, 1)), (160, Acquire(0, 1, 0))],
         heal_merge: true,
-        fair_every: 100,
+        fair_every: 200,
         ..scope(2, 2, 480)
     }
 }
@@ -339,7 +339,7 @@ pub fn three_scope() -> Scope {
         release: false,
         quiet_until_ms: 120,
         script: vec![(80, Step::Acquire(0, 0, 0))],
-        fair_every: 16,
+        fair_every: 32,
         ..scope(3, 2, 280)
     }
 }
