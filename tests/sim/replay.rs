@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 
-use super::{Dial, Party, Req, Seg, Sim, SimConfig};
+use super::{Dial, DialPhase, Party, Req, Seg, Sim, SimConfig};
 use ringlock::node::Admission;
 
 /// The model's timers and the sizes of its requests.
@@ -418,6 +418,9 @@ impl Sim {
                 generation,
                 peer,
                 due: self.now,
+                started: self.now,
+                phase: DialPhase::Attempt,
+                lost: false,
             });
         }
     }
@@ -429,7 +432,14 @@ impl Sim {
             .iter()
             .position(|d| d.node == x && d.peer == p && d.generation == generation)
             .ok_or("no such dial in flight")?;
-        let d = self.dials.remove(i);
+        let mut d = self.dials.remove(i);
+        // As the model's dials: at once, connected if the peer is up and
+        // the way open, else failed.
+        d.phase = if self.up(p) && self.path_open(x, p) {
+            DialPhase::Connecting
+        } else {
+            DialPhase::TimedOut
+        };
         let before = self.conns.len();
         self.resolve_dial(d);
         if self.conns.len() > before {
