@@ -61,7 +61,12 @@
 //! - `RINGLOCK_SIM_SEED=<n> cargo test --test cluster_sim random_seeds --
 //!   --nocapture`: replays one seed; `RINGLOCK_SIM_LOG=1` prints the whole
 //!   event log as it runs, `RINGLOCK_SIM_LOG=wire` every line nodes read.
+//! - `RINGLOCK_SIM_TRACE='...' cargo test --test cluster_sim
+//!   a_trace_replays_in_the_simulator -- --nocapture`: replays a trace of
+//!   the model checker (tests/model_check.rs prints this line with every
+//!   counterexample) step by step in the simulator (tests/sim/replay.rs).
 
+mod model;
 mod sim;
 
 use std::ops::Range;
@@ -959,4 +964,68 @@ fn a_lingering_connection_closes_when_the_client_does() {
     // long before the linger deadline.
     run_until(&mut sim, sc, 4 * MAX_DELAY_MS + 5, node_closed);
     ok(&sim);
+}
+
+/// With `RINGLOCK_SIM_TRACE` (the script a model checker's counterexample
+/// prints), that script replays here step by step, each step shown with
+/// the state after it, and every check the simulator has (and the model's
+/// rule for actives) runs after each; the test fails with the first
+/// violation. Without it, the stored trace below replays.
+#[test]
+fn a_trace_replays_in_the_simulator() {
+    let Ok(text) = std::env::var("RINGLOCK_SIM_TRACE") else {
+        return a_stored_model_trace_reaches_the_same_states_in_the_simulator();
+    };
+    let script = sim::replay::parse(&text).expect("a script as the model checker prints it");
+    let mut s = Sim::replaying(&script);
+    for (i, act) in script.acts.iter().enumerate() {
+        let r = s.replay_act(*act);
+        println!("{i:>3}. t={} {act}", s.now);
+        println!("     => {}", s.observed().join("; "));
+        if let Err(e) = r {
+            panic!(
+                "the simulator stops at step {i} ({act}): {e}\n{}",
+                s.replay_log()
+            );
+        }
+    }
+}
+
+/// A trace the model checker found (a standby hung past its peers'
+/// timeout; with the stall's fresh timeouts taken out of the cluster code
+/// it woke up active beside the active), then a fair continuation, replays
+/// in the model and in the simulator side by side: after every step both
+/// show the same roles, tables, highest tokens and client holds, neither
+/// sees a violation, and at the end every request is answered and one
+/// node is active with the other following it.
+fn a_stored_model_trace_reaches_the_same_states_in_the_simulator() {
+    let text = include_str!("model/traces/a_standby_hung_past_the_timeout.trace");
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"));
+    let scope = lines
+        .next()
+        .and_then(|l| l.strip_prefix("scope "))
+        .expect("a scope line");
+    let trace = model::parse_trace(lines.next().expect("a trace line")).expect("a trace");
+    let mut w = model::World::new(model::scope_of(scope));
+    let header = sim::replay::parse(&w.sim_header()).expect("the settings");
+    let mut s = Sim::replaying(&header);
+    assert!(trace.contains(&model::Step::Hang(1)) && trace.contains(&model::Step::Fair));
+    for (i, &step) in trace.iter().enumerate() {
+        let text = w.sim_step(step);
+        let act = sim::replay::parse_act(&text).expect("a step the simulator reads");
+        assert_eq!(act.to_string(), text);
+        let m = w.apply(step);
+        let r = s.replay_act(act);
+        assert!(
+            m.is_ok() && r.is_ok(),
+            "step {i} ({act}): the model: {m:?}; the simulator: {r:?}\n{}",
+            s.replay_log()
+        );
+        assert_eq!(s.observed(), w.observed(), "after step {i} ({act})");
+    }
+    assert_eq!(w.converged(), Ok(()), "{}", w.describe());
+    assert_eq!(s.actives(), w.actives());
 }

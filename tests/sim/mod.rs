@@ -36,6 +36,7 @@
 // module's interface, and what one binary leaves unused is not dead.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod replay;
 pub mod rng;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -538,6 +539,9 @@ pub struct Sim {
     socket_buf: usize,
     /// `--max-conns` of every node started from now on.
     max_conns: usize,
+    /// Replaying a model checker's trace (see [`replay`]): no random
+    /// delays, resets or clocks, the model's timers and incarnations.
+    replaying: Option<Box<replay::State>>,
 }
 
 /// The default [`Sim::max_conns`]: more than any run opens.
@@ -627,6 +631,7 @@ impl Sim {
             dial_buf: Vec::new(),
             socket_buf: SOCKET_BUF_BYTES,
             max_conns: MAX_CONNS,
+            replaying: None,
             cfg,
         };
         let drifts: Vec<String> = sim
@@ -723,6 +728,9 @@ impl Sim {
     }
 
     fn delay(&mut self) -> u64 {
+        if self.replaying.is_some() {
+            return 0;
+        }
         // Mostly short, sometimes up to the maximum.
         if self.rng.chance(80) {
             self.rng.range(0, 5)
@@ -735,9 +743,21 @@ impl Sim {
 
     fn start_node(&mut self, x: usize) {
         assert!(self.nodes[x].inc.is_none());
-        let incarnation = self.rng.next_u64() | 1;
-        let ms_offset = self.rng.range(0, 10_000_000);
         let generation = self.nodes[x].generation + 1;
+        let (incarnation, ms_offset, heartbeat_ms, peer_timeout_ms) = match &self.replaying {
+            Some(r) => (
+                replay::incarnation(x, generation),
+                0,
+                r.timing.heartbeat_ms,
+                r.timing.peer_timeout_ms,
+            ),
+            None => (
+                self.rng.next_u64() | 1,
+                self.rng.range(0, 10_000_000),
+                HEARTBEAT_MS,
+                PEER_TIMEOUT_MS,
+            ),
+        };
         self.nodes[x].generation = generation;
         let peers: Vec<String> = (0..self.cfg.nodes).map(addr).collect();
         let now_ms = self.now + ms_offset;
@@ -753,8 +773,8 @@ impl Sim {
                 cluster: Some(ClusterConfig {
                     peers,
                     me: x,
-                    heartbeat_ms: HEARTBEAT_MS,
-                    peer_timeout_ms: PEER_TIMEOUT_MS,
+                    heartbeat_ms,
+                    peer_timeout_ms,
                     failback_delay_ms: self.cfg.failback_delay_ms,
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
@@ -800,7 +820,9 @@ impl Sim {
 
     fn alloc_cid(&mut self, x: usize, sc: usize) -> ConnId {
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let cid = match inc.free_cids.pop_first() {
+        // (A replay numbers connections as the model does: no reuse.)
+        let reuse = self.replaying.is_none();
+        let cid = match inc.free_cids.pop_first().filter(|_| reuse) {
             Some(c) => c,
             None => {
                 inc.next_cid += 1;
@@ -1348,7 +1370,8 @@ impl Sim {
                 continue;
             }
             let unread = !conn.pipes[1 - e].segs.is_empty();
-            let rst = unread || self.rng.chance(20);
+            // (A replay closes as the model does: a FIN after the bytes.)
+            let rst = self.replaying.is_none() && (unread || self.rng.chance(20));
             let conn = self.conns[sc].as_mut().unwrap();
             conn.open[e] = false;
             conn.close_at[e] = None;
