@@ -78,14 +78,12 @@ impl Checker {
         }
     }
 
-    /// A fair continuation begins: every block heals, and two actives
-    /// are allowed for [`TOGETHER_MS`] from now, as after a heal. (Not only
-    /// after a block: at the model's timers a node that resumes from a
-    /// hang, or restarts, with every link to its peer closed waits one
-    /// peer timeout, 50 ms, to hear who is active, while its peer redials
-    /// it only after the cluster's fixed redial delay, 100 ms; so it takes
-    /// the role beside the active until they meet. The search within the
-    /// horizon keeps the strict rule.)
+    /// A fair continuation begins: every block heals, so two actives that
+    /// were cut apart are allowed for [`TOGETHER_MS`] from the heal, as
+    /// after any block; two that never were cut apart are not. (A node
+    /// that resumes from a hang, or restarts, with every link to its peer
+    /// closed waits one peer timeout to hear who is active; its peer
+    /// redials within a quarter of the peer timeout, so they meet first.)
     pub fn fair(&mut self, now: u64) {
         self.fair_since = Some(now);
     }
@@ -130,11 +128,9 @@ impl Checker {
                 if *since == u64::MAX {
                     *since = w.now;
                 }
-                let since = (*since).max(self.fair_since.unwrap_or(0));
+                let since = *since;
                 if actives.contains(&a) && actives.contains(&b) && w.now >= since + TOGETHER_MS {
-                    let why = if self.fair_since == Some(since) {
-                        format!("the fair continuation began at {since} ms")
-                    } else if since == 0 {
+                    let why = if since == 0 {
                         "nothing ever blocked the way between them".to_string()
                     } else {
                         format!("the way between them was unblocked at {since} ms")

@@ -64,9 +64,10 @@ impl Cluster {
     }
 
     pub fn dial_failed(&mut self, peer: usize, now: Now) {
+        let retry = self.dial_retry_ms();
         let p = &mut self.peers[peer];
         p.dialing = false;
-        p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+        p.next_dial_ms = now.ms + retry;
     }
 
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
@@ -114,13 +115,14 @@ impl Cluster {
         // down and something else has its port), at every retry.
         let mut authed = false;
         if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
+            let retry = self.dial_retry_ms();
             let p = &mut self.peers[i];
             authed = p.out_authed;
             p.out = None;
             p.out_authed = false;
             p.snapshot_sent = false;
             p.ready_since = None;
-            p.next_dial_ms = now.ms + DIAL_RETRY_MS;
+            p.next_dial_ms = now.ms + retry;
             touched = Some(i);
         }
         self.pending.remove(&conn);
@@ -267,7 +269,7 @@ impl Cluster {
     /// partition heals, and each side would hear the other only when its
     /// next retransmission happened to come: two actives for about as long
     /// as the partition lasted. A new connection is tried every
-    /// [`DIAL_RETRY_MS`] plus the dial timeout, whatever the partition's
+    /// [`Cluster::dial_retry_ms`] plus the dial timeout, whatever the partition's
     /// length.
     pub(super) fn drop_silent_links(&mut self, i: usize, engine: &mut Engine) {
         let silent = format!(

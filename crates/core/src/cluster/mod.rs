@@ -95,7 +95,7 @@ pub const DEFAULT_FAILBACK_DELAY_MS: u64 = 5_000;
 /// The largest [`ClusterConfig::failback_delay_ms`] (10 minutes).
 pub const MAX_FAILBACK_DELAY_MS: u64 = 600_000;
 
-/// How soon a failed dial is retried.
+/// How soon a failed dial is retried, at most (see [`Cluster::dial_retry_ms`]).
 pub(crate) const DIAL_RETRY_MS: u64 = 100;
 
 /// Cluster settings; every node of a cluster gets the same `peers`.
@@ -332,6 +332,16 @@ impl Cluster {
     /// replaced, and the handshakes in progress.
     pub(crate) fn link_reserve(&self) -> usize {
         4 * (self.peers.len() - 1) + MAX_PENDING_HANDSHAKES
+    }
+
+    /// How soon a failed or closed link is dialed again: [`DIAL_RETRY_MS`],
+    /// or a quarter of the peer timeout if that is shorter. A node that
+    /// starts or resumes waits one peer timeout to hear who is active; with
+    /// a peer timeout under the retry delay, a peer whose link to it had
+    /// closed would redial only after that wait, and the node would take
+    /// the role beside the active.
+    pub(crate) fn dial_retry_ms(&self) -> u64 {
+        DIAL_RETRY_MS.min(self.cfg.peer_timeout_ms / 4).max(1)
     }
 
     /// How long a peer link may take to authenticate.
