@@ -633,10 +633,17 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
-        if self.peers[from].heard_ms.is_none() {
+        let was_alive = self.peers[from].heard_ms.is_some();
+        if !was_alive {
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
         }
         self.peers[from].heard_ms = Some(now.ms);
+        // A grant or a release changes the tables, never an input of the
+        // role rule (who is alive, who claims the role or follows whom,
+        // who is synced); the rule runs on every turn's tick and after
+        // every other line. Most lines a follower reads are these.
+        let rule_inputs_unchanged =
+            was_alive && matches!(msg, PeerMsg::Grant { .. } | PeerMsg::Release { .. });
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -706,7 +713,9 @@ impl Cluster {
             // Replication from a node we do not follow (any more): ignored.
             PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
         }
-        self.evaluate(now, engine);
+        if !rule_inputs_unchanged {
+            self.evaluate(now, engine);
+        }
         Ok(())
     }
 }
