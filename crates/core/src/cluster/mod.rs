@@ -254,10 +254,12 @@ pub struct Cluster {
     doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
-    /// This node gave way to the active `merge_owed` at a heal, and that
-    /// node's snapshot has not replaced our table yet: our grants go to it
-    /// on every link of ours to it that authenticates meanwhile
-    /// ([`Cluster::send_owed_merge`]).
+    /// This node gave way to an active at a heal, and no active's snapshot
+    /// has replaced our table since: our grants go to `merge_owed` (the
+    /// active we follow; following nobody, the last one we did) on every
+    /// link of ours to it that authenticates meanwhile, and to each new
+    /// active we follow until one's snapshot comes
+    /// ([`Cluster::send_owed_merge`], [`Cluster::follow`]).
     merge_owed: Option<usize>,
     /// Whether this node has known an active (been one, or followed one):
     /// taking the role after that is a failover, before it the cluster's
