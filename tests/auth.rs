@@ -13,13 +13,13 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::certs::{Ca, client_config, s, scratch};
 use common::{Server, StderrLog};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
 fn main() -> std::process::ExitCode {
     common::harness::run(file!(), [both(), one()])
@@ -53,52 +53,6 @@ ops          *            lock,admin
 // ---------------------------------------------------------------------------
 // Certificates.
 
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-    pem: PathBuf,
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let pem = dir.join(format!("{name}.pem"));
-        std::fs::write(&pem, cert.pem()).unwrap();
-        Ca { cert, key, pem }
-    }
-
-    /// A certificate with subject CN `cn` and these subject alternative
-    /// names, as `<cn>.pem` and `<cn>.key`.
-    fn issue(&self, dir: &Path, cn: &str, names: &[&str]) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        let (cert_path, key_path) = (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        (cert_path, key_path)
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringlock-auth-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A node CA with one node certificate (for `ip`, 127.0.0.1 and
 /// localhost), a client CA, and a client certificate per identity (its
 /// CN), and the rule file.
@@ -114,10 +68,10 @@ impl Pki {
     fn new(name: &str, ip: &str) -> Pki {
         let dir = scratch(name);
         let node_ca = Ca::new(&dir, "node-ca");
-        let node = node_ca.issue(&dir, "node", &[ip, "127.0.0.1", "localhost"]);
+        let node = node_ca.issue(&dir, "node", &[ip, "127.0.0.1", "localhost"], false);
         let client_ca = Ca::new(&dir, "client-ca");
         for who in ["alice", "bob", "ops", "eve"] {
-            client_ca.issue(&dir, who, &[]);
+            client_ca.issue(&dir, who, &[], false);
         }
         let acl = dir.join("acl");
         std::fs::write(&acl, RULES).unwrap();
@@ -165,7 +119,7 @@ impl Pki {
     /// A connection as `who`.
     fn connect(&self, addr: SocketAddr, who: &str) -> TlsConn {
         let (cert, key) = self.cert(who);
-        TlsConn::new(addr, client_config(&self.node_ca.pem, &cert, &key))
+        TlsConn::new(addr, client_config(&self.node_ca.pem, Some((&cert, &key))))
     }
 }
 
@@ -180,30 +134,6 @@ impl Drop for Pki {
 
 struct TlsConn {
     stream: BufReader<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
-}
-
-fn client_config(ca: &Path, cert: &Path, key: &Path) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_client_auth_cert(
-        CertificateDer::pem_file_iter(cert)
-            .unwrap()
-            .map(Result::unwrap)
-            .collect(),
-        PrivateKeyDer::from_pem_file(key).unwrap(),
-    )
-    .unwrap();
-    Arc::new(config)
 }
 
 impl TlsConn {
@@ -348,7 +278,7 @@ fn acquires_outside_the_rules_are_refused(io: &str) {
     // A certificate whose name is no usable identity (over 32 bytes) is
     // refused right after the handshake, before any answer.
     let long = "a-name-much-longer-than-32-bytes-x";
-    pki.client_ca.issue(&pki.dir, long, &[]);
+    pki.client_ca.issue(&pki.dir, long, &[], false);
     let mut unnamed = pki.connect(server.addr, long);
     unnamed.send("S");
     let refused = unnamed.recv().unwrap_or_default();
@@ -646,7 +576,8 @@ fn status(pki: &Pki, addr: SocketAddr) -> Option<common::NodeStatus> {
     let (cert, key) = pki.cert("ops");
     let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
     let conn =
-        rustls::ClientConnection::new(client_config(&pki.node_ca.pem, &cert, &key), name).ok()?;
+        rustls::ClientConnection::new(client_config(&pki.node_ca.pem, Some((&cert, &key))), name)
+            .ok()?;
     let mut stream = BufReader::new(rustls::StreamOwned::new(conn, tcp));
     stream.get_mut().write_all(b"S\n").ok()?;
     stream.get_mut().flush().ok()?;

@@ -16,8 +16,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::certs::{Ca, client_config, s, scratch};
 use common::{Server, StderrLog};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
 fn main() -> std::process::ExitCode {
     common::harness::run(file!(), [both()])
@@ -41,95 +41,11 @@ fn both() -> Vec<common::harness::Test> {
 }
 
 // ---------------------------------------------------------------------------
-// Certificates.
-
-/// A CA that signs certificates, and where its certificate is on disk.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-    pem: PathBuf,
-}
-
-/// A scratch directory for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ringlock-tls-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        let pem = dir.join(format!("{name}.pem"));
-        std::fs::write(&pem, cert.pem()).unwrap();
-        Ca { cert, key, pem }
-    }
-
-    /// A certificate for `names` (DNS names or IP addresses), written as
-    /// `<file>.pem` and `<file>.key`; valid now, or `expired`.
-    fn issue(&self, dir: &Path, file: &str, names: &[&str], expired: bool) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, file);
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-        }
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        let (cert_path, key_path) = (
-            dir.join(format!("{file}.pem")),
-            dir.join(format!("{file}.key")),
-        );
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        (cert_path, key_path)
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 // ---------------------------------------------------------------------------
 // A raw TLS client (rustls, blocking): lines in, lines out.
 
 struct TlsConn {
     stream: BufReader<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
-}
-
-fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    Arc::new(match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-    })
 }
 
 impl TlsConn {

@@ -9,6 +9,7 @@
 // module's interface, and what one binary leaves unused is not dead.
 #![allow(dead_code, unreachable_pub, unused_macros)]
 
+pub mod certs;
 #[macro_use]
 pub mod harness;
 pub mod python;

@@ -5,6 +5,9 @@
 //! identities. Without them nothing here runs: connections have no
 //! [`Access`], and the engine checks nothing.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::proto::quoted;
 
 /// Longest identity, in bytes. A grant's identity travels to the standbys
@@ -218,6 +221,39 @@ struct Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acl {
     rules: Vec<Rule>,
+    /// What [`Acl::access`] gave each identity, shared by its connections.
+    shared: Shared,
+}
+
+/// Identities whose [`Access`] one rule set keeps for the next connection
+/// of the same identity; beyond, each connection gets its own.
+pub const MAX_SHARED_IDENTITIES: usize = 4096;
+
+/// The [`Access`] of each identity [`Acl::access`] was asked for, so that
+/// the connections of one identity share one copy of its prefixes. A copy
+/// of the rules starts empty, and two rule sets compare by their rules.
+#[derive(Default)]
+struct Shared(Mutex<HashMap<Box<[u8]>, Arc<Access>>>);
+
+impl Clone for Shared {
+    fn clone(&self) -> Shared {
+        Shared::default()
+    }
+}
+
+impl PartialEq for Shared {
+    fn eq(&self, _: &Shared) -> bool {
+        true
+    }
+}
+
+impl Eq for Shared {}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        write!(f, "Shared({n} identities)")
+    }
 }
 
 /// A line of an `--acl` file that is not a rule: its number (from 1) and
@@ -244,6 +280,7 @@ impl Acl {
                 prefix: None,
                 admin: false,
             }],
+            shared: Shared::default(),
         }
     }
 
@@ -317,11 +354,28 @@ impl Acl {
                 admin,
             });
         }
-        Ok(Acl { rules })
+        Ok(Acl {
+            rules,
+            shared: Shared::default(),
+        })
     }
 
-    /// What the rules allow `identity` (a valid identity).
-    pub fn access(&self, identity: &[u8]) -> Access {
+    /// What the rules allow `identity` (a valid identity): one copy shared
+    /// by every connection of the identity under these rules.
+    pub fn access(&self, identity: &[u8]) -> Arc<Access> {
+        let mut shared = self.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(access) = shared.get(identity) {
+            return Arc::clone(access);
+        }
+        let access = Arc::new(self.access_of(identity));
+        if shared.len() < MAX_SHARED_IDENTITIES {
+            shared.insert(identity.into(), Arc::clone(&access));
+        }
+        access
+    }
+
+    /// What the rules allow `identity`, made anew.
+    fn access_of(&self, identity: &[u8]) -> Access {
         debug_assert!(is_valid_identity(identity));
         let mut access = Access {
             identity: identity.into(),

@@ -123,3 +123,25 @@ fn bad_rules_are_refused_with_their_line_number() {
     let many = "a k lock\n".repeat(MAX_RULES + 1);
     assert_eq!(Acl::parse(&many).unwrap_err().line, MAX_RULES + 1);
 }
+
+#[test]
+fn the_connections_of_one_identity_share_its_access() {
+    let acl = Acl::parse(EXAMPLE).unwrap();
+    let first = acl.access(b"alice");
+    let second = acl.access(b"alice");
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &second),
+        "one copy per identity"
+    );
+    assert!(!std::sync::Arc::ptr_eq(&first, &acl.access(b"bob")));
+    // Reloaded rules start their own copies, and give what they say.
+    let reloaded = Acl::parse("alice b/ lock\n").unwrap();
+    let after = reloaded.access(b"alice");
+    assert!(!std::sync::Arc::ptr_eq(&first, &after));
+    assert!(after.may_lock(b"b/1") && !after.may_lock(b"a/1"));
+    assert!(
+        first.may_lock(b"a/1"),
+        "a connection keeps the rules it got"
+    );
+    assert_eq!(acl.clone(), acl, "rule sets compare by their rules");
+}

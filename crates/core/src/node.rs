@@ -102,6 +102,10 @@ pub struct Node {
     /// Connections taken beyond `--max-conns` for peers: each must be an
     /// authenticated peer link by its deadline.
     peer_only: Vec<(ConnId, u64)>,
+    /// Client requests take [`Node::handle_checked`]: some connection is
+    /// peer-only, or the node has client identities. A plain node's request
+    /// path tests this one word ([`Node::update_checked_requests`]).
+    checked_requests: bool,
     /// Connections to close, for the loop ([`Node::take_doomed`]).
     doomed: Vec<(ConnId, String)>,
     peer_log: LogLimiter,
@@ -175,6 +179,7 @@ impl Node {
             cluster,
             remotes: Vec::new(),
             peer_only: Vec::new(),
+            checked_requests: false,
             doomed: Vec::new(),
             peer_log: LogLimiter::default(),
             accept_log: LogLimiter::default(),
@@ -424,6 +429,11 @@ impl Node {
     }
 
     fn check_peer_only(&self) {
+        assert_eq!(
+            self.checked_requests,
+            !self.peer_only.is_empty() || self.engine.requires_identities(),
+            "requests skip the checks they need"
+        );
         for &(conn, _) in &self.peer_only {
             assert!(
                 self.peer_only.iter().filter(|&&(c, _)| c == conn).count() == 1,
@@ -475,6 +485,7 @@ impl Node {
             .as_ref()
             .map_or(0, |c| c.handshake_timeout_ms());
         self.peer_only.push((conn, now.ms + timeout));
+        self.update_checked_requests();
     }
 
     /// How long a peer link may leave data unacknowledged before it counts
@@ -551,6 +562,7 @@ impl Node {
         }
         if !self.peer_only.is_empty() {
             self.peer_only.retain(|&(c, _)| c != conn);
+            self.update_checked_requests();
         }
         if let Some(cluster) = &mut self.cluster {
             cluster.on_close(now, conn, &mut self.engine);
@@ -608,6 +620,7 @@ impl Node {
             }
             false
         });
+        self.update_checked_requests();
         for conn in expired {
             let reason = "too many connections: a connection beyond --max-conns must be a peer";
             self.refuse_peer_only(conn, reason);
@@ -635,7 +648,27 @@ impl Node {
         conn: ConnId,
         request: Request<'_>,
     ) -> Result<(), Refusal> {
-        if !self.peer_only.is_empty() && self.peer_only.iter().any(|&(c, _)| c == conn) {
+        if self.checked_requests {
+            return self.handle_checked(now, conn, request);
+        }
+        let result = self.engine.handle(now, conn, request);
+        if result.is_err() {
+            self.stats.requests_refused += 1;
+        }
+        result
+    }
+
+    /// [`Node::handle_request`] while some connection is peer-only or on a
+    /// node with client identities ([`Node::checked_requests`]).
+    #[cold]
+    #[inline(never)]
+    fn handle_checked(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        request: Request<'_>,
+    ) -> Result<(), Refusal> {
+        if self.peer_only.iter().any(|&(c, _)| c == conn) {
             self.stats.requests_refused += 1;
             return Err(Refusal::TooManyConns);
         }
@@ -649,10 +682,14 @@ impl Node {
         result
     }
 
+    /// Whether requests need [`Node::handle_checked`]: kept current as
+    /// peer-only connections come and go.
+    fn update_checked_requests(&mut self) {
+        self.checked_requests = !self.peer_only.is_empty() || self.engine.requires_identities();
+    }
+
     /// [`Node::handle_request`] on a node with client identities: the same,
     /// and a refusal by identity is logged (rate-limited).
-    #[cold]
-    #[inline(never)]
     fn handle_identified(
         &mut self,
         now: Now,
@@ -700,6 +737,7 @@ impl Node {
     /// and each connection's identity is given by [`Node::set_access`].
     pub fn require_identities(&mut self) {
         self.engine.require_identities();
+        self.update_checked_requests();
     }
 
     /// The words of an `E` line for `refusal` (the node's own for a refusal
@@ -713,7 +751,11 @@ impl Node {
 
     /// Gives `conn` its identity and what the rules allow it (its TLS
     /// handshake just ended). A node with identities only.
-    pub(crate) fn set_access(&mut self, conn: ConnId, access: crate::access::Access) {
+    pub(crate) fn set_access(
+        &mut self,
+        conn: ConnId,
+        access: std::sync::Arc<crate::access::Access>,
+    ) {
         self.engine.set_access(conn, access);
     }
 

@@ -70,6 +70,9 @@ pub const VERSION: u64 = 4;
 /// The first version that carries `MERGE` ... `MERGED`.
 pub const MERGE_VERSION: u64 = 4;
 
+/// The first version whose `P G` carries the holder's identity.
+pub const IDENTITY_VERSION: u64 = 4;
+
 /// The oldest version this node still speaks: a link from (or to) a node
 /// of the release before (`P G` without the holder).
 pub const MIN_VERSION: u64 = 2;
@@ -431,7 +434,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             holder,
         } => {
             let holder = (holder != Holder::default()).then_some(holder);
-            encode_grant(out, key, token, remaining_ms, holder);
+            encode_grant(out, key, token, remaining_ms, holder, true);
             return;
         }
         PeerMsg::Release { key, token } => {
@@ -458,7 +461,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
 /// [`Replication::Believed`] its `P G` between `P MERGE` and `P MERGED`
 /// (version 4 on; nothing before: an older node knows no believed grants).
 /// The engine records events; this is the only place they become lines.
-#[inline]
+#[inline(always)]
 pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
     match event {
         Replication::Granted {
@@ -467,15 +470,10 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             remaining_ms,
             holder,
         } => {
-            let holder = match version {
-                ..=2 => None,
-                3 => Some(Holder {
-                    identity: None,
-                    ..holder
-                }),
-                _ => Some(holder),
-            };
-            encode_grant(out, key, token, remaining_ms, holder);
+            // Version 3 has the holder without its identity, 2 neither.
+            let holder = (version >= 3).then_some(holder);
+            let identity = version >= IDENTITY_VERSION;
+            encode_grant(out, key, token, remaining_ms, holder, identity);
         }
         Replication::Released { key, token } => encode_release(out, key, token),
         Replication::Believed {
@@ -485,7 +483,7 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             holder,
         } if version >= MERGE_VERSION => {
             encode(out, &PeerMsg::Merge { highest: token });
-            encode_grant(out, key, token, remaining_ms, Some(holder));
+            encode_grant(out, key, token, remaining_ms, Some(holder), true);
             encode(out, &PeerMsg::Merged);
         }
         Replication::Believed { .. } => {}
@@ -494,14 +492,16 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
 
 /// Appends `P G <key> <token> <remaining_ms>`, then ` <addr> <owner>` with a
 /// holder (`-` for what it does not know), ` <identity>` if the holder has
-/// one, and `\n`. The version 3 form (no identity) is what a version 4 node
-/// reads as "no identity" too.
+/// one and `identity` (a link of [`IDENTITY_VERSION`] on), and `\n`. The
+/// version 3 form (no identity) is what a version 4 node reads as "no
+/// identity" too.
 pub(crate) fn encode_grant(
     out: &mut Vec<u8>,
     key: &[u8],
     token: u64,
     remaining_ms: u64,
     holder: Option<Holder<'_>>,
+    identity: bool,
 ) {
     out.extend_from_slice(b"P G ");
     out.extend_from_slice(key);
@@ -514,7 +514,7 @@ pub(crate) fn encode_grant(
         out.extend_from_slice(holder.addr.unwrap_or(b"-"));
         out.push(b' ');
         out.extend_from_slice(holder.owner.unwrap_or(b"-"));
-        if let Some(identity) = holder.identity {
+        if let Some(identity) = holder.identity.filter(|_| identity) {
             debug_assert!(is_valid_identity(identity));
             out.push(b' ');
             out.extend_from_slice(identity);

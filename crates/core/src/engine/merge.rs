@@ -191,60 +191,48 @@ impl Engine {
 
     /// `R key token` of a believed grant of `lock` with lease left: it is
     /// forgotten (true).
-    pub(super) fn release_believed(
-        &mut self,
-        now: Now,
-        conn: ConnId,
-        lock: u32,
-        token: u64,
-    ) -> Touch {
+    pub(super) fn release_believed(&mut self, now: Now, lock: u32, token: u64) -> bool {
         let Some(beside) = self.merged.get_mut(&lock) else {
-            return Touch::Stale;
+            return false;
         };
         let Some(i) = beside.iter().position(|b| b.token == token) else {
-            return Touch::Stale;
+            return false;
         };
-        // Only its holder (or an admin) ends a merged grant too.
-        if self.identities && !may_touch(&self.conns, &self.holders, conn, beside[i].holder) {
-            return Touch::NotHolder;
-        }
+        // Only its holder (or an admin) ends a merged grant too: on a node
+        // with identities, `handle_checked` saw to that.
         let b = beside.swap_remove(i);
         if beside.is_empty() {
             self.merged.remove(&lock);
         }
         self.holders.unref(b.holder);
         if b.expires_ms <= now.ms {
-            return Touch::Stale;
+            return false;
         }
         self.replicate_release(lock, token);
-        Touch::Done
+        true
     }
 
     /// `N key token lease` of a believed grant of `lock` with lease left.
     pub(super) fn renew_believed(
         &mut self,
         now: Now,
-        conn: ConnId,
         lock: u32,
         token: u64,
         lease_ms: u64,
-    ) -> Touch {
+    ) -> bool {
         let Some(b) = self
             .merged
             .get_mut(&lock)
             .and_then(|beside| beside.iter_mut().find(|b| b.token == token))
         else {
-            return Touch::Stale;
+            return false;
         };
         if b.expires_ms <= now.ms {
-            return Touch::Stale;
-        }
-        if self.identities && !may_touch(&self.conns, &self.holders, conn, b.holder) {
-            return Touch::NotHolder;
+            return false;
         }
         b.expires_ms = deadline(now, lease_ms);
         self.replicate_believed(now, lock, token);
-        Touch::Done
+        true
     }
 
     /// A standby: the replicated release of a believed grant.

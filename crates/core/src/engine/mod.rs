@@ -24,6 +24,8 @@ pub mod table;
 pub mod token;
 pub mod wheel;
 
+use std::sync::Arc;
+
 use crate::access::Access;
 use crate::proto::{Answer, Request, Role};
 pub use merge::Merged;
@@ -198,24 +200,14 @@ impl std::fmt::Display for GrantRefusal {
     }
 }
 
-/// How a release or renewal with a token went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Touch {
-    Done,
-    /// No grant with that token.
-    Stale,
-    /// The grant is another identity's ([`Engine::may_touch`]).
-    NotHolder,
-}
-
 /// On a node with identities: whether `conn` may release or renew a grant
 /// held by `holder`: its own identity's, or any as admin. A grant whose
 /// holder's identity is not known (replicated over a link too old to carry
 /// it) is released and renewed by an admin only.
 #[cold]
 #[inline(never)]
-fn may_touch(conns: &[Conn], holders: &Holders, conn: ConnId, holder: u32) -> bool {
-    let Some(access) = conns.get(conn as usize).and_then(|c| c.access.as_ref()) else {
+fn may_touch(access: &[Option<Arc<Access>>], holders: &Holders, conn: ConnId, holder: u32) -> bool {
+    let Some(access) = access.get(conn as usize).and_then(Option::as_ref) else {
         return false;
     };
     access.is_admin() || holders.get(holder).identity == Some(access.identity())
@@ -256,9 +248,6 @@ struct Conn {
     addr: Option<std::net::SocketAddr>,
     /// Its owner label (`O`), if it set one.
     owner: Option<Box<[u8]>>,
-    /// With client certificates: its identity and what the rules allow it
-    /// (set when its TLS handshake ended).
-    access: Option<Box<Access>>,
 }
 
 /// Whether this node serves clients.
@@ -308,6 +297,15 @@ pub struct Engine {
     /// Client certificates give identities ([`Engine::require_identities`]):
     /// only a grant's holder (or an admin) releases and renews it.
     identities: bool,
+    /// Requests take [`Engine::handle_checked`] first: a standby, or a node
+    /// with identities. The plain active's request path tests this one
+    /// word and nothing else of either.
+    checked: bool,
+    /// With identities, by connection: its identity and what the rules
+    /// allow it (set when its TLS handshake ended; shared by the
+    /// connections of one identity under one rule set). Apart from
+    /// [`Conn`], which a plain node's requests touch, and empty on it.
+    access: Vec<Option<Arc<Access>>>,
     /// The reason of the last [`Refusal::NotAllowed`].
     not_allowed: String,
 }
@@ -344,6 +342,8 @@ impl Engine {
             holders: Holders::default(),
             merged: std::collections::HashMap::new(),
             identities: false,
+            checked: false,
+            access: Vec::new(),
             not_allowed: String::new(),
         }
     }
@@ -421,6 +421,7 @@ impl Engine {
     /// start (a standby's replicated grants count too).
     pub fn require_identities(&mut self) {
         self.identities = true;
+        self.checked = true;
     }
 
     /// Whether [`Engine::require_identities`] was called.
@@ -430,23 +431,29 @@ impl Engine {
 
     /// `conn`'s identity and what it may do, from its client certificate
     /// (before its first request). Its later grants name the identity.
-    pub fn set_access(&mut self, conn: ConnId, access: Access) {
+    pub fn set_access(&mut self, conn: ConnId, access: Arc<Access>) {
         debug_assert!(self.identities, "an identity on a node without them");
         let Some(c) = self.conns.get_mut(conn as usize) else {
             return;
         };
-        c.access = Some(Box::new(access));
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
+        let i = conn as usize;
+        if self.access.len() <= i {
+            self.access.resize(i + 1, None);
+        }
+        self.access[i] = Some(access);
+    }
+
+    /// `conn`'s identity and rules, on a node with identities.
+    fn access_of(&self, conn: ConnId) -> Option<&Access> {
+        self.access.get(conn as usize).and_then(|a| a.as_deref())
     }
 
     /// `conn`'s identity, if it has one.
     pub fn identity_of(&self, conn: ConnId) -> Option<&[u8]> {
-        self.conns
-            .get(conn as usize)
-            .and_then(|c| c.access.as_ref())
-            .map(|a| a.identity())
+        self.access_of(conn).map(Access::identity)
     }
 
     /// Every live grant: `(key, token, expires_ms)`. For tests and tools.
@@ -478,9 +485,11 @@ impl Engine {
         c.out.clear();
         c.addr = None;
         c.owner = None;
-        c.access = None;
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
+        }
+        if let Some(access) = self.access.get_mut(conn as usize) {
+            *access = None;
         }
         loop {
             let w = self.table.conn_first(conn);
@@ -585,14 +594,14 @@ impl Engine {
     /// requests are already in the output.
     pub fn handle(&mut self, now: Now, conn: ConnId, request: Request<'_>) -> Result<(), Refusal> {
         debug_assert!(self.conns[conn as usize].open);
-        if let (Serving::Standby { active }, Some(key)) = (&self.serving, request.key()) {
-            let answer = Answer::Moved {
-                key,
-                addr: active.as_deref(),
-            };
-            emit(&mut self.conns, &mut self.dirty, conn, answer);
-            self.stats.redirected += 1;
-            return Ok(());
+        debug_assert_eq!(
+            self.checked,
+            self.identities || self.serving != Serving::Active
+        );
+        if self.checked
+            && let Some(result) = self.handle_checked(now, conn, request)
+        {
+            return result;
         }
         match request {
             Request::Acquire {
@@ -601,17 +610,10 @@ impl Engine {
                 wait_ms,
             } => return self.acquire(now, conn, key, lease_ms, wait_ms),
             Request::Release { key, token } => {
-                let ok = match self.release(now, conn, key, token) {
-                    Touch::Done => true,
-                    Touch::Stale => {
-                        self.stats.release_stale += 1;
-                        false
-                    }
-                    Touch::NotHolder => {
-                        self.stats.release_not_holder += 1;
-                        false
-                    }
-                };
+                let ok = self.release(now, key, token);
+                if !ok {
+                    self.stats.release_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -624,20 +626,12 @@ impl Engine {
                 token,
                 lease_ms,
             } => {
-                let ok = match self.renew(now, conn, key, token, lease_ms) {
-                    Touch::Done => {
-                        self.stats.renewed += 1;
-                        true
-                    }
-                    Touch::Stale => {
-                        self.stats.renew_stale += 1;
-                        false
-                    }
-                    Touch::NotHolder => {
-                        self.stats.renew_not_holder += 1;
-                        false
-                    }
-                };
+                let ok = self.renew(now, key, token, lease_ms);
+                if ok {
+                    self.stats.renewed += 1;
+                } else {
+                    self.stats.renew_stale += 1;
+                }
                 emit(
                     &mut self.conns,
                     &mut self.dirty,
@@ -705,7 +699,8 @@ impl Engine {
             addr.as_ref()
                 .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
         );
-        let identity = c.access.as_ref().map(|a| a.identity());
+        let identity = self.access.get(conn as usize).and_then(|a| a.as_deref());
+        let identity = identity.map(Access::identity);
         let holder = self.holders.insert(addr, c.owner.as_deref(), identity);
         self.holders.add_ref(holder);
         self.conns[conn as usize].holder = Some(holder);
@@ -726,10 +721,7 @@ impl Engine {
     fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
         let mut out = std::mem::take(&mut self.conns[conn as usize].out);
         let mut waiters = 0;
-        let hidden = self.conns[conn as usize]
-            .access
-            .as_ref()
-            .is_some_and(|a| !a.may_lock(key));
+        let hidden = self.access_of(conn).is_some_and(|a| !a.may_lock(key));
         if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
             let l = self.table.lock(lock);
             lock_who(&self.table, &self.holders, now, l).encode(&mut out);
@@ -796,7 +788,7 @@ impl Engine {
         let mut next = end;
         let out_start = self.conns[conn as usize].out.len();
         // With identities, only keys the connection may lock (an admin: all).
-        let access = self.conns[conn as usize].access.take();
+        let access = self.access.get(conn as usize).cloned().flatten();
         let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {
@@ -826,7 +818,6 @@ impl Engine {
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
         }
-        self.conns[conn as usize].access = access;
         let cursor = if next >= bound { 0 } else { next as u64 };
         let end = if who {
             Answer::WhoEnd { cursor }
@@ -877,6 +868,7 @@ impl Engine {
             }
         }
         self.serving = Serving::Standby { active };
+        self.checked = true;
     }
 
     fn acquire(
@@ -887,9 +879,6 @@ impl Engine {
         lease_ms: u64,
         wait_ms: u64,
     ) -> Result<(), Refusal> {
-        if self.identities {
-            self.check_access(conn, key)?;
-        }
         let Some(lock) = self
             .table
             .find_or_insert_within(key, self.max_locks as usize)
@@ -919,16 +908,13 @@ impl Engine {
         Ok(())
     }
 
-    fn release(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64) -> Touch {
+    fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
         let Some(lock) = self.table.find(key) else {
-            return Touch::Stale;
+            return false;
         };
         let holder = &mut self.table.lock_mut(lock).holder;
         match *holder {
             Some(grant) if grant.token == token => {
-                if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
-                    return Touch::NotHolder;
-                }
                 *holder = None;
                 self.wheel.cancel(grant.timer);
                 self.holders.unref(grant.holder);
@@ -941,26 +927,23 @@ impl Engine {
                 if self.merged.is_empty() || !self.promote_believed(now, lock) {
                     self.hand_off(now, lock);
                 }
-                Touch::Done
+                true
             }
-            _ if self.merged.is_empty() => Touch::Stale,
-            _ => self.release_believed(now, conn, lock, token),
+            _ if self.merged.is_empty() => false,
+            _ => self.release_believed(now, lock, token),
         }
     }
 
-    fn renew(&mut self, now: Now, conn: ConnId, key: &[u8], token: u64, lease_ms: u64) -> Touch {
+    fn renew(&mut self, now: Now, key: &[u8], token: u64, lease_ms: u64) -> bool {
         let Some(lock) = self.table.find(key) else {
-            return Touch::Stale;
+            return false;
         };
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
             if self.merged.is_empty() {
-                return Touch::Stale;
+                return false;
             }
-            return self.renew_believed(now, conn, lock, token, lease_ms);
+            return self.renew_believed(now, lock, token, lease_ms);
         };
-        if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
-            return Touch::NotHolder;
-        }
         self.wheel.cancel(grant.timer);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
@@ -971,7 +954,70 @@ impl Engine {
             holder: grant.holder,
         });
         self.replicate_grant(now, lock);
-        Touch::Done
+        true
+    }
+
+    /// What a plain active node's requests skip ([`Engine::checked`]): a
+    /// standby answers a request with a key `M`; with identities an
+    /// acquire outside the connection's rules is refused, and a release or
+    /// renewal with the right token of a grant another identity holds is
+    /// answered `0`, counted, and changes nothing. `None`: the request goes
+    /// on as on a plain node.
+    #[cold]
+    #[inline(never)]
+    fn handle_checked(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        request: Request<'_>,
+    ) -> Option<Result<(), Refusal>> {
+        if let (Serving::Standby { active }, Some(key)) = (&self.serving, request.key()) {
+            let answer = Answer::Moved {
+                key,
+                addr: active.as_deref(),
+            };
+            emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.stats.redirected += 1;
+            return Some(Ok(()));
+        }
+        if !self.identities {
+            return None;
+        }
+        let answer = match request {
+            Request::Acquire { key, .. } => return self.check_access(conn, key).err().map(Err),
+            Request::Release { key, token } if self.held_by_another(now, conn, key, token) => {
+                self.stats.release_not_holder += 1;
+                Answer::Released { key, ok: false }
+            }
+            Request::Renew { key, token, .. } if self.held_by_another(now, conn, key, token) => {
+                self.stats.renew_not_holder += 1;
+                Answer::Renewed { key, ok: false }
+            }
+            _ => return None,
+        };
+        emit(&mut self.conns, &mut self.dirty, conn, answer);
+        Some(Ok(()))
+    }
+
+    /// On a node with identities: whether `key`'s grant with `token` (or
+    /// its believed grant with lease left, after a merge) is held by an
+    /// identity that `conn` may not release and renew for.
+    fn held_by_another(&self, now: Now, conn: ConnId, key: &[u8], token: u64) -> bool {
+        let Some(lock) = self.table.find(key) else {
+            return false;
+        };
+        let holder = match self.table.lock(lock).holder {
+            Some(grant) if grant.token == token => grant.holder,
+            _ => match self
+                .merged
+                .get(&lock)
+                .and_then(|beside| beside.iter().find(|b| b.token == token))
+            {
+                Some(b) if b.expires_ms > now.ms => b.holder,
+                _ => return false,
+            },
+        };
+        !may_touch(&self.access, &self.holders, conn, holder)
     }
 
     /// On a node with identities: `Err` if `conn`'s identity may not
@@ -980,8 +1026,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     fn check_access(&mut self, conn: ConnId, key: &[u8]) -> Result<(), Refusal> {
-        let c = &self.conns[conn as usize];
-        let identity = match &c.access {
+        let identity = match self.access_of(conn) {
             Some(access) if access.may_lock(key) => return Ok(()),
             Some(access) => access.identity(),
             None => b"-",
@@ -1298,6 +1343,7 @@ impl Engine {
     /// ones keep their remaining lease).
     pub(crate) fn become_active(&mut self) {
         self.serving = Serving::Active;
+        self.checked = self.identities;
         if let Some(log) = &mut self.replication {
             log.clear();
         }
@@ -1383,7 +1429,7 @@ impl Engine {
                 assert_eq!(self.table.conn_len(c as ConnId), 0);
                 assert!(conn.holder.is_none() && conn.owner.is_none() && conn.addr.is_none());
                 assert!(
-                    conn.access.is_none(),
+                    self.access.get(c).is_none_or(Option::is_none),
                     "a closed connection kept its identity"
                 );
             }
