@@ -968,7 +968,9 @@ fn dispatch(
         | Answer::LockWho { .. }
         | Answer::WhoEnd { .. }
         | Answer::Waiter { .. }
-        | Answer::QueueEnd { .. } => {
+        | Answer::QueueEnd { .. }
+        | Answer::KindGranted { .. }
+        | Answer::KindRefused { .. } => {
             return Err(unmatched());
         }
     }
