@@ -214,6 +214,18 @@ impl Answer<'_> {
                 out.push(b' ');
                 write_u64(out, waiters);
             }
+            Answer::KindGranted { .. } | Answer::KindRefused { .. } => self.encode_kind(out),
+        }
+        out.push(b'\n');
+    }
+}
+
+impl Answer<'_> {
+    /// The `G` and `C` answers, without the `\n`.
+    #[cold]
+    #[inline(never)]
+    fn encode_kind(&self, out: &mut Vec<u8>) {
+        match *self {
             Answer::KindGranted { kind, key, token } => {
                 line_start(out, kind.op(), key);
                 out.push(b' ');
@@ -228,8 +240,8 @@ impl Answer<'_> {
                     write_u64(out, u64::from(limit));
                 }
             }
+            _ => unreachable!("not a G or C answer"),
         }
-        out.push(b'\n');
     }
 }
 
@@ -341,27 +353,7 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
             } else {
                 Kind::Permit
             };
-            let key = key().ok_or_else(bad)?;
-            match (word, limit) {
-                (b"lock", None) if kind == Kind::Permit => Answer::KindRefused {
-                    kind,
-                    key,
-                    limit: 0,
-                },
-                (b"semaphore", Some(n)) => Answer::KindRefused {
-                    kind,
-                    key,
-                    limit: parse_u64(n)
-                        .filter(|&n| (1..=u64::from(crate::MAX_PERMITS)).contains(&n))
-                        .ok_or_else(bad)? as u32,
-                },
-                (token, None) => Answer::KindGranted {
-                    kind,
-                    key,
-                    token: parse_u64(token).ok_or_else(bad)?,
-                },
-                _ => return Err(bad()),
-            }
+            parse_kind(kind, key().ok_or_else(bad)?, word, limit).ok_or_else(bad)?
         }
         (b"T", None, None) => Answer::TimedOut {
             key: key().ok_or_else(bad)?,
@@ -390,6 +382,35 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         _ => return Err(bad()),
     };
     Ok(answer)
+}
+
+/// A `G` or `C` answer's fields after the key: a token (0: the wait ran
+/// out), `lock` (`C` only) or `semaphore <limit>`.
+fn parse_kind<'a>(
+    kind: Kind,
+    key: &'a [u8],
+    word: &[u8],
+    limit: Option<&[u8]>,
+) -> Option<Answer<'a>> {
+    Some(match (word, limit) {
+        (b"lock", None) if kind == Kind::Permit => Answer::KindRefused {
+            kind,
+            key,
+            limit: 0,
+        },
+        (b"semaphore", Some(n)) => Answer::KindRefused {
+            kind,
+            key,
+            limit: parse_u64(n).filter(|&n| (1..=u64::from(crate::MAX_PERMITS)).contains(&n))?
+                as u32,
+        },
+        (token, None) => Answer::KindGranted {
+            kind,
+            key,
+            token: parse_u64(token)?,
+        },
+        _ => return None,
+    })
 }
 
 /// A `J` line's fields after `J `: `<waited_ms> <addr> <owner>`.

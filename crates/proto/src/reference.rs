@@ -102,26 +102,34 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b'Q' => Request::Queue {
             key: key(fields[1])?,
         },
-        b'G' => Request::Shared {
+        b'G' | b'C' => parse_kind(op, &fields)?,
+        _ => Request::Health,
+    };
+    Ok(request)
+}
+
+fn parse_kind<'a>(op: u8, fields: &[&'a [u8]; 5]) -> Result<Request<'a>, ParseError<'a>> {
+    let wait = |field: &'a [u8]| {
+        parse_seconds(field)
+            .filter(|&ms| ms <= MAX_DURATION_MS)
+            .ok_or(ParseError::Wait(field))
+    };
+    Ok(if op == b'G' {
+        Request::Shared {
             key: key(fields[1])?,
             lease_ms: lease(fields[2])?,
-            wait_ms: parse_seconds(fields[3])
-                .filter(|&ms| ms <= MAX_DURATION_MS)
-                .ok_or(ParseError::Wait(fields[3]))?,
-        },
-        b'C' => Request::Permit {
+            wait_ms: wait(fields[3])?,
+        }
+    } else {
+        Request::Permit {
             key: key(fields[1])?,
             limit: parse_u64(fields[2])
                 .filter(|&n| (1..=u64::from(MAX_PERMITS)).contains(&n))
                 .ok_or(ParseError::Permits(fields[2]))? as u32,
             lease_ms: lease(fields[3])?,
-            wait_ms: parse_seconds(fields[4])
-                .filter(|&ms| ms <= MAX_DURATION_MS)
-                .ok_or(ParseError::Wait(fields[4]))?,
-        },
-        _ => Request::Health,
-    };
-    Ok(request)
+            wait_ms: wait(fields[4])?,
+        }
+    })
 }
 
 fn key(field: &[u8]) -> Result<&[u8], ParseError<'_>> {

@@ -133,35 +133,38 @@ impl<'a> Request<'a> {
                 out.extend_from_slice(b"Q ");
                 out.extend_from_slice(key);
             }
+            Request::Shared { .. } | Request::Permit { .. } => self.encode_kind(out),
+        }
+        out.push(b'\n');
+    }
+
+    /// `G` and `C`, without the `\n`.
+    fn encode_kind(&self, out: &mut Vec<u8>) {
+        let (op, key, limit, lease_ms, wait_ms) = match *self {
             Request::Shared {
                 key,
                 lease_ms,
                 wait_ms,
-            } => {
-                out.extend_from_slice(b"G ");
-                out.extend_from_slice(key);
-                out.push(b' ');
-                write_seconds(out, lease_ms);
-                out.push(b' ');
-                write_seconds(out, wait_ms);
-            }
+            } => (b'G', key, None, lease_ms, wait_ms),
             Request::Permit {
                 key,
                 limit,
                 lease_ms,
                 wait_ms,
-            } => {
-                out.extend_from_slice(b"C ");
-                out.extend_from_slice(key);
-                out.push(b' ');
-                write_u64(out, u64::from(limit));
-                out.push(b' ');
-                write_seconds(out, lease_ms);
-                out.push(b' ');
-                write_seconds(out, wait_ms);
-            }
+            } => (b'C', key, Some(limit), lease_ms, wait_ms),
+            _ => unreachable!("not a G or C request"),
+        };
+        out.push(op);
+        out.push(b' ');
+        out.extend_from_slice(key);
+        if let Some(limit) = limit {
+            out.push(b' ');
+            write_u64(out, u64::from(limit));
         }
-        out.push(b'\n');
+        out.push(b' ');
+        write_seconds(out, lease_ms);
+        out.push(b' ');
+        write_seconds(out, wait_ms);
     }
 
     /// The request's key, if it has one.

@@ -667,22 +667,8 @@ impl Engine {
             } => self.list(now, conn, cursor, limit, prefix, true),
             Request::Owner { owner } => self.set_owner(conn, owner),
             Request::Queue { key } => self.queue(now, conn, key),
-            Request::Shared {
-                key,
-                lease_ms,
-                wait_ms,
-            } => {
-                let kind = crate::proto::Kind::Shared;
-                return self.acquire_kind(now, conn, kind, key, 0, lease_ms, wait_ms);
-            }
-            Request::Permit {
-                key,
-                limit,
-                lease_ms,
-                wait_ms,
-            } => {
-                let kind = crate::proto::Kind::Permit;
-                return self.acquire_kind(now, conn, kind, key, limit, lease_ms, wait_ms);
+            Request::Shared { .. } | Request::Permit { .. } => {
+                return self.handle_kind(now, conn, request);
             }
         }
         Ok(())
@@ -1517,5 +1503,7 @@ fn emit(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId, answer: Answe
     }
 }
 
+#[cfg(test)]
+mod multi_tests;
 #[cfg(test)]
 mod tests;

@@ -94,6 +94,32 @@ impl Engine {
         self.members.len()
     }
 
+    /// `G` or `C`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn handle_kind(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        request: crate::proto::Request<'_>,
+    ) -> Result<(), Refusal> {
+        use crate::proto::Request;
+        match request {
+            Request::Shared {
+                key,
+                lease_ms,
+                wait_ms,
+            } => self.acquire_kind(now, conn, Kind::Shared, key, 0, lease_ms, wait_ms),
+            Request::Permit {
+                key,
+                limit,
+                lease_ms,
+                wait_ms,
+            } => self.acquire_kind(now, conn, Kind::Permit, key, limit, lease_ms, wait_ms),
+            _ => unreachable!("not a G or C request"),
+        }
+    }
+
     /// `G` (`limit` 0) or `C` (`limit` > 0) of `key`.
     #[cold]
     #[inline(never)]
