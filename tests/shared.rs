@@ -29,6 +29,12 @@ fn main() -> std::process::ExitCode {
             a_cluster_node_refuses_shared_acquires_and_permits:
                 a_cluster_node_refuses_shared_acquires_and_permits_uring,
                 a_cluster_node_refuses_shared_acquires_and_permits_epoll;
+            five_runs_with_two_permits_never_run_more_than_two_at_once:
+                five_runs_with_two_permits_never_run_more_than_two_at_once_uring,
+                five_runs_with_two_permits_never_run_more_than_two_at_once_epoll;
+            the_command_line_takes_shared_locks_and_says_what_is_refused:
+                the_command_line_takes_shared_locks_and_says_what_is_refused_uring,
+                the_command_line_takes_shared_locks_and_says_what_is_refused_epoll;
         }],
     )
 }
@@ -156,6 +162,92 @@ fn a_killed_holders_permit_comes_back_after_its_lease(io: &str) {
     );
     assert!(waited < Duration::from_secs(10), "freed after {waited:?}");
     assert_eq!(c.call(&format!("R sem {t}")), "R sem 0");
+}
+
+/// `ringlock SUBCOMMAND --server ADDR ARGS...`, started.
+fn ringlock(server: &Server, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .arg(args[0])
+        .args(["--server", &server.addr.to_string()])
+        .args(&args[1..])
+        .env_remove("RINGLOCK_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn five_runs_with_two_permits_never_run_more_than_two_at_once(io: &str) {
+    let server = Server::start(io);
+    let dir = common::harness::scratch_dir().join(format!("permits-{io}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("running")).unwrap();
+    // Each CMD marks itself running, counts who runs (when it starts and
+    // before it ends), and logs the count and its token.
+    let script = format!(
+        "d={d}; touch $d/running/$$; a=$(ls $d/running | wc -l); sleep 0.3;          b=$(ls $d/running | wc -l); rm $d/running/$$;          echo \"$a $b $RINGLOCK_TOKEN\" >> $d/log",
+        d = dir.display()
+    );
+    let runs: Vec<_> = (0..5)
+        .map(|_| {
+            ringlock(
+                &server,
+                &["run", "--permits", "2", "sem", "--", "sh", "-c", &script],
+            )
+        })
+        .collect();
+    for run in runs {
+        let out = common::wait_output(run, Duration::from_secs(30));
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = std::fs::read_to_string(dir.join("log")).unwrap();
+    let lines: Vec<Vec<u64>> = log
+        .lines()
+        .map(|l| l.split(' ').map(|f| f.trim().parse().unwrap()).collect())
+        .collect();
+    assert_eq!(lines.len(), 5, "{log}");
+    let most = lines.iter().map(|l| l[0].max(l[1])).max().unwrap();
+    assert!(most <= 2, "{most} ran at once:\n{log}");
+    let mut tokens: Vec<u64> = lines.iter().map(|l| l[2]).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 5, "every permit has its own token: {log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn the_command_line_takes_shared_locks_and_says_what_is_refused(io: &str) {
+    let server = Server::start(io);
+    let out = |child| common::wait_output(child, Duration::from_secs(30));
+    let a = out(ringlock(&server, &["acquire", "--shared", "cfg"]));
+    let b = out(ringlock(&server, &["acquire", "--shared", "cfg"]));
+    assert!(a.status.success() && b.status.success());
+    let ta: u64 = String::from_utf8_lossy(&a.stdout).trim().parse().unwrap();
+    let tb: u64 = String::from_utf8_lossy(&b.stdout).trim().parse().unwrap();
+    assert!(
+        tb > ta,
+        "two shared holders at once, each with its own token"
+    );
+    // An exclusive acquire waits for them: held, exit 75.
+    let w = out(ringlock(&server, &["acquire", "-n", "cfg"]));
+    assert_eq!(w.status.code(), Some(75));
+    // A permit of a lock is refused: exit 2, saying why.
+    let p = out(ringlock(&server, &["acquire", "--permits", "2", "cfg"]));
+    assert_eq!(p.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&p.stderr);
+    assert!(said.contains("cfg is a lock"), "{said}");
+    // Released by token, as any grant.
+    for t in [ta, tb] {
+        let r = out(ringlock(&server, &["release", "cfg", &t.to_string()]));
+        assert!(r.status.success());
+    }
+    let w = out(ringlock(&server, &["acquire", "-n", "cfg"]));
+    assert!(w.status.success(), "free again");
 }
 
 fn a_cluster_node_refuses_shared_acquires_and_permits(io: &str) {
