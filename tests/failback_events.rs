@@ -4,12 +4,13 @@
 //!
 //! 1. kill -9 of the active, and a restart 1 s later;
 //! 2. the same with the restart 2.6 s later;
-//! 3. SIGSTOP of the active for 4 s, with a lock taken on the node that
+//! 3. SIGSTOP of the active for 2.5 s, with a lock taken on the node that
 //!    took over meanwhile, then SIGCONT;
-//! 4. SIGTERM of the active (a hand-off), and a restart.
+//! 4. the same for 4 s;
+//! 5. SIGTERM of the active (a hand-off), and a restart.
 //!
 //! After each, the restarted (or resumed) node gets the role back by the
-//! delayed hand-back before the next event begins. Through all four: a
+//! delayed hand-back before the next event begins. Through all five: a
 //! `ringlock run --lease 2` holder and a Python renewing lock with lease 2
 //! keep their locks (the active lists each key with its holder's token,
 //! a `--no-wait` acquire of it is refused, and at the end neither saw its
@@ -352,7 +353,7 @@ fn crash_and_restart(
     check_held(c, 0, clients, held, "after the failback");
 }
 
-/// Event 3: SIGSTOP of the active for `stop`; a lock taken on node 1
+/// Events 3 and 4: SIGSTOP of the active for `stop`; a lock taken on node 1
 /// meanwhile is held through the resume and the hand-back. Returns its
 /// token.
 fn stop_for(
@@ -391,7 +392,7 @@ fn stop_for(
     token
 }
 
-/// Event 4: SIGTERM of the active (it hands the role to node 1 and exits
+/// Event 5: SIGTERM of the active (it hands the role to node 1 and exits
 /// 0), and a restart.
 fn terminate_and_restart(c: &mut Cluster, clients: &mut Clients, held: &[(&str, u64)]) {
     let mut node0 = c.take_node(0);
@@ -509,6 +510,12 @@ fn clients_live_through_failback_events(io: &str) {
     crash_and_restart(&mut c, &mut clients, &all, Duration::from_secs(1));
     events.push((wall(), "kill -9 and restart after 2.6 s"));
     crash_and_restart(&mut c, &mut clients, &all, Duration::from_millis(2_600));
+    events.push((wall(), "SIGSTOP for 2.5 s"));
+    let stop = Duration::from_millis(2_500);
+    all.push((
+        "ev/meanwhile-2.5",
+        stop_for(&mut c, &mut clients, &all, stop, "ev/meanwhile-2.5"),
+    ));
     events.push((wall(), "SIGSTOP for 4 s"));
     let stop = Duration::from_secs(4);
     all.push((

@@ -385,6 +385,9 @@ struct Client {
     partial: BTreeMap<usize, Vec<u8>>,
     /// Releases sent: (key, token) to the belief they end.
     releasing: BTreeMap<(Vec<u8>, u64), usize>,
+    /// Releases sent again after their connection broke: the first copy
+    /// may have reached the node, so `R key 0` to a later one loses nothing.
+    resent_releases: BTreeSet<(Vec<u8>, u64)>,
 }
 
 // ---------------------------------------------------------------------------
@@ -622,6 +625,7 @@ impl Sim {
                 expects_error: false,
                 partial: BTreeMap::new(),
                 releasing: BTreeMap::new(),
+                resent_releases: BTreeSet::new(),
             });
         }
         if sim.cfg.faults {
@@ -1396,8 +1400,11 @@ impl Sim {
         let succ = to.as_deref().and_then(|a| node_of_addr(a.as_bytes()));
         self.log(format!("LEAVE n{x} (was {was:?}): successor {to:?}"));
         self.disturb();
-        if succ.is_none() && was == Role::Active {
-            // Nobody to hand over to: like a crash, the grants no other
+        let cut_off = succ.is_none_or(|s| self.blocked(Party::Node(x), Party::Node(s)));
+        if cut_off && was == Role::Active {
+            // Nobody to hand over to, or a successor the hand-off cannot
+            // reach (cut off for less than the peer timeout, so the node
+            // still counted on it): like a crash, the grants no other
             // running node has go with it.
             self.crash_window(x, "leave-alone");
         }
@@ -2402,6 +2409,7 @@ impl Sim {
     fn flush_node(&mut self, x: usize) {
         let mut dirty = std::mem::take(&mut self.dirty);
         self.op(x, "flush", |node, now| node.take_dirty(now, &mut dirty));
+        self.check_links_first(x, &dirty);
         // Links the node gave up on (a handshake that did not finish in
         // time): closed as the loops close them, after their last output.
         let mut doomed = Vec::new();
@@ -2435,6 +2443,34 @@ impl Sim {
             self.settle(x, sc, e, cid);
         }
         self.dirty = dirty;
+    }
+
+    /// Check 8: a node hands its peer links' output to the network before
+    /// any client's, so a node stopped between two sends has sent its
+    /// followers the replication of every answer a client got.
+    fn check_links_first(&mut self, x: usize, dirty: &[ConnId]) {
+        let inc = self.nodes[x].inc.as_ref().unwrap();
+        let is_link = |cid: &ConnId| {
+            inc.conns.get(cid).is_some_and(|&sc| {
+                self.conns[sc]
+                    .as_ref()
+                    .is_some_and(|c| c.parties.iter().all(|p| matches!(p, Party::Node(_))))
+            })
+        };
+        let first_client = dirty.iter().position(|c| !is_link(c));
+        let late_link = first_client.and_then(|i| dirty[i..].iter().find(|c| is_link(c)));
+        if let Some(link) = late_link {
+            let who: Vec<String> = dirty
+                .iter()
+                .map(|cid| match inc.conns.get(cid) {
+                    Some(&sc) => format!("{cid}: #{sc}"),
+                    None => format!("{cid}: ?"),
+                })
+                .collect();
+            self.fail(format!(
+                "check 8: n{x} sends peer link {link} after a client's answers: {who:?}"
+            ));
+        }
     }
 
     // ----- clients -----
@@ -2674,6 +2710,9 @@ impl Sim {
                 continue;
             }
             if req.op == b'R' && self.now < req.retry_until {
+                self.clients[c]
+                    .resent_releases
+                    .insert((req.key.clone(), req.token));
                 let at = self.now + 200;
                 let target = self.clients[c].target;
                 self.clients[c].busy.insert(req.key.clone());
@@ -2759,10 +2798,10 @@ impl Sim {
                     self.clients[c].retries.push((self.now + delay, to, req));
                 }
                 Answer::Released { ok, .. } => {
-                    let belief = self.clients[c]
-                        .releasing
-                        .remove(&(req.key.clone(), req.token));
-                    if let Some(b) = belief.filter(|_| !ok) {
+                    let id = (req.key.clone(), req.token);
+                    let belief = self.clients[c].releasing.remove(&id);
+                    let resent = self.clients[c].resent_releases.remove(&id);
+                    if let Some(b) = belief.filter(|_| !ok && !resent) {
                         self.check_lost(b, &req, n);
                     }
                 }
@@ -3381,6 +3420,14 @@ impl Sim {
             retry_until: 0,
             sent_ms: 0,
         };
+        // This node's answer needs a connection to it: a client redials a
+        // node that went away within 500 ms.
+        for _ in 0..1_000 {
+            if self.clients[c].conns[node].is_some() {
+                break;
+            }
+            self.run_for(1);
+        }
         self.client_send(c, node, req);
         for _ in 0..1_000 {
             if self.clients[c].answers.len() > before {

@@ -247,14 +247,25 @@ enum Timer {
     Member(u32),
 }
 
+/// Where a connection with output waits for [`Engine::take_dirty`]. An id
+/// closed and taken again within one turn may still be listed from its
+/// first life; it moves when it is written to as what it is now.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum Listed {
+    #[default]
+    No,
+    Client,
+    Link,
+}
+
 /// Per-connection state the engine keeps.
 #[derive(Default)]
 struct Conn {
     open: bool,
     /// Answers not yet taken by the I/O loop.
     out: Vec<u8>,
-    /// Listed in `Engine::dirty`.
-    dirty: bool,
+    /// Which of `Engine::dirty` and `Engine::dirty_links` lists it.
+    dirty: Listed,
     /// Its holder entry, which its grants name: made at its first grant,
     /// dropped when its owner label changes or it closes.
     holder: Option<u32>,
@@ -286,6 +297,13 @@ pub struct Engine {
     tokens: TokenClock,
     conns: Vec<Conn>,
     dirty: Vec<ConnId>,
+    /// Peer links with output ([`Engine::write_to`]): collected before
+    /// `dirty`, so the loops hand a turn's replication to the kernel before
+    /// the client answers it covers. A node stopped between two sends
+    /// (SIGSTOP, a VM stall) then never leaves a client holding an answer
+    /// its followers have not been sent: the kernel delivers what was
+    /// written while the process is stopped.
+    dirty_links: Vec<ConnId>,
     serving: Serving,
     /// This node's address as clients should name it.
     advertise: Box<[u8]>,
@@ -339,6 +357,7 @@ impl Engine {
             tokens: TokenClock::new(),
             conns: Vec::new(),
             dirty: Vec::new(),
+            dirty_links: Vec::new(),
             serving: Serving::Active,
             advertise: advertise.as_bytes().into(),
             problem: None,
@@ -531,14 +550,38 @@ impl Engine {
     }
 
     /// Moves the connections that got answers since the last call into
-    /// `into` (which is cleared first). Closed connections are left out.
+    /// `into` (which is cleared first): peer links first, then clients in
+    /// the order they were answered. Closed connections are left out.
     pub fn take_dirty(&mut self, into: &mut Vec<ConnId>) {
         into.clear();
-        std::mem::swap(into, &mut self.dirty);
         let conns = &mut self.conns;
+        if self.dirty_links.is_empty() {
+            // No links listed: every entry is a client's.
+            std::mem::swap(into, &mut self.dirty);
+            into.retain(|&c| {
+                let conn = &mut conns[c as usize];
+                debug_assert_eq!(conn.dirty, Listed::Client);
+                conn.dirty = Listed::No;
+                conn.open && !conn.out.is_empty()
+            });
+            return;
+        }
+        let links = self.dirty_links.len();
+        into.append(&mut self.dirty_links);
+        into.append(&mut self.dirty);
+        let mut i = 0;
         into.retain(|&c| {
+            let listed = if i < links {
+                Listed::Link
+            } else {
+                Listed::Client
+            };
+            i += 1;
             let conn = &mut conns[c as usize];
-            conn.dirty = false;
+            if conn.dirty != listed {
+                return false; // listed by the id's earlier life this turn
+            }
+            conn.dirty = Listed::No;
             conn.open && !conn.out.is_empty()
         });
     }
@@ -556,7 +599,7 @@ impl Engine {
     /// this turn's (a grant made by a release handled while another
     /// connection's answers went out, a step-down when a link closed).
     pub(crate) fn has_uncollected_output(&self) -> bool {
-        self.dirty.iter().any(|&c| {
+        self.dirty.iter().chain(&self.dirty_links).any(|&c| {
             let conn = &self.conns[c as usize];
             conn.open && !conn.out.is_empty()
         })
@@ -1353,9 +1396,11 @@ impl Engine {
         let c = &mut self.conns[conn as usize];
         debug_assert!(c.open);
         c.out.extend_from_slice(bytes);
-        if !c.dirty {
-            c.dirty = true;
-            self.dirty.push(conn);
+        if c.dirty != Listed::Link {
+            // Listed as a client by a life that ended this turn (or before
+            // its first peer line): that entry is skipped.
+            c.dirty = Listed::Link;
+            self.dirty_links.push(conn);
         }
     }
 
@@ -1485,8 +1530,8 @@ fn lock_who<'a>(
 /// Marks `conn` dirty after bytes were appended to its output directly.
 fn emit_bytes(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId) {
     let c = &mut conns[conn as usize];
-    if !c.dirty {
-        c.dirty = true;
+    if c.dirty != Listed::Client {
+        c.dirty = Listed::Client;
         dirty.push(conn);
     }
 }
@@ -1497,8 +1542,10 @@ fn emit(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId, answer: Answe
     let c = &mut conns[conn as usize];
     debug_assert!(c.open, "answer for closed connection {conn}");
     answer.encode(&mut c.out);
-    if !c.dirty {
-        c.dirty = true;
+    if c.dirty != Listed::Client {
+        // Listed as a link by a life that ended this turn: that entry is
+        // skipped.
+        c.dirty = Listed::Client;
         dirty.push(conn);
     }
 }

@@ -1206,3 +1206,35 @@ fn without_identities_anyone_releases_as_before() {
     assert_eq!(h.answers(1), ["R k 1"]);
     assert_eq!(h.engine.stats().release_not_holder, 0);
 }
+
+#[test]
+fn peer_links_are_collected_before_the_clients_they_replicate() {
+    let mut h = Harness::new(4);
+    let mut dirty = Vec::new();
+    // A client answered, then a link written to, then another client.
+    h.send(0, "A a 5 0").unwrap();
+    h.engine.write_to(3, b"P X a 1\n");
+    h.send(1, "A b 5 0").unwrap();
+    h.engine.write_to(2, b"P X b 1\n");
+    h.engine.write_to(3, b"P HB\n");
+    h.engine.take_dirty(&mut dirty);
+    assert_eq!(dirty, [3, 2, 0, 1]);
+    for c in 0..4 {
+        h.engine.output_mut(c).clear();
+    }
+    // A link closed after its output, its id taken again by a client in
+    // the same turn: listed once, among the clients; and the other way.
+    h.engine.write_to(2, b"P HB\n");
+    h.engine.close(2);
+    h.engine.open(2);
+    h.send(0, "A e 5 0").unwrap();
+    h.send(2, "A c 5 0").unwrap();
+    h.send(1, "A d 5 0").unwrap();
+    h.engine.close(1);
+    h.engine.open(1);
+    h.engine.write_to(1, b"P HELLO\n");
+    h.engine.take_dirty(&mut dirty);
+    assert_eq!(dirty, [1, 0, 2]);
+    h.engine.take_dirty(&mut dirty);
+    assert!(dirty.is_empty(), "{dirty:?}");
+}
