@@ -1001,9 +1001,7 @@ impl Engine {
         let Some(lock) = self.table.find(key) else {
             return Touch::Stale;
         };
-        let l = self.table.lock_mut(lock);
-        let members = l.members;
-        let holder = &mut l.holder;
+        let holder = &mut self.table.lock_mut(lock).holder;
         match *holder {
             Some(grant) if grant.token == token => {
                 if self.identities && !may_touch(&self.conns, &self.holders, conn, grant.holder) {
@@ -1023,9 +1021,21 @@ impl Engine {
                 }
                 Touch::Done
             }
-            _ if members > 0 => self.release_member(now, conn, lock, token),
-            _ if self.merged.is_empty() => Touch::Stale,
-            _ => self.release_believed(now, conn, lock, token),
+            _ => self.release_other(now, conn, lock, token),
+        }
+    }
+
+    /// A release whose token is not the exclusive holder's: a shared
+    /// grant's or permit's, a believed grant's after a heal, or stale.
+    #[cold]
+    #[inline(never)]
+    fn release_other(&mut self, now: Now, conn: ConnId, lock: u32, token: u64) -> Touch {
+        if self.table.lock(lock).members > 0 {
+            self.release_member(now, conn, lock, token)
+        } else if self.merged.is_empty() {
+            Touch::Stale
+        } else {
+            self.release_believed(now, conn, lock, token)
         }
     }
 
@@ -1118,6 +1128,7 @@ impl Engine {
     /// final (the waiter is gone, never granted), and the lock leaves the
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
+    #[inline]
     fn hand_off(&mut self, now: Now, lock: u32) {
         debug_assert!(
             self.table.lock(lock).holder.is_none(),
