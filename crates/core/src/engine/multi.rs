@@ -369,7 +369,11 @@ impl Engine {
     /// ([`Engine::close`] has no time): passed on now.
     pub(super) fn settle_pending(&mut self, now: Now) {
         while let Some(lock) = self.pass_pending.pop() {
-            self.pass_on(now, lock);
+            // It may have gone meanwhile (its members released before the
+            // settle, on an engine driven without one after each close).
+            if self.table.is_live(lock) {
+                self.pass_on(now, lock);
+            }
         }
     }
 

@@ -212,6 +212,21 @@ fn waits_of_g_and_c_run_out_with_their_own_answers_in_order() {
 }
 
 #[test]
+fn a_close_settled_late_after_its_lock_went_is_harmless() {
+    let mut h = H::new(2);
+    let r = h.granted(0, "G k 10 0");
+    h.send(1, "A k 10 0").unwrap();
+    // Closed without a settle: the lock waits to be passed on...
+    h.engine.close(1);
+    h.engine.open(1);
+    // ...and goes first, its last member released.
+    h.send(0, &format!("R k {r}")).unwrap();
+    assert_eq!(h.engine.lock_count(), 0);
+    h.advance(1);
+    assert_eq!(h.answers(0), ["R k 1"]);
+}
+
+#[test]
 fn a_cluster_node_refuses_g_and_c() {
     let mut h = H::new(1);
     h.engine.enable_replication();

@@ -508,6 +508,11 @@ impl Table {
         Some(i)
     }
 
+    /// True if `lock` is a live lock's index.
+    pub(crate) fn is_live(&self, lock: u32) -> bool {
+        self.locks.contains(lock as usize)
+    }
+
     /// Locks the table has room reserved for (see [`Table::with_capacity`]).
     pub fn reserved_locks(&self) -> usize {
         self.locks.capacity()
