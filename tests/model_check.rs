@@ -21,92 +21,40 @@
 //!   grant overlaps a believed one.
 //! - No waiter is granted after it withdrew (its node read the close).
 //! - Every request is answered within its wait (bounded liveness).
+//! - Liveness over fair paths ([`model::fair_suffix`]): from every state
+//!   found (every few in the larger scopes), with every block healed and
+//!   no new fault, restart or request, deliveries, timers and time going
+//!   on, every waiting request is answered (granted, timed out, redirected
+//!   or its connection closed) and the cluster agrees on one active, every
+//!   other running node following it, within [`model::FAIR_MS`]; a
+//!   counterexample is the trace to the state, `fair`, and the
+//!   continuation.
 //!
 //! # Running
 //!
 //! `cargo test --test model_check` runs the CI bounds. The deeper bounds:
-//! `cargo test --test model_check deep -- --ignored --nocapture`. A
+//! `cargo test --test model_check deep -- --ignored --nocapture`.
+//! `RINGLOCK_MODEL_FAIR_EVERY=<n>`: a fair continuation from every `n`th
+//! state found (0: none) instead of the scope's own rate. A
 //! counterexample prints `RINGLOCK_MODEL_TRACE='...'`, which the
 //! `a_trace_replays_as_printed` test then replays, printing what each step
-//! did (`RINGLOCK_MODEL_SCOPE`: the test the trace came from).
+//! did (`RINGLOCK_MODEL_SCOPE`: the test the trace came from;
+//! `RINGLOCK_MODEL_FAIR=1`: then a fair continuation from its end). The
+//! same counterexample prints `RINGLOCK_SIM_TRACE='...'` too, which replays
+//! it in the simulator (tests/cluster_sim.rs,
+//! `a_trace_replays_in_the_simulator`).
 
 mod model;
 
-use model::{Scope, World, explore, parse_trace, replay, show};
-
-/// The scope of 2 or 3 nodes, 2 clients, 1 key, one fault of any kind
-/// (crash and restart, SIGTERM, hang, one-way block, split and heal) and
-/// `ops` requests along each path, until `horizon_ms`.
-fn scope(nodes: usize, ops: u32, horizon_ms: u64) -> Scope {
-    Scope {
-        nodes,
-        clients: 2,
-        keys: 1,
-        horizon_ms,
-        faults: 1,
-        crash: true,
-        restart: true,
-        leave: true,
-        hang: true,
-        one_way: true,
-        split: true,
-        ops,
-        release: true,
-        quiet_until_ms: 80,
-        grid_ms: 40,
-        formed: nodes > 2,
-        by_node: nodes > 2,
-        script: Vec::new(),
-        heal_merge: false,
-    }
-}
-
-/// Two nodes split at 80 ms, each active by 160 ms, when a client gets the
-/// key from the one that steps down at the heal; from 200 ms, every heal
-/// and every request of the other client.
-fn heal_scope() -> Scope {
-    use model::Step::{Acquire, Split};
-    Scope {
-        crash: false,
-        restart: false,
-        leave: false,
-        hang: false,
-        one_way: false,
-        release: false,
-        quiet_until_ms: 200,
-        formed: true,
-        script: vec![(80, Split(0, 1)), (160, Acquire(0, 1, 0))],
-        heal_merge: true,
-        ..scope(2, 2, 480)
-    }
-}
-
-/// Three nodes formed, a client holding the key from the active since
-/// 80 ms; from 120 ms, one fault of any kind and every request of the
-/// other client.
-fn three_scope() -> Scope {
-    Scope {
-        release: false,
-        quiet_until_ms: 120,
-        script: vec![(80, model::Step::Acquire(0, 0, 0))],
-        ..scope(3, 2, 280)
-    }
-}
-
-/// The scope a test explores, by its name.
-fn scope_of(test: &str) -> Scope {
-    match test {
-        "two_nodes" => scope(2, 2, 200),
-        "three_nodes" => three_scope(),
-        "deep_two_nodes" => scope(2, 3, 280),
-        "deep_three_nodes" => scope(3, 2, 240),
-        "the_grants_of_a_split_survive_the_heal" => heal_scope(),
-        other => panic!("no scope {other:?}"),
-    }
-}
+use model::{World, explore, parse_trace, replay, scope_of, show};
 
 fn run(test: &str, max_states: usize) {
-    let scope = scope_of(test);
+    let mut scope = scope_of(test);
+    if let Ok(every) = std::env::var("RINGLOCK_MODEL_FAIR_EVERY") {
+        scope.fair_every = every
+            .parse()
+            .expect("RINGLOCK_MODEL_FAIR_EVERY is a number");
+    }
     let out = explore(&scope, max_states);
     eprintln!("{test}: {}", out.summary());
     if let Some((trace, why)) = &out.violation {
@@ -153,7 +101,15 @@ fn a_trace_replays_as_printed() {
     let test = std::env::var("RINGLOCK_MODEL_SCOPE").unwrap_or_else(|_| "two_nodes".into());
     let scope = scope_of(&test);
     if let Ok(text) = std::env::var("RINGLOCK_MODEL_TRACE") {
-        let trace = parse_trace(&text).expect("a trace as the checker prints it");
+        let mut trace = parse_trace(&text).expect("a trace as the checker prints it");
+        let (mut w, result) = replay(&scope, &trace, true);
+        if result.is_ok() && std::env::var_os("RINGLOCK_MODEL_FAIR").is_some() {
+            // Then a fair continuation from where it ends.
+            let suffix = match model::fair_suffix(&mut w) {
+                Ok(suffix) | Err((suffix, _)) => suffix,
+            };
+            trace.extend(suffix);
+        }
         println!("{}", show(&scope, &trace, &test));
         let (_, result) = replay(&scope, &trace, true);
         assert!(result.is_ok(), "the trace breaks a property: {result:?}");

@@ -14,7 +14,13 @@
 //! failure, or with `--nocapture`), and the node logs are kept in the temp
 //! directory it names when the test fails.
 //!
-//! Needs root, `ip` and `tc`; elsewhere the harness reports the tests as
+//! Also, without namespaces, the harness's check (d) over made-up status
+//! records: a planned hand-back of the role is measured apart and is not a
+//! split brain, while a second active the nodes did not announce, a third
+//! active inside a hand-back, and a hand-back that never ends in one agreed
+//! active still fail (d).
+//!
+//! The partitions need root, `ip` and `tc`; elsewhere the harness reports them as
 //! ignored, with the reason. The lab's namespaces and processes are
 //! removed when the run ends, also when it panics (the harness's `Lab` is
 //! a drop guard).
@@ -26,7 +32,10 @@ mod harness;
 
 use std::path::PathBuf;
 
-use harness::{Config, Fault, Kind};
+use harness::check::Report;
+use harness::clients::Sample;
+use harness::nodes::HandBack;
+use harness::{Config, Fault, FaultRun, Kind, Record};
 
 fn partition(io: &str) {
     let pid = std::process::id();
@@ -83,6 +92,206 @@ fn partition(io: &str) {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// What each of three nodes says to `S` at a moment: `(active, the node
+/// it names)`; `None`: no answer.
+type Says = [Option<(bool, Option<usize>)>; 3];
+
+/// Node `a` is the one active and the others name it.
+fn one(a: usize) -> Says {
+    std::array::from_fn(|i| Some((i == a, Some(a))))
+}
+
+/// Analyses a made-up run of 12 s: node 0 killed at 1 s and restarted at
+/// 2 s (so node 1 is active from 1.5 s), the pollers' answers every 20 ms
+/// on each node from `says(ms)`, and the hand-back lines `hand_backs`
+/// (`(ms, from, to)`).
+fn made_up(says: impl Fn(u64) -> Says, hand_backs: &[(u64, usize, usize)]) -> Report {
+    let mut cfg = Config::new(PathBuf::from("/nonexistent"), "epoll", PathBuf::new(), "x");
+    cfg.verbose = false;
+    let origin = 1_000_000;
+    let fault = Fault {
+        id: 0,
+        kind: Kind::Kill9 { node: 0 },
+        start_ms: 1000,
+        len_ms: 1000,
+        stagger_ms: 0,
+        out_first: false,
+    };
+    cfg.faults = vec![fault.clone()];
+    let mut samples = Vec::new();
+    for t_ms in (0..12_000).step_by(20) {
+        for (node, said) in says(t_ms).into_iter().enumerate() {
+            samples.push(Sample {
+                node,
+                t: origin + t_ms * 1000 + node as u64 * 3000,
+                status: said.map(|(active, named)| (active, named, 1)),
+            });
+        }
+    }
+    let record = Record {
+        faults: vec![FaultRun {
+            fault,
+            t_start: origin + 1_000_000,
+            t_heal_first: origin + 2_000_000,
+            t_heal: origin + 2_000_000,
+            notes: Vec::new(),
+        }],
+        grants: Vec::new(),
+        stats: Vec::new(),
+        samples,
+        origin,
+        end: origin + 12_000_000,
+        crashes: Vec::new(),
+        hand_backs: hand_backs
+            .iter()
+            .map(|&(ms, from, to)| HandBack {
+                t: origin + ms * 1000,
+                from,
+                to,
+            })
+            .collect(),
+    };
+    harness::check::analyse(&cfg, &record)
+}
+
+/// The cluster of [`made_up`] up to the hand-back at 7 s: node 0 active,
+/// gone from 1 s, node 1 active from 1.5 s, node 0 back at 2 s (naming no
+/// active) and naming node 1 from 2.1 s.
+fn before_hand_back(t: u64) -> Says {
+    match t {
+        ..1000 => one(0),
+        1000..1500 => [None, Some((false, Some(0))), Some((false, Some(0)))],
+        1500..2000 => [None, Some((true, Some(1))), Some((false, Some(1)))],
+        2000..2100 => [
+            Some((false, None)),
+            Some((true, Some(1))),
+            Some((false, Some(1))),
+        ],
+        _ => one(1),
+    }
+}
+
+/// The hand-back at 7 s as the nodes carry it out: 30 ms with no active
+/// (node 1 gave the role up, node 0 has not read it yet), 20 ms in which
+/// node 2 still names node 1, then node 0 is the one active.
+fn with_hand_back(t: u64) -> Says {
+    match t {
+        ..7000 => before_hand_back(t),
+        7000..7030 => [
+            Some((false, Some(1))),
+            Some((false, Some(0))),
+            Some((false, Some(1))),
+        ],
+        7030..7050 => [
+            Some((true, Some(0))),
+            Some((false, Some(0))),
+            Some((false, Some(1))),
+        ],
+        _ => one(0),
+    }
+}
+
+fn a_planned_hand_back_is_measured_apart_from_the_heal() {
+    let report = made_up(with_hand_back, &[(7000, 1, 0)]);
+    assert!(report.passed(), "{}", report.text);
+    let f = &report.faults[0];
+    let took = f.one_active_ms.expect("measured");
+    assert!(
+        (90.0..=120.0).contains(&took),
+        "one active {took} ms after the restart: {}",
+        report.text
+    );
+    assert_eq!(report.hand_backs.len(), 1);
+    let h = &report.hand_backs[0];
+    assert_eq!((h.from, h.to), (1, 0));
+    let done = h.done_ms.expect("done");
+    assert!(
+        (40.0..=70.0).contains(&done),
+        "hand-back done in {done} ms: {}",
+        report.text
+    );
+    assert!(
+        h.no_active_ms >= 20.0 && h.disagree_ms >= 10.0,
+        "{}",
+        report.text
+    );
+    assert_eq!(h.two_serving_ms, 0.0);
+    assert!(h.window.is_some());
+}
+
+fn the_same_change_of_active_unannounced_fails_d() {
+    // No hand-back line: the role changing hands is (d)'s to judge.
+    let report = made_up(with_hand_back, &[]);
+    assert!(!report.passed(), "{}", report.text);
+    assert!(
+        report.failures.iter().any(|f| f.starts_with("(d) fault 0")),
+        "{:?}",
+        report.failures
+    );
+    assert!(report.faults[0].one_active_ms.is_some_and(|v| v > 5000.0));
+}
+
+fn a_third_active_inside_a_hand_back_fails_d() {
+    let report = made_up(
+        |t| match t {
+            7000..7040 => [
+                Some((true, Some(0))),
+                Some((false, Some(0))),
+                Some((true, Some(2))),
+            ],
+            _ => with_hand_back(t),
+        },
+        &[(7000, 1, 0)],
+    );
+    assert!(!report.passed(), "{}", report.text);
+    assert_eq!(report.hand_backs[0].third_active, [2]);
+    assert!(report.hand_backs[0].window.is_none());
+    assert!(
+        report.failures.iter().any(|f| f.starts_with("(d) fault 0")),
+        "{:?}",
+        report.failures
+    );
+}
+
+fn a_hand_back_that_leaves_two_actives_fails_d() {
+    // Node 1 logs the hand-back but never steps down: two actives for good.
+    let report = made_up(
+        |t| match t {
+            7030.. => [
+                Some((true, Some(0))),
+                Some((true, Some(1))),
+                Some((false, Some(1))),
+            ],
+            _ => with_hand_back(t),
+        },
+        &[(7000, 1, 0)],
+    );
+    assert!(!report.passed(), "{}", report.text);
+    assert!(report.hand_backs[0].done_ms.is_none());
+    assert!(report.faults[0].one_active_ms.is_none(), "{}", report.text);
+    assert!(
+        report.failures.iter().any(|f| f.starts_with("(d) fault 0")),
+        "{:?}",
+        report.failures
+    );
+}
+
+fn a_hand_back_line_names_its_node() {
+    use harness::nodes::parse_hand_back;
+    let line = "[   11.997] 2026-12-02T00:35:03.414633Z  INFO ringlock::cluster: handing the active role back to 10.77.0.10:7171: it has the higher priority and has held a full snapshot for 5000 ms to=10.77.0.10:7171";
+    assert_eq!(harness::net::node_addr(0), "10.77.0.10:7171");
+    assert_eq!(parse_hand_back(line, 1, 3), Some(0));
+    assert_eq!(parse_hand_back(line, 0, 3), None, "not to itself");
+    assert_eq!(
+        parse_hand_back(
+            "role: active -> standby, following 10.77.0.10:7171 (hand-off to 10.77.0.10:7171)",
+            1,
+            3
+        ),
+        None
+    );
+}
+
 /// The tests' prerequisite: network namespaces can be made here.
 fn namespaces() -> Result<(), String> {
     harness::net::available().map_err(|why| {
@@ -97,5 +306,17 @@ fn main() -> std::process::ExitCode {
     let tests = tests
         .into_iter()
         .map(|t| t.requires("namespaces", namespaces));
-    common::harness::run(file!(), [tests.collect()])
+    common::harness::run(
+        file!(),
+        [
+            tests.collect(),
+            tests![
+                a_planned_hand_back_is_measured_apart_from_the_heal,
+                the_same_change_of_active_unannounced_fails_d,
+                a_third_active_inside_a_hand_back_fails_d,
+                a_hand_back_that_leaves_two_actives_fails_d,
+                a_hand_back_line_names_its_node,
+            ],
+        ],
+    )
 }

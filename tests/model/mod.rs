@@ -35,6 +35,9 @@ pub struct Outcome {
     /// Every state within the scope was explored (no limit was hit).
     pub complete: bool,
     pub elapsed: Duration,
+    /// Fair continuations run, and the most model time one took (ms).
+    pub fair_runs: usize,
+    pub fair_ms: u64,
     /// The first violation: the trace that reaches it and what it broke.
     pub violation: Option<(Vec<Step>, String)>,
 }
@@ -42,11 +45,14 @@ pub struct Outcome {
 impl Outcome {
     pub fn summary(&self) -> String {
         format!(
-            "{} states, {} steps, depth {} after {} steps of formation, {:.1} s{}",
+            "{} states, {} steps, depth {} after {} steps of formation, \
+             {} fair continuations (the longest {} ms), {:.1} s{}",
             self.states,
             self.edges,
             self.depth,
             self.prefix,
+            self.fair_runs,
+            self.fair_ms,
             self.elapsed.as_secs_f64(),
             if self.complete {
                 ""
@@ -85,7 +91,7 @@ pub fn replay(
 ) -> (World, Result<(), (usize, String)>) {
     let mut w = World::new(scope.clone());
     for (i, &step) in trace.iter().enumerate() {
-        if checked && !w.enabled().contains(&step) {
+        if checked && step != Step::Fair && !w.enabled().contains(&step) {
             return (w, Err((i, format!("step {step} is not possible here"))));
         }
         let r = if checked {
@@ -130,6 +136,8 @@ pub fn explore(scope: &Scope, max_states: usize) -> Outcome {
         prefix: 0,
         complete: true,
         elapsed: Duration::ZERO,
+        fair_runs: 0,
+        fair_ms: 0,
         violation: None,
     };
     // With `formed`, the search starts where the cluster has formed.
@@ -162,6 +170,20 @@ pub fn explore(scope: &Scope, max_states: usize) -> Outcome {
                 return out;
             }
             if seen.insert(w.fingerprint()) {
+                if scope.fair_every > 0 && out.states.is_multiple_of(scope.fair_every) {
+                    out.fair_runs += 1;
+                    let from = w.now;
+                    let r = fair_suffix(&mut w);
+                    out.fair_ms = out.fair_ms.max(w.now - from);
+                    if let Err((suffix, e)) = r {
+                        let mut t = trace.clone();
+                        t.push(step);
+                        t.extend(suffix);
+                        out.violation = Some((t, e));
+                        out.elapsed = start.elapsed();
+                        return out;
+                    }
+                }
                 tree.push((i as u32, step));
                 queue.push_back((tree.len() - 1, depth + 1));
                 out.states += 1;
@@ -181,13 +203,54 @@ pub fn explore(scope: &Scope, max_states: usize) -> Outcome {
     out
 }
 
+/// How long a fair continuation may take to answer every request and
+/// agree on one active, in model time.
+pub const FAIR_MS: u64 = 1_000;
+
+/// Liveness over fair paths: from `w`, every block heals and no new
+/// fault, restart or request comes (a node that is down stays down); every segment is delivered in order, every due timer fires,
+/// every dial resolves, and time moves to the next deadline once nothing
+/// else can happen. Within [`FAIR_MS`] every waiting request must be
+/// answered (granted, timed out, redirected, or its connection closed) and
+/// the cluster must agree on one active ([`World::converged`]), every
+/// property holding on the way. `Err`: the steps of the continuation and
+/// what broke; `Ok`: the steps.
+pub fn fair_suffix(w: &mut World) -> Result<Vec<Step>, (Vec<Step>, String)> {
+    let mut steps = vec![Step::Fair];
+    w.apply(Step::Fair).map_err(|e| (steps.clone(), e))?;
+    let from = w.now;
+    loop {
+        if w.quiescent() && w.converged().is_ok() {
+            return Ok(steps);
+        }
+        let next = w.enabled().into_iter().find(|s| {
+            matches!(s, Step::Tick(_) | Step::Deliver(..) | Step::Dial(..))
+                || (*s == Step::Advance && w.next_time().is_some_and(|t| t <= from + FAIR_MS))
+        });
+        let Some(step) = next.filter(|_| steps.len() < 100_000) else {
+            let why = w
+                .converged()
+                .err()
+                .unwrap_or_else(|| "it never rests".into());
+            return Err((
+                steps,
+                format!("liveness: {FAIR_MS} ms into a fair continuation from {from} ms, {why}"),
+            ));
+        };
+        steps.push(step);
+        w.apply(step).map_err(|e| (steps.clone(), e))?;
+    }
+}
+
 /// The trace, one step a line with what it did and the nodes after it,
 /// and the line that replays it.
 pub fn show(scope: &Scope, trace: &[Step], test: &str) -> String {
     let mut out = String::new();
     let mut w = World::new(scope.clone());
     w.narrate = true;
+    let mut sim = vec![w.sim_header()];
     for (i, &step) in trace.iter().enumerate() {
+        sim.push(w.sim_step(step));
         let r = w.apply(step);
         let _ = writeln!(out, "{i:>3}. t={} {step}", w.now);
         for line in w.story.drain(..) {
@@ -208,7 +271,96 @@ pub fn show(scope: &Scope, trace: &[Step], test: &str) -> String {
         "replay: RINGLOCK_MODEL_TRACE='{}' RINGLOCK_MODEL_SCOPE={test} cargo test --test model_check a_trace_replays_as_printed -- --nocapture",
         line.join(" ")
     );
+    let _ = writeln!(
+        out,
+        "in the simulator: RINGLOCK_SIM_TRACE='{}' cargo test --test cluster_sim a_trace_replays_in_the_simulator -- --nocapture",
+        sim.join(", ")
+    );
     out
+}
+
+// ---------------------------------------------------------------------------
+// The scopes the tests explore
+
+/// The scope of 2 or 3 nodes, 2 clients, 1 key, one fault of any kind
+/// (crash and restart, SIGTERM, hang, one-way block, split and heal) and
+/// `ops` requests along each path, until `horizon_ms`.
+pub fn scope(nodes: usize, ops: u32, horizon_ms: u64) -> Scope {
+    Scope {
+        nodes,
+        clients: 2,
+        keys: 1,
+        horizon_ms,
+        faults: 1,
+        crash: true,
+        restart: true,
+        leave: true,
+        hang: true,
+        one_way: true,
+        split: true,
+        ops,
+        release: true,
+        quiet_until_ms: 80,
+        grid_ms: 40,
+        formed: nodes > 2,
+        by_node: nodes > 2,
+        script: Vec::new(),
+        heal_merge: false,
+        fair_every: 2,
+    }
+}
+
+/// Two nodes split at 80 ms, each active by 160 ms, when a client gets the
+/// key from the one that steps down at the heal; from 200 ms, every heal
+/// and every request of the other client.
+pub fn heal_scope() -> Scope {
+    use Step::{Acquire, Split};
+    Scope {
+        crash: false,
+        restart: false,
+        leave: false,
+        hang: false,
+        one_way: false,
+        release: false,
+        quiet_until_ms: 200,
+        formed: true,
+        script: vec![(80, Split(0, 1)), (160, Acquire(0, 1, 0))],
+        heal_merge: true,
+        fair_every: 200,
+        ..scope(2, 2, 480)
+    }
+}
+
+/// Three nodes formed, a client holding the key from the active since
+/// 80 ms; from 120 ms, one fault of any kind and every request of the
+/// other client.
+pub fn three_scope() -> Scope {
+    Scope {
+        release: false,
+        quiet_until_ms: 120,
+        script: vec![(80, Step::Acquire(0, 0, 0))],
+        fair_every: 32,
+        ..scope(3, 2, 280)
+    }
+}
+
+/// The scope a test explores, by its name.
+pub fn scope_of(test: &str) -> Scope {
+    match test {
+        "two_nodes" => scope(2, 2, 200),
+        "three_nodes" => three_scope(),
+        // (No fair continuations: RINGLOCK_MODEL_FAIR_EVERY adds them.)
+        "deep_two_nodes" => Scope {
+            fair_every: 0,
+            ..scope(2, 3, 280)
+        },
+        "deep_three_nodes" => Scope {
+            fair_every: 0,
+            ..scope(3, 2, 240)
+        },
+        "the_grants_of_a_split_survive_the_heal" => heal_scope(),
+        other => panic!("no scope {other:?}"),
+    }
 }
 
 /// Parses a trace as [`show`] prints it.

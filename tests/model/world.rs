@@ -99,6 +99,9 @@ pub struct Scope {
     /// Check that no new grant overlaps a believed one once a split healed
     /// (the merge of grants at a heal).
     pub heal_merge: bool,
+    /// A fair continuation ([`crate::model::fair_suffix`]) from every
+    /// `fair_every`th state found (0: none).
+    pub fair_every: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,6 +152,9 @@ pub enum Step {
     Renew(u8, u8),
     /// Client `c` closes its connection to node `x` (withdrawing a wait).
     Close(u8, u8),
+    /// The start of a fair continuation: every block heals, and from now
+    /// on there are no faults and no requests, and no horizon.
+    Fair,
 }
 
 impl fmt::Display for Step {
@@ -169,6 +175,7 @@ impl fmt::Display for Step {
             Step::Release(c, k) => write!(f, "release:{c}:{k}"),
             Step::Renew(c, k) => write!(f, "renew:{c}:{k}"),
             Step::Close(c, x) => write!(f, "close:{c}:{x}"),
+            Step::Fair => write!(f, "fair"),
         }
     }
 }
@@ -183,7 +190,7 @@ impl std::str::FromStr for Step {
             .collect::<Result<_, _>>()?;
         let b = |i: usize| n.get(i).map(|&v| v as u8).unwrap_or(0);
         let want = match name {
-            "advance" => 0,
+            "advance" | "fair" => 0,
             "tick" | "crash" | "restart" | "leave" | "hang" => 1,
             "acquire" => 3,
             _ => 2,
@@ -196,6 +203,7 @@ impl std::str::FromStr for Step {
             "deliver" => Step::Deliver(n[0], b(1)),
             "dial" => Step::Dial(b(0), b(1)),
             "advance" => Step::Advance,
+            "fair" => Step::Fair,
             "crash" => Step::Crash(b(0)),
             "restart" => Step::Restart(b(0)),
             "leave" => Step::Leave(b(0)),
@@ -275,6 +283,8 @@ pub struct World {
     /// Connections a client closed while it waited: (client, key).
     withdrawing: BTreeMap<usize, (usize, usize)>,
     pub checker: Checker,
+    /// In a fair continuation ([`Step::Fair`]).
+    pub fair: bool,
     /// What each step did, kept when a trace is shown.
     pub narrate: bool,
     pub story: Vec<String>,
@@ -303,6 +313,7 @@ impl World {
             clients: vec![Client::default(); scope.clients],
             withdrawing: BTreeMap::new(),
             checker: Checker::new(&scope),
+            fair: false,
             narrate: false,
             story: Vec::new(),
             scope,
@@ -456,6 +467,10 @@ impl World {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }
+        if self.fair {
+            // Only the nodes' own timers, with no horizon.
+            return next;
+        }
         let healing = !self.blocked.is_empty()
             || (self.scope.restart && self.slots.iter().any(|s| s.run.is_none()));
         if self.faults_left > 0 || self.ops_left > 0 || healing {
@@ -494,7 +509,8 @@ impl World {
         dials.dedup();
         out.extend(dials.into_iter().map(|(x, p)| Step::Dial(x as u8, p as u8)));
         let s = &self.scope;
-        let quiet = self.now < T0 + s.quiet_until_ms || !(self.now - T0).is_multiple_of(s.grid_ms);
+        let quiet = !self.fair
+            && (self.now < T0 + s.quiet_until_ms || !(self.now - T0).is_multiple_of(s.grid_ms));
         if s.by_node
             && let Some(first) = out.iter().map(|&st| self.actor(st)).min()
         {
@@ -651,7 +667,119 @@ impl World {
             Step::Release(c, k) => self.client_release(c as usize, k as usize, b'R'),
             Step::Renew(c, k) => self.client_release(c as usize, k as usize, b'N'),
             Step::Close(c, x) => self.client_close(c as usize, x as usize),
+            Step::Fair => {
+                self.blocked.clear();
+                self.faults_left = 0;
+                self.ops_left = 0;
+                self.fair = true;
+                self.checker.fair(self.now);
+                Ok(())
+            }
         }
+    }
+
+    /// Every waiting request answered, no node hung, one active and every
+    /// other running node following it: where a fair continuation ends.
+    /// `Err`: what is not so yet.
+    pub fn converged(&self) -> Result<(), String> {
+        for (c, client) in self.clients.iter().enumerate() {
+            if let Some(w) = &client.waiting {
+                return Err(format!(
+                    "c{c}'s request to n{} of {} ms has no answer",
+                    w.node, w.sent_ms
+                ));
+            }
+        }
+        if let Some(x) = (0..self.scope.nodes).find(|&x| self.up(x) && !self.runs(x)) {
+            return Err(format!("n{x} is hung"));
+        }
+        let actives = self.actives();
+        let [a] = actives[..] else {
+            return Err(format!("the actives are {actives:?}"));
+        };
+        for x in (0..self.scope.nodes).filter(|&x| x != a) {
+            if let Some(role) = self.role(x)
+                && role != (Role::Standby { following: Some(a) })
+            {
+                return Err(format!("n{x} is {role:?}, not following the active n{a}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings of a script for the simulator (tests/sim/replay.rs).
+    pub fn sim_header(&self) -> String {
+        format!(
+            "nodes {}, clients {}, heartbeat {HEARTBEAT_MS}, timeout {PEER_TIMEOUT_MS}, \
+             together {}, lease {LEASE_MS}, wait {WAIT_MS}",
+            self.scope.nodes,
+            self.scope.clients,
+            super::check::TOGETHER_MS
+        )
+    }
+
+    /// `step` (about to be taken here) in the simulator's script language.
+    pub fn sim_step(&self, step: Step) -> String {
+        match step {
+            Step::Tick(x) => format!("tick n{x}"),
+            Step::Deliver(c, e) => {
+                let ends = self.conns[c as usize].ends;
+                format!(
+                    "deliver {}->{} #{c}",
+                    ends[e as usize],
+                    ends[1 - e as usize]
+                )
+            }
+            Step::Dial(x, p) => format!("dial n{x}->n{p}"),
+            Step::Advance => format!("advance {}", self.next_time().unwrap_or(self.now)),
+            Step::Crash(x) => format!("crash n{x}"),
+            Step::Restart(x) => format!("restart n{x}"),
+            Step::Leave(x) => format!("leave n{x}"),
+            Step::Hang(x) => format!("hang n{x} {HANG_MS}"),
+            Step::Cut(a, b) => format!("cut n{a}->n{b}"),
+            Step::Split(a, b) => format!("split n{a} n{b}"),
+            Step::Heal(a, b) => format!("heal n{a} n{b}"),
+            Step::Acquire(c, x, k) => format!("c{c} acquire k{k} at n{x}"),
+            Step::Release(c, k) => format!("c{c} release k{k}"),
+            Step::Renew(c, k) => format!("c{c} renew k{k}"),
+            Step::Close(c, x) => format!("c{c} close n{x}"),
+            Step::Fair => "fair".into(),
+        }
+    }
+
+    /// Each node: up, running, role, table (key, token), highest token;
+    /// each client: what it holds. What the simulator's replay of the
+    /// same steps must show too.
+    pub fn observed(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for x in 0..self.scope.nodes {
+            out.push(match self.node(x) {
+                None => format!("n{x} down"),
+                Some(node) => {
+                    let mut table: Vec<(String, u64)> = node
+                        .engine()
+                        .grants()
+                        .map(|(k, t, _)| (String::from_utf8_lossy(k).into_owned(), t))
+                        .collect();
+                    table.sort();
+                    format!(
+                        "n{x} runs {} {:?} {table:?} highest {}",
+                        self.runs(x),
+                        node.role(),
+                        node.engine().highest_token()
+                    )
+                }
+            });
+        }
+        for (c, client) in self.clients.iter().enumerate() {
+            let holds: BTreeMap<String, u64> = client
+                .holds
+                .iter()
+                .map(|(&k, &(t, _))| (key_name(k), t))
+                .collect();
+            out.push(format!("c{c} holds {holds:?}"));
+        }
+        out
     }
 
     fn check_invariants(&self) -> Result<(), String> {

@@ -11,10 +11,14 @@
 //! same run.
 //!
 //! The network: every TCP connection is a pair of in-order byte pipes with
-//! per-segment delays. Faults: connection breaks (FIN or RST, each side
+//! per-segment delays; dials go as the loops' dialer makes them (a
+//! connection attempt every 50 ms within a dial of 500 ms: an attempt made
+//! into a partition is lost, one made across an open path connects after a
+//! round trip; see `Dial`). Faults: connection breaks (FIN or RST, each side
 //! closing at its own time), partitions (symmetric, with clients on either
 //! side, or one-way between two nodes: stuck bytes queue up and the
-//! connection breaks after a retransmission timeout, as TCP would), crashes
+//! connection breaks after a retransmission timeout, as TCP would, and what
+//! its sender had not got through is gone with it), crashes
 //! (the kernel closes the dead process's sockets: FIN after the bytes in
 //! flight, or RST), hangs (SIGSTOP: the kernel still accepts and buffers,
 //! the process runs nothing, then resumes with its old state and a clock
@@ -32,6 +36,7 @@
 // module's interface, and what one binary leaves unused is not dead.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod replay;
 pub mod rng;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -63,6 +68,7 @@ pub const SETTLE_MS: u64 = PEER_TIMEOUT_MS + 300;
 const T0: u64 = 1_000;
 const EPOCH_NS: u64 = 1_700_000_000_000_000_000;
 const DIAL_TIMEOUT_MS: u64 = ringlock::io::DIAL_TIMEOUT_MS;
+const DIAL_AGAIN_MS: u64 = ringlock::io::DIAL_AGAIN_MS;
 
 pub fn addr(i: usize) -> String {
     format!("n{i}:1")
@@ -278,12 +284,37 @@ struct NodeSlot {
     last_token: u64,
 }
 
+/// A dial under way, as the loops' dialer makes it (`ringlock::io`,
+/// `dial_overlapping`): a connection attempt at its start and another every
+/// [`DIAL_AGAIN_MS`] while none has connected, for at most
+/// [`DIAL_TIMEOUT_MS`]. An attempt made while the path is blocked is lost
+/// (TCP would retry its SYN only after a second, past the dial's end); one
+/// made while the peer is reachable connects after a round trip; one the
+/// peer's kernel refuses (the process is gone) fails the dial unless an
+/// earlier, lost attempt is still under way.
 #[derive(Debug, Clone, Copy)]
 struct Dial {
     node: usize,
     generation: u64,
     peer: usize,
+    /// When `phase` next decides.
     due: u64,
+    started: u64,
+    phase: DialPhase,
+    /// An earlier attempt was lost: it is still under way, for the dialer.
+    lost: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DialPhase {
+    /// The next attempt goes out at `due`.
+    Attempt,
+    /// An attempt's answer (its SYN-ACK) comes at `due`.
+    Connecting,
+    /// An attempt's refusal (a reset) comes at `due`.
+    Refused,
+    /// No attempt connected: the dial fails at `due`.
+    TimedOut,
 }
 
 // ---------------------------------------------------------------------------
@@ -508,6 +539,9 @@ pub struct Sim {
     socket_buf: usize,
     /// `--max-conns` of every node started from now on.
     max_conns: usize,
+    /// Replaying a model checker's trace (see [`replay`]): no random
+    /// delays, resets or clocks, the model's timers and incarnations.
+    replaying: Option<Box<replay::State>>,
 }
 
 /// The default [`Sim::max_conns`]: more than any run opens.
@@ -597,6 +631,7 @@ impl Sim {
             dial_buf: Vec::new(),
             socket_buf: SOCKET_BUF_BYTES,
             max_conns: MAX_CONNS,
+            replaying: None,
             cfg,
         };
         let drifts: Vec<String> = sim
@@ -693,6 +728,9 @@ impl Sim {
     }
 
     fn delay(&mut self) -> u64 {
+        if self.replaying.is_some() {
+            return 0;
+        }
         // Mostly short, sometimes up to the maximum.
         if self.rng.chance(80) {
             self.rng.range(0, 5)
@@ -705,9 +743,21 @@ impl Sim {
 
     fn start_node(&mut self, x: usize) {
         assert!(self.nodes[x].inc.is_none());
-        let incarnation = self.rng.next_u64() | 1;
-        let ms_offset = self.rng.range(0, 10_000_000);
         let generation = self.nodes[x].generation + 1;
+        let (incarnation, ms_offset, heartbeat_ms, peer_timeout_ms) = match &self.replaying {
+            Some(r) => (
+                replay::incarnation(x, generation),
+                0,
+                r.timing.heartbeat_ms,
+                r.timing.peer_timeout_ms,
+            ),
+            None => (
+                self.rng.next_u64() | 1,
+                self.rng.range(0, 10_000_000),
+                HEARTBEAT_MS,
+                PEER_TIMEOUT_MS,
+            ),
+        };
         self.nodes[x].generation = generation;
         let peers: Vec<String> = (0..self.cfg.nodes).map(addr).collect();
         let now_ms = self.now + ms_offset;
@@ -723,8 +773,8 @@ impl Sim {
                 cluster: Some(ClusterConfig {
                     peers,
                     me: x,
-                    heartbeat_ms: HEARTBEAT_MS,
-                    peer_timeout_ms: PEER_TIMEOUT_MS,
+                    heartbeat_ms,
+                    peer_timeout_ms,
                     failback_delay_ms: self.cfg.failback_delay_ms,
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
@@ -770,7 +820,9 @@ impl Sim {
 
     fn alloc_cid(&mut self, x: usize, sc: usize) -> ConnId {
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let cid = match inc.free_cids.pop_first() {
+        // (A replay numbers connections as the model does: no reuse.)
+        let reuse = self.replaying.is_none();
+        let cid = match inc.free_cids.pop_first().filter(|_| reuse) {
             Some(c) => c,
             None => {
                 inc.next_cid += 1;
@@ -1318,7 +1370,8 @@ impl Sim {
                 continue;
             }
             let unread = !conn.pipes[1 - e].segs.is_empty();
-            let rst = unread || self.rng.chance(20);
+            // (A replay closes as the model does: a FIN after the bytes.)
+            let rst = self.replaying.is_none() && (unread || self.rng.chance(20));
             let conn = self.conns[sc].as_mut().unwrap();
             conn.open[e] = false;
             conn.close_at[e] = None;
@@ -2005,9 +2058,13 @@ impl Sim {
                 let since = *conn.pipes[e].stuck_since.get_or_insert(t);
                 if t >= since + conn.rto_ms && conn.open[e] && conn.close_at[e].is_none() {
                     // The sender times out now; the receiver learns when
-                    // its own bytes bounce, later.
+                    // its own bytes bounce, later. What the sender had not
+                    // got through goes with its connection: TCP does not
+                    // send it again, so it never arrives (a request sent
+                    // into the partition is not read at the heal).
                     conn.close_at[e] = Some(t);
                     conn.dead = true;
+                    conn.pipes[e].segs.clear();
                     let later = t + self.rng.range(0, 1_500);
                     let conn = self.conns[sc].as_mut().unwrap();
                     if conn.close_at[1 - e].is_none() && conn.open[1 - e] {
@@ -2209,20 +2266,17 @@ impl Sim {
             .take_dials(now, &mut dials);
         for (peer, a) in dials.drain(..) {
             assert_eq!(a, addr(peer));
-            let reachable = self.up(peer)
-                && !self.blocked(Party::Node(x), Party::Node(peer))
-                && !self.blocked(Party::Node(peer), Party::Node(x));
-            let due = if reachable || !self.up(peer) {
-                t + 2 * self.delay()
-            } else {
-                t + DIAL_TIMEOUT_MS
-            };
-            self.dials.push(Dial {
+            let dial = Dial {
                 node: x,
                 generation,
                 peer,
-                due,
-            });
+                due: t,
+                started: t,
+                phase: DialPhase::Attempt,
+                lost: false,
+            };
+            let dial = self.dial_attempt(dial);
+            self.dials.push(dial);
         }
         self.dial_buf = dials;
         // A loop whose deadline is already past spins.
@@ -2248,12 +2302,67 @@ impl Sim {
         }
     }
 
-    fn resolve_dial(&mut self, d: Dial) {
+    /// Both ways open between node `x` and `peer`: a SYN and its answer
+    /// get through (whether anything listens is another matter).
+    fn path_open(&self, x: usize, peer: usize) -> bool {
+        !self.blocked(Party::Node(x), Party::Node(peer))
+            && !self.blocked(Party::Node(peer), Party::Node(x))
+    }
+
+    /// Dial `d`'s attempt at `d.due`: what comes of it, and when.
+    fn dial_attempt(&mut self, mut d: Dial) -> Dial {
+        debug_assert_eq!(d.phase, DialPhase::Attempt);
+        if self.path_open(d.node, d.peer) {
+            d.phase = if self.up(d.peer) {
+                DialPhase::Connecting
+            } else {
+                DialPhase::Refused
+            };
+            d.due += 2 * self.delay();
+        } else {
+            d.lost = true;
+            self.next_dial_attempt(&mut d);
+        }
+        d
+    }
+
+    /// The attempt after `d`'s last, or its end.
+    fn next_dial_attempt(&self, d: &mut Dial) {
+        let end = d.started + DIAL_TIMEOUT_MS;
+        let next = d.started + ((d.due - d.started) / DIAL_AGAIN_MS + 1) * DIAL_AGAIN_MS;
+        (d.phase, d.due) = if next < end {
+            (DialPhase::Attempt, next)
+        } else {
+            (DialPhase::TimedOut, end.max(d.due))
+        };
+    }
+
+    fn resolve_dial(&mut self, mut d: Dial) {
         let x = d.node;
-        let reachable = self.up(d.peer)
-            && !self.blocked(Party::Node(x), Party::Node(d.peer))
-            && !self.blocked(Party::Node(d.peer), Party::Node(x));
-        if !reachable {
+        let connects = match d.phase {
+            DialPhase::Attempt => {
+                let d = self.dial_attempt(d);
+                self.dials.push(d);
+                return;
+            }
+            // The answer got back: the peer still listens, the path is
+            // still open.
+            DialPhase::Connecting => self.up(d.peer) && self.path_open(x, d.peer),
+            DialPhase::Refused | DialPhase::TimedOut => false,
+        };
+        if !connects {
+            let fails = match d.phase {
+                DialPhase::Refused => !d.lost,
+                DialPhase::TimedOut => true,
+                _ => false,
+            };
+            if !fails {
+                // This attempt came to nothing; the dial goes on.
+                d.lost |= d.phase == DialPhase::Connecting;
+                self.next_dial_attempt(&mut d);
+                self.dials.push(d);
+                return;
+            }
             self.op(x, "dial failed", |node, now| node.dial_failed(now, d.peer));
             return;
         }

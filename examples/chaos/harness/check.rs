@@ -30,6 +30,18 @@
 //!   last moment two nodes said active ("split brain after heal"). Heals
 //!   that happen while another fault is still on are not measured (the
 //!   episode's last heal is).
+//!   A planned hand-back is not a split brain: a lower-priority active
+//!   gives the role to the higher-priority node that has held its
+//!   snapshot for the failback delay (the node logs "handing the active
+//!   role back to ..."; [`super::nodes::HandBack`]). Its window runs from
+//!   100 ms before the line was read (the harness reads node logs a little
+//!   late) to the first moment the node it went to is the one active all
+//!   agree on, if that comes within the bound; inside it, a moment with
+//!   only those two nodes active, no active, or a disagreement is the
+//!   hand-back's, not (d)'s, and is measured on its own ("hand-backs").
+//!   A hand-back that does not end in one agreed active within the bound,
+//!   or with a third node active inside it, excuses nothing: (d) counts
+//!   those moments as it counts any other.
 //! - **(e) failover**: from the fault's start, the first `S` in which
 //!   another node than the one active before says active ("promotion"), and
 //!   the first grant a client read from such a node.
@@ -49,11 +61,14 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::clients::{ClientStats, GrantRec, Sample};
+use super::nodes::HandBack;
 use super::{Config, Record};
 
 const GRID_US: u64 = 10_000;
 /// A gap between two polls of one node longer than this is reported.
 const POLL_GAP_US: u64 = 100_000;
+/// A hand-back's window opens this long before its log line was read.
+const HAND_BACK_SLACK_US: u64 = 100_000;
 
 /// The cluster's state at one grid point, as the pollers saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +185,78 @@ pub struct FaultResult {
     pub notes: Vec<String>,
 }
 
+/// A planned hand-back of the role, as the pollers saw it.
+#[derive(Debug, Clone)]
+pub struct HandBackResult {
+    pub from: usize,
+    pub to: usize,
+    /// Seconds since the origin when its log line was read.
+    pub at_s: f64,
+    /// From the line to the first moment the node it went to is the one
+    /// active all agree on; `None`: not within the bound.
+    pub done_ms: Option<f64>,
+    /// Inside its window: both nodes said active (ms on the 10 ms grid).
+    pub two_serving_ms: f64,
+    /// Inside its window: no node said active.
+    pub no_active_ms: f64,
+    /// Inside its window: one active that not every node named.
+    pub disagree_ms: f64,
+    /// Nodes other than the two that said active inside its window.
+    pub third_active: Vec<usize>,
+    /// Its window `[from, to)` on the harness clock, if it excuses (d)'s
+    /// moments (done within the bound, no third active).
+    pub window: Option<(u64, u64)>,
+}
+
+/// Each planned hand-back's window and figures (see the module docs).
+pub fn hand_backs(
+    points: &[Point],
+    hbs: &[HandBack],
+    origin: u64,
+    bound_us: u64,
+) -> Vec<HandBackResult> {
+    hbs.iter()
+        .map(|hb| {
+            let open = hb.t.saturating_sub(HAND_BACK_SLACK_US);
+            let done = points
+                .iter()
+                .filter(|p| p.t >= hb.t && p.t <= hb.t + bound_us)
+                .find(|p| p.class == Class::One(hb.to))
+                .map(|p| p.t);
+            let close = done.unwrap_or(hb.t + bound_us);
+            let (mut two, mut none, mut dis) = (0u64, 0u64, 0u64);
+            let mut third = Vec::new();
+            let pair = (1u32 << hb.from) | (1u32 << hb.to);
+            for p in points.iter().filter(|p| p.t >= open && p.t < close) {
+                match p.class {
+                    Class::Split if p.actives == pair => two += GRID_US,
+                    Class::NoActive => none += GRID_US,
+                    Class::Disagree(_) => dis += GRID_US,
+                    _ => {}
+                }
+                let others = p.actives & !pair;
+                for i in 0..32 {
+                    if others & (1 << i) != 0 && !third.contains(&i) {
+                        third.push(i);
+                    }
+                }
+            }
+            third.sort_unstable();
+            HandBackResult {
+                from: hb.from,
+                to: hb.to,
+                at_s: secs(hb.t, origin),
+                done_ms: done.map(|t| ms(t.saturating_sub(hb.t))),
+                two_serving_ms: ms(two),
+                no_active_ms: ms(none),
+                disagree_ms: ms(dis),
+                window: (done.is_some() && third.is_empty()).then_some((open, close)),
+                third_active: third,
+            }
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone)]
 pub struct Overlap {
     pub key: usize,
@@ -183,6 +270,7 @@ pub struct Overlap {
 #[derive(Debug, Clone)]
 pub struct Report {
     pub faults: Vec<FaultResult>,
+    pub hand_backs: Vec<HandBackResult>,
     pub overlaps: Vec<Overlap>,
     pub overlaps_outside: usize,
     pub reversals_inside: usize,
@@ -258,6 +346,18 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
     let points = timeline(&rec.samples, cfg.nodes, rec.origin, rec.end);
     let at = |t: u64| -> usize { (t.saturating_sub(rec.origin) / GRID_US) as usize };
     let mut failures = Vec::new();
+    let hbs = hand_backs(
+        &points,
+        &rec.hand_backs,
+        rec.origin,
+        cfg.one_active_bound_ms() * 1000,
+    );
+    // A moment inside a planned hand-back's window is the hand-back's.
+    let excused = |p: &Point| {
+        hbs.iter()
+            .filter_map(|h| h.window)
+            .any(|(s, e)| p.t >= s && p.t < e)
+    };
 
     // (d), (e): per fault.
     let mut results = Vec::new();
@@ -309,20 +409,38 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         if !during.is_empty() {
             notes.insert(0, format!("overlaps fault {}", during.join(", ")));
         }
+        for (h, hb) in hbs.iter().enumerate() {
+            let t = rec.hand_backs[h].t;
+            if t >= f.t_heal && t < horizon {
+                notes.push(format!(
+                    "hand-back {} {}->{} {:.0} ms after the heal ({})",
+                    h,
+                    hb.from,
+                    hb.to,
+                    ms(t - f.t_heal),
+                    hb.done_ms
+                        .map_or("not done within the bound".into(), |d| format!(
+                            "one active again in {d:.0} ms"
+                        ))
+                ));
+            }
+        }
         let after: Vec<&Point> = points
             .iter()
             .filter(|p| p.t >= f.t_heal && p.t < horizon)
             .collect();
         let (mut split_after_heal_ms, mut one_active_ms) = (None, None);
         if measured && !after.is_empty() {
-            let last_split = after.iter().rposition(|p| p.class == Class::Split);
+            let last_split = after
+                .iter()
+                .rposition(|p| p.class == Class::Split && !excused(p));
             split_after_heal_ms = Some(match last_split {
                 Some(i) => ms(after[i].t + GRID_US - f.t_heal),
                 None => 0.0,
             });
             let last_not_one = after
                 .iter()
-                .rposition(|p| !matches!(p.class, Class::One(_)));
+                .rposition(|p| !matches!(p.class, Class::One(_)) && !excused(p));
             one_active_ms = match last_not_one {
                 None => Some(ms(after[0].t - f.t_heal)),
                 Some(i) if i + 1 < after.len() => Some(ms(after[i + 1].t - f.t_heal)),
@@ -560,6 +678,7 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
 
     let mut report = Report {
         faults: results,
+        hand_backs: hbs,
         overlaps,
         overlaps_outside,
         reversals_inside,
@@ -666,6 +785,7 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
             notes.trim()
         );
     }
+    render_hand_backs(&mut o, cfg, r);
     type GroupBy = Box<dyn Fn(&FaultResult) -> String>;
     let groups: Vec<(&str, GroupBy)> = vec![
         (
@@ -816,10 +936,12 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     let over = measured.iter().filter(|f| !f.within_bound).count();
     let _ = writeln!(
         o,
-        "- (d) heals back to one active within {} ms: {} of {} measured",
+        "- (d) heals back to one active within {} ms: {} of {} measured; planned hand-backs (not split brains, measured apart above): {}, of which {} excused",
         cfg.one_active_bound_ms(),
         measured.len() - over,
-        measured.len()
+        measured.len(),
+        r.hand_backs.len(),
+        r.hand_backs.iter().filter(|h| h.window.is_some()).count()
     );
     let (gaps, longest, when) = poll_gaps(&rec.samples, cfg.nodes);
     let _ = writeln!(
@@ -858,6 +980,61 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     o
 }
 
+/// The planned hand-backs: a table, and their figures in one line.
+fn render_hand_backs(o: &mut String, cfg: &Config, r: &Report) {
+    let _ = writeln!(o, "\n### Planned hand-backs\n");
+    if r.hand_backs.is_empty() {
+        let _ = writeln!(o, "None.");
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "A lower-priority active handing the role back to the higher-priority node after the failback delay (its log line). Times in ms, from 100 ms before the line was read to the first moment the node it went to is the one active all agree on (done: from the line); two serving / no active / disagree: time inside that window with both nodes active, none, or one not every node names. A hand-back counts for (d) as \"one active\" only if it is done within {} ms with no third node active.\n",
+        cfg.one_active_bound_ms()
+    );
+    let _ = writeln!(
+        o,
+        "| # | at s | from -> to | done | two serving | no active | disagree | notes |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+    for (i, h) in r.hand_backs.iter().enumerate() {
+        let mut notes = Vec::new();
+        if h.done_ms.is_none() {
+            notes.push("**no one active within the bound**: counted by (d)".to_string());
+        }
+        if !h.third_active.is_empty() {
+            notes.push(format!(
+                "**node {:?} active inside it**: counted by (d)",
+                h.third_active
+            ));
+        }
+        let _ = writeln!(
+            o,
+            "| {i} | {:.1} | {} -> {} | {} | {:.0} | {:.0} | {:.0} | {} |",
+            h.at_s,
+            h.from,
+            h.to,
+            fmt_opt(h.done_ms),
+            h.two_serving_ms,
+            h.no_active_ms,
+            h.disagree_ms,
+            notes.join("; ")
+        );
+    }
+    let col = |get: &dyn Fn(&HandBackResult) -> Option<f64>| -> String {
+        stat(&r.hand_backs.iter().map(get).collect::<Vec<_>>())
+    };
+    let _ = writeln!(
+        o,
+        "\nmedian / max of {}: done {} ms; two serving {} ms; no active {} ms; disagree {} ms.",
+        r.hand_backs.len(),
+        col(&|h| h.done_ms),
+        col(&|h| Some(h.two_serving_ms)),
+        col(&|h| Some(h.no_active_ms)),
+        col(&|h| Some(h.disagree_ms)),
+    );
+}
+
 fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
     let faults: Vec<Value> = r
         .faults
@@ -875,6 +1052,18 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
             })
         })
         .collect();
+    let hand_backs: Vec<Value> = r
+        .hand_backs
+        .iter()
+        .map(|h| {
+            json!({
+                "from": h.from, "to": h.to, "at_s": h.at_s, "done_ms": h.done_ms,
+                "two_serving_ms": h.two_serving_ms, "no_active_ms": h.no_active_ms,
+                "disagree_ms": h.disagree_ms, "third_active": h.third_active,
+                "excused": h.window.is_some(),
+            })
+        })
+        .collect();
     let t = totals(&rec.stats);
     let (count, longest, at) = poll_gaps(&rec.samples, cfg.nodes);
     let gaps = json!({"count": count, "longest_ms": ms(longest), "at_s": secs(at, rec.origin)});
@@ -887,6 +1076,7 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
             "one_active_bound_ms": cfg.one_active_bound_ms(), "total_ms": cfg.total_ms,
         },
         "faults": faults,
+        "hand_backs": hand_backs,
         "overlaps_outside": r.overlaps_outside,
         "overlaps_inside": r.overlaps.len() - r.overlaps_outside,
         "reversals_outside": r.reversals_outside,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use clients::{ClientCfg, ClientStats, GrantRec, Sample, us};
 use net::Net;
-use nodes::Nodes;
+use nodes::{HandBack, Nodes};
 
 /// splitmix64: small, seedable, good enough for schedules and clients.
 #[derive(Debug, Clone)]
@@ -393,6 +393,8 @@ pub struct Record {
     pub end: u64,
     /// Nodes that exited without being told to.
     pub crashes: Vec<String>,
+    /// The planned hand-backs of the role the nodes logged.
+    pub hand_backs: Vec<HandBack>,
 }
 
 /// The lab: stops and joins its threads, kills its nodes and removes its
@@ -605,6 +607,7 @@ pub fn run(cfg: &Config) -> Result<Record, String> {
         samples.extend(h.join().map_err(|_| "a poller thread panicked")?);
     }
     let _ = std::fs::write(cfg.out.join("events.log"), events);
+    let hand_backs = lab.nodes.as_ref().map_or_else(Vec::new, Nodes::hand_backs);
     drop(lab);
     say(cfg, t0, "namespaces removed");
     Ok(Record {
@@ -615,6 +618,7 @@ pub fn run(cfg: &Config) -> Result<Record, String> {
         origin,
         end,
         crashes,
+        hand_backs,
     })
 }
 

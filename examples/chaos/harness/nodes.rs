@@ -1,7 +1,9 @@
 //! The `ringlock serve` processes, one per node namespace. Each node's
 //! stderr goes to `<out>/node<i>.log`, every line stamped with the
 //! harness's clock (seconds since the run began), so that the logs line up
-//! with the fault schedule and the client records.
+//! with the fault schedule and the client records. The lines that start a
+//! planned hand-back ("handing the active role back to ...") are also
+//! recorded as [`HandBack`]s, on the harness's clock, for the checks.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -13,7 +15,30 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
+use super::clients::us;
 use super::net::{self, Net};
+
+/// What a node's log line starts the planned hand-back of the role with:
+/// a lower-priority active gives it to the higher-priority node that has
+/// held its snapshot for the failback delay.
+pub const HAND_BACK_LINE: &str = "handing the active role back to ";
+
+/// A planned hand-back, as the handing node logged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandBack {
+    /// Harness clock (µs) when the harness read the line.
+    pub t: u64,
+    pub from: usize,
+    pub to: usize,
+}
+
+/// The node a hand-back line of node `from` names, if it is one.
+pub fn parse_hand_back(line: &str, from: usize, nodes: usize) -> Option<usize> {
+    let rest = &line[line.find(HAND_BACK_LINE)? + HAND_BACK_LINE.len()..];
+    let addr = rest.split([' ', ',']).next()?;
+    let addr = addr.strip_suffix(':').unwrap_or(addr);
+    (0..nodes).find(|&i| i != from && net::node_addr(i) == addr)
+}
 
 pub struct Nodes {
     bin: PathBuf,
@@ -26,6 +51,7 @@ pub struct Nodes {
     /// Nodes sent SIGTERM and not yet gone: `(node, process, when)`.
     leaving: Vec<(usize, Child, Instant)>,
     readers: Vec<JoinHandle<()>>,
+    hand_backs: Arc<Mutex<Vec<HandBack>>>,
     t0: Instant,
 }
 
@@ -94,6 +120,7 @@ impl Nodes {
             ns,
             logs,
             readers: Vec::new(),
+            hand_backs: Arc::default(),
             t0,
         })
     }
@@ -153,10 +180,22 @@ impl Nodes {
         self.note(i, &format!("started, pid {}", child.id()));
         let stderr = child.stderr.take().expect("piped");
         let log = self.logs[i].clone();
-        let t0 = self.t0;
+        let (t0, nodes) = (self.t0, self.children.len());
+        let hand_backs = self.hand_backs.clone();
         self.readers.push(std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                if let Some(to) = parse_hand_back(&line, i, nodes) {
+                    let hb = HandBack {
+                        t: us(t0),
+                        from: i,
+                        to,
+                    };
+                    hand_backs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(hb);
+                }
                 let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = writeln!(log, "{} {line}", stamp(t0));
             }
@@ -235,6 +274,17 @@ impl Nodes {
             }
             _ => None,
         }
+    }
+
+    /// The planned hand-backs the nodes logged so far, in order.
+    pub fn hand_backs(&self) -> Vec<HandBack> {
+        let mut v = self
+            .hand_backs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        v.sort_by_key(|h| h.t);
+        v
     }
 
     pub fn secret(&self) -> &Path {

@@ -257,7 +257,7 @@ impl Cluster {
         }
         self.started_ms = now.ms;
         let why = format!("this process did not run for {gap} ms: a peer may have taken over");
-        self.follow(None, engine, &why);
+        self.follow(now, None, engine, &why);
         debug_assert!(!engine.is_active());
     }
 

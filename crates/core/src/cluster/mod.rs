@@ -254,10 +254,12 @@ pub struct Cluster {
     doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
-    /// This node gave way to the active `merge_owed` at a heal, and that
-    /// node's snapshot has not replaced our table yet: our grants go to it
-    /// on every link of ours to it that authenticates meanwhile
-    /// ([`Cluster::send_owed_merge`]).
+    /// This node gave way to an active at a heal, and no active's snapshot
+    /// has replaced our table since: our grants go to `merge_owed` (the
+    /// active we follow; following nobody, the last one we did) on every
+    /// link of ours to it that authenticates meanwhile, and to each new
+    /// active we follow until one's snapshot comes
+    /// ([`Cluster::send_owed_merge`], [`Cluster::follow`]).
     merge_owed: Option<usize>,
     /// Whether this node has known an active (been one, or followed one):
     /// taking the role after that is a failover, before it the cluster's
@@ -633,10 +635,17 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
-        if self.peers[from].heard_ms.is_none() {
+        let was_alive = self.peers[from].heard_ms.is_some();
+        if !was_alive {
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: heard from it again", self.cfg.peers[from]);
         }
         self.peers[from].heard_ms = Some(now.ms);
+        // A grant or a release changes the tables, never an input of the
+        // role rule (who is alive, who claims the role or follows whom,
+        // who is synced); the rule runs on every turn's tick and after
+        // every other line. Most lines a follower reads are these.
+        let rule_inputs_unchanged =
+            was_alive && matches!(msg, PeerMsg::Grant { .. } | PeerMsg::Release { .. });
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -706,7 +715,9 @@ impl Cluster {
             // Replication from a node we do not follow (any more): ignored.
             PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
         }
-        self.evaluate(now, engine);
+        if !rule_inputs_unchanged {
+            self.evaluate(now, engine);
+        }
         Ok(())
     }
 }

@@ -67,7 +67,7 @@ impl Cluster {
                 // A peer with another configuration may be active: of two
                 // configurations only the lower fingerprint serves.
                 let why = self.problem(now).unwrap_or("not eligible").to_string();
-                self.follow(active_peer, engine, &why);
+                self.follow(now, active_peer, engine, &why);
             }
             Role::Active => self.evaluate_active(now, active_peer, engine),
             Role::Standby { following } => {
@@ -136,7 +136,7 @@ impl Cluster {
             // heartbeat says we follow it (same link, in order).
             self.merge_owed = Some(better);
             self.send_owed_merge(now, engine);
-            self.follow(Some(better), engine, &why);
+            self.follow(now, Some(better), engine, &why);
             return;
         }
         // Failback: to the first live node of higher priority, once it has
@@ -191,7 +191,7 @@ impl Cluster {
         match active_peer {
             Some(a) if following != Some(a) => {
                 let why = format!("{} is active", self.cfg.peers[a]);
-                self.follow(Some(a), engine, &why);
+                self.follow(now, Some(a), engine, &why);
             }
             Some(_) => {}
             None => {
@@ -204,7 +204,7 @@ impl Cluster {
                     } else {
                         format!("{} is down", self.cfg.peers[f])
                     };
-                    self.follow(None, engine, &why);
+                    self.follow(now, None, engine, &why);
                 }
                 let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
                 // A node without state (started, never synced, follows
@@ -290,14 +290,15 @@ impl Cluster {
             .min()
     }
 
-    /// Sends the active we gave way to ([`Cluster::merge_owed`]) every
-    /// grant we hold, between `MERGE` and `MERGED`, once our link to it is
-    /// authenticated and speaks version 4 (an older node cannot merge: our
-    /// grants are lost to it, as before). It is owed until that node's
-    /// snapshot arrives (which it sends once it has read our heartbeat,
-    /// behind the merge on the same link): a new link sends it again, and
-    /// the other side takes a grant it already has as known. See
-    /// docs/cluster.md, "Which active stays".
+    /// Sends the active we owe a merge ([`Cluster::merge_owed`]: the one we
+    /// gave way to, or the one we follow since) every grant we hold,
+    /// between `MERGE` and `MERGED`, once our link to it is authenticated
+    /// and speaks version 4 (an older node cannot merge: our grants are
+    /// lost to it, as before). It is owed until the snapshot of the node we
+    /// follow arrives (which it sends once it has read our heartbeat,
+    /// behind the merge on the same link): a new link sends it again, so
+    /// does following another active, and the other side takes a grant it
+    /// already has as known. See docs/cluster.md, "Which active stays".
     pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine) {
         let Some(to) = self.merge_owed else { return };
         let p = &self.peers[to];
@@ -327,7 +328,17 @@ impl Cluster {
         tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "sent {count} grants to {} to merge (it stays active)", self.cfg.peers[to]);
     }
 
-    pub(super) fn follow(&mut self, active: Option<usize>, engine: &mut Engine, why: &str) {
+    /// Follows `active` (or nobody). A merge still owed
+    /// ([`Cluster::merge_owed`]) stays owed: to the new active, which is
+    /// sent it at once, or, following nobody, to whichever active comes
+    /// next.
+    pub(super) fn follow(
+        &mut self,
+        now: Now,
+        active: Option<usize>,
+        engine: &mut Engine,
+        why: &str,
+    ) {
         assert!(
             active.is_none_or(|a| a != self.cfg.me && a < self.peers.len()),
             "follows a real other node"
@@ -339,8 +350,21 @@ impl Cluster {
         if active.is_some() {
             self.known_active = true;
         }
-        if active != self.merge_owed {
-            self.merge_owed = None;
+        // The active we gave way to may be no longer the one to follow
+        // before it took our merge (it handed the role on, stepped down or
+        // went away; it drops a merge it reads as a standby), or after it
+        // did and before its snapshot came: either way, what we granted
+        // alone may be nowhere else yet, and it is still in our table
+        // (only a snapshot from the node we follow clears it). So the
+        // merge stays owed until an active's snapshot arrives, and goes
+        // again to each new active we follow (one that has it already
+        // takes it as known).
+        let resend = self.merge_owed.is_some()
+            && active.is_some()
+            && before != Role::Active
+            && before != (Role::Standby { following: active });
+        if resend {
+            self.merge_owed = active;
         }
         if before == Role::Active && why.starts_with(HAND_OFF) {
             // Planned: leaving, or handing the role back to a higher
@@ -375,6 +399,9 @@ impl Cluster {
             self.synced = false;
         }
         engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
+        if resend {
+            self.send_owed_merge(now, engine);
+        }
         debug_assert!(!engine.is_active());
         debug_assert_eq!(self.role, Role::Standby { following: active });
     }
@@ -434,7 +461,7 @@ impl Cluster {
         }
         let why = format!("{HAND_OFF} {}", self.cfg.peers[to]);
         self.stats.handoffs += 1;
-        self.follow(Some(to), engine, &why);
+        self.follow(now, Some(to), engine, &why);
         self.scratch.clear();
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });

@@ -298,6 +298,7 @@ impl<T: Copy> Wheel<T> {
         }
     }
 
+    #[inline]
     fn push_back(&mut self, list: usize, idx: u32) {
         let tail = self.lists[list].tail;
         let entry = &mut self.entries[idx as usize];
