@@ -49,6 +49,22 @@ fn check(data: &[u8]) {
                         assert!(token > 0);
                         assert!(lease_ms > 0 && lease_ms <= 86_400_000);
                     }
+                    Request::Shared {
+                        lease_ms, wait_ms, ..
+                    } => {
+                        assert!(lease_ms > 0 && lease_ms <= 86_400_000);
+                        assert!(wait_ms <= 86_400_000);
+                    }
+                    Request::Permit {
+                        limit,
+                        lease_ms,
+                        wait_ms,
+                        ..
+                    } => {
+                        assert!(limit > 0 && limit <= ringlock::proto::MAX_PERMITS);
+                        assert!(lease_ms > 0 && lease_ms <= 86_400_000);
+                        assert!(wait_ms <= 86_400_000);
+                    }
                     Request::Owner { owner } => assert!(ringlock::proto::is_valid_owner(owner)),
                     Request::Queue { key } => assert!(is_valid_key(key)),
                     Request::Status

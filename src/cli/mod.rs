@@ -41,9 +41,9 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::proto::{MAX_DURATION_MS, parse_seconds};
 use ringlock_client::{
-    Acquired, Client, Error, HolderInfo, LockInfo, LockLost, NodeStatus, QueueInfo, RenewingGuard,
-    Role, TRY_WAIT, TlsConfig, check_key, list_locks, list_locks_tls, lock_queue, lock_queue_tls,
-    node_problem, node_problem_tls, node_status, node_status_tls,
+    Acquired, Client, Error, HolderInfo, LockInfo, LockKind, LockLost, NodeStatus, QueueInfo,
+    RenewingGuard, Role, TRY_WAIT, TlsConfig, check_key, list_locks, list_locks_tls, lock_queue,
+    lock_queue_tls, node_problem, node_problem_tls, node_status, node_status_tls,
 };
 
 /// std's `eprintln!` panics when standard error cannot be written (a full
@@ -265,9 +265,33 @@ pub struct AcquireArgs {
     #[arg(long, short = 'n', conflicts_with = "wait")]
     pub no_wait: bool,
     #[command(flatten)]
+    pub kind: KindArg,
+    #[command(flatten)]
     pub owner: OwnerArg,
     #[command(flatten)]
     pub server: ServerArg,
+}
+
+#[derive(clap::Args)]
+pub struct KindArg {
+    /// A shared (read) lock: held beside other shared holders, never
+    /// beside an exclusive one; it waits behind a waiting exclusive acquire.
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+    /// One of at most N permits of KEY, a counting semaphore (1 to 65536;
+    /// every holder of KEY must ask with the same N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub permits: Option<u32>,
+}
+
+impl KindArg {
+    fn kind(&self) -> LockKind {
+        match (self.shared, self.permits) {
+            (_, Some(n)) => LockKind::Permits(n),
+            (true, None) => LockKind::Shared,
+            (false, None) => LockKind::Exclusive,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -326,6 +350,8 @@ pub struct RunArgs {
     /// lock is held (like flock -n).
     #[arg(long, short = 'n', conflicts_with = "wait")]
     pub no_wait: bool,
+    #[command(flatten)]
+    pub kind: KindArg,
     #[command(flatten)]
     pub owner: OwnerArg,
     #[command(flatten)]
@@ -467,6 +493,7 @@ fn fail(err: &Error) -> u8 {
         Error::InvalidArgument(_) => EXIT_USAGE,
         Error::Protocol(_) => EXIT_PROTOCOL,
         Error::NotAllowed(_) => EXIT_NOT_ALLOWED,
+        Error::WrongKind(_) => EXIT_USAGE,
         _ => EXIT_UNAVAILABLE,
     }
 }
@@ -663,7 +690,7 @@ async fn acquire(args: AcquireArgs) -> u8 {
     };
     let wait = wait_of(args.wait, args.no_wait);
     let acquired = tokio::select! {
-        acquired = client.acquire(&key, Duration::from_millis(args.lease), wait) => acquired,
+        acquired = client.acquire_kind(&key, args.kind.kind(), Duration::from_millis(args.lease), wait) => acquired,
         () = waiting_notice(&key, args.wait, args.no_wait, &args.server, &owner) => {
             unreachable!("never resolves")
         }
@@ -817,7 +844,7 @@ async fn run_command(args: RunArgs) -> u8 {
     let mut sighup = signal(SignalKind::hangup()).ok();
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let acquired = tokio::select! {
-        acquired = client.acquire(&key, lease, wait) => acquired,
+        acquired = client.acquire_kind(&key, args.kind.kind(), lease, wait) => acquired,
         () = waiting_notice(&key, args.wait, args.no_wait, &args.server, &owner) => {
             unreachable!("never resolves")
         }

@@ -2859,6 +2859,8 @@ impl Sim {
                 Answer::Owner { .. } => (b"", b"O"),
                 Answer::LockWho { .. } | Answer::WhoEnd { .. } => (b"", b"W"),
                 Answer::Waiter { .. } | Answer::QueueEnd { .. } => (b"", b"Q"),
+                // Nor `G` or `C`: their answers match nothing.
+                Answer::KindGranted { .. } | Answer::KindRefused { .. } => (b"", b"GC"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2948,7 +2950,9 @@ impl Sim {
                 | Answer::LockWho { .. }
                 | Answer::WhoEnd { .. }
                 | Answer::Waiter { .. }
-                | Answer::QueueEnd { .. } => {}
+                | Answer::QueueEnd { .. }
+                | Answer::KindGranted { .. }
+                | Answer::KindRefused { .. } => {}
             }
             if self.failure.is_some() {
                 return;

@@ -84,9 +84,28 @@ pub(crate) fn why(err: &io::Error) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Acquire,
+    /// `G`: a shared acquire.
+    Shared,
+    /// `C`: a semaphore acquire.
+    Permit,
     Release,
     Renew,
     Status,
+}
+
+impl Op {
+    /// The op of a `G` or `C` answer.
+    fn of(kind: ringlock_proto::Kind) -> Op {
+        match kind {
+            ringlock_proto::Kind::Shared => Op::Shared,
+            ringlock_proto::Kind::Permit => Op::Permit,
+        }
+    }
+
+    /// An acquire of any kind.
+    pub(crate) fn is_acquire(self) -> bool {
+        matches!(self, Op::Acquire | Op::Shared | Op::Permit)
+    }
 }
 
 /// What a pending request learns.
@@ -94,6 +113,9 @@ pub(crate) enum Op {
 pub(crate) enum Reply {
     Granted(u64),
     TimedOut,
+    /// `G|C key semaphore <limit>` (`limit` > 0) or `C key lock` (0): the
+    /// key is of another kind; nothing changed.
+    Refused(u32),
     /// `M key addr`; `None` for `-`.
     Moved(Option<String>),
     /// `R key 1|0` or `N key 1|0`.
@@ -758,8 +780,8 @@ async fn serve(
                 let mut next = Some(first);
                 while let Some(req) = next {
                     // An acquire whose caller is gone is not worth queueing.
-                    let abandoned = req.op == Op::Acquire
-                        && req.reply.as_ref().is_some_and(|tx| tx.is_closed());
+                    let abandoned =
+                        req.op.is_acquire() && req.reply.as_ref().is_some_and(|tx| tx.is_closed());
                     if !abandoned {
                         let mut req = req;
                         if !req.probe {
@@ -894,6 +916,43 @@ fn named_addr(field: &[u8], from: &str) -> Result<String, End> {
     }
 }
 
+/// The key of a `G` or `C` answer.
+fn answer_key<'a>(answer: &Answer<'a>) -> &'a [u8] {
+    match *answer {
+        Answer::KindGranted { key, .. } | Answer::KindRefused { key, .. } => key,
+        _ => unreachable!("not a G or C answer"),
+    }
+}
+
+/// The op of the request a `G` or `C` answer answers.
+fn answer_op(answer: &Answer<'_>) -> Op {
+    match *answer {
+        Answer::KindGranted { kind, .. } | Answer::KindRefused { kind, .. } => Op::of(kind),
+        _ => unreachable!("not a G or C answer"),
+    }
+}
+
+/// Hands a `G` or `C` answer to `req`: a grant (token 0: the wait ran
+/// out) or a refusal. A grant nobody waits for any more is released.
+fn kind_answer(answer: Answer<'_>, req: Request, client: &Weak<super::Inner>) {
+    match answer {
+        Answer::KindGranted { key, token, .. } => {
+            let reply = if token == 0 {
+                Reply::TimedOut
+            } else {
+                Reply::Granted(token)
+            };
+            if req.answer(reply).is_err() && token != 0 {
+                super::release_in_background(client, key.to_vec(), token);
+            }
+        }
+        Answer::KindRefused { limit, .. } => {
+            let _ = req.answer(Reply::Refused(limit));
+        }
+        _ => unreachable!("not a G or C answer"),
+    }
+}
+
 /// Hands one answer line to the request it answers. An answer that matches
 /// nothing, or a malformed line, ends the connection as a protocol error.
 fn dispatch(
@@ -932,6 +991,11 @@ fn dispatch(
         Answer::TimedOut { key } => {
             let req = state.take(key, Some(Op::Acquire)).ok_or_else(unmatched)?;
             let _ = req.answer(Reply::TimedOut);
+        }
+        Answer::KindGranted { .. } | Answer::KindRefused { .. } => {
+            let req = state.take(answer_key(&answer), Some(answer_op(&answer)));
+            drop(state);
+            kind_answer(answer, req.ok_or_else(unmatched)?, client);
         }
         Answer::Moved { key, addr: active } => {
             let active = active.map(|a| named_addr(a, addr)).transpose()?;

@@ -35,6 +35,11 @@ pub enum Error {
     /// says "not allowed"; the text holds it). Not retried: it would be
     /// refused again.
     NotAllowed(String),
+    /// The key is of another kind than the acquire asked for: a semaphore
+    /// (of another limit) for a shared acquire or a permit, a lock for a
+    /// permit. Nothing changed; the text says what the key is. Not
+    /// retried.
+    WrongKind(String),
 }
 
 impl Error {
@@ -80,6 +85,7 @@ impl fmt::Display for Error {
             Error::Protocol(why) => write!(f, "protocol error: {why}"),
             Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
             Error::NotAllowed(why) => write!(f, "not allowed: {why}"),
+            Error::WrongKind(why) => write!(f, "refused: {why}"),
         }
     }
 }

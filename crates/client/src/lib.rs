@@ -510,8 +510,39 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Acquired, Error> {
+        self.acquire_kind(key, LockKind::Exclusive, lease, wait)
+            .await
+    }
+
+    /// [`Client::acquire`] of a grant of `kind`: exclusive (what `acquire`
+    /// asks for), shared (a read lock beside other shared holders), or one
+    /// of a semaphore's permits. Each grant has its own token and lease,
+    /// and is released and renewed like an exclusive one (a
+    /// [`LockGuard`], [`Client::release`], [`Client::renew`]).
+    ///
+    /// Besides [`Client::acquire`]'s errors: [`Error::WrongKind`] when the
+    /// key is of another kind (a semaphore, or one of another limit, or a
+    /// lock for a permit); nothing changed. [`Error::InvalidArgument`] for
+    /// a limit of 0 or above 65536. A node that predates shared locks, or
+    /// a node of a cluster (they are not replicated yet), answers with an
+    /// `E`: [`Error::Protocol`].
+    pub async fn acquire_kind(
+        &self,
+        key: impl AsRef<[u8]>,
+        kind: LockKind,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Acquired, Error> {
         let key = key.as_ref();
         check_key(key)?;
+        if let LockKind::Permits(n) = kind
+            && !(1..=ringlock_proto::MAX_PERMITS).contains(&n)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "a semaphore has 1 to {} permits, not {n}",
+                ringlock_proto::MAX_PERMITS
+            )));
+        }
         let lease_ms = lease_ms(lease)?;
         let wait_ms = wait_ms(wait)?;
         let started = Instant::now();
@@ -521,12 +552,12 @@ impl Client {
         };
         if wait_ms == 0 {
             return self
-                .acquire_loop(key, lease_ms, 0, started, &mut state)
+                .acquire_loop(key, kind, lease_ms, 0, started, &mut state)
                 .await;
         }
         let wait = Duration::from_millis(wait_ms);
         let deadline = started + wait + self.timing().acquire_grace;
-        let attempt = self.acquire_loop(key, lease_ms, wait_ms, started, &mut state);
+        let attempt = self.acquire_loop(key, kind, lease_ms, wait_ms, started, &mut state);
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             Err(_) => {
@@ -555,6 +586,7 @@ impl Client {
     async fn acquire_loop(
         &self,
         key: &[u8],
+        kind: LockKind,
         lease_ms: u64,
         wait_ms: u64,
         started: Instant,
@@ -611,16 +643,11 @@ impl Client {
                 }
             };
             asked = true;
-            let mut line = Vec::with_capacity(key.len() + 32);
-            Line::Acquire {
-                key,
-                lease_ms,
-                wait_ms: wait_now,
-            }
-            .encode(&mut line);
+            let mut line = Vec::with_capacity(key.len() + 40);
+            let op = kind.line(key, lease_ms, wait_now, &mut line);
             let sent = Instant::now();
             state.doing = Doing::Asking(conn.addr.clone());
-            let reply = conn.call(Op::Acquire, key, line, Some(permit)).await;
+            let reply = conn.call(op, key, line, Some(permit)).await;
             drop(conn);
             match reply {
                 Reply::Granted(token) => {
@@ -662,6 +689,7 @@ impl Client {
                     state.failure = Some(Error::Connection(why));
                 }
                 Reply::Protocol(why) => return Err(Error::from_refusal(why)),
+                Reply::Refused(limit) => return Err(wrong_kind(key, limit)),
                 other => return Err(unexpected("A", &other)),
             }
         }
@@ -711,6 +739,36 @@ impl Client {
             })),
             Acquired::TimedOut => Ok(None),
         }
+    }
+
+    /// [`Client::lock`] of a grant of `kind` ([`Client::acquire_kind`]).
+    pub async fn lock_kind(
+        &self,
+        key: impl AsRef<[u8]>,
+        kind: LockKind,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        match self.acquire_kind(key, kind, lease, wait).await? {
+            Acquired::Granted(grant) => Ok(LockGuard {
+                client: self.clone(),
+                grant,
+                armed: true,
+            }),
+            Acquired::TimedOut => Err(Error::Timeout),
+        }
+    }
+
+    /// [`Client::lock_renewing`] of a grant of `kind`: renewed and watched
+    /// exactly as an exclusive lock ([`RenewingGuard`]).
+    pub async fn lock_renewing_kind(
+        &self,
+        key: impl AsRef<[u8]>,
+        kind: LockKind,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<RenewingGuard, Error> {
+        Ok(self.lock_kind(key, kind, lease, wait).await?.keep_renewed())
     }
 
     /// Like [`Client::lock`], and the lock is then renewed in the background
@@ -1732,6 +1790,66 @@ fn check_token(token: u64) -> Result<(), Error> {
         return Err(Error::InvalidArgument("token 0 (tokens start at 1)".into()));
     }
     Ok(())
+}
+
+/// What an acquire asks for ([`Client::acquire_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockKind {
+    /// The key alone (`A`): what [`Client::acquire`] asks for.
+    #[default]
+    Exclusive,
+    /// The key beside other shared holders, never beside an exclusive one
+    /// (`G`): a read lock. Fair: it waits behind a waiting exclusive
+    /// acquire.
+    Shared,
+    /// One of at most this many permits of the key (`C`): a counting
+    /// semaphore, 1 to 65536.
+    Permits(u32),
+}
+
+impl LockKind {
+    /// Appends the request line; returns the op its answer carries.
+    fn line(self, key: &[u8], lease_ms: u64, wait_ms: u64, out: &mut Vec<u8>) -> Op {
+        let (line, op) = match self {
+            LockKind::Exclusive => (
+                Line::Acquire {
+                    key,
+                    lease_ms,
+                    wait_ms,
+                },
+                Op::Acquire,
+            ),
+            LockKind::Shared => (
+                Line::Shared {
+                    key,
+                    lease_ms,
+                    wait_ms,
+                },
+                Op::Shared,
+            ),
+            LockKind::Permits(limit) => (
+                Line::Permit {
+                    key,
+                    limit,
+                    lease_ms,
+                    wait_ms,
+                },
+                Op::Permit,
+            ),
+        };
+        line.encode(out);
+        op
+    }
+}
+
+/// A `G` or `C` refused for the key's kind (`limit` 0: a lock).
+fn wrong_kind(key: &[u8], limit: u32) -> Error {
+    let key = String::from_utf8_lossy(key);
+    Error::WrongKind(if limit == 0 {
+        format!("{key} is a lock (exclusive or shared), not a semaphore")
+    } else {
+        format!("{key} is a semaphore of {limit} permits")
+    })
 }
 
 /// A lease in whole milliseconds (rounded down): 1 ms to 86400 s.

@@ -556,6 +556,7 @@ impl Node {
     /// Forgets a connection (client or peer link).
     pub fn close(&mut self, now: Now, conn: ConnId) {
         self.engine.close(conn);
+        self.engine.settle(now);
         self.stats.conns_closed += 1;
         if let Some(remote) = self.remotes.get_mut(conn as usize) {
             *remote = None;
@@ -744,7 +745,9 @@ impl Node {
     /// by identity, which names the identity and the key).
     pub(crate) fn refusal_reason(&self, refusal: Refusal) -> String {
         match refusal {
-            Refusal::NotAllowed => self.engine.not_allowed_reason().to_string(),
+            Refusal::NotAllowed | Refusal::Semaphore => {
+                self.engine.not_allowed_reason().to_string()
+            }
             other => other.to_string(),
         }
     }

@@ -26,6 +26,25 @@ impl fmt::Display for Role {
     }
 }
 
+/// The kind of an acquire that is not `A`'s: its answers carry its op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `G`: a shared acquire.
+    Shared,
+    /// `C`: a semaphore acquire.
+    Permit,
+}
+
+impl Kind {
+    /// The op of the request, and of its answers.
+    pub fn op(self) -> u8 {
+        match self {
+            Kind::Shared => b'G',
+            Kind::Permit => b'C',
+        }
+    }
+}
+
 /// Who holds a grant, or waits: the address of the connection that asked,
 /// as the server saw it, and that connection's owner label (`O`). Each is
 /// `-` on the wire when unknown (`None`). With client certificates the
@@ -99,6 +118,21 @@ pub enum Answer<'a> {
     /// `Q <key> <waiters>`: the end of a `Q` answer; `waiters` counts every
     /// queued acquire of `key` (up to 65536), listed or not.
     QueueEnd { key: &'a [u8], waiters: u64 },
+    /// `G <key> <token>` or `C <key> <token>`: granted; `token` 0 (`G <key>
+    /// 0`): the wait ran out, nothing is held.
+    KindGranted {
+        kind: Kind,
+        key: &'a [u8],
+        token: u64,
+    },
+    /// `G|C <key> semaphore <limit>` (`limit` > 0): the key is a semaphore
+    /// of `limit` permits; `C <key> lock` (`limit` 0): the key is a lock.
+    /// Refused, nothing changed.
+    KindRefused {
+        kind: Kind,
+        key: &'a [u8],
+        limit: u32,
+    },
 }
 
 impl Answer<'_> {
@@ -180,8 +214,34 @@ impl Answer<'_> {
                 out.push(b' ');
                 write_u64(out, waiters);
             }
+            Answer::KindGranted { .. } | Answer::KindRefused { .. } => self.encode_kind(out),
         }
         out.push(b'\n');
+    }
+}
+
+impl Answer<'_> {
+    /// The `G` and `C` answers, without the `\n`.
+    #[cold]
+    #[inline(never)]
+    fn encode_kind(&self, out: &mut Vec<u8>) {
+        match *self {
+            Answer::KindGranted { kind, key, token } => {
+                line_start(out, kind.op(), key);
+                out.push(b' ');
+                write_u64(out, token);
+            }
+            Answer::KindRefused { kind, key, limit } => {
+                line_start(out, kind.op(), key);
+                if limit == 0 {
+                    out.extend_from_slice(b" lock");
+                } else {
+                    out.extend_from_slice(b" semaphore ");
+                    write_u64(out, u64::from(limit));
+                }
+            }
+            _ => unreachable!("not a G or C answer"),
+        }
     }
 }
 
@@ -287,6 +347,14 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
             key: key().ok_or_else(bad)?,
             waiters: parse_u64(waiters).ok_or_else(bad)?,
         },
+        (b"G" | b"C", Some(word), limit) => {
+            let kind = if op == b"G" {
+                Kind::Shared
+            } else {
+                Kind::Permit
+            };
+            parse_kind(kind, key().ok_or_else(bad)?, word, limit).ok_or_else(bad)?
+        }
         (b"T", None, None) => Answer::TimedOut {
             key: key().ok_or_else(bad)?,
         },
@@ -314,6 +382,35 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         _ => return Err(bad()),
     };
     Ok(answer)
+}
+
+/// A `G` or `C` answer's fields after the key: a token (0: the wait ran
+/// out), `lock` (`C` only) or `semaphore <limit>`.
+fn parse_kind<'a>(
+    kind: Kind,
+    key: &'a [u8],
+    word: &[u8],
+    limit: Option<&[u8]>,
+) -> Option<Answer<'a>> {
+    Some(match (word, limit) {
+        (b"lock", None) if kind == Kind::Permit => Answer::KindRefused {
+            kind,
+            key,
+            limit: 0,
+        },
+        (b"semaphore", Some(n)) => Answer::KindRefused {
+            kind,
+            key,
+            limit: parse_u64(n).filter(|&n| (1..=u64::from(crate::MAX_PERMITS)).contains(&n))?
+                as u32,
+        },
+        (token, None) => Answer::KindGranted {
+            kind,
+            key,
+            token: parse_u64(token)?,
+        },
+        _ => return None,
+    })
 }
 
 /// A `J` line's fields after `J `: `<waited_ms> <addr> <owner>`.
@@ -406,6 +503,26 @@ mod tests {
             Answer::Health { problem: None },
             Answer::Health {
                 problem: Some(b"127.0.0.1:7172 has another --peers list"),
+            },
+            Answer::KindGranted {
+                kind: Kind::Shared,
+                key: b"k",
+                token: 7,
+            },
+            Answer::KindGranted {
+                kind: Kind::Permit,
+                key: b"k",
+                token: 0,
+            },
+            Answer::KindRefused {
+                kind: Kind::Permit,
+                key: b"k",
+                limit: 0,
+            },
+            Answer::KindRefused {
+                kind: Kind::Shared,
+                key: b"k",
+                limit: 65_536,
             },
         ];
         for answer in answers {
@@ -521,6 +638,13 @@ mod tests {
             b"J 1 - ",
             b"J x - -",
             b"W x",
+            b"G k lock",
+            b"G k semaphore 0",
+            b"C k semaphore 65537",
+            b"C k semaphore",
+            b"C k lock 2",
+            b"C k x",
+            b"G k 1 2",
         ] {
             assert!(parse_answer(line).is_err(), "{:?}", line);
         }

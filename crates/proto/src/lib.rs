@@ -16,7 +16,7 @@ mod answer;
 mod request;
 
 pub use answer::Holder;
-pub use answer::{Answer, AnswerError, Role, parse_answer};
+pub use answer::{Answer, AnswerError, Kind, Role, parse_answer};
 pub use request::{ParseError, Quoted, Request, SplitSpaces, parse_request, quoted, split_spaces};
 
 /// Longest request line, counting its `\n` and any `\r`.
@@ -34,6 +34,8 @@ pub const MAX_OWNER: usize = 128;
 pub const MAX_HOLDER_ADDR: usize = 64;
 /// The most waiters one `Q` answer lists (`J` lines); it counts them all.
 pub const MAX_QUEUE_LISTED: usize = 100;
+/// The highest limit of a semaphore (`C <key> <limit> ...`).
+pub const MAX_PERMITS: u32 = 65_536;
 
 /// True for a byte the protocol allows in a key: 0x21..=0x7E or >= 0x80.
 #[inline]

@@ -155,6 +155,32 @@ fn every_valid_request_form() {
         (b"O --\r\n", Request::Owner { owner: b"--" }),
         (b"Q k\n", Request::Queue { key: b"k" }),
         (b"Q \xff\n", Request::Queue { key: b"\xff" }),
+        (
+            b"G k 30 0.5\r\n",
+            Request::Shared {
+                key: b"k",
+                lease_ms: 30_000,
+                wait_ms: 500,
+            },
+        ),
+        (
+            b"C k 65536 0.001 86400\n",
+            Request::Permit {
+                key: b"k",
+                limit: 65_536,
+                lease_ms: 1,
+                wait_ms: 86_400_000,
+            },
+        ),
+        (
+            b"C k 02 1 0\n",
+            Request::Permit {
+                key: b"k",
+                limit: 2,
+                lease_ms: 1_000,
+                wait_ms: 0,
+            },
+        ),
         (b"A k 30 0\r\n", acquire(b"k", 30_000, 0)),
         (
             b"R k 5\r\n",
@@ -290,6 +316,9 @@ fn unknown_ops() {
         b"q k\n",
         b"w 0 1\n",
         b"OO x\n",
+        b"g k 1 0\n",
+        b"c k 1 1 0\n",
+        b"GG k 1 0\n",
     ] {
         let end = memchr::memchr(b' ', line).unwrap_or_else(|| {
             let body = &line[..line.len() - 1];
@@ -326,6 +355,11 @@ fn wrong_number_of_fields_for_each_op() {
         (b"Q k 1\n", b'Q', 3, 2),
         (b"W 0\n", b'W', 2, 3),
         (b"W 0 1 p q\n", b'W', 5, 4),
+        (b"G k 1\n", b'G', 3, 4),
+        (b"G k 1 0 0\n", b'G', 5, 4),
+        (b"C k 1 1\n", b'C', 4, 5),
+        (b"C k 1 1 0 0\n", b'C', 6, 5),
+        (b"C k 1 1 0 0 0 0\n", b'C', 8, 5),
         // A space inside a key is impossible: it splits the key.
         (b"A my key 1 0\n", b'A', 5, 4),
         (b"R my key 1\n", b'R', 4, 3),
@@ -992,7 +1026,7 @@ fn gen_number(rng: &mut XorShift, out: &mut Vec<u8>, decimals: bool) {
 }
 
 fn gen_line(rng: &mut XorShift, out: &mut Vec<u8>) {
-    let op = *rng.pick(b"ARNSARNSxOQ");
+    let op = *rng.pick(b"ARNSARNSxOQGC");
     out.push(op);
     if op == b'S' {
         if rng.below(4) == 0 {
@@ -1015,7 +1049,8 @@ fn gen_line(rng: &mut XorShift, out: &mut Vec<u8>) {
         out.push(b);
     }
     let fields: &[bool] = match op {
-        b'A' => &[true, true],
+        b'A' | b'G' => &[true, true],
+        b'C' => &[false, true, true],
         b'O' | b'Q' => &[],
         b'R' => &[false],
         _ => &[false, true],
@@ -1190,6 +1225,36 @@ fn list_requests_are_bounded() {
             Err(err)
         );
     }
+}
+
+#[test]
+fn semaphore_limits_are_bounded() {
+    for (line, ok) in [
+        (&b"C k 1 1 0\n"[..], true),
+        (b"C k 65536 1 0\n", true),
+        (b"C k 0 1 0\n", false),
+        (b"C k 65537 1 0\n", false),
+        (b"C k 1.5 1 0\n", false),
+        (b"C k 99999999999999999999 1 0\n", false),
+    ] {
+        let got = one(line);
+        assert_eq!(got.is_ok(), ok, "{}", esc(line));
+        if !ok {
+            let field = &line[4..line.len() - 5];
+            assert_eq!(got, Err(ParseError::Permits(field)), "{}", esc(line));
+            assert_eq!(
+                got.unwrap_err().to_string(),
+                format!("bad limit \"{}\" (1 to 65536)", esc(field))
+            );
+        }
+        assert_eq!(
+            got,
+            crate::reference::parse_request(line).map(|r| r.expect("a whole line").0)
+        );
+    }
+    // The lease and wait of `G` and `C` are checked as `A`'s are.
+    assert_eq!(one(b"G k 0 0\n"), Err(ParseError::Lease(b"0")));
+    assert_eq!(one(b"C k 2 1 86401\n"), Err(ParseError::Wait(b"86401")));
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! same results, same errors, on every generated input. Test builds only.
 
 use super::{
-    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, MAX_OWNER, ParseError, Request, is_key_byte,
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, MAX_OWNER, MAX_PERMITS, ParseError, Request,
+    is_key_byte,
 };
 
 pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<(Request<'_>, usize)>, ParseError<'_>> {
@@ -46,6 +47,9 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"W" => (b'W', count.clamp(3, 4)),
         b"O" => (b'O', 2),
         b"Q" => (b'Q', 2),
+        // `G <key> <lease> <wait>`, `C <key> <limit> <lease> <wait>`.
+        b"G" => (b'G', 4),
+        b"C" => (b'C', 5),
         other => return Err(ParseError::UnknownOp(other)),
     };
     if count != want {
@@ -98,9 +102,34 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b'Q' => Request::Queue {
             key: key(fields[1])?,
         },
+        b'G' | b'C' => parse_kind(op, &fields)?,
         _ => Request::Health,
     };
     Ok(request)
+}
+
+fn parse_kind<'a>(op: u8, fields: &[&'a [u8]; 5]) -> Result<Request<'a>, ParseError<'a>> {
+    let wait = |field: &'a [u8]| {
+        parse_seconds(field)
+            .filter(|&ms| ms <= MAX_DURATION_MS)
+            .ok_or(ParseError::Wait(field))
+    };
+    Ok(if op == b'G' {
+        Request::Shared {
+            key: key(fields[1])?,
+            lease_ms: lease(fields[2])?,
+            wait_ms: wait(fields[3])?,
+        }
+    } else {
+        Request::Permit {
+            key: key(fields[1])?,
+            limit: parse_u64(fields[2])
+                .filter(|&n| (1..=u64::from(MAX_PERMITS)).contains(&n))
+                .ok_or(ParseError::Permits(fields[2]))? as u32,
+            lease_ms: lease(fields[3])?,
+            wait_ms: wait(fields[4])?,
+        }
+    })
 }
 
 fn key(field: &[u8]) -> Result<&[u8], ParseError<'_>> {

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use super::{
-    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, is_key_byte, is_valid_owner, parse_seconds,
-    parse_u64, write_seconds, write_u64,
+    MAX_DURATION_MS, MAX_KEY, MAX_LINE, MAX_LIST, MAX_PERMITS, is_key_byte, is_valid_owner,
+    parse_seconds, parse_u64, write_seconds, write_u64,
 };
 
 /// One request, borrowing its key from the buffer it was parsed from.
@@ -47,6 +47,21 @@ pub enum Request<'a> {
     },
     /// `Q <key>`: one key's holder and the acquires waiting for it.
     Queue { key: &'a [u8] },
+    /// `G <key> <lease> <wait>`: a shared acquire (docs/protocol.md, "`G`
+    /// and `C`, shared locks and semaphores"); `wait_ms == 0`: no limit.
+    Shared {
+        key: &'a [u8],
+        lease_ms: u64,
+        wait_ms: u64,
+    },
+    /// `C <key> <limit> <lease> <wait>`: a semaphore acquire of one of at
+    /// most `limit` (1 to [`MAX_PERMITS`]) permits.
+    Permit {
+        key: &'a [u8],
+        limit: u32,
+        lease_ms: u64,
+        wait_ms: u64,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -118,8 +133,38 @@ impl<'a> Request<'a> {
                 out.extend_from_slice(b"Q ");
                 out.extend_from_slice(key);
             }
+            Request::Shared { .. } | Request::Permit { .. } => self.encode_kind(out),
         }
         out.push(b'\n');
+    }
+
+    /// `G` and `C`, without the `\n`.
+    fn encode_kind(&self, out: &mut Vec<u8>) {
+        let (op, key, limit, lease_ms, wait_ms) = match *self {
+            Request::Shared {
+                key,
+                lease_ms,
+                wait_ms,
+            } => (b'G', key, None, lease_ms, wait_ms),
+            Request::Permit {
+                key,
+                limit,
+                lease_ms,
+                wait_ms,
+            } => (b'C', key, Some(limit), lease_ms, wait_ms),
+            _ => unreachable!("not a G or C request"),
+        };
+        out.push(op);
+        out.push(b' ');
+        out.extend_from_slice(key);
+        if let Some(limit) = limit {
+            out.push(b' ');
+            write_u64(out, u64::from(limit));
+        }
+        out.push(b' ');
+        write_seconds(out, lease_ms);
+        out.push(b' ');
+        write_seconds(out, wait_ms);
     }
 
     /// The request's key, if it has one.
@@ -127,7 +172,9 @@ impl<'a> Request<'a> {
         match *self {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
-            | Request::Renew { key, .. } => Some(key),
+            | Request::Renew { key, .. }
+            | Request::Shared { key, .. }
+            | Request::Permit { key, .. } => Some(key),
             // `Q` is an operator's question, answered by every node (a
             // standby too): it has a key, but no `M` answers it.
             Request::Status
@@ -164,6 +211,8 @@ pub enum ParseError<'a> {
     Cursor(&'a [u8]),
     Limit(&'a [u8]),
     Owner(&'a [u8]),
+    /// A `C` request's limit: not 1 to [`MAX_PERMITS`].
+    Permits(&'a [u8]),
 }
 
 impl fmt::Display for ParseError<'_> {
@@ -187,6 +236,9 @@ impl fmt::Display for ParseError<'_> {
             ParseError::Cursor(v) => write!(f, "bad cursor \"{}\"", Quoted(v)),
             ParseError::Limit(v) => write!(f, "bad limit \"{}\" (1 to {MAX_LIST})", Quoted(v)),
             ParseError::Owner(v) => write!(f, "bad owner \"{}\"", Quoted(v)),
+            ParseError::Permits(v) => {
+                write!(f, "bad limit \"{}\" (1 to {MAX_PERMITS})", Quoted(v))
+            }
         }
     }
 }
@@ -312,7 +364,8 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
 }
 
 /// The requests that are not `A`, `R`, `N`, `S` or `H` (`count` fields,
-/// the first five in `fields`): `L`, `W`, `O`, `Q`, or an unknown op.
+/// the first five in `fields`): `L`, `W`, `O`, `Q`, `G`, `C`, or an
+/// unknown op.
 #[cold]
 #[inline(never)]
 fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, ParseError<'a>> {
@@ -321,13 +374,16 @@ fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, P
         b"W" => b'W',
         b"O" => b'O',
         b"Q" => b'Q',
+        b"G" => b'G',
+        b"C" => b'C',
         other => return Err(ParseError::UnknownOp(other)),
     };
     // `L` and `W`: `<cursor> <limit>`, and a prefix or not.
-    let want = if matches!(op, b'L' | b'W') {
-        count.clamp(3, 4)
-    } else {
-        2
+    let want = match op {
+        b'L' | b'W' => count.clamp(3, 4),
+        b'G' => 4,
+        b'C' => 5,
+        _ => 2,
     };
     if count != want {
         return Err(ParseError::FieldCount {
@@ -347,6 +403,19 @@ fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, P
         }
         b'Q' => Ok(Request::Queue {
             key: key(fields[1])?,
+        }),
+        b'G' => Ok(Request::Shared {
+            key: key(fields[1])?,
+            lease_ms: lease(fields[2])?,
+            wait_ms: wait(fields[3])?,
+        }),
+        b'C' => Ok(Request::Permit {
+            key: key(fields[1])?,
+            limit: parse_u64(fields[2])
+                .filter(|&n| (1..=u64::from(MAX_PERMITS)).contains(&n))
+                .ok_or(ParseError::Permits(fields[2]))? as u32,
+            lease_ms: lease(fields[3])?,
+            wait_ms: wait(fields[4])?,
         }),
         _ => {
             let cursor = parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?;
@@ -467,6 +536,12 @@ fn lease(field: &[u8]) -> Result<u64, ParseError<'_>> {
     parse_seconds(field)
         .filter(|&ms| ms > 0 && ms <= MAX_DURATION_MS)
         .ok_or(ParseError::Lease(field))
+}
+
+fn wait(field: &[u8]) -> Result<u64, ParseError<'_>> {
+    parse_seconds(field)
+        .filter(|&ms| ms <= MAX_DURATION_MS)
+        .ok_or(ParseError::Wait(field))
 }
 
 fn token(field: &[u8]) -> Result<u64, ParseError<'_>> {

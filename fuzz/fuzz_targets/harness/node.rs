@@ -736,6 +736,19 @@ impl Harness {
             };
             let prefix = &key[..usize::from(input.u8()) % (key.len() + 1)];
             let req = match kind % 7 {
+                // Some acquires are shared ones or permits (bits of `kind`
+                // that pick nothing else): a node with peers refuses them.
+                0 | 1 if kind & 0x60 == 0x60 => Request::Shared {
+                    key: &key,
+                    lease_ms: self.duration(input, 1),
+                    wait_ms: self.duration(input, 0),
+                },
+                0 | 1 if kind & 0x60 == 0x40 => Request::Permit {
+                    key: &key,
+                    limit: 1 + u32::from(kind & 0x03),
+                    lease_ms: self.duration(input, 1),
+                    wait_ms: self.duration(input, 0),
+                },
                 0 | 1 => Request::Acquire {
                     key: &key,
                     lease_ms: self.duration(input, 1),
@@ -1019,8 +1032,10 @@ impl Harness {
             let holds = engine.holder(&key).map(|h| h.0);
             assert!(
                 holds == Some(token) || (holds.is_some() && engine.believed_count() > 0),
-                "replicated grant of {:?} not applied",
-                esc(&key)
+                "replicated grant of {:?} not applied: holds {holds:?}, token {token}, members {:?}, role {:?}",
+                esc(&key),
+                engine.members_of(&key),
+                self.node.role()
             );
             self.stats.replicated += 1;
             self.last_replicated = Some((key.clone(), token));
@@ -1482,6 +1497,9 @@ impl Harness {
                     self.tokens.push((key.to_vec(), token));
                 }
                 Answer::Status { token, .. } => assert!(token <= highest_now),
+                Answer::KindGranted { .. } | Answer::KindRefused { .. } => {
+                    panic!("a node with peers answered {:?} to {id}", esc(body))
+                }
                 Answer::Lock { token, waiters, .. } => {
                     assert!(
                         token <= highest_now,

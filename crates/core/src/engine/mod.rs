@@ -18,6 +18,7 @@
 //! inside tests with a fake clock.
 
 pub mod merge;
+mod multi;
 pub mod replication;
 pub mod stats;
 pub mod table;
@@ -137,6 +138,13 @@ pub enum Refusal {
     /// An acquire of a key that has no lock while the table holds
     /// `max_locks` locks (`--max-locks`).
     LockTableFull { max_locks: u32 },
+    /// An `A` of a key that is a live semaphore: `A` has no answer for a
+    /// refusal. The words, which name the key, are
+    /// [`Engine::not_allowed_reason`].
+    Semaphore,
+    /// A `G` or `C` on a node with peers: shared grants and permits are not
+    /// replicated, and would be lost in a failover.
+    NotReplicated,
 }
 
 impl std::fmt::Display for Refusal {
@@ -160,6 +168,12 @@ impl std::fmt::Display for Refusal {
             Refusal::LockTableFull { max_locks } => {
                 write!(f, "lock table full: {max_locks} locks (--max-locks)")
             }
+            Refusal::Semaphore => {
+                f.write_str("the key is a semaphore: acquire it with C")
+            }
+            Refusal::NotReplicated => f.write_str(
+                "shared locks and semaphores are not replicated yet: a node with --peers refuses G and C",
+            ),
         }
     }
 }
@@ -220,6 +234,9 @@ enum Timer {
     Lease(u32),
     /// The waiter's wait runs out.
     Wait(u32),
+    /// The lease of a shared grant or permit runs out (a slot of
+    /// [`multi::Members`]).
+    Member(u32),
 }
 
 /// Where a connection with output waits for [`Engine::take_dirty`]. An id
@@ -306,8 +323,14 @@ pub struct Engine {
     /// connections of one identity under one rule set). Apart from
     /// [`Conn`], which a plain node's requests touch, and empty on it.
     access: Vec<Option<Arc<Access>>>,
-    /// The reason of the last [`Refusal::NotAllowed`].
+    /// The reason of the last [`Refusal::NotAllowed`] or
+    /// [`Refusal::Semaphore`].
     not_allowed: String,
+    /// Shared grants and permits ([`multi`]).
+    members: multi::Members,
+    /// Locks with members whose queue lost a waiter in [`Engine::close`]
+    /// (which has no time to grant with): [`Engine::tick`] passes them on.
+    pass_pending: Vec<u32>,
 }
 
 impl Engine {
@@ -345,6 +368,8 @@ impl Engine {
             checked: false,
             access: Vec::new(),
             not_allowed: String::new(),
+            members: multi::Members::default(),
+            pass_pending: Vec::new(),
         }
     }
 
@@ -500,8 +525,30 @@ impl Engine {
                 self.wheel.cancel(timer);
             }
             let waiter = self.table.finish(w);
-            self.table.remove_if_idle(waiter.lock);
+            if !self.table.remove_if_idle(waiter.lock) && self.table.lock(waiter.lock).members > 0 {
+                self.withdrawn_from_members(waiter.lock);
+            }
             self.stats.withdrawn += 1;
+        }
+    }
+
+    /// A waiter left the queue of `lock`, which has members: those behind
+    /// it may now be granted, at the next [`Engine::tick`] (or
+    /// [`Engine::settle`]).
+    #[cold]
+    #[inline(never)]
+    fn withdrawn_from_members(&mut self, lock: u32) {
+        if !self.pass_pending.contains(&lock) {
+            self.pass_pending.push(lock);
+        }
+    }
+
+    /// Grants what the connections closed since the last turn let be
+    /// granted (see [`Engine::close`]); the node calls it right after
+    /// closing.
+    pub fn settle(&mut self, now: Now) {
+        if !self.pass_pending.is_empty() {
+            self.settle_pending(now);
         }
     }
 
@@ -550,6 +597,9 @@ impl Engine {
 
     /// The earliest monotonic ms at which [`Engine::tick`] has work, if any.
     pub fn next_deadline(&self) -> Option<u64> {
+        if !self.pass_pending.is_empty() {
+            return Some(0);
+        }
         self.wheel.next_deadline()
     }
 
@@ -567,6 +617,7 @@ impl Engine {
     /// Ends the leases and waits that ran out by `now`.
     pub fn tick(&mut self, now: Now) {
         self.list_budget = LIST_TURN_SCAN;
+        self.settle(now);
         while let Some(timer) = self.wheel.poll(now.ms) {
             match timer {
                 Timer::Lease(lock) => {
@@ -583,8 +634,9 @@ impl Engine {
                 }
                 Timer::Wait(w) => {
                     self.table.waiter_mut(w).timer = None;
-                    self.wait_ran_out(w);
+                    self.wait_ran_out(now, w);
                 }
+                Timer::Member(m) => self.member_expired(now, m),
             }
         }
     }
@@ -652,6 +704,9 @@ impl Engine {
             } => self.list(now, conn, cursor, limit, prefix, true),
             Request::Owner { owner } => self.set_owner(conn, owner),
             Request::Queue { key } => self.queue(now, conn, key),
+            Request::Shared { .. } | Request::Permit { .. } => {
+                return self.handle_kind(now, conn, request);
+            }
         }
         Ok(())
     }
@@ -723,8 +778,9 @@ impl Engine {
         let mut waiters = 0;
         let hidden = self.access_of(conn).is_some_and(|a| !a.may_lock(key));
         if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
+            let shown = self.shown_grant(lock);
             let l = self.table.lock(lock);
-            lock_who(&self.table, &self.holders, now, l).encode(&mut out);
+            lock_who(&self.table, &self.holders, now, l, shown).encode(&mut out);
             waiters = self.table.queue_len(l, LIST_WAITERS_CAP);
             let mut w = self.table.head(lock);
             for _ in 0..crate::proto::MAX_QUEUE_LISTED {
@@ -803,12 +859,16 @@ impl Engine {
                 break;
             }
             listed += 1;
+            let shown = match lock.holder {
+                Some(g) => Some((g.token, g.expires_ms, g.holder)),
+                None => self.shown_grant(i as u32),
+            };
+            let lock = self.table.lock(i as u32);
             let answer = if who {
-                lock_who(&self.table, &self.holders, now, lock)
+                lock_who(&self.table, &self.holders, now, lock, shown)
             } else {
-                let (token, lease_ms) = lock
-                    .holder
-                    .map_or((0, 0), |g| (g.token, g.expires_ms.saturating_sub(now.ms)));
+                let (token, lease_ms) =
+                    shown.map_or((0, 0), |(t, e, _)| (t, e.saturating_sub(now.ms)));
                 Answer::Lock {
                     key: lock.key(),
                     token,
@@ -857,7 +917,7 @@ impl Engine {
                             addr: active.as_deref(),
                         }
                     }
-                    WaiterState::HeldBack => Answer::TimedOut { key },
+                    WaiterState::HeldBack => Engine::timed_out_answer(waiter.kind, key),
                 };
                 emit(&mut self.conns, &mut self.dirty, conn, answer);
                 if let Some(timer) = self.table.waiter_mut(w).timer.take() {
@@ -887,7 +947,8 @@ impl Engine {
                 max_locks: self.max_locks,
             });
         };
-        if self.table.lock(lock).holder.is_none() {
+        let l = self.table.lock(lock);
+        if !l.is_held() {
             debug_assert!(self.table.head(lock).is_none());
             let Some(token) = self.tokens.next(now.unix_ns) else {
                 self.table.remove_if_idle(lock);
@@ -896,6 +957,9 @@ impl Engine {
             self.grant(now, lock, conn, lease_ms, token);
             self.stats.granted_now += 1;
             return Ok(());
+        }
+        if l.limit > 0 {
+            return Err(self.refuse_semaphore(lock));
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
             return Err(Refusal::TooManyWaiting);
@@ -906,6 +970,20 @@ impl Engine {
             self.table.waiter_mut(w).timer = Some(timer);
         }
         Ok(())
+    }
+
+    /// `A` of a live semaphore: the words of the refusal.
+    #[cold]
+    #[inline(never)]
+    fn refuse_semaphore(&mut self, lock: u32) -> Refusal {
+        let l = self.table.lock(lock);
+        self.not_allowed = format!(
+            "key \"{}\" is a semaphore of {} permits: acquire it with C",
+            crate::proto::Quoted(l.key()),
+            l.limit
+        );
+        self.stats.kind_refused += 1;
+        Refusal::Semaphore
     }
 
     fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
@@ -929,8 +1007,21 @@ impl Engine {
                 }
                 true
             }
-            _ if self.merged.is_empty() => false,
-            _ => self.release_believed(now, lock, token),
+            _ => self.release_other(now, lock, token),
+        }
+    }
+
+    /// A release whose token is not the exclusive holder's: a shared
+    /// grant's or permit's, a believed grant's after a heal, or stale.
+    #[cold]
+    #[inline(never)]
+    fn release_other(&mut self, now: Now, lock: u32, token: u64) -> bool {
+        if self.table.lock(lock).members > 0 {
+            self.release_member(now, lock, token)
+        } else if self.merged.is_empty() {
+            false
+        } else {
+            self.release_believed(now, lock, token)
         }
     }
 
@@ -939,6 +1030,9 @@ impl Engine {
             return false;
         };
         let Some(grant) = self.table.lock(lock).holder.filter(|g| g.token == token) else {
+            if self.table.lock(lock).members > 0 {
+                return self.renew_member(now, lock, token, lease_ms);
+            }
             if self.merged.is_empty() {
                 return false;
             }
@@ -1008,6 +1102,10 @@ impl Engine {
         };
         let holder = match self.table.lock(lock).holder {
             Some(grant) if grant.token == token => grant.holder,
+            _ if self.table.lock(lock).members > 0 => match self.members.holder_of(lock, token) {
+                Some(holder) => holder,
+                None => return false,
+            },
             _ => match self
                 .merged
                 .get(&lock)
@@ -1079,6 +1177,7 @@ impl Engine {
     /// final (the waiter is gone, never granted), and the lock leaves the
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
+    #[inline]
     fn hand_off(&mut self, now: Now, lock: u32) {
         debug_assert!(
             self.table.lock(lock).holder.is_none(),
@@ -1089,6 +1188,9 @@ impl Engine {
             return;
         };
         debug_assert_eq!(self.table.waiter(w).state, WaiterState::Queued);
+        if self.table.waiter(w).kind.is_some() {
+            return self.pass_on(now, lock);
+        }
         let waiter = self.table.waiter_mut(w);
         let (conn, lease_ms, queued_ms) =
             (waiter.conn, u64::from(waiter.lease_ms), waiter.queued_ms);
@@ -1135,9 +1237,14 @@ impl Engine {
 
     /// A queued waiter's wait ran out: [`Engine::time_out`], and the lock
     /// leaves the table if that was the last thing keeping it.
-    fn wait_ran_out(&mut self, w: u32) {
+    fn wait_ran_out(&mut self, now: Now, w: u32) {
         let lock = self.table.waiter(w).lock;
         self.time_out(w);
+        if self.table.lock(lock).members > 0 {
+            // Those behind it may be granted now (shared ones behind an
+            // exclusive one that gave up).
+            return self.pass_on(now, lock);
+        }
         self.table.remove_if_idle(lock);
     }
 
@@ -1148,9 +1255,9 @@ impl Engine {
     /// the table even if nothing keeps it any more: the caller removes it.
     fn time_out(&mut self, w: u32) {
         self.stats.timed_out += 1;
-        let (conn, lock) = {
+        let (conn, lock, kind) = {
             let waiter = self.table.waiter(w);
-            (waiter.conn, waiter.lock)
+            (waiter.conn, waiter.lock, waiter.kind)
         };
         self.table.unqueue(w);
         let mut earlier = self.table.conn_prev(w);
@@ -1167,7 +1274,7 @@ impl Engine {
             &mut self.conns,
             &mut self.dirty,
             conn,
-            Answer::TimedOut { key },
+            Engine::timed_out_answer(kind, key),
         );
         self.answered(w);
     }
@@ -1189,12 +1296,8 @@ impl Engine {
                         break;
                     }
                     let key = self.table.lock(lock).key();
-                    emit(
-                        &mut self.conns,
-                        &mut self.dirty,
-                        conn,
-                        Answer::TimedOut { key },
-                    );
+                    let answer = Engine::timed_out_answer(l.kind, key);
+                    emit(&mut self.conns, &mut self.dirty, conn, answer);
                     self.table.finish(later);
                 }
                 later = next;
@@ -1443,6 +1546,7 @@ impl Engine {
             }
         }
         self.check_believed(&mut refs);
+        self.check_members(&mut refs);
         self.holders.check_refs(&refs);
     }
 }
@@ -1455,20 +1559,22 @@ fn deadline(now: Now, duration_ms: u64) -> u64 {
 }
 
 /// The `K` line of `W` and `Q`: the lock's fields and its holder's.
+/// `shown` is the grant it shows ([`Engine::shown_grant`]).
 fn lock_who<'a>(
     table: &'a Table,
     holders: &'a Holders,
     now: Now,
     lock: &'a table::Lock,
+    shown: Option<(u64, u64, u32)>,
 ) -> Answer<'a> {
-    let (token, lease_ms, held_ms, holder) = match lock.holder {
-        Some(g) => (
-            g.token,
-            g.expires_ms.saturating_sub(now.ms),
+    let (token, lease_ms, held_ms, holder) = match shown {
+        Some((token, expires_ms, holder)) => (
+            token,
+            expires_ms.saturating_sub(now.ms),
             // A token is the wall clock's ns at its grant (unless the token
             // clock ran ahead of it): no field of its own.
-            now.unix_ns.saturating_sub(g.token) / 1_000_000,
-            holders.get(g.holder),
+            now.unix_ns.saturating_sub(token) / 1_000_000,
+            holders.get(holder),
         ),
         None => (0, 0, 0, crate::proto::Holder::default()),
     };
@@ -1505,5 +1611,7 @@ fn emit(conns: &mut [Conn], dirty: &mut Vec<ConnId>, conn: ConnId, answer: Answe
     }
 }
 
+#[cfg(test)]
+mod multi_tests;
 #[cfg(test)]
 mod tests;

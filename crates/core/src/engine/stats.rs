@@ -55,6 +55,12 @@ impl Log2Histogram {
 pub struct EngineStats {
     /// `A` answered with a grant at once.
     pub granted_now: u64,
+    /// Shared grants (`G`) and permits (`C`), at once or after a wait.
+    pub granted_shared: u64,
+    pub granted_permits: u64,
+    /// Acquires refused for the key's kind: `G` or `C` answered
+    /// `semaphore`/`lock`, `A` of a live semaphore.
+    pub kind_refused: u64,
     /// `A` answered `T`.
     pub timed_out: u64,
     /// `A`, `R` or `N` answered `M` (a standby).

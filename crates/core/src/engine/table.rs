@@ -145,7 +145,7 @@ pub struct Grant {
 /// A grant costs no more with its holder: the index fits where the
 /// timer's padding was.
 const _: () = assert!(std::mem::size_of::<Grant>() == 24);
-const _: () = assert!(std::mem::size_of::<Lock>() == 88);
+const _: () = assert!(std::mem::size_of::<Lock>() == 96);
 
 /// One holder: the address of the connection that acquired (as the server
 /// saw it, or as the active replicated it) and its owner label (`O`).
@@ -314,6 +314,13 @@ pub struct Lock {
     held_back: u32,
     /// Waiters in the FIFO (`head` to `tail`), so that `L` need not walk it.
     queued: u32,
+    /// Shared holders or permits holding the key (the engine keeps their
+    /// grants); a key with any has no exclusive `holder`.
+    pub(crate) members: u32,
+    /// 0: a lock (exclusive and shared acquires); else the key is a
+    /// semaphore of this many permits. Meaningful while `members` > 0, and
+    /// 0 whenever `members` is.
+    pub(crate) limit: u32,
 }
 
 impl Lock {
@@ -322,7 +329,12 @@ impl Lock {
     }
 
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.head == NIL && self.held_back == 0
+        self.holder.is_none() && self.head == NIL && self.held_back == 0 && self.members == 0
+    }
+
+    /// True if the key has a holder of any kind.
+    pub(crate) fn is_held(&self) -> bool {
+        self.holder.is_some() || self.members > 0
     }
 }
 
@@ -347,6 +359,9 @@ pub struct Waiter {
     /// The wait timer, if the acquire has a wait limit and is queued.
     pub timer: Option<TimerId>,
     pub(crate) state: WaiterState,
+    /// What it waits for: `None` an exclusive grant (`A`), else a shared
+    /// grant (`G`) or a permit (`C`).
+    pub(crate) kind: Option<crate::proto::Kind>,
     /// A later acquire of the same key on the same connection is held back
     /// until this one is answered.
     pub(crate) holds_back: bool,
@@ -480,6 +495,8 @@ impl Table {
             tail: NIL,
             held_back: 0,
             queued: 0,
+            members: 0,
+            limit: 0,
         });
         self.slot_bound = self.slot_bound.max(i + 1);
         // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
@@ -491,6 +508,11 @@ impl Table {
         Some(i)
     }
 
+    /// True if `lock` is a live lock's index.
+    pub(crate) fn is_live(&self, lock: u32) -> bool {
+        self.locks.contains(lock as usize)
+    }
+
     /// Locks the table has room reserved for (see [`Table::with_capacity`]).
     pub fn reserved_locks(&self) -> usize {
         self.locks.capacity()
@@ -498,6 +520,7 @@ impl Table {
 
     /// Removes `lock` if nothing refers to it any more. Returns true if
     /// removed: the index is then invalid.
+    #[inline]
     pub fn remove_if_idle(&mut self, lock: u32) -> bool {
         let l = &self.locks[lock as usize];
         if !l.is_idle() {
@@ -602,12 +625,25 @@ impl Table {
 
     /// Queues a new waiter at the tail of `lock`'s FIFO and of `conn`'s list.
     pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64, queued_ms: u64) -> u32 {
+        self.enqueue_kind(lock, conn, lease_ms, queued_ms, None)
+    }
+
+    /// [`Table::enqueue`] of an acquire of `kind` (`None`: exclusive).
+    #[inline]
+    pub(crate) fn enqueue_kind(
+        &mut self,
+        lock: u32,
+        conn: ConnId,
+        lease_ms: u64,
+        queued_ms: u64,
+        kind: Option<crate::proto::Kind>,
+    ) -> u32 {
         if self.conns.len() <= conn as usize {
             self.conns.resize(conn as usize + 1, ConnList::EMPTY);
         }
         let list = self.conns[conn as usize];
         let l = &self.locks[lock as usize];
-        debug_assert!(l.holder.is_some(), "a free lock is granted, not waited for");
+        debug_assert!(l.is_held(), "a free lock is granted, not waited for");
         let w = self.waiters.insert(Waiter {
             conn,
             lock,
@@ -615,6 +651,7 @@ impl Table {
             queued_ms,
             timer: None,
             state: WaiterState::Queued,
+            kind,
             holds_back: false,
             q_prev: l.tail,
             q_next: NIL,
@@ -702,6 +739,17 @@ impl Table {
         let mut held_back = 0;
         for (i, lock) in &self.locks {
             assert!(!lock.is_idle(), "idle lock {i} kept");
+            assert!(
+                lock.holder.is_none() || lock.members == 0,
+                "lock {i} held exclusively and by {} members",
+                lock.members
+            );
+            assert!(
+                lock.limit == 0 || (lock.members > 0 && lock.members <= lock.limit),
+                "lock {i}: {} members of a limit of {}",
+                lock.members,
+                lock.limit
+            );
             assert_eq!(self.find(lock.key()), Some(i as u32));
             let mut prev = NIL;
             let mut w = lock.head;
@@ -710,7 +758,7 @@ impl Table {
                 assert_eq!(waiter.lock, i as u32);
                 assert_eq!(waiter.state, WaiterState::Queued);
                 assert_eq!(waiter.q_prev, prev);
-                assert!(lock.holder.is_some(), "waiters queued on a free lock");
+                assert!(lock.is_held(), "waiters queued on a free lock");
                 queued += 1;
                 prev = w;
                 w = waiter.q_next;

@@ -1,0 +1,661 @@
+//! Shared grants and permits: scenarios, and random requests checked
+//! against a reference model of the three kinds (exclusive, shared,
+//! permits) with a hand-driven clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::*;
+
+struct H {
+    engine: Engine,
+    now: Now,
+}
+
+impl H {
+    fn new(conns: u32) -> H {
+        let now = Now {
+            ms: 1_000,
+            unix_ns: 1_700_000_000_000_000_000,
+        };
+        let mut engine = Engine::new(now, "127.0.0.1:7171");
+        for c in 0..conns {
+            engine.open(c);
+        }
+        H { engine, now }
+    }
+
+    fn send(&mut self, conn: ConnId, line: &str) -> Result<(), Refusal> {
+        let wire = format!("{line}\n");
+        let (request, _) = crate::proto::parse_request(wire.as_bytes())
+            .expect("valid request")
+            .expect("whole line");
+        let result = self.engine.handle(self.now, conn, request);
+        self.engine.check_invariants();
+        result
+    }
+
+    /// One ms at a time, ticking each, so that timers fire in deadline
+    /// order.
+    fn advance(&mut self, ms: u64) {
+        for _ in 0..ms {
+            self.now.ms += 1;
+            self.now.unix_ns += 1_000_000;
+            self.engine.tick(self.now);
+        }
+        self.engine.check_invariants();
+    }
+
+    fn answers(&mut self, conn: ConnId) -> Vec<String> {
+        let out = std::mem::take(self.engine.output_mut(conn));
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Sends `line`, which must be granted at once with an answer of `op`.
+    fn granted(&mut self, conn: ConnId, line: &str) -> u64 {
+        self.send(conn, line).unwrap();
+        let answers = self.answers(conn);
+        assert_eq!(answers.len(), 1, "{line}: {answers:?}");
+        token(&answers[0])
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        self.engine.close(conn);
+        self.engine.settle(self.now);
+        self.engine.check_invariants();
+        self.engine.open(conn);
+    }
+}
+
+/// The token of a grant line (`A`, `G` or `C`), not 0.
+fn token(line: &str) -> u64 {
+    let fields: Vec<&str> = line.split(' ').collect();
+    assert!(
+        fields.len() == 3 && ["A", "G", "C"].contains(&fields[0]),
+        "not a grant: {line:?}"
+    );
+    let t: u64 = fields[2].parse().unwrap();
+    assert!(t > 0, "not a grant: {line:?}");
+    t
+}
+
+#[test]
+fn readers_hold_together_a_writer_waits_and_a_later_reader_waits_behind_it() {
+    let mut h = H::new(4);
+    let r1 = h.granted(0, "G k 10 0");
+    let r2 = h.granted(1, "G k 10 0");
+    assert!(r2 > r1);
+    h.send(2, "A k 10 0").unwrap();
+    h.send(3, "G k 10 0").unwrap();
+    assert!(h.answers(2).is_empty(), "the writer waits for the readers");
+    assert!(
+        h.answers(3).is_empty(),
+        "a reader behind a waiting writer waits"
+    );
+    h.send(0, &format!("R k {r1}")).unwrap();
+    assert_eq!(h.answers(0), ["R k 1"]);
+    assert!(h.answers(2).is_empty(), "one reader still holds");
+    h.send(1, &format!("R k {r2}")).unwrap();
+    assert_eq!(h.answers(1), ["R k 1"]);
+    let w = token(&h.answers(2)[0]);
+    assert!(w > r2);
+    assert!(h.answers(3).is_empty(), "the reader waits for the writer");
+    h.send(2, &format!("R k {w}")).unwrap();
+    let r3 = token(&h.answers(3)[0]);
+    assert!(r3 > w);
+    assert_eq!(h.engine.members_of(b"k").len(), 1);
+}
+
+#[test]
+fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
+    let mut h = H::new(6);
+    let w = h.granted(0, "A k 10 0");
+    for (c, line) in [
+        (1, "G k 10 0"),
+        (2, "G k 10 0"),
+        (3, "A k 10 0"),
+        (4, "G k 10 0"),
+    ] {
+        h.send(c, line).unwrap();
+    }
+    h.send(0, &format!("R k {w}")).unwrap();
+    let (a, b) = (token(&h.answers(1)[0]), token(&h.answers(2)[0]));
+    assert!(w < a && a < b, "granted in queue order");
+    assert!(h.answers(3).is_empty() && h.answers(4).is_empty());
+    // The writer gives up: the reader behind it joins the readers at once.
+    h.close(3);
+    let c = token(&h.answers(4)[0]);
+    assert!(c > b);
+    assert_eq!(h.engine.members_of(b"k").len(), 3);
+}
+
+#[test]
+fn a_writer_whose_wait_runs_out_lets_the_readers_behind_it_in() {
+    let mut h = H::new(3);
+    h.granted(0, "G k 10 0");
+    h.send(1, "A k 10 0.1").unwrap();
+    h.send(2, "G k 10 0").unwrap();
+    h.advance(101);
+    assert_eq!(h.answers(1), ["T k"]);
+    token(&h.answers(2)[0]);
+}
+
+#[test]
+fn a_semaphore_grants_up_to_its_limit_in_fifo_order() {
+    let mut h = H::new(5);
+    let a = h.granted(0, "C s 2 10 0");
+    let b = h.granted(1, "C s 2 10 0");
+    h.send(2, "C s 2 10 0").unwrap();
+    h.send(3, "C s 2 10 0").unwrap();
+    assert!(h.answers(2).is_empty() && h.answers(3).is_empty());
+    assert_eq!(h.engine.semaphore_limit(b"s"), Some(2));
+    h.send(0, &format!("R s {a}")).unwrap();
+    let c = token(&h.answers(2)[0]);
+    assert!(c > b);
+    assert!(h.answers(3).is_empty(), "two permits held again");
+    // A permit's lease runs out: the next waiter takes it.
+    h.send(1, &format!("N s {b} 0.05")).unwrap();
+    assert_eq!(h.answers(1), ["N s 1"]);
+    h.advance(51);
+    token(&h.answers(3)[0]);
+    h.send(1, &format!("R s {b}")).unwrap();
+    h.send(1, &format!("N s {b} 1")).unwrap();
+    assert_eq!(h.answers(1), ["R s 0", "N s 0"]);
+}
+
+#[test]
+fn another_limit_or_kind_is_refused_and_changes_nothing() {
+    let mut h = H::new(3);
+    let p = h.granted(0, "C s 2 10 0");
+    h.send(1, "C s 3 10 0").unwrap();
+    h.send(1, "G s 10 0").unwrap();
+    assert_eq!(h.answers(1), ["C s semaphore 2", "G s semaphore 2"]);
+    assert_eq!(h.engine.member_count(), 1);
+    // `A` has no refusal answer: it breaks its connection.
+    assert_eq!(h.send(1, "A s 10 0"), Err(Refusal::Semaphore));
+    assert_eq!(
+        h.engine.not_allowed_reason(),
+        "key \"s\" is a semaphore of 2 permits: acquire it with C"
+    );
+    // A lock is not a semaphore, held exclusively or shared.
+    h.granted(2, "A x 10 0");
+    h.granted(2, "G y 10 0");
+    h.send(1, "C x 1 10 0").unwrap();
+    h.send(1, "C y 1 10 0").unwrap();
+    assert_eq!(h.answers(1), ["C x lock", "C y lock"]);
+    // Once its last permit goes, the key is nobody's: a new limit is taken.
+    h.send(0, &format!("R s {p}")).unwrap();
+    assert_eq!(h.answers(0), ["R s 1"]);
+    assert_eq!(h.engine.semaphore_limit(b"s"), None);
+    h.granted(1, "C s 5 10 0");
+    assert_eq!(h.engine.semaphore_limit(b"s"), Some(5));
+}
+
+#[test]
+fn waits_of_g_and_c_run_out_with_their_own_answers_in_order() {
+    let mut h = H::new(2);
+    h.granted(0, "A k 10 0");
+    h.granted(0, "C s 1 10 0");
+    h.send(1, "G k 10 0").unwrap();
+    // Its wait runs out first, but its answer waits for the earlier
+    // acquire of the same key on the connection (rule 3).
+    h.send(1, "G k 10 0.01").unwrap();
+    h.send(1, "C s 1 10 0.02").unwrap();
+    h.advance(30);
+    assert_eq!(h.answers(1), ["C s 0"]);
+    h.close(0);
+    h.engine.step_down(None);
+    assert_eq!(h.answers(1), ["M k -", "G k 0"]);
+}
+
+#[test]
+fn a_close_settled_late_after_its_lock_went_is_harmless() {
+    let mut h = H::new(2);
+    let r = h.granted(0, "G k 10 0");
+    h.send(1, "A k 10 0").unwrap();
+    // Closed without a settle: the lock waits to be passed on...
+    h.engine.close(1);
+    h.engine.open(1);
+    // ...and goes first, its last member released.
+    h.send(0, &format!("R k {r}")).unwrap();
+    assert_eq!(h.engine.lock_count(), 0);
+    h.advance(1);
+    assert_eq!(h.answers(0), ["R k 1"]);
+}
+
+#[test]
+fn a_cluster_node_refuses_g_and_c() {
+    let mut h = H::new(1);
+    h.engine.enable_replication();
+    assert_eq!(h.send(0, "G k 10 0"), Err(Refusal::NotReplicated));
+    assert_eq!(h.send(0, "C k 1 10 0"), Err(Refusal::NotReplicated));
+    assert_eq!(h.engine.lock_count(), 0);
+    assert!(h.answers(0).is_empty());
+}
+
+#[test]
+fn listings_show_the_newest_member() {
+    let mut h = H::new(2);
+    h.granted(0, "G k 10 0");
+    let b = h.granted(1, "G k 20 0");
+    h.send(0, "L 0 10").unwrap();
+    assert_eq!(h.answers(0), [format!("K k {b} 20001 0"), "L 0".into()]);
+    h.send(0, "Q k").unwrap();
+    let q = h.answers(0);
+    assert!(q[0].starts_with(&format!("K k {b} 20001 0 0 ")), "{q:?}");
+}
+
+// ------------------------------------------------------------- the model
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind3 {
+    Excl,
+    Shared,
+    Permit(u32),
+}
+
+impl Kind3 {
+    fn op(self) -> &'static str {
+        match self {
+            Kind3::Excl => "A",
+            Kind3::Shared => "G",
+            Kind3::Permit(_) => "C",
+        }
+    }
+
+    fn timeout(self, key: &str) -> String {
+        match self {
+            Kind3::Excl => format!("T {key}"),
+            k => format!("{} {key} 0", k.op()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct MHolder {
+    token: u64,
+    conn: ConnId,
+    kind: Kind3,
+    deadline: u64,
+}
+
+#[derive(Debug, Clone)]
+struct MWaiter {
+    conn: ConnId,
+    kind: Kind3,
+    lease_ms: u64,
+    deadline: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct MKey {
+    holders: Vec<MHolder>,
+    queue: Vec<MWaiter>,
+    limit: u32,
+}
+
+/// What the engine should do, step by step: the expected answers of each
+/// connection, by key, with `*` for a token the engine picks.
+#[derive(Default)]
+struct Model {
+    keys: BTreeMap<String, MKey>,
+    expected: HashMap<(ConnId, String), Vec<String>>,
+    /// New holders of this step whose token the engine tells.
+    untold: Vec<(String, ConnId)>,
+    /// Every deadline set: two at the same ms would fire in an order the
+    /// model does not know, so such a run stops there.
+    deadlines: BTreeSet<u64>,
+    clash: bool,
+}
+
+impl Model {
+    fn expect(&mut self, conn: ConnId, key: &str, line: String) {
+        self.expected
+            .entry((conn, key.to_string()))
+            .or_default()
+            .push(line);
+    }
+
+    fn deadline(&mut self, at: u64) -> u64 {
+        if !self.deadlines.insert(at) {
+            self.clash = true;
+        }
+        at
+    }
+
+    fn grantable(key: &MKey, kind: Kind3) -> bool {
+        match kind {
+            Kind3::Excl => key.holders.is_empty(),
+            Kind3::Shared => key.holders.iter().all(|h| h.kind == Kind3::Shared),
+            Kind3::Permit(_) => (key.holders.len() as u32) < key.limit,
+        }
+    }
+
+    fn grant(&mut self, now: u64, name: &str, conn: ConnId, kind: Kind3, lease_ms: u64) {
+        let deadline = self.deadline(now + lease_ms + 1);
+        let key = self.keys.get_mut(name).unwrap();
+        if key.holders.is_empty() {
+            key.limit = match kind {
+                Kind3::Permit(n) => n,
+                _ => 0,
+            };
+        }
+        key.holders.push(MHolder {
+            token: 0,
+            conn,
+            kind,
+            deadline,
+        });
+        self.untold.push((name.to_string(), conn));
+        self.expect(conn, name, format!("{} {name} *", kind.op()));
+    }
+
+    fn pass_on(&mut self, now: u64, name: &str) {
+        loop {
+            let key = &self.keys[name];
+            let Some(head) = key.queue.first().cloned() else {
+                break;
+            };
+            if !Model::grantable(key, head.kind) {
+                break;
+            }
+            self.keys.get_mut(name).unwrap().queue.remove(0);
+            self.grant(now, name, head.conn, head.kind, head.lease_ms);
+            if head.kind == Kind3::Excl {
+                break;
+            }
+        }
+        let key = self.keys.get_mut(name).unwrap();
+        if key.holders.is_empty() {
+            key.limit = 0;
+        }
+        if key.holders.is_empty() && key.queue.is_empty() {
+            self.keys.remove(name);
+        }
+    }
+
+    /// An acquire; `Err` when the engine must break the connection.
+    fn acquire(
+        &mut self,
+        now: u64,
+        conn: ConnId,
+        name: &str,
+        kind: Kind3,
+        lease_ms: u64,
+        wait_ms: u64,
+    ) -> Result<(), Refusal> {
+        let key = self.keys.entry(name.to_string()).or_default();
+        let live = if key.holders.is_empty() { 0 } else { key.limit };
+        let is_lock = !key.holders.is_empty() && live == 0;
+        let refusal = match kind {
+            Kind3::Excl if live > 0 => return Err(Refusal::Semaphore),
+            Kind3::Shared if live > 0 => Some(format!("G {name} semaphore {live}")),
+            Kind3::Permit(_) if is_lock => Some(format!("C {name} lock")),
+            Kind3::Permit(n) if live > 0 && live != n => Some(format!("C {name} semaphore {live}")),
+            _ => None,
+        };
+        let idle = key.holders.is_empty() && key.queue.is_empty();
+        let now_grantable = key.queue.is_empty()
+            && match kind {
+                Kind3::Permit(n) => (key.holders.len() as u32) < n,
+                _ => Model::grantable(key, kind),
+            };
+        if let Some(line) = refusal {
+            if idle {
+                self.keys.remove(name);
+            }
+            self.expect(conn, name, line);
+            return Ok(());
+        }
+        if now_grantable {
+            self.grant(now, name, conn, kind, lease_ms);
+            return Ok(());
+        }
+        let deadline = (wait_ms > 0).then(|| self.deadline(now + wait_ms + 1));
+        self.keys.get_mut(name).unwrap().queue.push(MWaiter {
+            conn,
+            kind,
+            lease_ms,
+            deadline,
+        });
+        Ok(())
+    }
+
+    fn release(&mut self, now: u64, conn: ConnId, name: &str, token: u64, renew: Option<u64>) {
+        let op = if renew.is_some() { "N" } else { "R" };
+        let found = self
+            .keys
+            .get(name)
+            .and_then(|k| k.holders.iter().position(|h| h.token == token));
+        let Some(i) = found else {
+            self.expect(conn, name, format!("{op} {name} 0"));
+            return;
+        };
+        match renew {
+            Some(lease_ms) => {
+                let d = self.deadline(now + lease_ms + 1);
+                self.keys.get_mut(name).unwrap().holders[i].deadline = d;
+            }
+            None => {
+                // A hand-off to the same connection is answered first.
+                self.keys.get_mut(name).unwrap().holders.remove(i);
+                self.pass_on(now, name);
+            }
+        }
+        self.expect(conn, name, format!("{op} {name} 1"));
+    }
+
+    /// The clock reads `now`: what is due fires.
+    fn tick(&mut self, now: u64) {
+        let names: Vec<String> = self.keys.keys().cloned().collect();
+        for name in names {
+            let Some(key) = self.keys.get_mut(&name) else {
+                continue;
+            };
+            if let Some(i) = key.holders.iter().position(|h| h.deadline <= now) {
+                key.holders.remove(i);
+                self.pass_on(now, &name);
+            }
+            let Some(key) = self.keys.get_mut(&name) else {
+                continue;
+            };
+            if let Some(i) = key
+                .queue
+                .iter()
+                .position(|w| w.deadline.is_some_and(|d| d <= now))
+            {
+                let w = key.queue.remove(i);
+                self.expect(w.conn, &name, w.kind.timeout(&name));
+                self.pass_on(now, &name);
+            }
+        }
+    }
+
+    fn close(&mut self, now: u64, conn: ConnId) {
+        let names: Vec<String> = self.keys.keys().cloned().collect();
+        for name in names {
+            self.keys
+                .get_mut(&name)
+                .unwrap()
+                .queue
+                .retain(|w| w.conn != conn);
+            self.pass_on(now, &name);
+        }
+    }
+
+    fn pending(&self, conn: ConnId, name: &str) -> bool {
+        self.keys
+            .get(name)
+            .is_some_and(|k| k.queue.iter().any(|w| w.conn == conn))
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// One random acquire of any kind, sent to the engine and to the model.
+fn random_acquire(
+    rng: &mut Rng,
+    h: &mut H,
+    model: &mut Model,
+    conn: ConnId,
+    name: &str,
+    what: &str,
+) {
+    let kind = match rng.below(3) {
+        0 => Kind3::Excl,
+        1 => Kind3::Shared,
+        _ => Kind3::Permit(1 + rng.below(3) as u32),
+    };
+    let lease_ms = 20 + rng.below(2000);
+    let wait_ms = [0, 0, 10 + rng.below(1500)][rng.below(3) as usize];
+    let (lease, wait) = (lease_ms as f64 / 1e3, wait_ms as f64 / 1e3);
+    let line = match kind {
+        Kind3::Permit(n) => format!("C {name} {n} {lease:.3} {wait:.3}"),
+        k => format!("{} {name} {lease:.3} {wait:.3}", k.op()),
+    };
+    let now = h.now.ms;
+    let want = model.acquire(now, conn, name, kind, lease_ms, wait_ms);
+    let got = h.send(conn, &line);
+    assert_eq!(got, want, "{what}: {line}");
+    if got.is_err() {
+        model.close(now, conn);
+        h.close(conn);
+    }
+}
+
+/// Compares the answers of one step with the model's, per connection and
+/// key (the order the protocol promises), and gives the new holders their
+/// tokens. Every token of the step is above every earlier one.
+fn compare_step(h: &mut H, model: &mut Model, conns: u32, last_token: &mut u64, what: &str) {
+    let mut got: HashMap<(ConnId, String), Vec<String>> = HashMap::new();
+    for c in 0..conns {
+        for line in h.answers(c) {
+            let key = line.split(' ').nth(1).unwrap().to_string();
+            got.entry((c, key)).or_default().push(line);
+        }
+    }
+    let expected = std::mem::take(&mut model.expected);
+    let mut step_max = *last_token;
+    for (at, want) in &expected {
+        let have = got.remove(at).unwrap_or_default();
+        assert_eq!(
+            have.len(),
+            want.len(),
+            "{what}: {at:?}: {have:?} vs {want:?}"
+        );
+        for (line, pattern) in have.iter().zip(want) {
+            match pattern.strip_suffix('*') {
+                Some(prefix) => {
+                    assert!(line.starts_with(prefix), "{what}: {line:?} vs {pattern:?}");
+                    let t = token(line);
+                    assert!(t > *last_token, "{what}: token {t} not above {last_token}");
+                    step_max = step_max.max(t);
+                    let holder = model.keys.get_mut(&at.1).and_then(|k| {
+                        k.holders
+                            .iter_mut()
+                            .find(|x| x.conn == at.0 && x.token == 0)
+                    });
+                    if let Some(x) = holder {
+                        x.token = t;
+                    }
+                }
+                None => assert_eq!(line, pattern, "{what}: {at:?}"),
+            }
+        }
+    }
+    assert!(got.is_empty(), "{what}: unexpected answers {got:?}");
+    model.untold.clear();
+    *last_token = step_max;
+}
+
+/// Random acquires of the three kinds, releases and renewals by token
+/// (live and dead), waits running out, leases running out and connections
+/// closing, over three keys: every answer is the model's, in order per key
+/// and connection; FIFO, batching and limits as the model keeps them; the
+/// engine's invariants after every step.
+#[test]
+fn random_requests_match_the_reference_model() {
+    let conns = 5;
+    let mut runs = 0;
+    let mut steps_checked = 0;
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut h = H::new(conns);
+        let mut model = Model::default();
+        let mut tokens: Vec<(String, u64)> = Vec::new();
+        let mut last_token = 0;
+        for step in 0..1500 {
+            let conn = rng.below(u64::from(conns)) as ConnId;
+            let name = ["a", "b", "c"][rng.below(3) as usize].to_string();
+            let now = h.now.ms;
+            let what = format!("seed {seed} step {step}");
+            match rng.below(12) {
+                0..=4 => {
+                    if model.pending(conn, &name) {
+                        continue;
+                    }
+                    random_acquire(&mut rng, &mut h, &mut model, conn, &name, &what);
+                }
+                5..=7 => {
+                    let Some((k, t)) = tokens.get(rng.below(tokens.len() as u64 + 1) as usize)
+                    else {
+                        continue;
+                    };
+                    let (k, t) = (k.clone(), *t);
+                    let renew = (rng.below(3) == 0).then(|| 20 + rng.below(2000));
+                    model.release(now, conn, &k, t, renew);
+                    let line = match renew {
+                        Some(ms) => format!("N {k} {t} {:.3}", ms as f64 / 1e3),
+                        None => format!("R {k} {t}"),
+                    };
+                    h.send(conn, &line).unwrap();
+                }
+                8..=10 => {
+                    for _ in 0..rng.below(120) {
+                        h.now.ms += 1;
+                        h.now.unix_ns += 1_000_000;
+                        h.engine.tick(h.now);
+                        model.tick(h.now.ms);
+                    }
+                    h.engine.check_invariants();
+                }
+                _ => {
+                    model.close(now, conn);
+                    h.close(conn);
+                }
+            }
+            if model.clash {
+                break;
+            }
+            compare_step(&mut h, &mut model, conns, &mut last_token, &what);
+            steps_checked += 1;
+            for (name, key) in &model.keys {
+                for x in &key.holders {
+                    if !tokens.contains(&(name.clone(), x.token)) {
+                        tokens.push((name.clone(), x.token));
+                    }
+                }
+            }
+            if tokens.len() > 64 {
+                tokens.drain(..32);
+            }
+        }
+        runs += 1;
+    }
+    assert_eq!(runs, 60);
+    // Runs stop at two deadlines on one ms; most of the steps are checked.
+    assert!(steps_checked > 30_000, "only {steps_checked} steps checked");
+    eprintln!("{steps_checked} steps checked");
+}
