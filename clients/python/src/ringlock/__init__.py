@@ -37,6 +37,7 @@ from .errors import (
     NotAllowed,
     ProtocolError,
     RinglockError,
+    WrongKind,
 )
 
 __version__ = "0.1.0"
@@ -71,5 +72,6 @@ __all__ = [
     "NoActiveNode",
     "ProtocolError",
     "NotAllowed",
+    "WrongKind",
     "InvalidArgument",
 ]

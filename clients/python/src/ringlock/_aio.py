@@ -54,6 +54,7 @@ from .errors import (
     ProtocolError,
     broken_error,
     RinglockError,
+    WrongKind,
 )
 
 __all__ = [
@@ -396,8 +397,8 @@ class _Conn:
         if fut.done():
             # Whoever asked is gone (cancelled): do not leave a grant held
             # until its lease runs out.
-            if isinstance(reply, Answer) and reply.op == "A":
-                self.client._release_in_background(reply.key, int(reply.value))  # type: ignore[call-overload]
+            if isinstance(reply, Answer) and reply.op in ("A", "G", "C") and isinstance(reply.value, int) and reply.value > 0:
+                self.client._release_in_background(reply.key, reply.value)
             return
         fut.set_result(reply)
 
@@ -416,7 +417,7 @@ class _Conn:
             req = self._take(ans.key, "A")
         elif ans.op == "M":
             req = self._take(ans.key, None)
-        elif ans.op in ("R", "N"):
+        elif ans.op in ("R", "N", "G", "C"):
             req = self._take(ans.key, ans.op)
         elif ans.op == "S":
             req = self.status.popleft() if self.status else None
@@ -996,30 +997,45 @@ class AsyncClient:
         task.add_done_callback(self._background.discard)
 
     # -- locks
-    async def acquire(self, key: Key, lease: Seconds, wait: Optional[Seconds] = None) -> Optional[Grant]:
+    async def acquire(
+        self,
+        key: Key,
+        lease: Seconds,
+        wait: Optional[Seconds] = None,
+        *,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> Optional[Grant]:
         """Acquires ``key`` for ``lease`` seconds, waiting in the queue at most
         ``wait`` seconds (None: no limit). Returns the Grant, or None if the
         wait ran out (nothing is held).
 
+        By default the key is held alone (exclusive). ``shared=True`` holds
+        it beside other shared holders (a read lock; it waits behind a
+        waiting exclusive acquire); ``permits=N`` takes one of at most N
+        permits of the key (a counting semaphore, N from 1 to 65536). Each
+        kind's grant has its own token and is released and renewed alike.
+
         With a wait, the call ends by the wait plus the acquire grace (1 s)
         whatever the nodes do. Raises ConnectionFailed, NoActiveNode,
-        ProtocolError, InvalidArgument.
+        ProtocolError, InvalidArgument, and WrongKind when the key is held
+        or waited for as another kind (nothing changed).
         """
         k = _proto.check_key(key)
         lms = _proto.lease_ms(lease)
         wms = _proto.wait_ms(wait)
-        return await self._acquire(k, lms, wms)
+        return await self._acquire(k, lms, wms, _proto.check_kind(shared, permits))
 
-    async def _acquire(self, k: bytes, lms: int, wms: int) -> Optional[Grant]:
+    async def _acquire(self, k: bytes, lms: int, wms: int, kind: "tuple[str, int]" = ("A", 0)) -> Optional[Grant]:
         self._check_open()
         started = _now()
         state = _AcqState()
         if wms == 0:
-            return await self._acquire_loop(k, lms, 0, started, state)
+            return await self._acquire_loop(k, lms, 0, started, state, kind)
         t = self.timeouts
         wait = wms / 1000
         try:
-            return await _wait_for(self._acquire_loop(k, lms, wms, started, state), wait + t.acquire_grace)
+            return await _wait_for(self._acquire_loop(k, lms, wms, started, state, kind), wait + t.acquire_grace)
         except asyncio.TimeoutError:
             within = f"{wait + t.acquire_grace:g}s (its wait, {wait:g}s, plus {t.acquire_grace:g}s of grace)"
             if state.doing == "asking":
@@ -1030,7 +1046,8 @@ class AsyncClient:
                 raise (state.failure or NoActiveNode()) from None
             return None
 
-    async def _acquire_loop(self, key: bytes, lms: int, wms: int, started: float, state: _AcqState) -> Optional[Grant]:
+    async def _acquire_loop(self, key: bytes, lms: int, wms: int, started: float, state: _AcqState, kind: "tuple[str, int]") -> Optional[Grant]:
+        op, limit = kind
         t = self.timeouts
         total = wms / 1000
 
@@ -1085,12 +1102,19 @@ class AsyncClient:
                 else:
                     wait_now = 1
             asked = True
-            line = _proto.acquire_line(key, lms, wait_now)
+            line = _proto.acquire_kind_line(op, key, limit, lms, wait_now)
             sent = _now()
             state.doing = "asking"
             state.asking = conn.addr
-            reply = await conn.call("A", key, line, permit=True)
+            reply = await conn.call(op, key, line, permit=True)
             if isinstance(reply, Answer):
+                if reply.op == op and op != "A":
+                    if isinstance(reply.value, tuple):
+                        raise _wrong_kind(key, op, reply.value)
+                    if reply.value == 0:
+                        return None
+                    lease = lms / 1000
+                    return Grant(key, int(reply.value), lease, sent + lease)  # type: ignore[call-overload]
                 if reply.op == "A":
                     lease = lms / 1000
                     return Grant(key, int(reply.value), lease, sent + lease)  # type: ignore[call-overload]
@@ -1114,7 +1138,7 @@ class AsyncClient:
                     elif to is not None:
                         state.failure = self._unreached(to)
                     continue
-                raise ProtocolError(f"unexpected answer to A: {reply.op}")
+                raise ProtocolError(f"unexpected answer to {op}: {reply.op}")
             if isinstance(reply, _Broken):
                 raise broken_error(reply.why)
             failed += 1
@@ -1125,12 +1149,13 @@ class AsyncClient:
     def _cut_off(self, failed: int, last: str) -> ConnectionFailed:
         return ConnectionFailed(f"no answer on {failed} connection(s) in a row; the last: {last}")
 
-    async def try_acquire(self, key: Key, lease: Seconds) -> Optional[Grant]:
+    async def try_acquire(self, key: Key, lease: Seconds, *, shared: bool = False, permits: Optional[int] = None) -> Optional[Grant]:
         """One attempt with the shortest wait the protocol allows (1 ms),
-        like ``flock -n``: None if someone else holds the lock."""
+        like ``flock -n``: None if someone else holds the lock (``shared``
+        and ``permits`` as for acquire)."""
         k = _proto.check_key(key)
         lms = _proto.lease_ms(lease)
-        return await self._acquire(k, lms, _proto.TRY_WAIT_MS)
+        return await self._acquire(k, lms, _proto.TRY_WAIT_MS, _proto.check_kind(shared, permits))
 
     def lock(
         self,
@@ -1140,17 +1165,21 @@ class AsyncClient:
         *,
         renew: bool = True,
         on_lost: Optional[Callable[[LockLost], None]] = None,
+        shared: bool = False,
+        permits: Optional[int] = None,
     ) -> "_LockCall":
         """Acquires ``key`` and gives an AsyncLock; raises LockTimeout if the
         wait ran out. Use it as ``async with client.lock(...) as lock:`` (the
         lock is released at the end of the block) or ``lock = await
         client.lock(...)``. With ``renew`` (the default) the lease is renewed
         every third of it for as long as the lock is held; ``on_lost`` is
-        called (on the event loop) if it is lost."""
+        called (on the event loop) if it is lost. ``shared`` and ``permits``
+        as for acquire: a read lock, or one permit of a semaphore."""
         k = _proto.check_key(key)
         lms = _proto.lease_ms(lease)
         wms = _proto.wait_ms(wait)
-        return _LockCall(self, k, lms, wms, renew, on_lost, wait)
+        kind = _proto.check_kind(shared, permits)
+        return _LockCall(self, k, lms, wms, renew, on_lost, wait, kind)
 
     async def try_lock(
         self,
@@ -1159,12 +1188,14 @@ class AsyncClient:
         *,
         renew: bool = True,
         on_lost: Optional[Callable[[LockLost], None]] = None,
+        shared: bool = False,
+        permits: Optional[int] = None,
     ) -> "Optional[AsyncLock]":
         """One attempt (see try_acquire): an AsyncLock, or None if the lock is
         held by someone else."""
         k = _proto.check_key(key)
         lms = _proto.lease_ms(lease)
-        grant = await self._acquire(k, lms, _proto.TRY_WAIT_MS)
+        grant = await self._acquire(k, lms, _proto.TRY_WAIT_MS, _proto.check_kind(shared, permits))
         if grant is None:
             return None
         return AsyncLock(self, grant, renew=renew, on_lost=on_lost)
@@ -1314,8 +1345,19 @@ class _LockCall:
     """What ``AsyncClient.lock()`` returns: await it for an AsyncLock, or use
     it in ``async with`` (released at the end of the block)."""
 
-    def __init__(self, client: AsyncClient, key: bytes, lms: int, wms: int, renew: bool, on_lost: Optional[Callable[[LockLost], None]], wait: Optional[Seconds]) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        key: bytes,
+        lms: int,
+        wms: int,
+        renew: bool,
+        on_lost: Optional[Callable[[LockLost], None]],
+        wait: Optional[Seconds],
+        kind: "tuple[str, int]" = ("A", 0),
+    ) -> None:
         self._client = client
+        self._kind = kind
         self._key = key
         self._lms = lms
         self._wms = wms
@@ -1325,7 +1367,7 @@ class _LockCall:
         self._lock: Optional[AsyncLock] = None
 
     async def _get(self) -> "AsyncLock":
-        grant = await self._client._acquire(self._key, self._lms, self._wms)
+        grant = await self._client._acquire(self._key, self._lms, self._wms, self._kind)
         if grant is None:
             raise LockTimeout(self._key, self._wms / 1000)
         self._lock = AsyncLock(self._client, grant, renew=self._renew, on_lost=self._on_lost)
@@ -1649,6 +1691,14 @@ async def node_status(addr: str, timeout: float = 3.0, *, tls: "Union[TlsConfig,
     if ans.op == "E":
         raise ProtocolError(f"{addr} says: {_refusal(ans.key)}")
     raise ProtocolError(f"{addr} answered S with {line[:200]!r}")
+
+
+def _wrong_kind(key: bytes, op: str, refusal: "tuple[str, int]") -> WrongKind:
+    what, limit = refusal
+    asked = "a shared acquire" if op == "G" else "a permit"
+    if what == "semaphore":
+        return WrongKind(f"{asked} of {_show(key)} refused: it is a semaphore of {limit} permits", limit)
+    return WrongKind(f"{asked} of {_show(key)} refused: it is held or waited for as a lock")
 
 
 def _refusal(why: bytes) -> str:

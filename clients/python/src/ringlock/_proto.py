@@ -126,6 +126,34 @@ def acquire_line(key: bytes, lease: int, wait: int) -> bytes:
     return b"A " + key + b" " + fmt_ms(lease) + b" " + fmt_ms(wait) + b"\n"
 
 
+#: The most permits a semaphore key may have (``C``'s limit).
+MAX_PERMITS = 65536
+
+
+def check_kind(shared: bool, permits: Optional[int]) -> "tuple[str, int]":
+    """The op (``A``, ``G`` or ``C``) and limit (0 unless ``C``) of an
+    acquire, or InvalidArgument."""
+    if not isinstance(shared, bool):
+        raise InvalidArgument(f"shared is a bool, not {type(shared).__name__}")
+    if permits is None:
+        return ("G" if shared else "A"), 0
+    if shared:
+        raise InvalidArgument("shared=True and permits=N ask for two kinds: a key is a read/write lock or a semaphore")
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise InvalidArgument(f"permits is an int, not {type(permits).__name__}")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise InvalidArgument(f"permits must be from 1 to {MAX_PERMITS}, not {permits}")
+    return "C", permits
+
+
+def acquire_kind_line(op: str, key: bytes, limit: int, lease: int, wait: int) -> bytes:
+    """An ``A``, ``G`` or ``C`` line (see check_kind)."""
+    if op == "A":
+        return acquire_line(key, lease, wait)
+    head = b"G " + key if op == "G" else b"C " + key + b" " + str(limit).encode()
+    return head + b" " + fmt_ms(lease) + b" " + fmt_ms(wait) + b"\n"
+
+
 def release_line(key: bytes, token: int) -> bytes:
     return b"R " + key + b" " + str(token).encode() + b"\n"
 
@@ -137,10 +165,12 @@ def renew_line(key: bytes, token: int, lease: int) -> bytes:
 class Answer(NamedTuple):
     """One parsed answer line.
 
-    ``op`` is one of ``A T M R N S E H``. ``key`` is the echoed key (``S``:
-    the role; ``E``/``H``: the text). ``value``: the token for ``A`` and
-    ``S``; the flag for ``R`` and ``N``; the address (or None for ``-``) for
-    ``M``; None otherwise. ``addr``: the active node named by ``S``.
+    ``op`` is one of ``A T M R N S E H G C``. ``key`` is the echoed key
+    (``S``: the role; ``E``/``H``: the text). ``value``: the token for
+    ``A`` and ``S``; the flag for ``R`` and ``N``; the address (or None for
+    ``-``) for ``M``; for ``G`` and ``C`` the token, 0 when the wait ran
+    out, or a refusal: ``("semaphore", limit)`` or ``("lock", 0)``; None
+    otherwise. ``addr``: the active node named by ``S``.
     """
 
     op: str
@@ -203,6 +233,18 @@ def parse_answer(line: bytes) -> Answer:
         return Answer("M", key(), _addr(rest[0]))
     if op in (b"R", b"N") and len(rest) == 1 and rest[0] in (b"0", b"1"):
         return Answer(op.decode(), key(), rest[0] == b"1")
+    if op in (b"G", b"C") and len(rest) == 1:
+        if rest[0] == b"lock" and op == b"C":
+            return Answer("C", key(), ("lock", 0))
+        token = parse_u64(rest[0])
+        if token is None:
+            raise bad
+        return Answer(op.decode(), key(), token)
+    if op in (b"G", b"C") and len(rest) == 2 and rest[0] == b"semaphore":
+        limit = parse_u64(rest[1])
+        if limit is None or not 1 <= limit <= MAX_PERMITS:
+            raise bad
+        return Answer(op.decode(), key(), ("semaphore", limit))
     if op == b"S" and len(rest) == 2 and rest[0] and first in (b"active", b"standby"):
         token = parse_u64(rest[1])
         if token is None:

@@ -136,12 +136,22 @@ class Client:
         return self._aclient.pending_requests()
 
     # -- locks
-    def acquire(self, key: Key, lease: Seconds, wait: Optional[Seconds] = None) -> Optional[Grant]:
-        """See AsyncClient.acquire: a Grant, or None if the wait ran out."""
-        return self._run(self._aclient.acquire(key, lease, wait))
+    def acquire(
+        self,
+        key: Key,
+        lease: Seconds,
+        wait: Optional[Seconds] = None,
+        *,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> Optional[Grant]:
+        """See AsyncClient.acquire: a Grant, or None if the wait ran out.
+        ``shared=True``: a read lock; ``permits=N``: one permit of a
+        semaphore of N."""
+        return self._run(self._aclient.acquire(key, lease, wait, shared=shared, permits=permits))
 
-    def try_acquire(self, key: Key, lease: Seconds) -> Optional[Grant]:
-        return self._run(self._aclient.try_acquire(key, lease))
+    def try_acquire(self, key: Key, lease: Seconds, *, shared: bool = False, permits: Optional[int] = None) -> Optional[Grant]:
+        return self._run(self._aclient.try_acquire(key, lease, shared=shared, permits=permits))
 
     def release(self, key: Key, token: int) -> bool:
         return self._run(self._aclient.release(key, token))
@@ -157,14 +167,17 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[Callable[[LockLost], None]] = None,
+        shared: bool = False,
+        permits: Optional[int] = None,
     ) -> "Lock":
         """Acquires ``key`` (waiting at most ``wait`` seconds, None: no limit)
         and gives a Lock; raises LockTimeout if the wait ran out. Use it as
         ``with client.lock(...) as lock:``. With ``renew`` (the default) the
         lease is renewed every third of it while the lock is held;
         ``on_lost`` is called (on the client's thread: keep it short, make
-        no blocking ringlock call in it) if it is lost."""
-        call = self._aclient.lock(key, lease, wait, renew=renew, on_lost=on_lost)
+        no blocking ringlock call in it) if it is lost. ``shared`` and
+        ``permits`` as for acquire."""
+        call = self._aclient.lock(key, lease, wait, renew=renew, on_lost=on_lost, shared=shared, permits=permits)
 
         async def get() -> AsyncLock:
             return await call
@@ -178,9 +191,11 @@ class Client:
         *,
         renew: bool = True,
         on_lost: Optional[Callable[[LockLost], None]] = None,
+        shared: bool = False,
+        permits: Optional[int] = None,
     ) -> "Optional[Lock]":
         """One attempt: a Lock, or None if someone else holds it."""
-        alock = self._run(self._aclient.try_lock(key, lease, renew=renew, on_lost=on_lost))
+        alock = self._run(self._aclient.try_lock(key, lease, renew=renew, on_lost=on_lost, shared=shared, permits=permits))
         return None if alock is None else Lock(self, alock)
 
     def status(self) -> List[AddrStatus]:

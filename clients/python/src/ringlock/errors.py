@@ -12,6 +12,7 @@ __all__ = [
     "NoActiveNode",
     "ProtocolError",
     "NotAllowed",
+    "WrongKind",
     "InvalidArgument",
 ]
 
@@ -88,11 +89,26 @@ class NotAllowed(RinglockError, PermissionError):
     again."""
 
 
+class WrongKind(RinglockError):
+    """The key is held or waited for as another kind: a semaphore (of
+    another limit) for a shared acquire or a permit, a lock for a permit, a
+    semaphore for an exclusive acquire. Nothing changed; the message says
+    what the key is (``limit``: the live semaphore's, 0 for a lock). Not
+    retried: it would be refused again while the key is that kind."""
+
+    def __init__(self, why: str, limit: int = 0) -> None:
+        self.limit = limit
+        super().__init__(why)
+
+
 def broken_error(why: str) -> RinglockError:
     """The error for an ``E`` line or a broken answer: NotAllowed if the
-    reason says "not allowed", else ProtocolError."""
+    reason says "not allowed", WrongKind for an exclusive acquire of a
+    semaphore key, else ProtocolError."""
     if "not allowed" in why.lower():
         return NotAllowed(why)
+    if "is a semaphore of" in why and "acquire it with C" in why:
+        return WrongKind(why)
     return ProtocolError(why)
 
 

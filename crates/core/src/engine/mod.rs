@@ -138,6 +138,11 @@ pub enum Refusal {
     /// An acquire of a key that has no lock while the table holds
     /// `max_locks` locks (`--max-locks`).
     LockTableFull { max_locks: u32 },
+    /// A `G` or `C` that would be granted at once while `max_locks` shared
+    /// grants and permits are held (`--max-locks` bounds them apart from
+    /// the locks): one connection could otherwise take shared grants of a
+    /// key without end.
+    MembersFull { max_locks: u32 },
     /// An `A` of a key that is a live semaphore: `A` has no answer for a
     /// refusal. The words, which name the key, are
     /// [`Engine::not_allowed_reason`].
@@ -168,6 +173,10 @@ impl std::fmt::Display for Refusal {
             Refusal::LockTableFull { max_locks } => {
                 write!(f, "lock table full: {max_locks} locks (--max-locks)")
             }
+            Refusal::MembersFull { max_locks } => write!(
+                f,
+                "shared grants and permits full: {max_locks} held (--max-locks)"
+            ),
             Refusal::Semaphore => {
                 f.write_str("the key is a semaphore: acquire it with C")
             }

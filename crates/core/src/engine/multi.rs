@@ -179,6 +179,12 @@ impl Engine {
                 Kind::Permit => l.members < limit,
             };
         if grantable {
+            if self.members.len() >= self.max_locks as usize {
+                self.table.remove_if_idle(lock);
+                return Err(Refusal::MembersFull {
+                    max_locks: self.max_locks,
+                });
+            }
             let Some(token) = self.tokens.next(now.unix_ns) else {
                 self.table.remove_if_idle(lock);
                 return Err(Refusal::TokensExhausted);

@@ -237,6 +237,40 @@ fn a_cluster_node_refuses_g_and_c() {
 }
 
 #[test]
+fn shared_grants_and_permits_are_bounded_by_max_locks() {
+    // One connection asking a shared key again and again must not hold
+    // grants without end: --max-locks bounds the members as it bounds the
+    // locks.
+    let now = Now {
+        ms: 1_000,
+        unix_ns: 1_700_000_000_000_000_000,
+    };
+    let mut h = H {
+        engine: Engine::with_max_locks(now, "127.0.0.1:7171", 3),
+        now,
+    };
+    h.engine.open(0);
+    let first = h.granted(0, "G k 10 0");
+    h.granted(0, "G k 10 0");
+    h.granted(0, "C s 5 10 0");
+    assert_eq!(
+        h.send(0, "G k 10 0"),
+        Err(Refusal::MembersFull { max_locks: 3 })
+    );
+    assert_eq!(
+        h.send(0, "C s 5 10 0"),
+        Err(Refusal::MembersFull { max_locks: 3 })
+    );
+    assert!(h.answers(0).is_empty());
+    assert_eq!(h.engine.member_count(), 3);
+    // Once one ends, the next is granted.
+    h.send(0, &format!("R k {first}")).unwrap();
+    assert_eq!(h.answers(0), ["R k 1"]);
+    h.granted(0, "G k 10 0");
+    assert_eq!(h.engine.member_count(), 3);
+}
+
+#[test]
 fn listings_show_the_newest_member() {
     let mut h = H::new(2);
     h.granted(0, "G k 10 0");
