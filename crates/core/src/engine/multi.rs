@@ -18,8 +18,8 @@
 //! ([`Refusal::NotReplicated`]), so a cluster never holds a member.
 
 use super::{
-    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, emit,
-    table, wheel::TimerId,
+    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, emit, table,
+    wheel::TimerId,
 };
 use crate::proto::{Answer, Kind};
 

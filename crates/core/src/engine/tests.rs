@@ -1142,6 +1142,31 @@ fn only_the_holder_releases_and_renews_its_grant() {
 }
 
 #[test]
+fn only_the_holder_releases_and_renews_its_shared_grant_or_permit() {
+    let mut h = identified(&["alice", "bob", "ops"], RULES);
+    for (line, key) in [("G a/s 10000 0", "a/s"), ("C a/p 2 10000 0", "a/p")] {
+        h.send(0, line).unwrap();
+        let granted = h.answers(0);
+        assert_eq!(granted.len(), 1, "{granted:?}");
+        let t = token_of(&granted[0].replacen(&granted[0][..1], "A", 1), key);
+        h.send(1, &format!("R {key} {t}")).unwrap();
+        h.send(1, &format!("N {key} {t} 50000")).unwrap();
+        assert_eq!(h.answers(1), [format!("R {key} 0"), format!("N {key} 0")]);
+        assert_eq!(h.engine.member_count(), 1, "nothing changed");
+        h.send(0, &format!("N {key} {t} 5000")).unwrap();
+        assert_eq!(h.answers(0), [format!("N {key} 1")]);
+        // An admin may.
+        h.send(2, &format!("R {key} {t}")).unwrap();
+        assert_eq!(h.answers(2), [format!("R {key} 1")]);
+        assert_eq!(h.engine.member_count(), 0);
+    }
+    assert_eq!(h.engine.stats().release_not_holder, 2);
+    assert_eq!(h.engine.stats().renew_not_holder, 2);
+    // Outside the rules, a shared acquire is refused like an exclusive one.
+    assert_eq!(h.send(1, "G b/x 1000 0"), Err(Refusal::NotAllowed));
+}
+
+#[test]
 fn an_admin_releases_and_renews_anyones_grant() {
     let mut h = identified(&["alice", "ops"], RULES);
     let t = h.grant(0, "a/k", "10000");
