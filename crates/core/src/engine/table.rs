@@ -520,7 +520,7 @@ impl Table {
 
     /// Removes `lock` if nothing refers to it any more. Returns true if
     /// removed: the index is then invalid.
-    #[inline]
+    #[inline(always)]
     pub fn remove_if_idle(&mut self, lock: u32) -> bool {
         let l = &self.locks[lock as usize];
         if !l.is_idle() {

@@ -154,6 +154,7 @@ impl<T: Copy> Wheel<T> {
     /// one more than `MAX_AHEAD_MS` past the wheel's current time (the last
     /// `now` given to `poll`, or the start time) is parked until it is in
     /// range (see the module docs).
+    #[inline]
     pub fn insert(&mut self, deadline_ms: u64, value: T) -> TimerId {
         let key = self.entries.insert(Entry {
             deadline: deadline_ms,
