@@ -36,6 +36,7 @@ import {
   releaseLine,
   renewLine,
   semaphoreRefusal,
+  sharedNotReplicated,
   showKey,
   splitAddr,
   TRY_WAIT_MS,
@@ -786,7 +787,7 @@ export class Client implements Owner, AsyncDisposable {
       const reply = await conn.call(kind.op, key, acquireKindLine(kind, key, lms, waitNow), { permit: true, signal });
       if (reply instanceof Lost || reply instanceof Broken) {
         if (reply instanceof Broken) {
-          const refusal = refusedAsSemaphore(reply.why, kind.op, key);
+          const refusal = acquireRefusal(reply.why, kind.op, key);
           if (refusal instanceof WrongKindError) throw refusal;
           if (refusal === null) throw brokenError(reply.why);
           // The node broke the connection over another request: this one
@@ -900,10 +901,10 @@ export class Client implements Owner, AsyncDisposable {
           const reply: Reply = await conn.call(op, key, line, { signal, timeoutMs: bound });
           noActive = false;
           if (reply instanceof Lost || reply instanceof Broken) {
-            // An exclusive acquire of a semaphore key that broke the
-            // connection: this request was not read, so it goes on
-            // (docs/protocol.md, section 8).
-            if (reply instanceof Broken && semaphoreRefusal(reply.why) === null) throw brokenError(reply.why);
+            // A refusal of another acquire (of a semaphore key, or a G or C
+            // a cluster refuses) that broke the connection: this request
+            // was not read, so it goes on (docs/protocol.md, section 8).
+            if (reply instanceof Broken && !refusedForAnother(reply.why)) throw brokenError(reply.why);
             last = reply.why;
           } else if (reply.op === op) {
             return { held: reply.held, sent: at };
@@ -1007,12 +1008,23 @@ export class Client implements Owner, AsyncDisposable {
 }
 
 /**
- * A Broken reply whose `E` refuses an exclusive acquire of a semaphore key
- * (docs/protocol.md, section 4, "The kind of a key"): the WrongKindError
- * when it is about this request (an `A` of that key), "other" when it is
- * about another request on the connection, null for any other reason.
+ * An `E` that refuses an acquire for what it asks (an exclusive acquire of
+ * a semaphore key, a `G` or `C` to a node with peers), which a release or
+ * renew pending on that connection never is.
  */
-function refusedAsSemaphore(why: string, op: Kind["op"], key: Buffer): WrongKindError | "other" | null {
+function refusedForAnother(why: string): boolean {
+  return semaphoreRefusal(why) !== null || sharedNotReplicated(why);
+}
+
+/**
+ * A Broken reply whose `E` refuses an acquire for what it asks
+ * (docs/protocol.md, sections 4 and 8): the WrongKindError when it refuses
+ * this request (an `A` of a semaphore key), "other" when it is about
+ * another request on the connection (this one was withdrawn or not read),
+ * null for any other reason (a G or C that a cluster refuses included).
+ */
+function acquireRefusal(why: string, op: Kind["op"], key: Buffer): WrongKindError | "other" | null {
+  if (sharedNotReplicated(why)) return op === "A" ? "other" : null;
   const r = semaphoreRefusal(why);
   if (r === null) return null;
   if (op !== "A" || r.quoted !== quotedLikeServer(key)) return "other";

@@ -355,6 +355,14 @@ export function semaphoreRefusal(why: string): { quoted: string; limit: number }
   return { quoted: m[1]!, limit: limit >= 1 && limit <= MAX_PERMITS ? limit : 0 };
 }
 
+/**
+ * Whether an `E` reason is a cluster's refusal of every `G` and `C`
+ * (`shared locks and semaphores are not replicated yet: ...`).
+ */
+export function sharedNotReplicated(why: string): boolean {
+  return why.includes("shared locks and semaphores are not replicated yet");
+}
+
 /** `host:port` (`[v6]:port` too) into host and port, or InvalidArgumentError. */
 export function splitAddr(addr: string): { host: string; port: number } {
   const i = addr.lastIndexOf(":");

@@ -365,47 +365,67 @@ test("a malformed G or C answer is a ProtocolError, and the client goes on", asy
   }
 });
 
-test("the E that refuses an exclusive acquire of a semaphore key: WrongKindError for it, the others on that connection go on", async () => {
-  let broke = false;
-  const early: Array<{ line: string; sock: net.Socket }> = [];
-  const answer = (line: string, sock: net.Socket): void => {
-    if (line.startsWith("A y ")) sock.write("A y 11\n");
-    else if (line.startsWith("G z ")) sock.write("G z 12\n");
-    else if (line.startsWith("R w ")) sock.write("R w 1\n");
-  };
-  await withFake(
-    async (fake) => {
-      await using client = await Client.connect(fake.addr, { redialIntervalMs: 100 });
-      await poll("both connections up", () => client.connected() === 2);
-      // Waiting acquires and a release, pipelined with the refused A.
-      const y = client.acquire("y", { leaseMs: 1000, waitMs: 3000 });
-      const z = client.acquire("z", { leaseMs: 1000, shared: true });
-      const r = client.release("w", 5n);
-      const x = client.acquire("pool/x", { leaseMs: 1000 });
-      await assert.rejects(x, (e: unknown) => {
-        assert.ok(e instanceof WrongKindError, String(e));
-        assert.equal(e.limit, 4);
-        assert.equal(e.key, "pool/x");
-        assert.match(e.message, /semaphore of 4 permits/);
-        return true;
-      });
-      assert.equal((await y)?.token, 11n, "asked again on a connection the node did not break");
-      assert.equal((await z)?.token, 12n);
-      assert.equal(await r, true);
-      const asked = fake.lines.filter((l) => /^(A y|G z|R w) /.test(l)).length;
-      assert.ok(asked > 3, `the requests that shared the broken connection were sent again (${asked} sent)`);
+for (const refusal of [
+  {
+    what: "the E that refuses an exclusive acquire of a semaphore key: WrongKindError for its A",
+    request: "A pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000 }),
+    reason: 'key "pool/x" is a semaphore of 4 permits: acquire it with C in line 5',
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof WrongKindError, String(e));
+      assert.equal(e.limit, 4);
+      assert.equal(e.key, "pool/x");
+      assert.match(e.message, /semaphore of 4 permits/);
+      return true;
     },
-    (line, sock) => {
-      if (line.startsWith("A pool/x ")) {
-        broke = true;
-        sock.write('E key "pool/x" is a semaphore of 4 permits: acquire it with C in line 5\n');
-        sock.end();
-        // What the other connection carried is answered now; what this one carried is not.
-        for (const e of early) if (e.sock !== sock) answer(e.line, e.sock);
-        return;
-      }
-      if (broke) answer(line, sock);
-      else early.push({ line, sock });
+  },
+  {
+    what: "the E of a node with peers that refuses G and C: ProtocolError for the G",
+    request: "G pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, shared: true }),
+    reason: "shared locks and semaphores are not replicated yet: a node with --peers refuses G and C in line 5",
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof ProtocolError, String(e));
+      assert.match(e.message, /not replicated yet/);
+      return true;
     },
-  );
-});
+  },
+]) {
+  test(`${refusal.what}; the others on that connection go on`, async () => {
+    let broke = false;
+    const early: Array<{ line: string; sock: net.Socket }> = [];
+    const answer = (line: string, sock: net.Socket): void => {
+      if (line.startsWith("A y ")) sock.write("A y 11\n");
+      else if (line.startsWith("A z ")) sock.write("A z 12\n");
+      else if (line.startsWith("R w ")) sock.write("R w 1\n");
+    };
+    await withFake(
+      async (fake) => {
+        await using client = await Client.connect(fake.addr, { redialIntervalMs: 100 });
+        await poll("both connections up", () => client.connected() === 2);
+        // Waiting acquires and a release, pipelined with the refused acquire.
+        const y = client.acquire("y", { leaseMs: 1000, waitMs: 3000 });
+        const z = client.acquire("z", { leaseMs: 1000 });
+        const r = client.release("w", 5n);
+        await assert.rejects(refusal.acquire(client), refusal.check);
+        assert.equal((await y)?.token, 11n, "asked again on a connection the node did not break");
+        assert.equal((await z)?.token, 12n);
+        assert.equal(await r, true);
+        const asked = fake.lines.filter((l) => /^(A y|A z|R w) /.test(l)).length;
+        assert.ok(asked > 3, `the requests that shared the broken connection were sent again (${asked} sent)`);
+      },
+      (line, sock) => {
+        if (line.startsWith(refusal.request)) {
+          broke = true;
+          sock.write(`E ${refusal.reason}\n`);
+          sock.end();
+          // What the other connection carried is answered now; what this one carried is not.
+          for (const e of early) if (e.sock !== sock) answer(e.line, e.sock);
+          return;
+        }
+        if (broke) answer(line, sock);
+        else early.push({ line, sock });
+      },
+    );
+  });
+}
