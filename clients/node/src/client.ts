@@ -1030,7 +1030,11 @@ function acquireRefusal(why: string, op: Kind["op"], key: Buffer): WrongKindErro
   if (op !== "A" || r.quoted !== quotedLikeServer(key)) return "other";
   const k = showKey(key);
   const of = r.limit === 0 ? "semaphore" : `semaphore of ${r.limit} permits`;
-  return new WrongKindError(k, r.limit, `an exclusive acquire of ${k} refused: it is a ${of} (acquire it with permits); nothing changed (${why})`);
+  return new WrongKindError(
+    k,
+    r.limit,
+    `an exclusive acquire of ${k} refused: it is a ${of} (acquire it with permits); nothing changed (${why})`,
+  );
 }
 
 /** A `G` or `C` refused for the key's kind (`limit` 0: a lock). */

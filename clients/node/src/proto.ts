@@ -188,7 +188,9 @@ export function checkKind(shared: unknown, permits: unknown): Kind {
 export function acquireKindLine(kind: Kind, key: Buffer, lease: number, wait: number): Buffer {
   if (kind.op === "A") return acquireLine(key, lease, wait);
   // Our invariant (checkKind makes every Kind): never a line the server would refuse.
-  if (kind.op === "G" ? kind.limit !== 0 : !(Number.isInteger(kind.limit) && kind.limit >= 1 && kind.limit <= MAX_PERMITS)) {
+  const checked =
+    kind.op === "G" ? kind.limit === 0 : Number.isInteger(kind.limit) && kind.limit >= 1 && kind.limit <= MAX_PERMITS;
+  if (!checked) {
     throw new Error(`bug: an unchecked kind ${kind.op} ${kind.limit}`);
   }
   const head = kind.op === "G" ? Buffer.from("G ") : Buffer.from("C ");
@@ -336,7 +338,8 @@ export function parseAnswer(input: Buffer): Answer {
 export function quotedLikeServer(key: Buffer): string {
   let out = "";
   for (const b of key.subarray(0, 40)) {
-    out += b >= 0x20 && b <= 0x7e && b !== 0x22 && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, "0")}`;
+    const plain = b >= 0x20 && b <= 0x7e && b !== 0x22 && b !== 0x5c;
+    out += plain ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, "0")}`;
   }
   return key.length > 40 ? `${out}...` : out;
 }
