@@ -36,7 +36,7 @@ import {
   releaseLine,
   renewLine,
   semaphoreRefusal,
-  sharedNotReplicated,
+  refusesSharedOps,
   showKey,
   splitAddr,
   TRY_WAIT_MS,
@@ -902,8 +902,8 @@ export class Client implements Owner, AsyncDisposable {
           noActive = false;
           if (reply instanceof Lost || reply instanceof Broken) {
             // A refusal of another acquire (of a semaphore key, or a G or C
-            // a cluster refuses) that broke the connection: this request
-            // was not read, so it goes on (docs/protocol.md, section 8).
+            // the node refuses) that broke the connection: this request was
+            // not read, so it goes on (docs/protocol.md, section 8).
             if (reply instanceof Broken && !refusedForAnother(reply.why)) throw brokenError(reply.why);
             last = reply.why;
           } else if (reply.op === op) {
@@ -1009,11 +1009,11 @@ export class Client implements Owner, AsyncDisposable {
 
 /**
  * An `E` that refuses an acquire for what it asks (an exclusive acquire of
- * a semaphore key, a `G` or `C` to a node with peers), which a release or
- * renew pending on that connection never is.
+ * a semaphore key, a `G` or `C` to a node with peers or one that predates
+ * them), which a release or renew pending on that connection never is.
  */
 function refusedForAnother(why: string): boolean {
-  return semaphoreRefusal(why) !== null || sharedNotReplicated(why);
+  return semaphoreRefusal(why) !== null || refusesSharedOps(why);
 }
 
 /**
@@ -1021,10 +1021,10 @@ function refusedForAnother(why: string): boolean {
  * (docs/protocol.md, sections 4 and 8): the WrongKindError when it refuses
  * this request (an `A` of a semaphore key), "other" when it is about
  * another request on the connection (this one was withdrawn or not read),
- * null for any other reason (a G or C that a cluster refuses included).
+ * null for any other reason (a G or C the node refuses included).
  */
 function acquireRefusal(why: string, op: Kind["op"], key: Buffer): WrongKindError | "other" | null {
-  if (sharedNotReplicated(why)) return op === "A" ? "other" : null;
+  if (refusesSharedOps(why)) return op === "A" ? "other" : null;
   const r = semaphoreRefusal(why);
   if (r === null) return null;
   if (op !== "A" || r.quoted !== quotedLikeServer(key)) return "other";

@@ -16,8 +16,8 @@ export {
   type AddrStatus,
   type CallOptions,
   Client,
-  type KindOptions,
   type ClientOptions,
+  type KindOptions,
   type LockOptions,
   MAX_WAITING_ACQUIRES,
 } from "./client.js";

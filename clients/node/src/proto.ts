@@ -359,11 +359,13 @@ export function semaphoreRefusal(why: string): { quoted: string; limit: number }
 }
 
 /**
- * Whether an `E` reason is a cluster's refusal of every `G` and `C`
- * (`shared locks and semaphores are not replicated yet: ...`).
+ * Whether an `E` reason refuses every `G` and `C` of the node: a node with
+ * peers (`shared locks and semaphores are not replicated yet: ...`), or a
+ * node that predates them (`unknown op "G"`, `unknown op "C"`: this client
+ * sends no other op such a node does not know).
  */
-export function sharedNotReplicated(why: string): boolean {
-  return why.includes("shared locks and semaphores are not replicated yet");
+export function refusesSharedOps(why: string): boolean {
+  return why.includes("shared locks and semaphores are not replicated yet") || /unknown op "[GC]"/.test(why);
 }
 
 /** `host:port` (`[v6]:port` too) into host and port, or InvalidArgumentError. */

@@ -380,6 +380,17 @@ for (const refusal of [
     },
   },
   {
+    what: "the E of a node that predates G and C: ProtocolError for the C",
+    request: "C pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, permits: 3 }),
+    reason: 'unknown op "C" in line 5',
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof ProtocolError, String(e));
+      assert.match(e.message, /unknown op "C"/);
+      return true;
+    },
+  },
+  {
     what: "the E of a node with peers that refuses G and C: ProtocolError for the G",
     request: "G pool/x ",
     acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, shared: true }),
