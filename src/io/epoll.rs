@@ -392,7 +392,13 @@ impl Loop {
     fn flush(&mut self, node: &mut Node, now: Now) {
         let mut dirty = std::mem::take(&mut self.dirty);
         node.take_dirty(now, &mut self.from_engine);
-        dirty.extend_from_slice(&self.from_engine);
+        // The node's list first: its peer links come before every client
+        // (`Node::take_dirty`), so that no answer reaches the kernel before
+        // the replication of what it answers, even for a client that an
+        // event of this turn listed (its readable edge reports it writable
+        // too). A process stopped between the two writes then holds no
+        // answer whose grant its followers lack.
+        dirty.splice(0..0, self.from_engine.iter().copied());
         // Connections the node gave up on: closed like a protocol break.
         node.take_doomed(now, &mut self.from_engine);
         for &id in &self.from_engine {
