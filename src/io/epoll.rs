@@ -391,14 +391,19 @@ impl Loop {
     /// Writes the answers of every connection that has some.
     fn flush(&mut self, node: &mut Node, now: Now) {
         let mut dirty = std::mem::take(&mut self.dirty);
-        node.take_dirty(now, &mut self.from_engine);
-        // The node's list first: its peer links come before every client
-        // (`Node::take_dirty`), so that no answer reaches the kernel before
-        // the replication of what it answers, even for a client that an
-        // event of this turn listed (its readable edge reports it writable
-        // too). A process stopped between the two writes then holds no
-        // answer whose grant its followers lack.
-        dirty.splice(0..0, self.from_engine.iter().copied());
+        let links = node.take_dirty(now, &mut self.from_engine);
+        // The node's peer links first (`Node::take_dirty`), before every
+        // client, also one that an event of this turn listed (its readable
+        // edge reports it writable too): no answer reaches the kernel
+        // before the replication of what it answers, so a process stopped
+        // between two writes holds no answer whose grant its followers
+        // lack. Then the clients the events listed, in their order (the
+        // order requests arrived, which keeps FIFO fair across clients),
+        // then the node's.
+        let (node_links, node_clients) =
+            self.from_engine.split_at(links.min(self.from_engine.len()));
+        dirty.splice(0..0, node_links.iter().copied());
+        dirty.extend_from_slice(node_clients);
         // Connections the node gave up on: closed like a protocol break.
         node.take_doomed(now, &mut self.from_engine);
         for &id in &self.from_engine {

@@ -292,12 +292,14 @@ pub fn run(
             lp.complete(&mut node, now, data, result, flags);
         }
         lp.bufs.publish();
-        node.take_dirty(now, &mut dirty);
-        // The node's list first: its peer links come before every client
-        // (`Node::take_dirty`), also before a client whose send completed
-        // this turn, so that the ring gets no answer before the
-        // replication of what it answers.
-        lp.to_send.splice(0..0, dirty.iter().copied());
+        let links = node.take_dirty(now, &mut dirty);
+        // The node's peer links first (`Node::take_dirty`), also before a
+        // client whose send completed this turn, so that the ring gets no
+        // answer before the replication of what it answers; then the
+        // clients in the order they were listed.
+        let (node_links, node_clients) = dirty.split_at(links.min(dirty.len()));
+        lp.to_send.splice(0..0, node_links.iter().copied());
+        lp.to_send.extend_from_slice(node_clients);
         lp.close_doomed(&mut node, now, &mut dirty);
         lp.send_all(&mut node);
         lp.after_turn(&mut node, now);

@@ -811,13 +811,17 @@ impl Node {
         result
     }
 
-    /// Collects the connections with output. With peers, this turn's
-    /// replication is written first, so that it goes out in the same send.
-    pub fn take_dirty(&mut self, now: Now, into: &mut Vec<ConnId>) {
+    /// Collects the connections with output: peer links first, then
+    /// clients in the order they were answered; returns how many are
+    /// links. With peers, this turn's replication is written first, so
+    /// that it goes out in the same send. A loop writes the links before
+    /// any client (of this list or of its own), so that no answer reaches
+    /// the kernel before the replication of what it answers.
+    pub fn take_dirty(&mut self, now: Now, into: &mut Vec<ConnId>) -> usize {
         if let Some(cluster) = &mut self.cluster {
             cluster.flush_replication(now, &mut self.engine);
         }
-        self.engine.take_dirty(into);
+        self.engine.take_dirty(into)
     }
 
     pub fn output_mut(&mut self, conn: ConnId) -> &mut Vec<u8> {

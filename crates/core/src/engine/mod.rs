@@ -574,7 +574,8 @@ impl Engine {
     /// Moves the connections that got answers since the last call into
     /// `into` (which is cleared first): peer links first, then clients in
     /// the order they were answered. Closed connections are left out.
-    pub fn take_dirty(&mut self, into: &mut Vec<ConnId>) {
+    /// Returns how many of them are peer links (at the front).
+    pub fn take_dirty(&mut self, into: &mut Vec<ConnId>) -> usize {
         into.clear();
         let conns = &mut self.conns;
         if self.dirty_links.is_empty() {
@@ -586,12 +587,13 @@ impl Engine {
                 conn.dirty = Listed::No;
                 conn.open && !conn.out.is_empty()
             });
-            return;
+            return 0;
         }
         let links = self.dirty_links.len();
         into.append(&mut self.dirty_links);
         into.append(&mut self.dirty);
         let mut i = 0;
+        let mut links_kept = 0;
         into.retain(|&c| {
             let listed = if i < links {
                 Listed::Link
@@ -604,8 +606,11 @@ impl Engine {
                 return false; // listed by the id's earlier life this turn
             }
             conn.dirty = Listed::No;
-            conn.open && !conn.out.is_empty()
+            let kept = conn.open && !conn.out.is_empty();
+            links_kept += usize::from(kept && listed == Listed::Link);
+            kept
         });
+        links_kept
     }
 
     /// The earliest monotonic ms at which [`Engine::tick`] has work, if any.

@@ -1244,7 +1244,7 @@ fn peer_links_are_collected_before_the_clients_they_replicate() {
     h.send(1, "A b 5 0").unwrap();
     h.engine.write_to(2, b"P X b 1\n");
     h.engine.write_to(3, b"P HB\n");
-    h.engine.take_dirty(&mut dirty);
+    assert_eq!(h.engine.take_dirty(&mut dirty), 2, "two links in front");
     assert_eq!(dirty, [3, 2, 0, 1]);
     for c in 0..4 {
         h.engine.output_mut(c).clear();
@@ -1260,8 +1260,12 @@ fn peer_links_are_collected_before_the_clients_they_replicate() {
     h.engine.close(1);
     h.engine.open(1);
     h.engine.write_to(1, b"P HELLO\n");
-    h.engine.take_dirty(&mut dirty);
+    assert_eq!(
+        h.engine.take_dirty(&mut dirty),
+        1,
+        "the closed link is no link"
+    );
     assert_eq!(dirty, [1, 0, 2]);
-    h.engine.take_dirty(&mut dirty);
+    assert_eq!(h.engine.take_dirty(&mut dirty), 0);
     assert!(dirty.is_empty(), "{dirty:?}");
 }
