@@ -65,6 +65,11 @@ fn rows(r: &Results) -> Vec<(&Group, Option<&Group>)> {
         .collect()
 }
 
+/// A figure's largest value over the rounds.
+fn worst(g: &Group, figure: &str) -> Option<f64> {
+    g.figures.get(figure).map(|s| s.max)
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     a.zip(b).filter(|(_, b)| *b != 0.0).map(|(a, b)| a / b)
 }
@@ -179,13 +184,14 @@ pub(crate) fn targets(r: &Results) -> Vec<TargetCheck> {
             });
         }
         if g.scenario == CONNS50 {
-            // The worst follower's p99 (each is the bound of its bucket).
+            // The worst follower's p99 in its worst round (each is the
+            // bound of its bucket).
             let p99 = (1..=2)
-                .filter_map(|n| g.get(&format!("lag{n}_p99_us")))
+                .filter_map(|n| worst(g, &format!("lag{n}_p99_us")))
                 .reduce(f64::max);
             goals.push(Goal {
                 target: format!("{CONNS50}, 2 standbys"),
-                goal: "replication lag p99 (bucket bound, worst follower) < 1 ms",
+                goal: "replication lag p99 (bucket bound, worst follower and round) < 1 ms",
                 a: p99,
                 b: p99.map(|_| 1000.0),
                 limit: 1.0,
@@ -260,9 +266,10 @@ fn lag_table(r: &Results, rows: &[(&Group, Option<&Group>)], md: &mut String) {
         md,
         "Replication lag per follower, as the active measures it (probes behind its \
          deltas, answered once the follower has applied them; the way back included), \
-         read from its /metrics before and after each run: p50, p99 (medians over the \
-         rounds) and max (over all rounds) are the upper bounds of the histogram's \
-         power-of-two buckets, the mean is exact. Changes are the grants, renewals, \
+         read from its /metrics before and after each run: p50, p99 and max are the \
+         upper bounds of the histogram's power-of-two buckets that hold them, in the \
+         worst round (a median of two bounds would be no bound); the probes, the mean \
+         (exact) and the other columns are medians over the rounds. Changes are the grants, renewals, \
          releases and expiries sent as deltas (two per cycle). Redis: lag not measured \
          (its replicas were checked to be in sync before the runs only).\n"
     );
@@ -281,7 +288,6 @@ fn lag_table(r: &Results, rows: &[(&Group, Option<&Group>)], md: &mut String) {
             any = true;
             let fig = |f: &str| g.get(f);
             let addr = run.map_or("?", |run| run.replication[n - 1].follower.as_str());
-            let max = g.figures.get(&format!("lag{n}_max_us")).map(|s| s.max);
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -289,9 +295,9 @@ fn lag_table(r: &Results, rows: &[(&Group, Option<&Group>)], md: &mut String) {
                 g.label,
                 addr,
                 fig(&format!("lag{n}_probes")).map_or("-".into(), |v| format!("{v:.0}")),
-                fmt_bound(fig(&format!("lag{n}_p50_us"))),
-                fmt_bound(fig(&format!("lag{n}_p99_us"))),
-                fmt_bound(max),
+                fmt_bound(worst(g, &format!("lag{n}_p50_us"))),
+                fmt_bound(worst(g, &format!("lag{n}_p99_us"))),
+                fmt_bound(worst(g, &format!("lag{n}_max_us"))),
                 fig(&format!("lag{n}_mean_us")).map_or("-".into(), |v| format!("{v:.0} µs")),
                 fig(&format!("repl{n}_events_per_write")).map_or("-".into(), |v| format!("{v:.1}")),
                 fig(&format!("repl{n}_bytes_per_event")).map_or("-".into(), |v| format!("{v:.1}")),
