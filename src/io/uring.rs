@@ -293,7 +293,11 @@ pub fn run(
         }
         lp.bufs.publish();
         node.take_dirty(now, &mut dirty);
-        lp.to_send.extend_from_slice(&dirty);
+        // The node's list first: its peer links come before every client
+        // (`Node::take_dirty`), also before a client whose send completed
+        // this turn, so that the ring gets no answer before the
+        // replication of what it answers.
+        lp.to_send.splice(0..0, dirty.iter().copied());
         lp.close_doomed(&mut node, now, &mut dirty);
         lp.send_all(&mut node);
         lp.after_turn(&mut node, now);
