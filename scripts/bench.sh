@@ -2,7 +2,7 @@
 # ringlock beside Redis and the loopback floor (docs/performance.md).
 #
 #   scripts/bench.sh                full run, a few minutes; results in bench-results/
-#   scripts/bench.sh --quick        smoke run (~30 s); results in target/bench-quick/
+#   scripts/bench.sh --quick        smoke run (under a minute); results in target/bench-quick/
 #   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
