@@ -1363,7 +1363,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
     let two = lag_of(&c, "127.0.0.1:7002");
     assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
-    c.check_invariants(at(later), &e);
+    c.check_invariants(at_us(later, 50), &e);
 }
 
 #[test]
