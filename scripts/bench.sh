@@ -2,7 +2,7 @@
 # ringlock beside Redis and the loopback floor (docs/performance.md).
 #
 #   scripts/bench.sh                full run, a few minutes; results in bench-results/
-#   scripts/bench.sh --quick        smoke run (~30 s); results in target/bench-quick/
+#   scripts/bench.sh --quick        smoke run (under a minute); results in target/bench-quick/
 #   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
@@ -28,6 +28,18 @@
 # with certificates made for the run (openssl, ECDSA P-256, TLS 1.3); the
 # report's "The cost of TLS" table gives each one's ratio to the same server
 # in plain text.
+#
+# Cluster rows: "<label>-cluster" is <label> as an active with two standbys
+# (ringlock: --peers, a cluster secret made for the run, and for
+# ringlock-uring-tls-cluster TLS peer links; Redis: a primary and two
+# `redis-server --replicaof` replicas), the active (primary) on the server
+# core, the standbys (replicas) on the load generator's core. They run the
+# 50-connection and pipelined scenarios beside the single nodes, once the
+# cluster has its active and both standbys hold its snapshot (the nodes'
+# /metrics), or the replicas are online (INFO replication); the generator
+# reads every standby's CPU, and the active's replication lag per follower
+# from its /metrics before and after each run. The report's "Replication"
+# tables give each one's ratio to the single node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -91,6 +103,9 @@ if [ -z "$ONLY" ] && ! command -v redis-server >/dev/null; then
     say "installing redis-server"
     apt_install redis-server
 fi
+if [ -z "$ONLY" ] && ! command -v redis-cli >/dev/null; then
+    apt_install redis-tools
+fi
 if ! command -v taskset >/dev/null; then
     apt_install util-linux
 fi
@@ -145,7 +160,7 @@ trap 'exit 130' INT TERM
 
 # Servers by label: address, pid, what the generator should speak, and how
 # to start it again.
-declare -A ADDR PID KIND RESTART_CMD GEN_EXTRA
+declare -A ADDR PID KIND RESTART_CMD GEN_EXTRA FOLLOWERS
 RESTARTS=0
 
 # waits for "listening on ADDR" in a log; prints ADDR
@@ -201,6 +216,14 @@ make_certs() {
         -days 2 -out "$d/server.pem" \
         -extfile <(printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth') \
         2>/dev/null
+    # The cluster's nodes: each one's certificate serves clients and peers
+    # and dials peers.
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/peer.key" \
+        -out "$d/peer.csr" -subj "/CN=localhost" 2>/dev/null
+    openssl x509 -req -in "$d/peer.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+        -days 2 -out "$d/peer.pem" \
+        -extfile <(printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth') \
+        2>/dev/null
 }
 
 start_redis_tls() { # LABEL: returns non-zero if this redis-server has no TLS
@@ -236,24 +259,154 @@ start_redis() { # LABEL
     ADDR[$label]=127.0.0.1:$port PID[$label]=$pid KIND[$label]=redis RESTART_CMD[$label]="start_redis $label"
 }
 
+# ---- cluster rows ------------------------------------------------------
+# The /metrics text of a node (its --metrics-listen ADDR), or nothing
+# within 2 s.
+metrics_get() { # ADDR
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/$0/$1" &&
+        printf "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n" >&3 &&
+        cat <&3' "${1%:*}" "${1##*:}" 2>/dev/null || true
+}
+
+# Waits (10 s at most) until the node of ACTIVE_METRICS is active with both
+# peers up and one follower per standby, and every standby is a standby
+# holding the active's snapshot (ringlock_ready).
+wait_cluster() { # LABEL ACTIVE_METRICS STANDBY_METRICS...
+    local label=$1 active=$2 m ok
+    shift 2
+    for _ in $(seq 100); do
+        ok=1
+        m=$(metrics_get "$active")
+        grep -qx 'ringlock_active 1' <<<"$m" || ok=0
+        grep -qx 'ringlock_peers_up 2' <<<"$m" || ok=0
+        [ "$(grep -c '^ringlock_replication_queued_bytes{' <<<"$m")" = 2 ] || ok=0
+        for standby in "$@"; do
+            m=$(metrics_get "$standby")
+            grep -qx 'ringlock_active 0' <<<"$m" || ok=0
+            grep -qx 'ringlock_ready 1' <<<"$m" || ok=0
+        done
+        [ "$ok" = 1 ] && return 0
+        sleep 0.1
+    done
+    say "$label: no active with two synced standbys within 10 s; logs:"
+    tail -5 "$WORK/$label"-*.log >&2
+    return 1
+}
+
+# An active (the first in --peers: the highest priority) on the server
+# core and two standbys on the load generator's core. "tls": peer links
+# and the client port speak TLS (certificates of make_certs).
+start_cluster() { # LABEL IO [tls]
+    local label=$1 io=$2 tls=${3:-} i core ports=() metrics=() pids=() extra=()
+    for i in 0 1 2; do
+        ports+=("127.0.0.1:$("$GEN" free-port)")
+        metrics+=("127.0.0.1:$("$GEN" free-port)")
+    done
+    [ -e "$WORK/cluster.secret" ] || "$RINGLOCK" keygen "$WORK/cluster.secret" 2>/dev/null
+    if [ "$tls" = tls ]; then
+        extra=(--tls-cert "$WORK/tls/peer.pem" --tls-key "$WORK/tls/peer.key" --tls-peer-ca "$WORK/tls/ca.pem")
+    fi
+    for i in 0 1 2; do
+        core=$CLIENT_CORE
+        [ "$i" = 0 ] && core=$SERVER_CORE
+        taskset -c "$core" "$RINGLOCK" serve --listen "${ports[$i]}" --io "$io" \
+            --peers "$(IFS=,; echo "${ports[*]}")" --cluster-secret-file "$WORK/cluster.secret" \
+            --metrics-listen "${metrics[$i]}" "${extra[@]}" 2>"$WORK/$label-$i.log" &
+        pids+=("$!")
+        PIDS+=("$!")
+    done
+    for i in 0 1 2; do
+        wait_listening "$WORK/$label-$i.log" "${pids[$i]}" >/dev/null
+    done
+    wait_cluster "$label" "${metrics[0]}" "${metrics[1]}" "${metrics[2]}"
+    ADDR[$label]=${ports[0]} PID[$label]=${pids[0]} KIND[$label]=ringlock
+    FOLLOWERS[$label]="${pids[1]} ${pids[2]}"
+    RESTART_CMD[$label]="start_cluster $label $io $tls"
+    GEN_EXTRA[$label]="--follower-pid ${pids[1]} --follower-pid ${pids[2]} --metrics-addr ${metrics[0]}"
+    if [ "$tls" = tls ]; then
+        GEN_EXTRA[$label]+=" --tls-ca $WORK/tls/ca.pem"
+    fi
+}
+
+# Waits (10 s at most) until the primary at PORT has two replicas online
+# at its own replication offset.
+wait_redis_replicas() { # LABEL PORT
+    local label=$1 port=$2 info offset
+    for _ in $(seq 100); do
+        info=$(timeout 2 redis-cli -h 127.0.0.1 -p "$port" info replication 2>/dev/null | tr -d '\r')
+        offset=$(sed -n 's/^master_repl_offset://p' <<<"$info")
+        if grep -qx 'connected_slaves:2' <<<"$info" &&
+            [ "$(grep -c "^slave[0-9]*:.*state=online,offset=$offset," <<<"$info")" = 2 ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    say "$label: replicas not in sync within 10 s:"
+    printf '%s\n' "$info" >&2
+    return 1
+}
+
+# A primary on the server core and two replicas (`--replicaof`) on the
+# load generator's core; no persistence, diskless sync at once.
+start_redis_cluster() { # LABEL
+    local label=$1 port rport i pids=() ports=()
+    for i in 0 1 2; do
+        ports+=("$("$GEN" free-port)")
+    done
+    for i in 0 1 2; do
+        local core=$CLIENT_CORE replica=()
+        if [ "$i" = 0 ]; then
+            core=$SERVER_CORE
+        else
+            replica=(--replicaof 127.0.0.1 "${ports[0]}")
+        fi
+        taskset -c "$core" redis-server --port "${ports[$i]}" --bind 127.0.0.1 --save '' \
+            --appendonly no --protected-mode no --dir "$WORK" --dbfilename "$label-$i.rdb" \
+            --repl-diskless-sync yes --repl-diskless-sync-delay 0 "${replica[@]}" \
+            --logfile "$WORK/$label-$i.log" &
+        pids+=("$!")
+        PIDS+=("$!")
+    done
+    for i in 0 1 2; do
+        for _ in $(seq 100); do
+            (exec 3<>"/dev/tcp/127.0.0.1/${ports[$i]}") 2>/dev/null && break
+            sleep 0.1
+        done
+    done
+    wait_redis_replicas "$label" "${ports[0]}"
+    ADDR[$label]=127.0.0.1:${ports[0]} PID[$label]=${pids[0]} KIND[$label]=redis
+    FOLLOWERS[$label]="${pids[1]} ${pids[2]}"
+    RESTART_CMD[$label]="start_redis_cluster $label"
+    GEN_EXTRA[$label]="--follower-pid ${pids[1]} --follower-pid ${pids[2]}"
+}
+
 # A server that died is reported (with the end of its log) and started
 # again, so that one crash or stray kill does not void the rest of the run.
+# A cluster is started again whole when any of its nodes is gone.
 ensure_alive() { # LABEL
-    local label=$1
-    kill -0 "${PID[$label]}" 2>/dev/null && return 0
+    local label=$1 pid gone=
+    for pid in ${PID[$label]} ${FOLLOWERS[$label]:-}; do
+        kill -0 "$pid" 2>/dev/null || gone=$pid
+    done
+    [ -z "$gone" ] && return 0
     local status=0
-    wait "${PID[$label]}" 2>/dev/null || status=$?
-    say "WARNING: $label (pid ${PID[$label]}) is gone (exit status $status); its log ends:"
-    tail -5 "$WORK/$label.log" >&2 || true
+    wait "$gone" 2>/dev/null || status=$?
+    say "WARNING: $label (pid $gone) is gone (exit status $status); its log ends:"
+    tail -5 "$WORK/$label"*.log >&2 || true
     RESTARTS=$((RESTARTS + 1))
+    stop "$label"
     ${RESTART_CMD[$label]}
     say "restarted $label: ${ADDR[$label]} (pid ${PID[$label]})"
 }
 
-stop() { # LABEL
-    local pid=${PID[$1]}
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+stop() { # LABEL (a cluster: every node)
+    local pid
+    for pid in ${PID[$1]} ${FOLLOWERS[$1]:-}; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in ${PID[$1]} ${FOLLOWERS[$1]:-}; do
+        wait "$pid" 2>/dev/null || true
+    done
 }
 
 RUNS=$WORK/runs.jsonl
@@ -283,6 +436,12 @@ if start_redis_tls redis-tls; then
 else
     say "redis-server has no TLS here: no redis-tls row"
 fi
+# ---- cluster variants: "<label>-cluster", compared with <label> ---------
+start_cluster ringlock-uring-cluster uring
+start_cluster ringlock-epoll-cluster epoll
+start_cluster ringlock-uring-tls-cluster uring tls
+start_redis_cluster redis-cluster
+CLUSTER_LABELS=(ringlock-uring-cluster ringlock-epoll-cluster ringlock-uring-tls-cluster redis-cluster)
 # ---- spin variants (`ringlock serve --spin-us N`) ----------------------
 # Started as soon as the server has the option. Their label must be
 # "<label>-spin": the report compares it with <label> for the spin target.
@@ -297,7 +456,7 @@ else
 fi
 # ------------------------------------------------------------------------
 for label in "${!ADDR[@]}"; do
-    say "$label: ${ADDR[$label]} (pid ${PID[$label]}, core $SERVER_CORE)"
+    say "$label: ${ADDR[$label]} (pid ${PID[$label]}, core $SERVER_CORE${FOLLOWERS[$label]:+; followers ${FOLLOWERS[$label]}, core $CLIENT_CORE})"
 done
 
 # ---------------------------------------------------------------- matrix
@@ -307,8 +466,8 @@ SCENARIOS=(
     "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
     "conns-4|--conns 4|all"
     "conns-16|--conns 16|all"
-    "conns-50|--conns 50|all+tls"
-    "pipelined|--conns 4 --pipeline 32|all+tls"
+    "conns-50|--conns 50|all+tls+cluster"
+    "pipelined|--conns 4 --pipeline 32|all+tls+cluster"
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
 
@@ -371,6 +530,7 @@ for round in $(seq "$ROUNDS"); do
             all) labels=("${ALL_LABELS[@]}") ;;
             all+pingpong) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}") ;;
             all+tls) labels=("${ALL_LABELS[@]}" "${TLS_LABELS[@]}") ;;
+            all+tls+cluster) labels=("${ALL_LABELS[@]}" "${TLS_LABELS[@]}" "${CLUSTER_LABELS[@]}") ;;
             all+pingpong+tls) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}" "${TLS_LABELS[@]}") ;;
         esac
         # Alternate: each round starts the rotation one target later.
@@ -381,6 +541,11 @@ for round in $(seq "$ROUNDS"); do
             run_one "$round" "$scenario" "$label" $args
         done
     done
+done
+
+# The clusters are done: their heartbeats stay out of what follows.
+for label in "${CLUSTER_LABELS[@]}"; do
+    stop "$label"
 done
 
 # Memory: each lock server fresh, 1M locks held (16-byte keys), RSS read.

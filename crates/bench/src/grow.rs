@@ -343,6 +343,8 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         fairness: None,
         server_pid: args.server_pid,
         server_cpu,
+        follower_cpu: Vec::new(),
+        replication: Vec::new(),
         client_cpu,
         other_cpu,
         drained: false,

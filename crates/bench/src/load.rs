@@ -40,6 +40,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::proc;
+use crate::replication::{self, Scrape};
 use crate::stats::{CpuUse, Fairness, Hists, Memory, RunResult};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -108,6 +109,17 @@ pub(crate) struct RunArgs {
     /// read from /proc.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Cluster rows: a follower's pid (a standby, a replica; repeat the
+    /// option for each): its CPU per cycle is read from /proc like the
+    /// server's.
+    #[arg(long = "follower-pid", value_name = "PID")]
+    pub follower_pids: Vec<u32>,
+    /// Cluster rows: the active's `--metrics-listen` address. Its
+    /// replication lag histogram and counters per follower are read just
+    /// before the measured window and after it, and their difference
+    /// reported.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     /// Print the result as one line of JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -1075,6 +1087,7 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     };
 
     let mut cpu_marks: Vec<Mark> = Vec::new();
+    let mut scrape_before = None;
     let results: Vec<WorkerResult> =
         std::thread::scope(|scope| -> crate::Result<Vec<WorkerResult>> {
             let mut handles = Vec::new();
@@ -1082,7 +1095,7 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
                 let worker = build_worker(&shared, &plan, &wire, args, t as u64, streams)?;
                 handles.push(scope.spawn(move || worker.run()));
             }
-            cpu_marks = watch(&shared, args, &handles);
+            cpu_marks = watch(&shared, args, &handles, &mut scrape_before);
             Ok(handles
                 .into_iter()
                 .map(|h| h.join().expect("worker panicked"))
@@ -1091,6 +1104,15 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if let Some(msg) = shared.fatal.lock().unwrap().take() {
         return Err(msg.into());
     }
+    let replication = match &args.metrics_addr {
+        Some(addr) => {
+            let before = scrape_before.unwrap_or_else(|| replication::scrape(addr))?;
+            let wait = (shared.end + SCRAPE_LAG_NS).saturating_sub(shared.now());
+            std::thread::sleep(Duration::from_nanos(wait));
+            replication::delta(&before, &replication::scrape(addr)?)
+        }
+        None => Vec::new(),
+    };
 
     let mut hists = Hists::new();
     let (mut cycles, mut grants, mut attempts, mut errors) = (0, 0, 0, 0);
@@ -1113,7 +1135,7 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         };
     }
     // CPU over the measured window, from the marks the watcher took.
-    let (window_s, server_cpu, client_cpu, other_cpu) = match cpu_marks.as_slice() {
+    let (window_s, server_cpu, client_cpu, other_cpu, follower_cpu) = match cpu_marks.as_slice() {
         [start, end, ..] => {
             // Cycles are counted by the time their answer was read, inside
             // [warm_end, end): that is the window. The CPU marks were taken
@@ -1138,15 +1160,25 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
             };
             let server = per(start.1, end.1);
             let client = per(start.2, end.2).unwrap_or_default();
+            let mut followers = Vec::new();
+            for (i, pid) in args.follower_pids.iter().enumerate() {
+                let at = |m: &Mark| m.4.get(i).copied().flatten();
+                followers.push(
+                    per(at(start), at(end))
+                        .ok_or_else(|| format!("follower {pid}: no CPU time in /proc (gone?)"))?,
+                );
+            }
+            let followers_s: f64 = followers.iter().map(|f| f.cpu_s).sum();
             // Everything else the machine did meanwhile: other processes,
-            // and interrupt time charged to neither of ours.
+            // and interrupt time charged to none of ours.
             let other = start.3.zip(end.3).map(|(a, b)| {
-                let rest = (b - a) - client.cpu_s - server.as_ref().map_or(0.0, |s| s.cpu_s);
+                let rest =
+                    (b - a) - client.cpu_s - server.as_ref().map_or(0.0, |s| s.cpu_s) - followers_s;
                 (rest / marked).max(0.0)
             });
-            (window, server, client, other)
+            (window, server, client, other, followers)
         }
-        _ => (args.duration, None, CpuUse::default(), None),
+        _ => (args.duration, None, CpuUse::default(), None, Vec::new()),
     };
     let memory = if args.mode == Mode::Memory {
         let (rss_after, hwm) = args.server_pid.and_then(proc::rss_kib).unwrap_or((0, 0));
@@ -1218,6 +1250,8 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         fairness,
         server_pid: args.server_pid,
         server_cpu,
+        follower_cpu,
+        replication,
         client_cpu,
         other_cpu,
         drained,
@@ -1318,13 +1352,23 @@ fn build_worker<'a>(
 
 /// The main thread while workers run: takes the CPU marks at the start and
 /// end of the measured window and prints the progress line.
-/// (time, server CPU s, generator CPU s, whole machine busy CPU s).
-type Mark = (u64, Option<f64>, Option<f64>, Option<f64>);
+/// (time, server CPU s, generator CPU s, whole machine busy CPU s, each
+/// follower's CPU s).
+type Mark = (u64, Option<f64>, Option<f64>, Option<f64>, Vec<Option<f64>>);
+
+/// How long before the window the active's metrics are read: the scrape's
+/// round trip is then over before the window's first CPU mark.
+const SCRAPE_LEAD_NS: u64 = 50_000_000;
+/// The active publishes its metrics at most every 100 ms: the scrape after
+/// the window waits this long past its end, so that every probe of the
+/// window is in it.
+const SCRAPE_LAG_NS: u64 = 150_000_000;
 
 fn watch(
     shared: &Shared,
     args: &RunArgs,
     handles: &[std::thread::ScopedJoinHandle<'_, WorkerResult>],
+    before: &mut Option<crate::Result<Scrape>>,
 ) -> Vec<Mark> {
     let mut marks = Vec::new();
     let cpu = |t: u64| {
@@ -1333,15 +1377,25 @@ fn watch(
             args.server_pid.and_then(|p| proc::cpu_seconds(Some(p))),
             proc::cpu_seconds(None),
             proc::machine_busy_seconds(),
+            args.follower_pids
+                .iter()
+                .map(|&p| proc::cpu_seconds(Some(p)))
+                .collect(),
         )
     };
     let memory = args.mode == Mode::Memory;
-    let mut last_progress = 0;
-    let mut last_t = 0;
+    let mut last = (0, 0);
     let mut next_print = 1_000_000_000;
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let scrape_at = shared.warm_end.saturating_sub(SCRAPE_LEAD_NS);
     loop {
         let now = shared.now();
+        if let Some(addr) = &args.metrics_addr
+            && before.is_none()
+            && now >= scrape_at
+        {
+            *before = Some(replication::scrape(addr));
+        }
         if marks.is_empty() && (now >= shared.warm_end || memory) {
             marks.push(cpu(now));
         }
@@ -1352,31 +1406,7 @@ fn watch(
             break;
         }
         if now >= next_print && !args.quiet {
-            let progress = shared.progress.load(Ordering::Relaxed);
-            let rate = (progress - last_progress) as f64 / ((now - last_t) as f64 / 1e9);
-            let phase = if memory {
-                format!("granted {progress}/{}", args.locks)
-            } else if now < shared.warm_end {
-                "warm-up".to_string()
-            } else if now < shared.end {
-                "measuring".to_string()
-            } else {
-                "draining".to_string()
-            };
-            let line = format!(
-                "ringlock-bench: {:>5.1} s {} {:.0} {}/s",
-                now as f64 / 1e9,
-                phase,
-                rate,
-                if memory { "acquires" } else { "cycles" }
-            );
-            if tty {
-                eprint!("\r{line}   ");
-            } else {
-                eprintln!("{line}");
-            }
-            last_progress = progress;
-            last_t = now;
+            print_progress(shared, args, now, &mut last, tty);
             next_print += 1_000_000_000;
         }
         let mut wake = next_print;
@@ -1397,4 +1427,34 @@ fn watch(
         eprintln!();
     }
     marks
+}
+
+/// The progress line, once a second: the rate since the last one
+/// (`last`: progress and time then).
+fn print_progress(shared: &Shared, args: &RunArgs, now: u64, last: &mut (u64, u64), tty: bool) {
+    let memory = args.mode == Mode::Memory;
+    let progress = shared.progress.load(Ordering::Relaxed);
+    let rate = (progress - last.0) as f64 / ((now - last.1) as f64 / 1e9);
+    let phase = if memory {
+        format!("granted {progress}/{}", args.locks)
+    } else if now < shared.warm_end {
+        "warm-up".to_string()
+    } else if now < shared.end {
+        "measuring".to_string()
+    } else {
+        "draining".to_string()
+    };
+    let line = format!(
+        "ringlock-bench: {:>5.1} s {} {:.0} {}/s",
+        now as f64 / 1e9,
+        phase,
+        rate,
+        if memory { "acquires" } else { "cycles" }
+    );
+    if tty {
+        eprint!("\r{line}   ");
+    } else {
+        eprintln!("{line}");
+    }
+    *last = (progress, now);
 }

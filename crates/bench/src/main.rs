@@ -18,6 +18,7 @@
 
 #![deny(unsafe_code)]
 
+mod cluster_report;
 mod echo;
 mod grow;
 // The only unsafe code here is `#[unsafe(no_mangle)]`, which callgrind
@@ -29,6 +30,7 @@ mod instr;
 mod load;
 mod plot;
 mod proc;
+mod replication;
 mod report;
 mod stats;
 

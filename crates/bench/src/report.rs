@@ -211,6 +211,7 @@ fn figures_of(run: &RunResult) -> Vec<(String, f64)> {
         f.push(("server_cpu_per_cycle_us".into(), cpu.us_per_cycle));
         f.push(("server_util".into(), cpu.util));
     }
+    crate::cluster_report::figures(run, &mut f);
     f.push(("client_util".into(), run.client_cpu.util));
     if let Some(other) = run.other_cpu {
         f.push(("other_util".into(), other));
@@ -286,6 +287,9 @@ pub(crate) const MEMORY: &str = "memory";
 pub(crate) const GROWTH: &str = "growth";
 pub(crate) const ECHO: &str = "echo";
 pub(crate) const REDIS: &str = "redis";
+/// The suffix of a cluster row's label: `<label>-cluster` is `<label>` as
+/// an active (primary) with two standbys (replicas).
+pub(crate) const CLUSTER: &str = "-cluster";
 
 #[expect(clippy::too_many_lines)]
 pub(crate) fn check_targets(r: &Results) -> Vec<TargetCheck> {
@@ -302,9 +306,10 @@ pub(crate) fn check_targets(r: &Results) -> Vec<TargetCheck> {
     let labels = ringlock_labels(&r.groups);
     // The TLS variants have a table of their own (their cost against the
     // same server in plain text, see `tls_costs`), not the plain targets.
+    // So do the clusters (`cluster_targets`).
     for label in labels
         .iter()
-        .filter(|l| !l.ends_with("-spin") && !l.ends_with("-tls"))
+        .filter(|l| !l.ends_with("-spin") && !l.ends_with("-tls") && !l.ends_with(CLUSTER))
     {
         let mut push = |target: &str,
                         goal: &str,
@@ -494,6 +499,9 @@ pub(crate) fn main_report(args: ReportArgs) -> crate::Result<ExitCode> {
         runs,
     };
     results.targets = check_targets(&results);
+    results
+        .targets
+        .extend(crate::cluster_report::targets(&results));
     let stem = args.out.clone();
     let with_ext = |ext: &str| {
         let mut p = stem.clone().into_os_string();
@@ -710,6 +718,8 @@ pub(crate) fn markdown(r: &Results, plots: &[PathBuf]) -> String {
         }
         let _ = writeln!(md);
     }
+
+    crate::cluster_report::markdown(r, &mut md);
 
     let mut scenarios: Vec<&str> = Vec::new();
     for g in &r.groups {

@@ -201,6 +201,15 @@ pub(crate) struct RunResult {
     pub fairness: Option<Fairness>,
     pub server_pid: Option<u32>,
     pub server_cpu: Option<CpuUse>,
+    /// Cluster rows: each follower's (standby's, replica's) CPU over the
+    /// window, in the order of `--follower-pid`.
+    #[serde(default)]
+    pub follower_cpu: Vec<CpuUse>,
+    /// Cluster rows with `--metrics-addr`: the active's replication figures
+    /// per follower over the window (none when the server publishes no
+    /// replication lag).
+    #[serde(default)]
+    pub replication: Vec<crate::replication::FollowerReplication>,
     /// The load generator's own CPU: near 1.0 per thread means the generator,
     /// not the server, may be the bottleneck.
     pub client_cpu: CpuUse,
@@ -237,6 +246,37 @@ impl RunResult {
                     name, h.count, h.p50, h.p90, h.p99, h.p999, h.max
                 );
             }
+        }
+    }
+
+    /// Cluster rows: each follower's CPU, and the replication the active
+    /// reported per follower.
+    fn print_followers(&self) {
+        for (i, cpu) in self.follower_cpu.iter().enumerate() {
+            println!(
+                "  follower {} CPU {:.2} s ({:.0}% of a core), {:.2} µs per cycle",
+                i + 1,
+                cpu.cpu_s,
+                cpu.util * 100.0,
+                cpu.us_per_cycle
+            );
+        }
+        let bound = |v: Option<f64>| v.map_or("-".into(), |v| format!("<= {v:.0} µs"));
+        for r in &self.replication {
+            println!(
+                "  replication to {}: {} probes, lag p50 {} p99 {} max {} (mean {}), \
+                 {} events in {} writes, {} bytes, {} probes lost",
+                r.follower,
+                r.probes,
+                bound(r.lag_p50_us),
+                bound(r.lag_p99_us),
+                bound(r.lag_max_us),
+                r.lag_mean_us.map_or("-".into(), |v| format!("{v:.0} µs")),
+                r.events,
+                r.writes,
+                r.bytes,
+                r.probes_lost
+            );
         }
     }
 
@@ -330,6 +370,7 @@ impl RunResult {
                 cpu.us_per_cycle
             );
         }
+        self.print_followers();
         if let Some(other) = self.other_cpu {
             println!("  rest of the machine {:.0}% of a core", other * 100.0);
         }

@@ -18,6 +18,8 @@ fn server() -> PathBuf {
 struct Running {
     child: Child,
     addr: String,
+    /// Its `--metrics-listen` address, from its "metrics on" line.
+    metrics: Option<String>,
 }
 
 impl Running {
@@ -30,15 +32,23 @@ impl Running {
             .spawn()
             .expect("spawn server");
         let mut lines = BufReader::new(child.stderr.take().unwrap());
+        let mut metrics = None;
         let addr = loop {
             let mut line = String::new();
             assert!(lines.read_line(&mut line).unwrap() > 0, "server exited");
+            if let Some(rest) = line.split("metrics on http://").nth(1) {
+                metrics = rest.split('/').next().map(str::to_string);
+            }
             if let Some(rest) = line.split("listening on ").nth(1) {
                 break rest.split_whitespace().next().unwrap().to_string();
             }
         };
         std::thread::spawn(move || for _ in lines.lines() {});
-        Running { child, addr }
+        Running {
+            child,
+            addr,
+            metrics,
+        }
     }
 
     fn pid(&self) -> String {
@@ -269,6 +279,219 @@ fn load_generator_report_and_compare() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("0 regression(s)"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Free loopback ports (bound, then let go: the nodes bind them next).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// `GET /metrics` of a node, within a few seconds.
+fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// Three nodes: the first (highest priority) active, the other two its
+/// standbys holding its snapshot; waits for that, 20 s at most.
+fn cluster(dir: &Path) -> Vec<Running> {
+    let secret = dir.join("cluster.secret");
+    let status = Command::new(server())
+        .arg("keygen")
+        .arg(&secret)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let peers: Vec<String> = free_ports(3)
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let list = peers.join(",");
+    let nodes: Vec<Running> = peers
+        .iter()
+        .map(|listen| {
+            Running::start(
+                server().to_str().unwrap(),
+                &[
+                    "serve",
+                    "--listen",
+                    listen,
+                    "--peers",
+                    &list,
+                    "--cluster-secret-file",
+                    secret.to_str().unwrap(),
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                ],
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let m: Vec<String> = nodes
+            .iter()
+            .map(|n| metrics(n.metrics.as_deref().expect("a metrics line")))
+            .collect();
+        let has = |i: usize, line: &str| m[i].lines().any(|l| l == line);
+        if has(0, "ringlock_active 1")
+            && has(0, "ringlock_peers_up 2")
+            && (1..3).all(|i| has(i, "ringlock_active 0") && has(i, "ringlock_ready 1"))
+        {
+            return nodes;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no active with two synced standbys: {m:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A cluster row's run: each standby's CPU, and the replication of each
+/// follower with changes, writes and lag probes.
+fn check_cluster_run(r: &serde_json::Value, nodes: &[Running]) {
+    assert!(f(r, &["cycles"]) > 0.0);
+    assert_eq!(f(r, &["errors"]), 0.0);
+    let followers = r["follower_cpu"].as_array().unwrap();
+    assert_eq!(followers.len(), 2, "{r}");
+    for cpu in followers {
+        assert!(f(cpu, &["cpu_s"]) >= 0.0, "{cpu}");
+    }
+    let repl = r["replication"].as_array().unwrap();
+    assert_eq!(repl.len(), 2, "one entry per follower: {r}");
+    let mut addrs: Vec<&str> = repl
+        .iter()
+        .map(|x| x["follower"].as_str().unwrap())
+        .collect();
+    addrs.sort_unstable();
+    let mut standbys = vec![nodes[1].addr.as_str(), nodes[2].addr.as_str()];
+    standbys.sort_unstable();
+    assert_eq!(addrs, standbys);
+    for x in repl {
+        let cycles = f(r, &["cycles"]);
+        // Two changes (grant, release) per cycle in the window, give
+        // or take the warm-up's and the drain's.
+        assert!(f(x, &["events"]) >= cycles, "{x} vs {cycles} cycles");
+        assert!(f(x, &["writes"]) > 0.0 && f(x, &["bytes"]) > f(x, &["events"]));
+        assert!(f(x, &["probes"]) > 0.0, "{x}");
+        let (p50, p99, max) = (
+            f(x, &["lag_p50_us"]),
+            f(x, &["lag_p99_us"]),
+            f(x, &["lag_max_us"]),
+        );
+        assert!(p50 >= 1.0 && p50 <= p99 && p99 <= max, "{x}");
+        assert!(f(x, &["lag_mean_us"]) <= max, "{x}");
+    }
+}
+
+/// The report of a single node's and a cluster's runs: its replication
+/// table with the ratios, and the cluster goals.
+fn check_cluster_report(runs_path: &Path, dir: &Path) {
+    let md = report(runs_path, &dir.join("result"));
+    assert!(
+        md.contains("## Replication: an active and two standbys beside the single node"),
+        "{md}"
+    );
+    for scenario in ["conns-50", "pipelined"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {scenario} | ringlock-x-cluster | ")))
+            .unwrap_or_else(|| panic!("no {scenario} cluster row: {md}"));
+        let cells: Vec<&str> = row.split(" | ").collect();
+        // active CPU, single, ratio: the ratio is theirs.
+        let (a, s, ratio): (f64, f64, f64) = (
+            cells[2].parse().unwrap(),
+            cells[3].parse().unwrap(),
+            cells[4].parse().unwrap(),
+        );
+        assert!((a / s - ratio).abs() < 0.02, "{row}");
+        assert_eq!(cells[5].split(" / ").count(), 2, "two standbys: {row}");
+    }
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
+    let goals: Vec<&serde_json::Value> = result["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["label"] == "ringlock-x-cluster")
+        .collect();
+    // CPU against the single node in both shapes, and the lag at 50
+    // connections, are measured; against Redis not (no Redis row here).
+    let verdicts: Vec<&str> = goals
+        .iter()
+        .map(|t| t["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(goals.len(), 5, "{goals:?}");
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == "not measured").count(),
+        2,
+        "{goals:?}"
+    );
+}
+
+/// A cluster row (bench.sh's `<label>-cluster`): each standby's CPU, the
+/// active's replication lag per follower from its /metrics, and the report's
+/// replication tables beside the single node's row.
+#[test]
+fn cluster_rows_report_standby_cpu_and_replication_lag() {
+    let dir = std::env::temp_dir().join(format!("ringlock-bench-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let single = Running::start(
+        server().to_str().unwrap(),
+        &["serve", "--listen", "127.0.0.1:0"],
+    );
+    let nodes = cluster(&dir);
+    let mut runs = Vec::new();
+    for scenario in ["conns-50", "pipelined"] {
+        let shape: &[&str] = if scenario == "pipelined" {
+            &["--conns", "2", "--pipeline", "8"]
+        } else {
+            &["--conns", "4"]
+        };
+        let mut args = vec!["--scenario", scenario, "--label", "ringlock-x"];
+        args.extend_from_slice(shape);
+        let pid = single.pid();
+        let r = run(&[&args[..], &["--addr", &single.addr, "--server-pid", &pid]].concat());
+        assert_eq!(r["follower_cpu"].as_array().map(Vec::len), Some(0), "{r}");
+        runs.push(r);
+
+        args[3] = "ringlock-x-cluster";
+        let pids: Vec<String> = nodes.iter().map(Running::pid).collect();
+        let metrics_addr = nodes[0].metrics.clone().unwrap();
+        let cluster_args = [
+            "--addr",
+            &nodes[0].addr,
+            "--server-pid",
+            &pids[0],
+            "--follower-pid",
+            &pids[1],
+            "--follower-pid",
+            &pids[2],
+            "--metrics-addr",
+            &metrics_addr,
+        ];
+        let r = run(&[&args[..], &cluster_args[..]].concat());
+        check_cluster_run(&r, &nodes);
+        runs.push(r);
+    }
+    let runs_path = dir.join("runs.jsonl");
+    let lines: Vec<String> = runs.iter().map(|r| r.to_string()).collect();
+    std::fs::write(&runs_path, lines.join("\n") + "\n").unwrap();
+    check_cluster_report(&runs_path, &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
