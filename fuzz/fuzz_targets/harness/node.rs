@@ -1572,8 +1572,13 @@ impl Harness {
             PeerMsg::Snapshot { highest } | PeerMsg::Handoff { highest } => {
                 assert!(highest <= highest_now);
             }
-            PeerMsg::Grant { token, .. } | PeerMsg::Release { token, .. } => {
+            PeerMsg::Grant { token, .. }
+            | PeerMsg::Release { token, .. }
+            | PeerMsg::Member { token, .. } => {
                 assert!(token <= highest_now);
+            }
+            PeerMsg::Limit { limit } => {
+                assert!((1..=ringlock::proto::MAX_PERMITS).contains(&limit));
             }
             PeerMsg::Synced | PeerMsg::Merged => {}
             PeerMsg::Merge { highest } => assert!(highest <= highest_now),

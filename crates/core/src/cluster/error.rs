@@ -54,6 +54,10 @@ pub enum Unexpected {
     NestedMerge,
     /// `MERGED` with no merge open.
     MergedWithoutMerge,
+    /// `P C` not right after a `P L`.
+    PermitWithoutLimit,
+    /// `P L` followed by anything but a `P C`.
+    LimitWithoutPermit,
 }
 
 impl From<WireError> for PeerError {
@@ -116,6 +120,10 @@ impl fmt::Display for Unexpected {
             }
             Unexpected::NestedMerge => f.write_str("peer MERGE inside a merge"),
             Unexpected::MergedWithoutMerge => f.write_str("peer MERGED without a MERGE"),
+            Unexpected::PermitWithoutLimit => f.write_str("peer C (a permit) without its L line"),
+            Unexpected::LimitWithoutPermit => {
+                f.write_str("peer L (a limit) not followed by a C line")
+            }
         }
     }
 }

@@ -173,6 +173,9 @@ struct Peer {
     /// Its link to us is between `MERGE` and `MERGED`: the `G` lines are
     /// grants to merge ([`crate::engine::merge`]).
     in_merge: bool,
+    /// Its link's last line was `P L` with this limit: the next is the
+    /// `P C` of a permit ([`wire`]).
+    next_limit: Option<u32>,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -630,8 +633,10 @@ impl Cluster {
             p.dial_version = p.out_version - 1;
             let lacks = if p.dial_version < 3 {
                 "holders are not replicated to it, and it cannot merge"
-            } else {
+            } else if p.dial_version < wire::MERGE_VERSION {
                 "the identities of holders are not replicated to it, and it cannot merge grants at a heal"
+            } else {
+                "shared grants and permits are not replicated to it: this node refuses G and C while it follows"
             };
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; {lacks})", self.cfg.peers[i], p.out_version, p.dial_version);
         }
@@ -654,8 +659,8 @@ impl Cluster {
         // role rule (who is alive, who claims the role or follows whom,
         // who is synced); the rule runs on every turn's tick and after
         // every other line. Most lines a follower reads are these.
-        let rule_inputs_unchanged =
-            was_alive && matches!(msg, PeerMsg::Grant { .. } | PeerMsg::Release { .. });
+        let rule_inputs_unchanged = was_alive && changes_tables_only(&msg);
+        let limit = self.take_limit(from, &msg)?;
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -691,6 +696,10 @@ impl Cluster {
             }
             PeerMsg::Grant { .. } | PeerMsg::Merge { .. } | PeerMsg::Merged => {
                 self.on_grant_or_merge(now, from, following_sender, msg, engine)?;
+            }
+            PeerMsg::Limit { limit } => self.peers[from].next_limit = Some(limit),
+            PeerMsg::Member { .. } => {
+                self.on_member(now, from, following_sender, msg, limit.unwrap_or(0), engine)?;
             }
             PeerMsg::Release { key, token } if following_sender => {
                 engine.apply_release(now, key, token);
@@ -733,6 +742,54 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// The limit of the `P L` line before `msg` from peer `from`, if it was
+    /// one: only a `P C` follows a `P L`, and only a `P L` precedes a `P C`.
+    fn take_limit(&mut self, from: usize, msg: &PeerMsg<'_>) -> Result<Option<u32>, PeerError> {
+        let limit = self.peers[from].next_limit.take();
+        match (limit, msg) {
+            (None, PeerMsg::Member { permit: true, .. }) => {
+                Err(Unexpected::PermitWithoutLimit.into())
+            }
+            (Some(_), PeerMsg::Member { permit: true, .. }) | (None, _) => Ok(limit),
+            (Some(_), _) => Err(Unexpected::LimitWithoutPermit.into()),
+        }
+    }
+
+    /// `S` or `C` (a permit of a semaphore of `limit`; 0 for `S`) from peer
+    /// `from`: replication from the node we follow, or, between `MERGE`
+    /// and `MERGED`, a member to merge, as [`Cluster::on_grant_or_merge`]
+    /// takes a `G`.
+    fn on_member(
+        &mut self,
+        now: Now,
+        from: usize,
+        following_sender: bool,
+        msg: PeerMsg<'_>,
+        limit: u32,
+        engine: &mut Engine,
+    ) -> Result<(), PeerError> {
+        let PeerMsg::Member {
+            key,
+            token,
+            remaining_ms,
+            holder,
+            ..
+        } = msg
+        else {
+            debug_assert!(false, "not a member line");
+            return Ok(());
+        };
+        engine.observe_token(token);
+        if self.peers[from].in_merge {
+            if self.role == Role::Active || following_sender {
+                engine.merge_member(now, key, token, remaining_ms, limit, holder)?;
+            }
+        } else if following_sender {
+            engine.apply_member(now, key, token, remaining_ms, limit, holder)?;
+        }
+        Ok(())
+    }
+
     /// `G`, `MERGE` and `MERGED` from peer `from`. A `G` outside a merge is
     /// replication, taken from the node we follow; between `MERGE` and
     /// `MERGED` it is a grant to merge ([`crate::engine::merge`]): from a
@@ -782,6 +839,18 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// A grant, a release, a shared grant or permit (or its limit): a line that
+/// changes the tables and no input of the role rule.
+fn changes_tables_only(msg: &PeerMsg<'_>) -> bool {
+    matches!(
+        msg,
+        PeerMsg::Grant { .. }
+            | PeerMsg::Release { .. }
+            | PeerMsg::Limit { .. }
+            | PeerMsg::Member { .. }
+    )
 }
 
 /// The longest reason a peer link is closed with: its `E` line stays well
