@@ -357,6 +357,13 @@ impl Cluster {
         self.links_in.iter().any(|&(c, _)| c == conn)
     }
 
+    /// True if `conn` is an authenticated link from a peer that a newer one
+    /// from the same peer superseded: its lines are ignored until it
+    /// closes.
+    pub fn is_superseded(&self, conn: ConnId) -> bool {
+        self.superseded.contains(&conn)
+    }
+
     /// True if `conn` is a peer link: ours, or one from a peer that sent
     /// `HELLO` (authenticated or not).
     pub fn is_peer_link(&self, conn: ConnId) -> bool {
