@@ -149,7 +149,7 @@ pub enum Refusal {
     Semaphore,
     /// A `G` or `C` on an active one of whose followers speaks a peer
     /// protocol too old to carry shared grants and permits (the cluster
-    /// says so: [`Engine::set_follower_too_old`]): that follower would
+    /// says so, each loop turn): that follower would
     /// lose them if it took over.
     FollowerTooOld,
 }

@@ -14,8 +14,18 @@
 //! token, lease timer and holder entry, found by `(lock, token)`. A lock
 //! counts its members ([`table::Lock::members`]) and keeps its limit.
 //!
-//! None of this is replicated yet: a node with peers refuses `G` and `C`
-//! ([`Refusal::NotReplicated`]), so a cluster never holds a member.
+//! On a node with peers the active records every member's grant, renewal
+//! and end in the replication log ([`Replication::Member`], and the
+//! `Released` of its token); a standby applies them into its own members
+//! ([`Engine::apply_member`]), timers and all, so that a failover or a
+//! hand-off keeps them. An active one of whose followers speaks a peer
+//! protocol too old for them refuses `G` and `C`
+//! ([`Refusal::FollowerTooOld`]). At a heal, the loser's members join
+//! the winner's ([`Engine::merge_member`], [`Engine::merge_over_members`]):
+//! a key may then hold more permits than its limit (no new one is granted
+//! until it is back under it), and an exclusive grant and members of one
+//! key become one grant with the others believed beside it
+//! ([`super::merge`]).
 
 use super::{
     ConnId, Engine, GrantRefusal, MAX_LEASE_MS, MAX_WAITING_PER_CONN, Now, Refusal, Replication,

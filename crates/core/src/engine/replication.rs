@@ -35,9 +35,9 @@ pub enum Replication<'a> {
     },
     /// `key` is held by a shared grant (`limit` 0) or a permit of a
     /// semaphore of `limit` with `token` for `remaining_ms` more: a grant,
-    /// a hand-off or a renewal of one member of the key (see
-    /// [`super::multi`]). It ends with a [`Replication::Released`] of its
-    /// token.
+    /// a hand-off or a renewal of one member of the key (see the
+    /// engine's `multi` module). It ends with a [`Replication::Released`]
+    /// of its token.
     Member {
         key: &'a [u8],
         token: u64,
