@@ -667,7 +667,7 @@ impl Cluster {
         // who is synced); the rule runs on every turn's tick and after
         // every other line. Most lines a follower reads are these.
         let rule_inputs_unchanged = was_alive && changes_tables_only(&msg);
-        let limit = self.take_limit(from, &msg)?;
+        let limit = self.limit_before(from, &msg)?;
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -751,6 +751,20 @@ impl Cluster {
 impl Cluster {
     /// The limit of the `P L` line before `msg` from peer `from`, if it was
     /// one: only a `P C` follows a `P L`, and only a `P L` precedes a `P C`.
+    /// (The checks are out of line: most lines are neither.)
+    #[inline]
+    fn limit_before(&mut self, from: usize, msg: &PeerMsg<'_>) -> Result<Option<u32>, PeerError> {
+        if self.peers[from].next_limit.is_some()
+            || matches!(msg, PeerMsg::Member { permit: true, .. })
+        {
+            self.take_limit(from, msg)
+        } else {
+            Ok(None)
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
     fn take_limit(&mut self, from: usize, msg: &PeerMsg<'_>) -> Result<Option<u32>, PeerError> {
         let limit = self.peers[from].next_limit.take();
         match (limit, msg) {

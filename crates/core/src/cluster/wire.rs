@@ -358,11 +358,24 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
             } else {
                 Holder::default()
             };
-            holder_ok(&holder)?;
+            if holder.identity.is_some_and(|i| !is_valid_identity(i)) {
+                return Err(bad("bad identity"));
+            }
+            if holder
+                .addr
+                .is_some_and(|a| a.len() > MAX_HOLDER_ADDR || !is_valid_key(a))
+            {
+                return Err(bad("bad holder address"));
+            }
+            if holder.owner.is_some_and(|o| !is_valid_owner(o)) {
+                return Err(bad("bad owner"));
+            }
             PeerMsg::Grant {
                 key: f[0],
                 token: token(f[1])?,
-                remaining_ms: remaining(f[2])?,
+                remaining_ms: parse_u64(f[2])
+                    .filter(|&ms| ms <= MAX_REMAINING_MS)
+                    .ok_or_else(|| bad("remaining lease out of range"))?,
                 holder,
             }
         }

@@ -422,6 +422,14 @@ impl Engine {
             .collect()
     }
 
+    /// Every shared grant and permit: `(key, token, expires_ms)`, as
+    /// [`Engine::grants`] lists the exclusive ones. For tests and tools.
+    pub fn member_grants(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
+        self.members
+            .iter()
+            .map(|(_, m)| (self.table.lock(m.lock).key(), m.token, m.expires_ms))
+    }
+
     /// The limit of `key` if it is a live semaphore.
     pub fn semaphore_limit(&self, key: &[u8]) -> Option<u32> {
         let lock = self.table.lock(self.table.find(key)?);
