@@ -91,3 +91,24 @@ test("M is followed to the active node; standby addresses alone reach it", { tim
     await cluster.stopAll();
   }
 });
+
+test("a cluster grants shared locks and permits on its active, beside exclusive locks", { timeout: 60_000 }, async () => {
+  const cluster = await Cluster.start(2);
+  try {
+    await poll("cluster settled on node 0", () => settledOn(cluster, 0, [0, 1]), 10_000, 50);
+    await using client = await Client.connect(cluster.addrs, { redialIntervalMs: 100 });
+    const x = await client.acquire("cluster/x", { leaseMs: 5000, waitMs: 5000 });
+    assert.ok(x !== null, "the exclusive acquire was granted");
+    const tokens: bigint[] = [x.token];
+    for (const kind of [{ shared: true }, { permits: 2 }]) {
+      const g = await client.acquire(`cluster/${"shared" in kind ? "s" : "p"}`, { leaseMs: 5000, ...kind });
+      assert.ok(g !== null, `granted: ${JSON.stringify(kind)}`);
+      tokens.push(g.token);
+      assert.equal(await client.release(g.keyBytes, g.token), true);
+    }
+    assert.ok(tokens[0]! < tokens[1]! && tokens[1]! < tokens[2]!, `tokens in grant order: ${tokens}`);
+    assert.equal(await client.release("cluster/x", x.token), true);
+  } finally {
+    await cluster.stopAll();
+  }
+});

@@ -34,6 +34,11 @@
 //! P C <key> <token> <remaining-ms> <addr> <owner> <identity>
 //!                                                     line is a permit of a
 //!                                                     semaphore of <limit>
+//! P PROBE <n>                                         version 5: answer
+//!                                                     when everything
+//!                                                     before is applied
+//! P PROBED <n>                                        the answer, on the
+//!                                                     follower's own link
 //! ```
 //!
 //! A shared grant or permit ends with the `P X` of its token, as an
@@ -82,8 +87,12 @@ pub const VERSION: u64 = 5;
 
 /// The first version that carries shared grants and permits (`P S`,
 /// `P L`, `P C`). An active refuses `G` and `C` while a follower's link
-/// speaks an older one (docs/cluster.md, "Shared grants and permits").
+/// speaks an older one (docs/cluster.md, "Guarantees").
 pub const SHARED_VERSION: u64 = 5;
+
+/// The first version that carries `PROBE` and `PROBED`: replication lag
+/// measured on the active (see [`super::replication`]).
+pub const PROBE_VERSION: u64 = 5;
 
 /// The first version that carries `MERGE` ... `MERGED`.
 pub const MERGE_VERSION: u64 = 4;
@@ -172,6 +181,16 @@ pub enum PeerMsg<'a> {
         remaining_ms: u64,
         holder: Holder<'a>,
         permit: bool,
+    },
+    /// From the active: answer with [`PeerMsg::Probed`] once every line
+    /// before this one is applied.
+    Probe {
+        seq: u64,
+    },
+    /// A follower's answer to the active's [`PeerMsg::Probe`] `seq`, on
+    /// the follower's own link to it.
+    Probed {
+        seq: u64,
     },
 }
 
@@ -433,6 +452,15 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
             want(0)?;
             PeerMsg::Merged
         }
+        b"PROBE" | b"PROBED" => {
+            want(1)?;
+            let seq = parse_u64(f[0]).ok_or_else(|| bad("bad probe number"))?;
+            if kind == b"PROBE" {
+                PeerMsg::Probe { seq }
+            } else {
+                PeerMsg::Probed { seq }
+            }
+        }
         _ => return Err(bad("unknown message kind")),
     };
     Ok(msg)
@@ -541,6 +569,14 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
         } => {
             encode_member(out, permit, key, token, remaining_ms, holder);
             return;
+        }
+        PeerMsg::Probe { seq } => {
+            out.extend_from_slice(b"P PROBE ");
+            write_u64(out, seq);
+        }
+        PeerMsg::Probed { seq } => {
+            out.extend_from_slice(b"P PROBED ");
+            write_u64(out, seq);
         }
     }
     out.push(b'\n');
@@ -741,6 +777,8 @@ mod tests {
             PeerMsg::Handoff { highest: 11 },
             PeerMsg::Merge { highest: 12 },
             PeerMsg::Merged,
+            PeerMsg::Probe { seq: 0 },
+            PeerMsg::Probed { seq: u64::MAX },
         ]
         .into_iter()
         .chain(member_kinds())
@@ -987,6 +1025,11 @@ mod tests {
             "P C k 1 1 - o\x7f -".into(),
             "P C k 1 1 - - *".into(),
             format!("P S k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1)),
+            "P PROBE".into(),
+            "P PROBE x".into(),
+            "P PROBE 18446744073709551616".into(),
+            "P PROBED 1 2".into(),
+            "P PROBED -1".into(),
             "P NOPE".into(),
             "A k 1 0".into(),
         ];

@@ -16,6 +16,7 @@ impl H {
     fn new(conns: u32) -> H {
         let now = Now {
             ms: 1_000,
+            us: 1_000_000,
             unix_ns: 1_700_000_000_000_000_000,
         };
         let mut engine = Engine::new(now, "127.0.0.1:7171");
@@ -379,6 +380,7 @@ fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failo
 fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
     let now = Now {
         ms: 1_000,
+        us: 1_000_000,
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut e = Engine::with_max_locks(now, "127.0.0.1:7172", 2);
@@ -414,6 +416,7 @@ fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
     e.check_invariants();
     let later = Now {
         ms: now.ms + 12,
+        us: now.us + 12_000,
         unix_ns: now.unix_ns + 12_000_000,
     };
     e.tick(later);
@@ -511,6 +514,7 @@ fn shared_grants_and_permits_are_bounded_by_max_locks() {
     // locks.
     let now = Now {
         ms: 1_000,
+        us: 1_000_000,
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut h = H {
