@@ -54,9 +54,9 @@ pub enum Unexpected {
     NestedMerge,
     /// `MERGED` with no merge open.
     MergedWithoutMerge,
-    /// `P C` not right after a `P L`.
+    /// `P C` without a `P L` before it.
     PermitWithoutLimit,
-    /// `P L` followed by anything but a `P C`.
+    /// `P S` after a `P L` that no `P C` took.
     LimitWithoutPermit,
 }
 
@@ -122,7 +122,7 @@ impl fmt::Display for Unexpected {
             Unexpected::MergedWithoutMerge => f.write_str("peer MERGED without a MERGE"),
             Unexpected::PermitWithoutLimit => f.write_str("peer C (a permit) without its L line"),
             Unexpected::LimitWithoutPermit => {
-                f.write_str("peer L (a limit) not followed by a C line")
+                f.write_str("peer S (a shared grant) after an L line (a limit) no C took")
             }
         }
     }

@@ -177,8 +177,8 @@ struct Peer {
     /// Its link to us is between `MERGE` and `MERGED`: the `G` lines are
     /// grants to merge ([`crate::engine::merge`]).
     in_merge: bool,
-    /// Its link's last line was `P L` with this limit: the next is the
-    /// `P C` of a permit ([`wire`]).
+    /// The limit of the last `P L` on its link, until a `P C` (a permit)
+    /// takes it ([`wire`]).
     next_limit: Option<u32>,
     /// Our lag probe in flight on our link to it: its number and when it
     /// went (monotonic µs, [`Now::us`]).
@@ -686,7 +686,6 @@ impl Cluster {
         // who is synced); the rule runs on every turn's tick and after
         // every other line. Most lines a follower reads are these.
         let rule_inputs_unchanged = was_alive && changes_tables_only(&msg);
-        let limit = self.limit_before(from, &msg)?;
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -707,9 +706,7 @@ impl Cluster {
                 self.on_grant_or_merge(now, from, following_sender, msg, engine)?;
             }
             PeerMsg::Limit { limit } => self.peers[from].next_limit = Some(limit),
-            PeerMsg::Member { .. } => {
-                self.on_member(now, from, following_sender, msg, limit.unwrap_or(0), engine)?;
-            }
+            PeerMsg::Member { .. } => self.on_member(now, from, following_sender, msg, engine)?,
             PeerMsg::Release { key, token } if following_sender => {
                 engine.apply_release(now, key, token);
             }
@@ -756,44 +753,19 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// The limit of the `P L` line before `msg` from peer `from`, if it was
-    /// one: only a `P C` follows a `P L`, and only a `P L` precedes a `P C`.
-    /// (The checks are out of line: most lines are neither.)
-    #[inline]
-    fn limit_before(&mut self, from: usize, msg: &PeerMsg<'_>) -> Result<Option<u32>, PeerError> {
-        if self.peers[from].next_limit.is_some()
-            || matches!(msg, PeerMsg::Member { permit: true, .. })
-        {
-            self.take_limit(from, msg)
-        } else {
-            Ok(None)
-        }
-    }
-
+    /// `S` or `C` from peer `from`: replication from the node we follow,
+    /// or, between `MERGE` and `MERGED`, a member to merge, as
+    /// [`Cluster::on_grant_or_merge`] takes a `G`. A `C` is a permit of
+    /// the semaphore of the limit of the last `P L` (which it takes); a `C`
+    /// with none, or an `S` after a `P L`, breaks the link.
     #[cold]
     #[inline(never)]
-    fn take_limit(&mut self, from: usize, msg: &PeerMsg<'_>) -> Result<Option<u32>, PeerError> {
-        let limit = self.peers[from].next_limit.take();
-        match (limit, msg) {
-            (None, PeerMsg::Member { permit: true, .. }) => {
-                Err(Unexpected::PermitWithoutLimit.into())
-            }
-            (Some(_), PeerMsg::Member { permit: true, .. }) | (None, _) => Ok(limit),
-            (Some(_), _) => Err(Unexpected::LimitWithoutPermit.into()),
-        }
-    }
-
-    /// `S` or `C` (a permit of a semaphore of `limit`; 0 for `S`) from peer
-    /// `from`: replication from the node we follow, or, between `MERGE`
-    /// and `MERGED`, a member to merge, as [`Cluster::on_grant_or_merge`]
-    /// takes a `G`.
     fn on_member(
         &mut self,
         now: Now,
         from: usize,
         following_sender: bool,
         msg: PeerMsg<'_>,
-        limit: u32,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
         let PeerMsg::Member {
@@ -801,11 +773,17 @@ impl Cluster {
             token,
             remaining_ms,
             holder,
-            ..
+            permit,
         } = msg
         else {
             debug_assert!(false, "not a member line");
             return Ok(());
+        };
+        let limit = match (self.peers[from].next_limit.take(), permit) {
+            (Some(limit), true) => limit,
+            (None, false) => 0,
+            (None, true) => return Err(Unexpected::PermitWithoutLimit.into()),
+            (Some(_), false) => return Err(Unexpected::LimitWithoutPermit.into()),
         };
         engine.observe_token(token);
         if self.peers[from].in_merge {

@@ -32,7 +32,7 @@
 //!                                                     grant (or renewal)
 //! P L <limit>                                         version 5: the next
 //! P C <key> <token> <remaining-ms> <addr> <owner> <identity>
-//!                                                     line is a permit of a
+//!                                                     `C` is a permit of a
 //!                                                     semaphore of <limit>
 //! P PROBE <n>                                         version 5: answer
 //!                                                     when everything
@@ -398,32 +398,6 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
                 holder,
             }
         }
-        b"S" | b"C" => {
-            want(6)?;
-            key(f[0])?;
-            let holder = Holder {
-                addr: Some(f[3]).filter(|&a| a != b"-"),
-                owner: Some(f[4]).filter(|&o| o != b"-"),
-                identity: Some(f[5]).filter(|&i| i != b"-"),
-            };
-            holder_ok(&holder)?;
-            PeerMsg::Member {
-                key: f[0],
-                token: token(f[1])?,
-                remaining_ms: remaining(f[2])?,
-                holder,
-                permit: kind == b"C",
-            }
-        }
-        b"L" => {
-            want(1)?;
-            let limit = parse_u64(f[0])
-                .filter(|l| (1..=u64::from(MAX_PERMITS)).contains(l))
-                .ok_or_else(|| bad("semaphore limit out of range"))?;
-            PeerMsg::Limit {
-                limit: u32::try_from(limit).map_err(|_| bad("semaphore limit out of range"))?,
-            }
-        }
         b"X" => {
             want(2)?;
             key(f[0])?;
@@ -459,6 +433,33 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
                 PeerMsg::Probe { seq }
             } else {
                 PeerMsg::Probed { seq }
+            }
+        }
+        // The rarer lines last: a `P G` or `P X` compares no more kinds.
+        b"S" | b"C" => {
+            want(6)?;
+            key(f[0])?;
+            let holder = Holder {
+                addr: Some(f[3]).filter(|&a| a != b"-"),
+                owner: Some(f[4]).filter(|&o| o != b"-"),
+                identity: Some(f[5]).filter(|&i| i != b"-"),
+            };
+            holder_ok(&holder)?;
+            PeerMsg::Member {
+                key: f[0],
+                token: token(f[1])?,
+                remaining_ms: remaining(f[2])?,
+                holder,
+                permit: kind == b"C",
+            }
+        }
+        b"L" => {
+            want(1)?;
+            let limit = parse_u64(f[0])
+                .filter(|l| (1..=u64::from(MAX_PERMITS)).contains(l))
+                .ok_or_else(|| bad("semaphore limit out of range"))?;
+            PeerMsg::Limit {
+                limit: u32::try_from(limit).map_err(|_| bad("semaphore limit out of range"))?,
             }
         }
         _ => return Err(bad("unknown message kind")),
