@@ -283,6 +283,44 @@ fn handoff_is_taken_only_from_the_followed_node() {
     assert_eq!(c.role(), Role::Active);
 }
 
+#[test]
+fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_limit() {
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, at(2), 11, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    let member = |key: &'static [u8], token, permit| PeerMsg::Member {
+        key,
+        token,
+        remaining_ms: 1_000,
+        holder: crate::proto::Holder::default(),
+        permit,
+    };
+    c.on_message(at(3), 11, member(b"r", 5, false), &mut e)
+        .unwrap();
+    c.on_message(at(3), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+        .unwrap();
+    c.on_message(at(3), 11, member(b"s", 6, true), &mut e)
+        .unwrap();
+    assert_eq!(e.members_of(b"r").len(), 1);
+    assert_eq!(e.semaphore_limit(b"s"), Some(2));
+    assert!(e.highest_token() >= 6);
+    e.check_invariants();
+    // A permit without a limit, and a shared grant while a limit waits
+    // for its permit, break the link.
+    let err = c
+        .on_message(at(4), 11, member(b"s", 7, true), &mut e)
+        .unwrap_err();
+    assert!(err.to_string().contains("without its L line"), "{err}");
+    c.on_message(at(4), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+        .unwrap();
+    let err = c
+        .on_message(at(4), 11, member(b"r", 8, false), &mut e)
+        .unwrap_err();
+    assert!(err.to_string().contains("after an L line"), "{err}");
+    assert_eq!(e.member_count(), 2, "nothing applied from a broken pair");
+}
+
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
 /// and inbound links from both.
 fn active_node0() -> (Cluster, Engine) {
