@@ -257,6 +257,61 @@ fn a_restarted_first_node_syncs_then_takes_the_role_back() {
     ok(&sim);
 }
 
+/// Shared grants and permits through a crash of the active and then a
+/// hand-off: two readers of "r" and two permits of the semaphore "s" of 2
+/// (clients 0 and 1 hold one of each) are replicated; after the crash the
+/// new active holds them all, grants no third permit and no writer, and
+/// takes their releases by token; after the hand-off the next active
+/// likewise; new tokens are above every earlier one. The simulator's
+/// checks run throughout and know a member is a grant (check 4 lets
+/// readers overlap, and permits up to their limit).
+#[test]
+fn shared_grants_and_permits_survive_a_crash_and_a_hand_off() {
+    let mut sim = cluster(3);
+    let mut held = Vec::new();
+    for (key, limit) in [("r", 0), ("s", 2)] {
+        for c in 0..2 {
+            let t = sim.acquire_kind(c, key, Some(limit), 30_000).unwrap();
+            held.push((key, t));
+        }
+    }
+    held.sort();
+    let want = grants(&held);
+    sim.run_for(50);
+    for x in [1, 2] {
+        assert_eq!(sim.table(x), want, "n{x} replica");
+    }
+    let before = sim.issued_max();
+    sim.crash(0);
+    until_active(&mut sim, 1, 2 * MAX_DELAY_MS + 10);
+    assert_eq!(sim.table(1), want);
+    // A third permit and a writer wait: their waits run out.
+    sim.send_acquire_kind(0, 1, "s", Some(2), 1_000, 200);
+    sim.send_acquire_kind(1, 1, "r", None, 1_000, 200);
+    sim.run_for(300);
+    assert_eq!(sim.answers(0).last().unwrap(), &(1, "C s 0".to_string()));
+    assert_eq!(sim.answers(1).last().unwrap(), &(1, "T r".to_string()));
+    ok(&sim);
+
+    assert_eq!(sim.leave(1), Some(2));
+    until_active(&mut sim, 2, 2 * MAX_DELAY_MS + 5);
+    assert_eq!(sim.table(2), want);
+    sim.send_acquire_kind(0, 2, "s", Some(2), 1_000, 200);
+    sim.run_for(300);
+    assert_eq!(sim.answers(0).last().unwrap(), &(2, "C s 0".to_string()));
+    // Released by their tokens on the third active: a permit goes to the
+    // next acquire, the key of the readers to a writer, above everything.
+    let (s0, r0, r1) = (held[2].1, held[0].1, held[1].1);
+    assert_eq!(sim.release_at(0, 2, "s", s0), "R s 1");
+    let permit = sim.acquire_kind(0, "s", Some(2), 5_000).unwrap();
+    assert!(permit > before, "token {permit} not above {before}");
+    assert_eq!(sim.release_at(0, 2, "r", r0), "R r 1");
+    assert_eq!(sim.release_at(1, 2, "r", r1), "R r 1");
+    let writer = sim.acquire(1, "r", 5_000).unwrap();
+    assert!(writer > permit);
+    ok(&sim);
+}
+
 #[test]
 fn a_graceful_leave_hands_over_within_a_round_trip() {
     let mut sim = cluster(3);

@@ -148,8 +148,8 @@ func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration
 // lock. Besides Lock's errors: a *WrongKindError (ErrWrongKind) when the
 // key is of another kind (nothing changed); ErrInvalidArgument for a limit
 // outside 1 to MaxPermits. A node that predates shared locks answers E
-// (ErrProtocol), and so does a node started with --peers (they are not
-// replicated yet).
+// (ErrProtocol), and so does the active of a cluster one of whose
+// followers runs a release that cannot replicate them.
 func (c *Client) LockKind(ctx context.Context, key string, kind Kind, lease, wait time.Duration) (*Lock, error) {
 	l, timedOut, err := c.acquireChecked(ctx, key, kind, lease, wait)
 	if err != nil {

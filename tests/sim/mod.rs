@@ -49,7 +49,7 @@ use ringlock::engine::{ConnId, Now};
 use ringlock::io::lifecycle::Phase;
 use ringlock::io::{Lifecycle, Step};
 use ringlock::node::{Admission, Node, NodeConfig};
-use ringlock_proto::{Answer, parse_answer};
+use ringlock_proto::{Answer, Kind, parse_answer};
 pub use rng::Rng;
 
 pub const HEARTBEAT_MS: u64 = 50;
@@ -327,8 +327,10 @@ enum DialPhase {
 
 #[derive(Debug, Clone)]
 struct Req {
+    /// `A`, `G`, `C` (a permit of a semaphore of `limit`), `R` or `N`.
     op: u8,
     key: Vec<u8>,
+    limit: u32,
     token: u64,
     lease_ms: u64,
     wait_ms: u64,
@@ -349,6 +351,25 @@ impl Req {
                 format!(
                     "A {} {} {}",
                     show(&self.key),
+                    secs(self.lease_ms),
+                    secs(self.wait_ms)
+                )
+                .as_bytes(),
+            ),
+            b'G' => l.extend_from_slice(
+                format!(
+                    "G {} {} {}",
+                    show(&self.key),
+                    secs(self.lease_ms),
+                    secs(self.wait_ms)
+                )
+                .as_bytes(),
+            ),
+            b'C' => l.extend_from_slice(
+                format!(
+                    "C {} {} {} {}",
+                    show(&self.key),
+                    self.limit,
                     secs(self.lease_ms),
                     secs(self.wait_ms)
                 )
@@ -398,6 +419,9 @@ struct Belief {
     /// Granted after the cluster agreed on one active again (see
     /// [`Sim::agreed_since`]): no partition excuses an overlap with it.
     after_agreement: bool,
+    /// `None`: an exclusive grant; `Some(0)` a shared one; `Some(n)` a
+    /// permit of a semaphore of `n`.
+    member: Option<u32>,
 }
 
 struct Client {
@@ -868,9 +892,10 @@ impl Sim {
         let before = inc.role;
         debug_assert_eq!(before, inc.node.role());
         let grants: Option<Vec<(Vec<u8>, u64, u64)>> = (before != Role::Active).then(|| {
-            inc.node
-                .engine()
+            let engine = inc.node.engine();
+            engine
                 .grants()
+                .chain(engine.member_grants())
                 .map(|(k, t, e)| (k.to_vec(), t, e))
                 .collect()
         });
@@ -893,8 +918,13 @@ impl Sim {
             inc.role = role;
             let mut lost = Vec::new();
             if role == Role::Active {
+                let engine = inc.node.engine();
                 for (k, tok, exp) in grants_before.iter().flatten() {
-                    if *exp > now.ms && inc.node.engine().holder(k).map(|h| h.0) != Some(*tok) {
+                    // The key's grant, or one of its shared grants or
+                    // permits.
+                    let kept = engine.holder(k).map(|h| h.0) == Some(*tok)
+                        || engine.members_of(k).iter().any(|m| m.0 == *tok);
+                    if *exp > now.ms && !kept {
                         lost.push(format!("{} {tok}", show(k)));
                     }
                 }
@@ -1402,6 +1432,7 @@ impl Sim {
                 let engine = self.nodes[y].inc.as_ref().unwrap().node.engine();
                 engine
                     .grants()
+                    .chain(engine.member_grants())
                     .map(|(k, t, _)| (k.to_vec(), t))
                     .collect::<Vec<_>>()
             })
@@ -1640,10 +1671,10 @@ impl Sim {
         let Some(inc) = self.nodes[x].inc.as_ref() else {
             return Vec::new();
         };
-        let mut v: Vec<(String, u64)> = inc
-            .node
-            .engine()
+        let engine = inc.node.engine();
+        let mut v: Vec<(String, u64)> = engine
             .grants()
+            .chain(engine.member_grants())
             .map(|(k, t, _)| (show(k), t))
             .collect();
         v.sort();
@@ -2690,6 +2721,7 @@ impl Sim {
                 let left = self.beliefs[held.belief].end.saturating_sub(t);
                 let lease_ms = left + self.rng.range(100, 2_000);
                 let req = Req {
+                    limit: 0,
                     op: b'N',
                     key: key.clone(),
                     token: held.token,
@@ -2717,6 +2749,7 @@ impl Sim {
             self.rng.range(50, 1_500)
         };
         let req = Req {
+            limit: 0,
             op: b'A',
             key,
             token: 0,
@@ -2741,6 +2774,7 @@ impl Sim {
             .releasing
             .insert((key.to_vec(), held.token), held.belief);
         let req = Req {
+            limit: 0,
             op: b'R',
             key: key.to_vec(),
             token: held.token,
@@ -2856,7 +2890,7 @@ impl Sim {
             };
             let (key, ops): (&[u8], &[u8]) = match answer {
                 Answer::Granted { key, .. } | Answer::TimedOut { key } => (key, b"A"),
-                Answer::Moved { key, .. } => (key, b"ARN"),
+                Answer::Moved { key, .. } => (key, b"AGCRN"),
                 Answer::Released { key, .. } => (key, b"R"),
                 Answer::Renewed { key, .. } => (key, b"N"),
                 Answer::Status { .. } => (b"", b"S"),
@@ -2867,8 +2901,11 @@ impl Sim {
                 Answer::Owner { .. } => (b"", b"O"),
                 Answer::LockWho { .. } | Answer::WhoEnd { .. } => (b"", b"W"),
                 Answer::Waiter { .. } | Answer::QueueEnd { .. } => (b"", b"Q"),
-                // Nor `G` or `C`: their answers match nothing.
-                Answer::KindGranted { .. } | Answer::KindRefused { .. } => (b"", b"GC"),
+                Answer::KindGranted { kind, key, .. } => match kind {
+                    Kind::Shared => (key, b"G"),
+                    Kind::Permit => (key, b"C"),
+                },
+                Answer::KindRefused { key, .. } => (key, b"GC"),
                 Answer::Error { reason } => {
                     self.fail(format!(
                         "check 5: client {c} got E from n{n}: {}",
@@ -2895,6 +2932,11 @@ impl Sim {
             self.clients[c].busy.remove(&req.key);
             match answer {
                 Answer::Granted { key, token } => self.client_granted(c, n, key, token, sent, &req),
+                // A shared grant or permit is a grant (`0`: its wait ran
+                // out).
+                Answer::KindGranted { key, token, .. } if token > 0 => {
+                    self.client_granted(c, n, key, token, sent, &req);
+                }
                 Answer::TimedOut { .. } => {}
                 Answer::Moved { addr, .. } => {
                     let mut req = req;
@@ -2985,6 +3027,11 @@ impl Sim {
             end: sent + req.lease_ms,
             lease_end: sent + req.lease_ms,
             after_agreement: self.agreed_since.is_some_and(|a| a <= sent),
+            member: match req.op {
+                b'G' => Some(0),
+                b'C' => Some(req.limit),
+                _ => None,
+            },
         };
         self.beliefs.push(b);
         let idx = self.beliefs.len() - 1;
@@ -3001,16 +3048,45 @@ impl Sim {
         self.check_overlap(idx);
     }
 
+    /// How many other permits of belief `b`'s key were believed when `b`
+    /// began.
+    fn permits_beside(&self, b: usize) -> usize {
+        let new = &self.beliefs[b];
+        self.beliefs
+            .iter()
+            .enumerate()
+            .filter(|&(i, o)| {
+                i != b
+                    && o.key == new.key
+                    && o.member.is_some_and(|l| l > 0)
+                    && o.start <= new.start
+                    && o.end > new.start
+            })
+            .count()
+    }
+
+    /// Check 4 knows a member is a grant: shared grants may overlap each
+    /// other, permits each other while at most their limit are believed at
+    /// once (`crowd` others beside the new one).
+    fn members_together(new: &Belief, other: &Belief, crowd: usize) -> bool {
+        match (new.member, other.member) {
+            (Some(0), Some(0)) => true,
+            (Some(n), Some(m)) if n > 0 && m > 0 => (crowd as u64) < u64::from(n),
+            _ => false,
+        }
+    }
+
     /// Check 4: no two clients believe they hold one key at once, outside
     /// a failover or partition window.
     fn check_overlap(&mut self, b: usize) {
         let new = self.beliefs[b].clone();
         let now = self.now;
+        let crowd = self.permits_beside(b);
         for (i, other) in self.beliefs.iter().enumerate() {
             if i == b || other.key != new.key || other.end <= new.start.max(other.start) {
                 continue;
             }
-            if other.start >= new.end {
+            if other.start >= new.end || Sim::members_together(&new, other, crowd) {
                 continue;
             }
             let from = new.granted_ms.min(other.granted_ms);
@@ -3247,6 +3323,7 @@ impl Sim {
         self.probe_sent = true;
         for c in 0..self.clients.len() {
             let req = Req {
+                limit: 0,
                 op: b'A',
                 key: format!("probe{c}").into_bytes(),
                 token: 0,
@@ -3314,10 +3391,14 @@ impl Sim {
         let grants = |x: usize| {
             let now = self.node_now(x);
             let engine = self.nodes[x].inc.as_ref().unwrap().node.engine();
-            let all: BTreeSet<(Vec<u8>, u64)> =
-                engine.grants().map(|(k, t, _)| (k.to_vec(), t)).collect();
+            let all: BTreeSet<(Vec<u8>, u64)> = engine
+                .grants()
+                .chain(engine.member_grants())
+                .map(|(k, t, _)| (k.to_vec(), t))
+                .collect();
             let firm: BTreeSet<(Vec<u8>, u64)> = engine
                 .grants()
+                .chain(engine.member_grants())
                 .filter(|&(_, _, e)| e > now.ms + 200)
                 .map(|(k, t, _)| (k.to_vec(), t))
                 .collect();
@@ -3350,8 +3431,25 @@ impl Sim {
     /// Sends `A key lease 0` from client `c` to the node it believes active
     /// and runs until it is granted (following `M`). Returns the token.
     pub fn acquire(&mut self, c: usize, key: &str, lease_ms: u64) -> Result<u64, String> {
+        self.acquire_kind(c, key, None, lease_ms)
+    }
+
+    /// [`Sim::acquire`] with `G` (`limit` `Some(0)`) or `C` (a permit of a
+    /// semaphore of `limit`), or `A` (`None`).
+    pub fn acquire_kind(
+        &mut self,
+        c: usize,
+        key: &str,
+        limit: Option<u32>,
+        lease_ms: u64,
+    ) -> Result<u64, String> {
         let req = Req {
-            op: b'A',
+            limit: limit.unwrap_or(0),
+            op: match limit {
+                None => b'A',
+                Some(0) => b'G',
+                Some(_) => b'C',
+            },
             key: key.as_bytes().to_vec(),
             token: 0,
             lease_ms,
@@ -3400,8 +3498,26 @@ impl Sim {
     /// Sends `A key lease wait` from client `c` to `node` without waiting
     /// for the answer (it follows `M` like any request).
     pub fn send_acquire(&mut self, c: usize, node: usize, key: &str, lease_ms: u64, wait_ms: u64) {
+        self.send_acquire_kind(c, node, key, None, lease_ms, wait_ms);
+    }
+
+    /// [`Sim::send_acquire`] of a kind, as [`Sim::acquire_kind`].
+    pub fn send_acquire_kind(
+        &mut self,
+        c: usize,
+        node: usize,
+        key: &str,
+        limit: Option<u32>,
+        lease_ms: u64,
+        wait_ms: u64,
+    ) {
         let req = Req {
-            op: b'A',
+            limit: limit.unwrap_or(0),
+            op: match limit {
+                None => b'A',
+                Some(0) => b'G',
+                Some(_) => b'C',
+            },
             key: key.as_bytes().to_vec(),
             token: 0,
             lease_ms,
@@ -3450,6 +3566,7 @@ impl Sim {
         let mut bytes = Vec::new();
         for key in keys {
             let req = Req {
+                limit: 0,
                 op: b'R',
                 key: key.as_bytes().to_vec(),
                 token: 1,
@@ -3528,6 +3645,7 @@ impl Sim {
             b.end = b.end.min(self.now);
         }
         let req = Req {
+            limit: 0,
             op: b'R',
             key: key.as_bytes().to_vec(),
             token,

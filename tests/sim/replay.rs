@@ -553,6 +553,7 @@ impl Sim {
         }
         let t = self.replaying.as_ref().unwrap().timing.clone();
         let req = Req {
+            limit: 0,
             op: b'A',
             key: format!("k{k}").into_bytes(),
             token: 0,
@@ -581,6 +582,7 @@ impl Sim {
             return Ok(());
         }
         let req = Req {
+            limit: 0,
             op: b'N',
             key,
             token: held.token,

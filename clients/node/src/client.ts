@@ -1009,8 +1009,9 @@ export class Client implements Owner, AsyncDisposable {
 
 /**
  * An `E` that refuses an acquire for what it asks (an exclusive acquire of
- * a semaphore key, a `G` or `C` to a node with peers or one that predates
- * them), which a release or renew pending on that connection never is.
+ * a semaphore key, a `G` or `C` to an active whose follower cannot replicate
+ * them or to a node that predates them), which a release or renew pending on
+ * that connection never is.
  */
 function refusedForAnother(why: string): boolean {
   return semaphoreRefusal(why) !== null || refusesSharedOps(why);

@@ -359,13 +359,20 @@ export function semaphoreRefusal(why: string): { quoted: string; limit: number }
 }
 
 /**
- * Whether an `E` reason refuses every `G` and `C` of the node: a node with
- * peers (`shared locks and semaphores are not replicated yet: ...`), or a
- * node that predates them (`unknown op "G"`, `unknown op "C"`: this client
- * sends no other op such a node does not know).
+ * Whether an `E` reason refuses every `G` and `C` of the node: the active
+ * of a cluster one of whose followers runs an older release (`a follower of
+ * this node runs an older release that cannot replicate shared locks and
+ * semaphores: ...`), a node with peers of a release that replicated none
+ * (`shared locks and semaphores are not replicated yet: ...`), or a node
+ * that predates them (`unknown op "G"`, `unknown op "C"`: this client sends
+ * no other op such a node does not know).
  */
 export function refusesSharedOps(why: string): boolean {
-  return why.includes("shared locks and semaphores are not replicated yet") || /unknown op "[GC]"/.test(why);
+  return (
+    why.includes("cannot replicate shared locks and semaphores") ||
+    why.includes("shared locks and semaphores are not replicated yet") ||
+    /unknown op "[GC]"/.test(why)
+  );
 }
 
 /** `host:port` (`[v6]:port` too) into host and port, or InvalidArgumentError. */

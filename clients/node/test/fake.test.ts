@@ -391,13 +391,14 @@ for (const refusal of [
     },
   },
   {
-    what: "the E of a node with peers that refuses G and C: ProtocolError for the G",
+    what: "the E of an active whose follower cannot replicate G and C: ProtocolError for the G",
     request: "G pool/x ",
     acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, shared: true }),
-    reason: "shared locks and semaphores are not replicated yet: a node with --peers refuses G and C in line 5",
+    reason:
+      "a follower of this node runs an older release that cannot replicate shared locks and semaphores: G and C are refused until every node is upgraded in line 5",
     check: (e: unknown): boolean => {
       assert.ok(e instanceof ProtocolError, String(e));
-      assert.match(e.message, /not replicated yet/);
+      assert.match(e.message, /cannot replicate shared locks and semaphores/);
       return true;
     },
   },

@@ -524,7 +524,7 @@ impl Client {
     /// key is of another kind (a semaphore, or one of another limit, or a
     /// lock for a permit); nothing changed. [`Error::InvalidArgument`] for
     /// a limit of 0 or above 65536. A node that predates shared locks, or
-    /// a node of a cluster (they are not replicated yet), answers with an
+    /// an active whose follower runs a release that cannot replicate them, answers with an
     /// `E`: [`Error::Protocol`].
     pub async fn acquire_kind(
         &self,

@@ -1022,8 +1022,12 @@ impl Harness {
                 .map(|h| h.index as usize)
                 .filter(|_| self.authenticated(id))
         });
-        let following_sender =
-            from.is_some() && self.node.role() == (Role::Standby { following: from });
+        // A superseded link's lines are ignored (a newer link from the
+        // same peer speaks for it).
+        let superseded = self.node.cluster().is_some_and(|c| c.is_superseded(id));
+        let following_sender = !superseded
+            && from.is_some()
+            && self.node.role() == (Role::Standby { following: from });
         let fed = self.feed(ci, &line, split);
         let applied = match msg {
             PeerMsg::Grant { token, .. } if following_sender && fed == Fed::Processed => {
@@ -1039,10 +1043,12 @@ impl Harness {
             let holds = engine.holder(&key).map(|h| h.0);
             assert!(
                 holds == Some(token) || (holds.is_some() && engine.believed_count() > 0),
-                "replicated grant of {:?} not applied: holds {holds:?}, token {token}, members {:?}, role {:?}",
+                "replicated grant of {:?} not applied: holds {holds:?}, token {token}, members {:?}, role {:?}, line {:?}, limit {:?}",
                 esc(&key),
                 engine.members_of(&key),
-                self.node.role()
+                self.node.role(),
+                esc(&line),
+                engine.semaphore_limit(&key),
             );
             self.stats.replicated += 1;
             self.last_replicated = Some((key.clone(), token));
@@ -1504,9 +1510,13 @@ impl Harness {
                     self.tokens.push((key.to_vec(), token));
                 }
                 Answer::Status { token, .. } => assert!(token <= highest_now),
-                Answer::KindGranted { .. } | Answer::KindRefused { .. } => {
-                    panic!("a node with peers answered {:?} to {id}", esc(body))
-                }
+                // A shared grant or permit (0: its wait ran out), replicated
+                // like a grant.
+                Answer::KindGranted { token, .. } => assert!(
+                    token == 0 || (token > before_highest && token <= highest_now),
+                    "granted {token}, not above {before_highest} (highest now {highest_now})"
+                ),
+                Answer::KindRefused { .. } => {}
                 Answer::Lock { token, waiters, .. } => {
                     assert!(
                         token <= highest_now,
@@ -1579,8 +1589,13 @@ impl Harness {
             PeerMsg::Snapshot { highest } | PeerMsg::Handoff { highest } => {
                 assert!(highest <= highest_now);
             }
-            PeerMsg::Grant { token, .. } | PeerMsg::Release { token, .. } => {
+            PeerMsg::Grant { token, .. }
+            | PeerMsg::Release { token, .. }
+            | PeerMsg::Member { token, .. } => {
                 assert!(token <= highest_now);
+            }
+            PeerMsg::Limit { limit } => {
+                assert!((1..=ringlock::proto::MAX_PERMITS).contains(&limit));
             }
             PeerMsg::Synced | PeerMsg::Merged | PeerMsg::Probe { .. } | PeerMsg::Probed { .. } => {}
             PeerMsg::Merge { highest } => assert!(highest <= highest_now),

@@ -114,11 +114,23 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
         PeerMsg::Snapshot { highest }
         | PeerMsg::Handoff { highest }
         | PeerMsg::Merge { highest } => token(highest),
+        PeerMsg::Limit { limit } => assert!(
+            (1..=ringlock::proto::MAX_PERMITS).contains(&limit),
+            "limit {limit} in {:?}",
+            esc(line)
+        ),
         PeerMsg::Grant {
             key: k,
             token: t,
             remaining_ms,
             holder,
+        }
+        | PeerMsg::Member {
+            key: k,
+            token: t,
+            remaining_ms,
+            holder,
+            ..
         } => {
             key(k);
             token(t);

@@ -54,6 +54,10 @@ pub enum Unexpected {
     NestedMerge,
     /// `MERGED` with no merge open.
     MergedWithoutMerge,
+    /// `P C` without a `P L` before it.
+    PermitWithoutLimit,
+    /// `P S` after a `P L` that no `P C` took.
+    LimitWithoutPermit,
 }
 
 impl From<WireError> for PeerError {
@@ -116,6 +120,10 @@ impl fmt::Display for Unexpected {
             }
             Unexpected::NestedMerge => f.write_str("peer MERGE inside a merge"),
             Unexpected::MergedWithoutMerge => f.write_str("peer MERGED without a MERGE"),
+            Unexpected::PermitWithoutLimit => f.write_str("peer C (a permit) without its L line"),
+            Unexpected::LimitWithoutPermit => {
+                f.write_str("peer S (a shared grant) after an L line (a limit) no C took")
+            }
         }
     }
 }

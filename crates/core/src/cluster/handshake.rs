@@ -203,6 +203,7 @@ impl Cluster {
         p.links_in += 1;
         // A merge cut off with its old link is not continued on this one.
         p.in_merge = false;
+        p.next_limit = None;
         // A `HELLO` says what its link speaks, not all its sender speaks
         // (a node of this release dials 2 after a refusal by the release
         // before): it only raises the version we dial with; a refusal

@@ -135,6 +135,7 @@ impl Cluster {
             if self.peers[peer].links_in == 0 {
                 // A merge cut off with its link.
                 self.peers[peer].in_merge = false;
+                self.peers[peer].next_limit = None;
             }
             self.peers[peer].ready_since = None;
             touched = Some(peer);

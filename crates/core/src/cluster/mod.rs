@@ -196,6 +196,9 @@ struct Peer {
     /// Its link to us is between `MERGE` and `MERGED`: the `G` lines are
     /// grants to merge ([`crate::engine::merge`]).
     in_merge: bool,
+    /// The limit of the last `P L` on its link, until a `P C` (a permit)
+    /// takes it ([`wire`]).
+    next_limit: Option<u32>,
     /// Our lag probe in flight on our link to it: its number and when it
     /// went (monotonic µs, [`Now::us`]).
     probe: Option<(u64, u64)>,
@@ -399,6 +402,13 @@ impl Cluster {
     /// True if `conn` is an authenticated link from a peer.
     pub fn is_authenticated_in(&self, conn: ConnId) -> bool {
         self.links_in.iter().any(|&(c, _)| c == conn)
+    }
+
+    /// True if `conn` is an authenticated link from a peer that a newer one
+    /// from the same peer superseded: its lines are ignored until it
+    /// closes.
+    pub fn is_superseded(&self, conn: ConnId) -> bool {
+        self.superseded.contains(&conn)
     }
 
     /// True if `conn` is a peer link: ours, or one from a peer that sent
@@ -682,8 +692,10 @@ impl Cluster {
             p.dial_version = p.out_version - 1;
             let lacks = if p.dial_version < 3 {
                 "holders are not replicated to it, and it cannot merge"
-            } else {
+            } else if p.dial_version < wire::MERGE_VERSION {
                 "the identities of holders are not replicated to it, and it cannot merge grants at a heal"
+            } else {
+                "shared grants and permits are not replicated to it: this node refuses G and C while it follows"
             };
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; {lacks})", self.cfg.peers[i], p.out_version, p.dial_version);
         }
@@ -706,14 +718,7 @@ impl Cluster {
         // role rule (who is alive, who claims the role or follows whom,
         // who is synced); the rule runs on every turn's tick and after
         // every other line. Most lines a follower reads are these.
-        let rule_inputs_unchanged = was_alive
-            && matches!(
-                msg,
-                PeerMsg::Grant { .. }
-                    | PeerMsg::Release { .. }
-                    | PeerMsg::Probe { .. }
-                    | PeerMsg::Probed { .. }
-            );
+        let rule_inputs_unchanged = was_alive && changes_tables_only(&msg);
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -733,6 +738,8 @@ impl Cluster {
             PeerMsg::Grant { .. } | PeerMsg::Merge { .. } | PeerMsg::Merged => {
                 self.on_grant_or_merge(now, from, following_sender, msg, engine)?;
             }
+            PeerMsg::Limit { limit } => self.peers[from].next_limit = Some(limit),
+            PeerMsg::Member { .. } => self.on_member(now, from, following_sender, msg, engine)?,
             PeerMsg::Release { key, token } if following_sender => {
                 engine.apply_release(now, key, token);
             }
@@ -779,6 +786,49 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// `S` or `C` from peer `from`: replication from the node we follow,
+    /// or, between `MERGE` and `MERGED`, a member to merge, as
+    /// [`Cluster::on_grant_or_merge`] takes a `G`. A `C` is a permit of
+    /// the semaphore of the limit of the last `P L` (which it takes); a `C`
+    /// with none, or an `S` after a `P L`, breaks the link.
+    #[cold]
+    #[inline(never)]
+    fn on_member(
+        &mut self,
+        now: Now,
+        from: usize,
+        following_sender: bool,
+        msg: PeerMsg<'_>,
+        engine: &mut Engine,
+    ) -> Result<(), PeerError> {
+        let PeerMsg::Member {
+            key,
+            token,
+            remaining_ms,
+            holder,
+            permit,
+        } = msg
+        else {
+            debug_assert!(false, "not a member line");
+            return Ok(());
+        };
+        let limit = match (self.peers[from].next_limit.take(), permit) {
+            (Some(limit), true) => limit,
+            (None, false) => 0,
+            (None, true) => return Err(Unexpected::PermitWithoutLimit.into()),
+            (Some(_), false) => return Err(Unexpected::LimitWithoutPermit.into()),
+        };
+        engine.observe_token(token);
+        if self.peers[from].in_merge {
+            if self.role == Role::Active || following_sender {
+                engine.merge_member(now, key, token, remaining_ms, limit, holder)?;
+            }
+        } else if following_sender {
+            engine.apply_member(now, key, token, remaining_ms, limit, holder)?;
+        }
+        Ok(())
+    }
+
     /// A heartbeat from peer `from`: what it claims, whom it follows.
     fn on_heartbeat(
         &mut self,
@@ -859,6 +909,20 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// A grant, a release, a shared grant or permit (or its limit), a lag
+/// probe or its answer: a line that changes no input of the role rule.
+fn changes_tables_only(msg: &PeerMsg<'_>) -> bool {
+    matches!(
+        msg,
+        PeerMsg::Grant { .. }
+            | PeerMsg::Release { .. }
+            | PeerMsg::Limit { .. }
+            | PeerMsg::Member { .. }
+            | PeerMsg::Probe { .. }
+            | PeerMsg::Probed { .. }
+    )
 }
 
 /// The longest reason a peer link is closed with: its `E` line stays well

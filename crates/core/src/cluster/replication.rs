@@ -26,6 +26,8 @@ impl Cluster {
         // takes them: into `scratch` for the newest version, `scratch_old`
         // for the older ones.
         let mut deltas_encoded = [false; 1 + OLD_VERSIONS];
+        // A follower that cannot learn shared grants and permits.
+        let mut too_old = false;
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
             let Some(conn) = p.out else { continue };
@@ -33,6 +35,7 @@ impl Cluster {
                 continue;
             }
             let version = p.out_version;
+            too_old |= version < wire::SHARED_VERSION;
             debug_assert!((wire::MIN_VERSION..=wire::VERSION).contains(&version));
             let v = usize::try_from(wire::VERSION.saturating_sub(version))
                 .unwrap_or(OLD_VERSIONS)
@@ -59,6 +62,9 @@ impl Cluster {
                     self.hold_or_push(now, i, conn);
                 }
             } else {
+                if version < wire::SHARED_VERSION && engine.member_count() > 0 {
+                    tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "follower {} speaks peer protocol version {version}: it cannot learn the {} shared grants and permits held here, and this node refuses G and C while it follows", self.cfg.peers[i], engine.member_count());
+                }
                 let body =
                     snapshots[v].get_or_insert_with(|| encode_snapshot(now, engine, version));
                 self.stats.snapshots_sent += 1;
@@ -84,6 +90,7 @@ impl Cluster {
                 self.doom(conn, reason, engine);
             }
         }
+        engine.set_follower_too_old(too_old);
         self.push_held(now, engine);
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
@@ -244,12 +251,13 @@ impl Cluster {
 }
 
 /// A whole snapshot of the engine's grants: `SNAP`, one `G` per grant,
-/// `SYNCED`.
+/// one `S` (or `L` and `C`) per shared grant (or permit) from version 5
+/// on, the believed grants between `MERGE` and `MERGED`, `SYNCED`.
 pub(super) fn encode_snapshot(now: Now, engine: &Engine, version: u64) -> Vec<u8> {
     let mut out = Vec::new();
     let highest = engine.highest_token();
     wire::encode(&mut out, &PeerMsg::Snapshot { highest });
-    for grant in engine.snapshot(now) {
+    for grant in engine.snapshot(now).chain(engine.member_snapshot(now)) {
         wire::encode_replication(&mut out, grant, version);
     }
     if version >= wire::MERGE_VERSION && engine.believed_count() > 0 {

@@ -319,7 +319,8 @@ impl Cluster {
         );
         let version = p.out_version;
         let mut count = 0usize;
-        for grant in engine.snapshot(now).chain(engine.believed(now)) {
+        let grants = engine.snapshot(now).chain(engine.believed(now));
+        for grant in grants.chain(engine.member_snapshot(now)) {
             wire::encode_replication(&mut out, grant, version);
             count += 1;
         }

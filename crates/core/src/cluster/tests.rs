@@ -2,6 +2,7 @@
 //! chosen as successor, and from whom `HANDOFF` is taken.
 
 use super::*;
+use crate::engine::Refusal;
 use auth::{Identity, Nonce, Secret, Side, Transcript};
 
 const TIMEOUT_MS: u64 = 500;
@@ -290,6 +291,44 @@ fn handoff_is_taken_only_from_the_followed_node() {
     let handoff = PeerMsg::Handoff { highest: 6 };
     c.on_message(at(3), 11, handoff, &mut e).unwrap();
     assert_eq!(c.role(), Role::Active);
+}
+
+#[test]
+fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_limit() {
+    let (mut c, mut e) = node(2);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, at(2), 11, true, None);
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    let member = |key: &'static [u8], token, permit| PeerMsg::Member {
+        key,
+        token,
+        remaining_ms: 1_000,
+        holder: crate::proto::Holder::default(),
+        permit,
+    };
+    c.on_message(at(3), 11, member(b"r", 5, false), &mut e)
+        .unwrap();
+    c.on_message(at(3), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+        .unwrap();
+    c.on_message(at(3), 11, member(b"s", 6, true), &mut e)
+        .unwrap();
+    assert_eq!(e.members_of(b"r").len(), 1);
+    assert_eq!(e.semaphore_limit(b"s"), Some(2));
+    assert!(e.highest_token() >= 6);
+    e.check_invariants();
+    // A permit without a limit, and a shared grant while a limit waits
+    // for its permit, break the link.
+    let err = c
+        .on_message(at(4), 11, member(b"s", 7, true), &mut e)
+        .unwrap_err();
+    assert!(err.to_string().contains("without its L line"), "{err}");
+    c.on_message(at(4), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+        .unwrap();
+    let err = c
+        .on_message(at(4), 11, member(b"r", 8, false), &mut e)
+        .unwrap_err();
+    assert!(err.to_string().contains("after an L line"), "{err}");
+    assert_eq!(e.member_count(), 2, "nothing applied from a broken pair");
 }
 
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
@@ -733,6 +772,64 @@ fn client(e: &mut Engine, now: Now, conn: ConnId, line: &str) {
         .unwrap()
         .unwrap();
     e.handle(now, conn, request).unwrap();
+}
+
+/// [`lines_of`] without the lag probes (which go behind a turn's deltas).
+fn replication_lines(e: &mut Engine, conn: ConnId) -> Vec<String> {
+    let mut lines = lines_of(e, conn);
+    lines.retain(|l| !l.starts_with("P PROBE "));
+    lines
+}
+
+/// Like [`client`], returning what the engine returned.
+fn try_client(e: &mut Engine, now: Now, conn: ConnId, line: &str) -> Result<(), Refusal> {
+    let wire = format!("{line}\n");
+    let (request, _) = crate::proto::parse_request(wire.as_bytes())
+        .unwrap()
+        .unwrap();
+    e.handle(now, conn, request)
+}
+
+#[test]
+fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
+    let (mut c, mut e) = active_node0();
+    let now = at(TIMEOUT_MS + 60);
+    e.open(0);
+    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, now, 0, "G s 10 0");
+    let t0 = e.members_of(b"s")[0].0;
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    e.output_mut(20).clear();
+    c.flush_replication(now, &mut e);
+    assert_eq!(
+        replication_lines(&mut e, 20),
+        [
+            format!("P SNAP {t0}"),
+            format!("P S s {t0} 10001 10.0.0.5:4242 - -"),
+            "P SYNCED".into()
+        ]
+    );
+    client(&mut e, now, 0, "C p 2 5 0");
+    let t1 = e.members_of(b"p")[0].0;
+    client(&mut e, now, 0, &format!("N p {t1} 2"));
+    client(&mut e, now, 0, &format!("R s {t0}"));
+    c.flush_replication(now, &mut e);
+    let h = "10.0.0.5:4242 - -";
+    assert_eq!(
+        replication_lines(&mut e, 20),
+        [
+            "P L 2".to_string(),
+            format!("P C p {t1} 5001 {h}"),
+            "P L 2".into(),
+            format!("P C p {t1} 2001 {h}"),
+            format!("P X s {t0}"),
+        ]
+    );
+    // An expiry is a release too.
+    e.tick(at(now.ms + 2_100));
+    c.flush_replication(at(now.ms + 2_100), &mut e);
+    assert_eq!(replication_lines(&mut e, 20), [format!("P X p {t1}")]);
+    c.check_invariants(at(now.ms + 2_100), &e);
 }
 
 #[test]
@@ -1189,6 +1286,14 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     );
     assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
+    // Node 2 cannot learn shared grants and permits: while it follows,
+    // G and C are refused.
+    for line in ["G s 10 0", "C p 2 10 0"] {
+        assert_eq!(
+            try_client(&mut e, now, 0, line),
+            Err(Refusal::FollowerTooOld)
+        );
+    }
     // Node 2 comes back upgraded: its new link says the newest version,
     // and ours to it is given up to be dialed again with it.
     let mut new = Remote::new(2);
@@ -1214,6 +1319,9 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
         hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello}"
     );
+    // With no follower below version 5 left, G is served again.
+    c.flush_replication(at(now.ms + 200), &mut e);
+    client(&mut e, at(now.ms + 200), 0, "G s 10 0");
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to

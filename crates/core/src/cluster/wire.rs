@@ -27,6 +27,13 @@
 //! P MERGE <highest-token>                             version 4: the `G`
 //! P MERGED                                            lines between are
 //!                                                     grants to merge
+//! P S <key> <token> <remaining-ms> <addr> <owner> <identity>
+//!                                                     version 5: a shared
+//!                                                     grant (or renewal)
+//! P L <limit>                                         version 5: the next
+//! P C <key> <token> <remaining-ms> <addr> <owner> <identity>
+//!                                                     `C` is a permit of a
+//!                                                     semaphore of <limit>
 //! P PROBE <n>                                         version 5: answer
 //!                                                     when everything
 //!                                                     before is applied
@@ -34,15 +41,21 @@
 //!                                                     follower's own link
 //! ```
 //!
+//! A shared grant or permit ends with the `P X` of its token, as an
+//! exclusive grant does. `P S` and `P C` always carry the three holder
+//! fields (`-` for what is not known); the limit has a line of its own so
+//! that no line is longer than a `P G` ([`LONGEST_GRANT_LINE`]).
+//!
 //! A node speaks versions [`MIN_VERSION`] to [`VERSION`]: the dialer says
 //! in its `HELLO` which one the link speaks (see [`super::Cluster`] for how
 //! it picks); a version 3 link carries a grant's holder (address and owner
 //! label), a version 4 link its identity too (from its client certificate,
-//! `-` for none) and a heal's merge.
+//! `-` for none) and a heal's merge, a version 5 link shared grants and
+//! permits ([`SHARED_VERSION`]).
 //!
 //! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
 //! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
-//! lease at most [`MAX_REMAINING_MS`], fingerprints, nonces and MACs exactly
+//! lease at most [`MAX_REMAINING_MS`], a limit 1 to [`MAX_PERMITS`], fingerprints, nonces and MACs exactly
 //! their length in lowercase hex. Anything else is a protocol error that
 //! breaks the link.
 
@@ -51,8 +64,8 @@ use crate::access::{MAX_IDENTITY, is_valid_identity};
 use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::{
-    Holder, MAX_HOLDER_ADDR, MAX_KEY, MAX_LINE, MAX_OWNER, Quoted, is_valid_key, is_valid_owner,
-    parse_u64, write_u64,
+    Holder, MAX_HOLDER_ADDR, MAX_KEY, MAX_LINE, MAX_OWNER, MAX_PERMITS, Quoted, is_valid_key,
+    is_valid_owner, parse_u64, write_u64,
 };
 
 /// The longest `P G` line, with its `\n` (a token has at most 19 digits, a
@@ -71,6 +84,11 @@ const _: () = assert!(LONGEST_GRANT_LINE <= MAX_LINE);
 
 /// The newest peer protocol version, which this node dials with.
 pub const VERSION: u64 = 5;
+
+/// The first version that carries shared grants and permits (`P S`,
+/// `P L`, `P C`). An active refuses `G` and `C` while a follower's link
+/// speaks an older one (docs/cluster.md, "Guarantees").
+pub const SHARED_VERSION: u64 = 5;
 
 /// The first version that carries `PROBE` and `PROBED`: replication lag
 /// measured on the active (see [`super::replication`]).
@@ -151,6 +169,19 @@ pub enum PeerMsg<'a> {
         highest: u64,
     },
     Merged,
+    /// `P L`: the next [`PeerMsg::Member`] is a permit of a semaphore of
+    /// `limit` (1 to [`MAX_PERMITS`]).
+    Limit {
+        limit: u32,
+    },
+    /// `P S` (a shared grant) or `P C` (a permit, after its `P L`).
+    Member {
+        key: &'a [u8],
+        token: u64,
+        remaining_ms: u64,
+        holder: Holder<'a>,
+        permit: bool,
+    },
     /// From the active: answer with [`PeerMsg::Probed`] once every line
     /// before this one is applied.
     Probe {
@@ -250,6 +281,26 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     };
     let nonce = |v: &[u8]| auth::unhex::<NONCE_LEN>(v).ok_or_else(|| bad("bad nonce"));
     let mac = |v: &[u8]| auth::unhex::<MAC_LEN>(v).ok_or_else(|| bad("bad MAC"));
+    let holder_ok = |holder: &Holder<'_>| {
+        if holder.identity.is_some_and(|i| !is_valid_identity(i)) {
+            return Err(bad("bad identity"));
+        }
+        if holder
+            .addr
+            .is_some_and(|a| a.len() > MAX_HOLDER_ADDR || !is_valid_key(a))
+        {
+            return Err(bad("bad holder address"));
+        }
+        if holder.owner.is_some_and(|o| !is_valid_owner(o)) {
+            return Err(bad("bad owner"));
+        }
+        Ok(())
+    };
+    let remaining = |v: &[u8]| {
+        parse_u64(v)
+            .filter(|&ms| ms <= MAX_REMAINING_MS)
+            .ok_or_else(|| bad("remaining lease out of range"))
+    };
     let flag = |v: &[u8]| match v {
         b"0" => Ok(false),
         b"1" => Ok(true),
@@ -384,6 +435,33 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
                 PeerMsg::Probed { seq }
             }
         }
+        // The rarer lines last: a `P G` or `P X` compares no more kinds.
+        b"S" | b"C" => {
+            want(6)?;
+            key(f[0])?;
+            let holder = Holder {
+                addr: Some(f[3]).filter(|&a| a != b"-"),
+                owner: Some(f[4]).filter(|&o| o != b"-"),
+                identity: Some(f[5]).filter(|&i| i != b"-"),
+            };
+            holder_ok(&holder)?;
+            PeerMsg::Member {
+                key: f[0],
+                token: token(f[1])?,
+                remaining_ms: remaining(f[2])?,
+                holder,
+                permit: kind == b"C",
+            }
+        }
+        b"L" => {
+            want(1)?;
+            let limit = parse_u64(f[0])
+                .filter(|l| (1..=u64::from(MAX_PERMITS)).contains(l))
+                .ok_or_else(|| bad("semaphore limit out of range"))?;
+            PeerMsg::Limit {
+                limit: u32::try_from(limit).map_err(|_| bad("semaphore limit out of range"))?,
+            }
+        }
         _ => return Err(bad("unknown message kind")),
     };
     Ok(msg)
@@ -479,6 +557,20 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             write_u64(out, highest);
         }
         PeerMsg::Merged => out.extend_from_slice(b"P MERGED"),
+        PeerMsg::Limit { limit } => {
+            out.extend_from_slice(b"P L ");
+            write_u64(out, u64::from(limit));
+        }
+        PeerMsg::Member {
+            key,
+            token,
+            remaining_ms,
+            holder,
+            permit,
+        } => {
+            encode_member(out, permit, key, token, remaining_ms, holder);
+            return;
+        }
         PeerMsg::Probe { seq } => {
             out.extend_from_slice(b"P PROBE ");
             write_u64(out, seq);
@@ -495,7 +587,8 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
 /// peer protocol `version`: `P G` for [`Replication::Granted`] (with the
 /// holder from version 3 on), `P X` for [`Replication::Released`], and for
 /// [`Replication::Believed`] its `P G` between `P MERGE` and `P MERGED`
-/// (version 4 on; nothing before: an older node knows no believed grants).
+/// (version 4 on; nothing before: an older node knows no believed grants),
+/// `P S` or `P L` and `P C` for [`Replication::Member`] (version 5 on).
 /// The engine records events; this is the only place they become lines.
 #[inline(always)]
 pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
@@ -523,7 +616,45 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             encode(out, &PeerMsg::Merged);
         }
         Replication::Believed { .. } => {}
+        Replication::Member {
+            key,
+            token,
+            remaining_ms,
+            holder,
+            limit,
+        } if version >= SHARED_VERSION => {
+            if limit > 0 {
+                encode(out, &PeerMsg::Limit { limit });
+            }
+            encode_member(out, limit > 0, key, token, remaining_ms, holder);
+        }
+        // An older node knows no members: the active refuses `G` and `C`
+        // while one follows it.
+        Replication::Member { .. } => {}
     }
+}
+
+/// Appends `P S` (or `P C` for a `permit`) `<key> <token> <remaining_ms>
+/// <addr> <owner> <identity>\n`, `-` for a holder field not known.
+pub(crate) fn encode_member(
+    out: &mut Vec<u8>,
+    permit: bool,
+    key: &[u8],
+    token: u64,
+    remaining_ms: u64,
+    holder: Holder<'_>,
+) {
+    out.extend_from_slice(if permit { b"P C " } else { b"P S " });
+    out.extend_from_slice(key);
+    out.push(b' ');
+    write_u64(out, token);
+    out.push(b' ');
+    write_u64(out, remaining_ms);
+    for field in [holder.addr, holder.owner, holder.identity] {
+        out.push(b' ');
+        out.extend_from_slice(field.unwrap_or(b"-"));
+    }
+    out.push(b'\n');
 }
 
 /// Appends `P G <key> <token> <remaining_ms>`, then ` <addr> <owner>` with a
@@ -650,6 +781,34 @@ mod tests {
             PeerMsg::Probe { seq: 0 },
             PeerMsg::Probed { seq: u64::MAX },
         ]
+        .into_iter()
+        .chain(member_kinds())
+        .collect()
+    }
+
+    fn member_kinds() -> Vec<PeerMsg<'static>> {
+        vec![
+            PeerMsg::Limit { limit: 1 },
+            PeerMsg::Limit { limit: MAX_PERMITS },
+            PeerMsg::Member {
+                key: b"k\xff",
+                token: MAX_TOKEN,
+                remaining_ms: MAX_REMAINING_MS,
+                holder: Holder::default(),
+                permit: false,
+            },
+            PeerMsg::Member {
+                key: b"k",
+                token: 9,
+                remaining_ms: 1,
+                holder: Holder {
+                    addr: Some(b"[::1]:40000"),
+                    owner: Some(b"host-a/job-42"),
+                    identity: Some(b"spiffe://x/alice"),
+                },
+                permit: true,
+            },
+        ]
     }
 
     #[test]
@@ -723,6 +882,93 @@ mod tests {
     }
 
     #[test]
+    fn members_become_shared_and_permit_lines_from_version_5() {
+        let shared = Replication::Member {
+            key: b"k",
+            token: 7,
+            remaining_ms: 500,
+            holder: Holder {
+                addr: Some(b"127.0.0.1:5"),
+                owner: None,
+                identity: Some(b"alice"),
+            },
+            limit: 0,
+        };
+        let permit = Replication::Member {
+            key: b"sem",
+            token: 8,
+            remaining_ms: 600,
+            holder: Holder::default(),
+            limit: 3,
+        };
+        for version in MIN_VERSION..SHARED_VERSION {
+            let mut out = Vec::new();
+            encode_replication(&mut out, shared, version);
+            encode_replication(&mut out, permit, version);
+            assert_eq!(out, b"", "version {version}");
+        }
+        let mut out = Vec::new();
+        encode_replication(&mut out, shared, VERSION);
+        encode_replication(&mut out, permit, VERSION);
+        assert_eq!(
+            out,
+            b"P S k 7 500 127.0.0.1:5 - alice\nP L 3\nP C sem 8 600 - - -\n"
+        );
+        let parsed: Vec<_> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(parse)
+            .collect();
+        assert_eq!(
+            parsed,
+            [
+                Ok(PeerMsg::Member {
+                    key: b"k",
+                    token: 7,
+                    remaining_ms: 500,
+                    holder: Holder {
+                        addr: Some(b"127.0.0.1:5"),
+                        owner: None,
+                        identity: Some(b"alice"),
+                    },
+                    permit: false,
+                }),
+                Ok(PeerMsg::Limit { limit: 3 }),
+                Ok(PeerMsg::Member {
+                    key: b"sem",
+                    token: 8,
+                    remaining_ms: 600,
+                    holder: Holder::default(),
+                    permit: true,
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_longest_member_line_fits() {
+        let key = vec![b'k'; MAX_KEY];
+        let addr = vec![b'a'; MAX_HOLDER_ADDR];
+        let owner = vec![b'o'; MAX_OWNER];
+        let identity = vec![b'i'; MAX_IDENTITY];
+        let mut out = Vec::new();
+        encode_member(
+            &mut out,
+            true,
+            &key,
+            MAX_TOKEN,
+            MAX_REMAINING_MS,
+            Holder {
+                addr: Some(&addr),
+                owner: Some(&owner),
+                identity: Some(&identity),
+            },
+        );
+        assert_eq!(out.len(), LONGEST_GRANT_LINE);
+        assert!(parse(&out[..out.len() - 1]).is_ok());
+    }
+
+    #[test]
     fn malformed_peer_lines_are_errors() {
         let nonce = "ab".repeat(NONCE_LEN);
         let mac = "cd".repeat(MAC_LEN);
@@ -765,6 +1011,21 @@ mod tests {
             "P MERGE 9223372036854775808".into(),
             "P MERGE 1 2".into(),
             "P MERGED 1".into(),
+            "P L 0".into(),
+            "P L 65537".into(),
+            "P L 18446744073709551616".into(),
+            "P L".into(),
+            "P L 1 2".into(),
+            "P S k 1 1 - -".into(),
+            "P S k 1 1".into(),
+            "P C k 1 1 - - - x".into(),
+            "P S k 9223372036854775808 1 - - -".into(),
+            "P C k 1 86400001 - - -".into(),
+            "P S bad\x01key 1 1 - - -".into(),
+            "P S k 1 1 a\x01b - -".into(),
+            "P C k 1 1 - o\x7f -".into(),
+            "P C k 1 1 - - *".into(),
+            format!("P S k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1)),
             "P PROBE".into(),
             "P PROBE x".into(),
             "P PROBE 18446744073709551616".into(),

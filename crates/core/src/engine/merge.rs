@@ -78,6 +78,14 @@ impl Engine {
         self.tokens.observe(token);
         let expires_ms = now.ms.saturating_add(remaining_ms);
         let outcome = match self.table.lock(lock).holder {
+            None if self.table.lock(lock).members > 0 => {
+                if self.members.holder_of(lock, token).is_some() {
+                    // That very token is a member here: nothing to add.
+                    return Ok(Merged::Known);
+                }
+                self.merge_over_members(now, lock, token, expires_ms, holder);
+                Merged::Beside
+            }
             None => {
                 debug_assert!(self.table.head(lock).is_none() && !self.merged.contains_key(&lock));
                 let holder = self.holders.intern(holder);
@@ -280,7 +288,7 @@ impl Engine {
     }
 
     #[inline(never)]
-    fn replicate_believed(&mut self, now: Now, lock: u32, token: u64) {
+    pub(super) fn replicate_believed(&mut self, now: Now, lock: u32, token: u64) {
         if self.replication.is_none() || !matches!(self.serving, Serving::Active) {
             return;
         }

@@ -151,9 +151,11 @@ pub enum Refusal {
     /// refusal. The words, which name the key, are
     /// [`Engine::not_allowed_reason`].
     Semaphore,
-    /// A `G` or `C` on a node with peers: shared grants and permits are not
-    /// replicated, and would be lost in a failover.
-    NotReplicated,
+    /// A `G` or `C` on an active one of whose followers speaks a peer
+    /// protocol too old to carry shared grants and permits (the cluster
+    /// says so, each loop turn): that follower would
+    /// lose them if it took over.
+    FollowerTooOld,
 }
 
 impl std::fmt::Display for Refusal {
@@ -184,8 +186,8 @@ impl std::fmt::Display for Refusal {
             Refusal::Semaphore => {
                 f.write_str("the key is a semaphore: acquire it with C")
             }
-            Refusal::NotReplicated => f.write_str(
-                "shared locks and semaphores are not replicated yet: a node with --peers refuses G and C",
+            Refusal::FollowerTooOld => f.write_str(
+                "a follower of this node runs an older release that cannot replicate shared locks and semaphores: G and C are refused until every node is upgraded",
             ),
         }
     }
@@ -204,6 +206,10 @@ pub enum GrantRefusal {
     /// active takes more than this node (every node needs the same
     /// `--max-locks`).
     LockTableFull { max_locks: u32 },
+    /// A shared grant or permit while `max_locks` of them are held here.
+    MembersFull { max_locks: u32 },
+    /// A semaphore's limit above [`crate::proto::MAX_PERMITS`].
+    LimitOutOfRange(u32),
 }
 
 impl std::fmt::Display for GrantRefusal {
@@ -222,6 +228,16 @@ impl std::fmt::Display for GrantRefusal {
                 f,
                 "replicated grant of a new key, but the lock table is full: {max_locks} locks \
                  (--max-locks; it must be the same on every node)"
+            ),
+            GrantRefusal::MembersFull { max_locks } => write!(
+                f,
+                "replicated shared grant or permit, but {max_locks} are held (--max-locks; it \
+                 must be the same on every node)"
+            ),
+            GrantRefusal::LimitOutOfRange(limit) => write!(
+                f,
+                "replicated permit of a semaphore of {limit}, more than {}",
+                crate::proto::MAX_PERMITS
             ),
         }
     }
@@ -344,6 +360,10 @@ pub struct Engine {
     /// Locks with members whose queue lost a waiter in [`Engine::close`]
     /// (which has no time to grant with): [`Engine::tick`] passes them on.
     pass_pending: Vec<u32>,
+    /// A follower's link speaks a peer protocol that cannot carry shared
+    /// grants and permits: `G` and `C` are refused
+    /// ([`Refusal::FollowerTooOld`]). The cluster keeps it current.
+    follower_too_old: bool,
 }
 
 impl Engine {
@@ -383,6 +403,7 @@ impl Engine {
             not_allowed: String::new(),
             members: multi::Members::default(),
             pass_pending: Vec::new(),
+            follower_too_old: false,
         }
     }
 
@@ -1394,6 +1415,11 @@ impl Engine {
             // The active made a believed grant the key's grant.
             self.forget_believed(lock, token);
         }
+        if self.table.lock(lock).members > 0 {
+            // The active's word is the newest: its releases of them were
+            // lost (a broken peer; ours sends them first).
+            self.drop_members(lock);
+        }
         // The new entry first: a renewal names the same holder, whose
         // entry must not go in between.
         let holder = self.holders.intern(holder);
@@ -1426,6 +1452,8 @@ impl Engine {
             if self.merged.is_empty() || !self.promote_believed(now, lock) {
                 self.table.remove_if_idle(lock);
             }
+        } else if self.table.lock(lock).members > 0 {
+            self.release_member(now, lock, token);
         } else if !self.merged.is_empty() {
             self.forget_believed(lock, token);
         }
@@ -1440,6 +1468,9 @@ impl Engine {
     pub(crate) fn clear_grants(&mut self) {
         debug_assert!(!self.is_active());
         self.clear_believed();
+        if self.members.len() > 0 {
+            self.clear_members();
+        }
         for lock in self.table.lock_ids() {
             if self.table.has_waiters(lock) {
                 debug_assert!(false, "waiters on a standby");

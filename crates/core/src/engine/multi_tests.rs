@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::*;
+use crate::proto::Holder;
 
 struct H {
     engine: Engine,
@@ -228,13 +229,282 @@ fn a_close_settled_late_after_its_lock_went_is_harmless() {
 }
 
 #[test]
-fn a_cluster_node_refuses_g_and_c() {
+fn an_active_with_a_follower_too_old_refuses_g_and_c() {
     let mut h = H::new(1);
     h.engine.enable_replication();
-    assert_eq!(h.send(0, "G k 10 0"), Err(Refusal::NotReplicated));
-    assert_eq!(h.send(0, "C k 1 10 0"), Err(Refusal::NotReplicated));
+    h.engine.set_follower_too_old(true);
+    assert_eq!(h.send(0, "G k 10 0"), Err(Refusal::FollowerTooOld));
+    assert_eq!(h.send(0, "C k 1 10 0"), Err(Refusal::FollowerTooOld));
     assert_eq!(h.engine.lock_count(), 0);
     assert!(h.answers(0).is_empty());
+    h.engine.set_follower_too_old(false);
+    h.granted(0, "G k 10 0");
+}
+
+/// Applies `events` (an active's replication) to a standby `e`.
+fn apply_all(e: &mut Engine, now: Now, log: &ReplicationLog) {
+    for event in log.iter() {
+        match event {
+            Replication::Granted {
+                key,
+                token,
+                remaining_ms,
+                holder,
+            } => e
+                .apply_grant(now, key, token, remaining_ms, holder)
+                .unwrap(),
+            Replication::Released { key, token } => e.apply_release(now, key, token),
+            Replication::Member {
+                key,
+                token,
+                remaining_ms,
+                holder,
+                limit,
+            } => e
+                .apply_member(now, key, token, remaining_ms, limit, holder)
+                .unwrap(),
+            Replication::Believed {
+                key,
+                token,
+                remaining_ms,
+                holder,
+            } => {
+                e.merge_grant(now, key, token, remaining_ms, holder)
+                    .unwrap();
+            }
+        }
+        e.check_invariants();
+    }
+}
+
+fn standby(now: Now) -> Engine {
+    let mut e = Engine::new(now, "127.0.0.1:7172");
+    e.step_down(Some("127.0.0.1:7171"));
+    e
+}
+
+/// What a standby must agree on with its active: per key, its members'
+/// tokens and its limit.
+fn members_state(e: &Engine, keys: &[&str]) -> Vec<(Vec<u64>, Option<u32>)> {
+    keys.iter()
+        .map(|k| {
+            let tokens = e.members_of(k.as_bytes()).iter().map(|m| m.0).collect();
+            (tokens, e.semaphore_limit(k.as_bytes()))
+        })
+        .collect()
+}
+
+/// Each member of `standby` ends no earlier than the active's (it applied
+/// the grant later) and at most `late_ms` later.
+fn expiries_follow(active: &Engine, standby: &Engine, keys: &[&str], late_ms: u64) {
+    for k in keys {
+        let (a, s) = (
+            active.members_of(k.as_bytes()),
+            standby.members_of(k.as_bytes()),
+        );
+        assert_eq!(a.len(), s.len());
+        for ((_, ea), (_, es)) in a.iter().zip(&s) {
+            assert!(*ea <= *es && *es <= ea + late_ms, "{k}: {ea} {es}");
+        }
+    }
+}
+
+#[test]
+fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failover() {
+    let mut h = H::new(4);
+    h.engine.enable_replication();
+    let r1 = h.granted(0, "G k 10000 0");
+    let r2 = h.granted(1, "G k 10000 0");
+    let p1 = h.granted(2, "C sem 2 10000 0");
+    let p2 = h.granted(3, "C sem 2 10000 0");
+    let gone = h.granted(3, "G other 10000 0");
+    h.advance(5);
+    h.send(0, &format!("N k {r1} 20000")).unwrap();
+    h.send(3, &format!("R other {gone}")).unwrap();
+    let mut log = ReplicationLog::new();
+    h.engine.take_replication(&mut log);
+    let mut e = standby(h.now);
+    apply_all(&mut e, h.now, &log);
+    e.check_invariants();
+    let keys = ["k", "sem", "other"];
+    assert_eq!(members_state(&e, &keys), members_state(&h.engine, &keys));
+    expiries_follow(&h.engine, &e, &keys, 5);
+    assert_eq!(e.member_count(), 4);
+    assert_eq!(e.highest_token(), h.engine.highest_token());
+    // A snapshot gives a new standby the same.
+    let mut log = ReplicationLog::new();
+    for event in h
+        .engine
+        .snapshot(h.now)
+        .chain(h.engine.member_snapshot(h.now))
+    {
+        log.push(event);
+    }
+    let mut fresh = standby(h.now);
+    apply_all(&mut fresh, h.now, &log);
+    assert_eq!(
+        members_state(&fresh, &keys),
+        members_state(&h.engine, &keys)
+    );
+    expiries_follow(&h.engine, &fresh, &keys, 0);
+
+    // The active dies; the standby takes over with the replicated members.
+    e.become_active();
+    let mut s = H {
+        engine: e,
+        now: h.now,
+    };
+    for c in 0..4 {
+        s.engine.open(c);
+    }
+    // A semaphore of 2 with 2 replicated permits grants no third; a writer
+    // waits for the replicated readers.
+    s.send(0, "C sem 2 10000 0").unwrap();
+    s.send(1, "A k 10000 0").unwrap();
+    assert!(s.answers(0).is_empty() && s.answers(1).is_empty());
+    // The holders renew and release with their tokens.
+    s.send(2, &format!("N sem {p1} 10000")).unwrap();
+    assert_eq!(s.answers(2), ["N sem 1"]);
+    s.send(2, &format!("R sem {p1}")).unwrap();
+    assert_eq!(s.answers(2), ["R sem 1"]);
+    let third = token(&s.answers(0)[0]);
+    assert!(third > p2 && third > gone, "{third}");
+    s.send(3, &format!("R k {r2}")).unwrap();
+    s.send(3, &format!("R k {r1}")).unwrap();
+    assert_eq!(s.answers(3), ["R k 1", "R k 1"]);
+    let writer = token(&s.answers(1)[0]);
+    assert!(writer > third);
+}
+
+#[test]
+fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
+    let now = Now {
+        ms: 1_000,
+        us: 1_000_000,
+        unix_ns: 1_700_000_000_000_000_000,
+    };
+    let mut e = Engine::with_max_locks(now, "127.0.0.1:7172", 2);
+    e.step_down(None);
+    let h = Holder::default();
+    assert_eq!(
+        e.apply_member(now, b"k", 5, 10, crate::proto::MAX_PERMITS + 1, h),
+        Err(GrantRefusal::LimitOutOfRange(crate::proto::MAX_PERMITS + 1))
+    );
+    assert_eq!(
+        e.apply_member(now, b"k", token::MAX_TOKEN + 1, 10, 0, h),
+        Err(GrantRefusal::TokenOutOfRange(token::MAX_TOKEN + 1))
+    );
+    assert_eq!(
+        e.apply_member(now, b"k", 5, MAX_LEASE_MS + 1, 0, h),
+        Err(GrantRefusal::LeaseOutOfRange(MAX_LEASE_MS + 1))
+    );
+    e.apply_member(now, b"k", 5, 10, 0, h).unwrap();
+    e.apply_member(now, b"k", 6, 20, 0, h).unwrap();
+    assert_eq!(
+        e.apply_member(now, b"k", 7, 10, 0, h),
+        Err(GrantRefusal::MembersFull { max_locks: 2 })
+    );
+    e.check_invariants();
+    assert_eq!(e.lock_count(), 1);
+    assert_eq!(e.highest_token(), 6);
+    // An exclusive grant of the key from the active replaces them.
+    e.apply_grant(now, b"k", 8, 10, h).unwrap();
+    assert_eq!(e.member_count(), 0);
+    e.apply_member(now, b"k", 9, 10, 2, h).unwrap();
+    assert_eq!(e.holder(b"k"), None);
+    assert_eq!(e.semaphore_limit(b"k"), Some(2));
+    e.check_invariants();
+    let later = Now {
+        ms: now.ms + 12,
+        us: now.us + 12_000,
+        unix_ns: now.unix_ns + 12_000_000,
+    };
+    e.tick(later);
+    e.check_invariants();
+    assert_eq!(e.member_count(), 0);
+    assert_eq!(e.lock_count(), 0);
+}
+
+#[test]
+fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() {
+    let mut h = H::new(3);
+    let mine = h.granted(0, "C sem 2 10000 0");
+    let o = Holder::default();
+    // The other side held two permits of the same semaphore.
+    let theirs = [mine + 100, mine + 101];
+    for t in theirs {
+        let merged = h
+            .engine
+            .merge_member(h.now, b"sem", t, 5_000, 2, o)
+            .unwrap();
+        assert_eq!(merged, Merged::Beside);
+    }
+    assert_eq!(
+        h.engine.merge_member(h.now, b"sem", theirs[0], 1_000, 2, o),
+        Ok(Merged::Known)
+    );
+    h.engine.check_invariants();
+    // Three held of two: nobody new until two have gone.
+    h.send(1, "C sem 2 10000 0").unwrap();
+    h.send(0, &format!("R sem {}", theirs[0])).unwrap();
+    assert!(h.answers(1).is_empty());
+    h.send(0, &format!("R sem {mine}")).unwrap();
+    let next = token(&h.answers(1)[0]);
+    assert!(next > theirs[1]);
+    // A free key adopts a merged member with its kind.
+    assert_eq!(
+        h.engine.merge_member(h.now, b"free", 7, 5_000, 3, o),
+        Ok(Merged::Adopted)
+    );
+    assert_eq!(h.engine.semaphore_limit(b"free"), Some(3));
+    h.engine.check_invariants();
+}
+
+#[test]
+fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
+    let mut h = H::new(3);
+    let o = Holder::default();
+    // Here: an exclusive grant; there: a reader of the same key.
+    let writer = h.granted(0, "A w 10000 0");
+    let reader = writer + 50;
+    assert_eq!(
+        h.engine.merge_member(h.now, b"w", reader, 5_000, 0, o),
+        Ok(Merged::Beside)
+    );
+    h.engine.check_invariants();
+    h.send(1, "G w 10000 0").unwrap();
+    h.send(0, &format!("R w {writer}")).unwrap();
+    assert_eq!(h.answers(0), ["R w 1"]);
+    assert!(h.answers(1).is_empty(), "granted beside a merged reader");
+    h.send(2, &format!("R w {reader}")).unwrap();
+    assert_eq!(h.answers(2), ["R w 1"]);
+    assert!(token(&h.answers(1)[0]) > reader);
+
+    // Here: readers and a waiting permit-less writer; there: a writer.
+    let r1 = h.granted(0, "G r 10000 0");
+    let r2 = h.granted(1, "G r 10000 0");
+    h.send(2, "A r 10000 0").unwrap();
+    let theirs = r2 + 50;
+    assert_eq!(
+        h.engine.merge_grant(h.now, b"r", theirs, 5_000, o),
+        Ok(Merged::Beside)
+    );
+    h.engine.check_invariants();
+    assert!(h.engine.members_of(b"r").is_empty());
+    assert_eq!(h.engine.holder(b"r").map(|(t, _)| t), Some(theirs));
+    // The readers still release (and renew) with their tokens.
+    h.send(0, &format!("N r {r1} 10000")).unwrap();
+    h.send(0, &format!("R r {r1}")).unwrap();
+    h.send(1, &format!("R r {r2}")).unwrap();
+    assert_eq!(h.answers(0), ["N r 1", "R r 1"]);
+    assert_eq!(h.answers(1), ["R r 1"]);
+    assert!(
+        h.answers(2).is_empty(),
+        "the writer granted beside a merged writer"
+    );
+    h.send(0, &format!("R r {theirs}")).unwrap();
+    assert!(token(&h.answers(2)[0]) > theirs);
+    h.engine.check_invariants();
 }
 
 #[test]

@@ -33,7 +33,25 @@ pub enum Replication<'a> {
         remaining_ms: u64,
         holder: crate::proto::Holder<'a>,
     },
+    /// `key` is held by a shared grant (`limit` 0) or a permit of a
+    /// semaphore of `limit` with `token` for `remaining_ms` more: a grant,
+    /// a hand-off or a renewal of one member of the key (see the
+    /// engine's `multi` module). It ends with a [`Replication::Released`]
+    /// of its token.
+    Member {
+        key: &'a [u8],
+        token: u64,
+        remaining_ms: u64,
+        holder: crate::proto::Holder<'a>,
+        limit: u32,
+    },
 }
+
+/// [`Record::class`] of a [`Replication::Granted`] (or a release).
+const GRANTED: u32 = u32::MAX;
+/// [`Record::class`] of a [`Replication::Believed`].
+const BELIEVED: u32 = u32::MAX - 1;
+const _: () = assert!(crate::proto::MAX_PERMITS < BELIEVED);
 
 /// A recorded event: its key is `keys[previous end..key_end]`, then a
 /// grant's holder address, owner and identity up to `addr_end`,
@@ -48,8 +66,8 @@ struct Record {
     token: u64,
     /// `None` for a release.
     remaining_ms: Option<u64>,
-    /// A [`Replication::Believed`].
-    believed: bool,
+    /// [`GRANTED`], [`BELIEVED`], or a [`Replication::Member`]'s limit.
+    class: u32,
 }
 
 /// Replication events in order, with their keys in one buffer. Cleared and
@@ -104,20 +122,26 @@ impl ReplicationLog {
                         owner: field(r.owner_end),
                         identity: field(r.identity_end),
                     };
-                    if r.believed {
-                        Replication::Believed {
+                    match r.class {
+                        GRANTED => Replication::Granted {
                             key,
                             token: r.token,
                             remaining_ms,
                             holder,
-                        }
-                    } else {
-                        Replication::Granted {
+                        },
+                        BELIEVED => Replication::Believed {
                             key,
                             token: r.token,
                             remaining_ms,
                             holder,
-                        }
+                        },
+                        limit => Replication::Member {
+                            key,
+                            token: r.token,
+                            remaining_ms,
+                            holder,
+                            limit,
+                        },
                     }
                 }
             };
@@ -127,26 +151,35 @@ impl ReplicationLog {
     }
 
     /// Appends an event (its key is copied). Inlined into each of its
-    /// three callers, which each push one kind: a release's record then
-    /// skips the holder's fields, a grant's the match.
+    /// callers, which each push one kind: a release's record then skips
+    /// the holder's fields, a grant's the match.
     #[inline(always)]
     pub(crate) fn push(&mut self, event: Replication<'_>) {
-        let believed = matches!(event, Replication::Believed { .. });
-        let (key, token, remaining_ms, holder) = match event {
+        let (key, token, remaining_ms, holder, class) = match event {
             Replication::Granted {
                 key,
                 token,
                 remaining_ms,
                 holder,
-            }
-            | Replication::Believed {
+            } => (key, token, Some(remaining_ms), holder, GRANTED),
+            Replication::Believed {
                 key,
                 token,
                 remaining_ms,
                 holder,
-            } => (key, token, Some(remaining_ms), holder),
+            } => (key, token, Some(remaining_ms), holder, BELIEVED),
+            Replication::Member {
+                key,
+                token,
+                remaining_ms,
+                holder,
+                limit,
+            } => {
+                debug_assert!(limit <= crate::proto::MAX_PERMITS);
+                (key, token, Some(remaining_ms), holder, limit)
+            }
             Replication::Released { key, token } => {
-                (key, token, None, crate::proto::Holder::default())
+                (key, token, None, crate::proto::Holder::default(), GRANTED)
             }
         };
         debug_assert!(
@@ -169,7 +202,7 @@ impl ReplicationLog {
             identity_end,
             token,
             remaining_ms,
-            believed,
+            class,
         });
     }
 }

@@ -683,6 +683,12 @@ fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
                 token,
                 remaining_ms,
                 ..
+            }
+            | Replication::Member {
+                key,
+                token,
+                remaining_ms,
+                ..
             } => (
                 String::from_utf8_lossy(key).into(),
                 token,
@@ -774,7 +780,8 @@ fn a_log_reused_turn_after_turn_keeps_its_room() {
             .map(|e| match e {
                 Replication::Granted { key, .. }
                 | Replication::Released { key, .. }
-                | Replication::Believed { key, .. } => key,
+                | Replication::Believed { key, .. }
+                | Replication::Member { key, .. } => key,
             })
             .collect();
         assert_eq!(keys[126], b"key-063");
@@ -792,7 +799,8 @@ fn a_snapshot_lists_the_grants_with_lease_left() {
     grants.sort_by_key(|e| match e {
         Replication::Granted { token, .. }
         | Replication::Released { token, .. }
-        | Replication::Believed { token, .. } => *token,
+        | Replication::Believed { token, .. }
+        | Replication::Member { token, .. } => *token,
     });
     assert_eq!(
         grants,
