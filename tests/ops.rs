@@ -555,18 +555,20 @@ fn locks_lists_holders_and_queues(io: &str) {
     assert_eq!(ra[4], "2", "{out}");
     let lease: f64 = ra[2].parse().unwrap();
     assert!(lease > 50.0 && lease <= 60.0, "{out}");
-    // KEY TOKEN LEASE-LEFT s WAITING HELD-FOR s HOLDER OWNER
-    let held: f64 = ra[5].parse().unwrap();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS HELD-FOR s HOLDER OWNER
+    assert_eq!((ra[5].as_str(), ra[6].as_str()), ("exclusive", "1"));
+    let held: f64 = ra[7].parse().unwrap();
     assert!((0.0..10.0).contains(&held), "{out}");
     assert_eq!(
-        (ra[7].as_str(), ra[8].as_str()),
+        (ra[9].as_str(), ra[10].as_str()),
         (a_addr.as_str(), "ops/owner-a"),
         "{out}"
     );
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "KEY", "TOKEN", "LEASE", "LEFT", "WAITING", "HELD", "FOR", "HOLDER", "OWNER"
+            "KEY", "TOKEN", "LEASE", "LEFT", "WAITING", "KIND", "HOLDERS", "HELD", "FOR", "HOLDER",
+            "OWNER"
         ]
     );
     let rb = row("jobs/b");
@@ -595,6 +597,147 @@ fn locks_lists_holders_and_queues(io: &str) {
     );
 
     listing_on_the_wire(&server, &a_addr, &w, ta);
+}
+
+/// `ringlock locks` and `V` show each key's kind: an exclusive lock with
+/// a waiter, a read lock of 3 readers with a writer waiting, a semaphore
+/// of 4 with 2 permits held, and a full semaphore of 2 with 1 waiter; each
+/// with its newest grant's token. `L` and `W` keep their forms.
+fn locks_shows_each_kind(io: &str) {
+    let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
+    let addr = server.addr.to_string();
+    let mut conns = Vec::new();
+    // A grant of `A`, `G` or `C`: `<op> <key> <token>`.
+    let mut grant = |line: &str| {
+        let mut c = server.connect();
+        let answer = c.call(line);
+        let f: Vec<&str> = answer.split(' ').collect();
+        assert_eq!(
+            (f.len(), f[0], f[1]),
+            (3, &line[..1], line.split(' ').nth(1).unwrap())
+        );
+        conns.push(c);
+        f[2].parse::<u64>().unwrap()
+    };
+    let x = grant("A kinds/x 60 0");
+    let r: Vec<u64> = (0..3).map(|_| grant("G kinds/r 60 0")).collect();
+    let s: Vec<u64> = (0..2).map(|_| grant("C kinds/s 4 60 0")).collect();
+    let f: Vec<u64> = (0..2).map(|_| grant("C kinds/f 2 60 0")).collect();
+    // Waiters, each on a connection of its own: queued once a later
+    // request on it is answered.
+    for line in ["A kinds/x 60 0", "A kinds/r 60 0", "C kinds/f 2 60 0"] {
+        let mut c = server.connect();
+        c.line(line);
+        assert!(c.call("S").starts_with("S active"));
+        conns.push(c);
+    }
+    let (code, out, err) = cli(&["locks", "--server", &addr, "--prefix", "kinds/"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let rows: HashMap<&str, Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((*f.first()?, f))
+        })
+        .collect();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS ...
+    let row = |key: &str| {
+        let f = rows.get(key).unwrap_or_else(|| panic!("no {key} in {out}"));
+        (f[1].parse::<u64>().unwrap(), f[4], f[5], f[6])
+    };
+    assert_eq!(row("kinds/x"), (x, "1", "exclusive", "1"), "{out}");
+    assert_eq!(row("kinds/r"), (r[2], "1", "shared", "3"), "{out}");
+    assert_eq!(row("kinds/s"), (s[1], "0", "semaphore", "2/4"), "{out}");
+    assert_eq!(row("kinds/f"), (f[1], "1", "semaphore", "2/2"), "{out}");
+    assert!(out.ends_with(&format!("4 locks on {addr}\n")), "{out}");
+    assert!(!out.contains("not shown"), "{out}");
+
+    // On the wire: ten fields after `K`, then `V 0`.
+    let mut c = server.connect();
+    c.line("V 0 10 kinds/");
+    let mut lines: Vec<String> = (0..4).map(|_| c.recv()).collect();
+    assert_eq!(c.recv(), "V 0");
+    lines.sort();
+    let tail = |l: &str| l.split(' ').skip(8).collect::<Vec<_>>().join(" ");
+    let tails: Vec<String> = lines.iter().map(|l| tail(l)).collect();
+    assert_eq!(
+        tails,
+        [
+            "semaphore 2 2",
+            "shared 0 3",
+            "semaphore 4 2",
+            "exclusive 0 1"
+        ],
+        "{lines:?}"
+    );
+    // `L` and `W` keep their forms beside it.
+    c.line("L 0 10 kinds/r");
+    let l = c.recv();
+    let lf: Vec<&str> = l.split(' ').collect();
+    assert_eq!(
+        (lf.len(), lf[2], lf[4]),
+        (5, &*r[2].to_string(), "1"),
+        "{l}"
+    );
+    assert_eq!(c.recv(), "L 0");
+    c.line("W 0 10 kinds/r");
+    let w = c.recv();
+    assert_eq!(w.split(' ').count(), 8, "{w}");
+    assert!(lines[1].starts_with(&w.split(' ').take(3).collect::<Vec<_>>().join(" ")));
+    assert_eq!(c.recv(), "W 0");
+}
+
+/// A server older than `V` (a stand-in that answers `S`, refuses `V` as
+/// such a server does and answers `W`): `ringlock locks` lists with `W`
+/// and says the kinds are not shown.
+fn locks_says_when_kinds_are_not_shown() {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (served, stopped) = (addr.clone(), stop.clone());
+    let old = std::thread::spawn(move || {
+        let mut asked = Vec::new();
+        let deadline = Instant::now() + WITHIN;
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            let Ok((mut s, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(WITHIN)).unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            let op = line.split(' ').next().unwrap_or("").trim().to_string();
+            let answer = match op.as_str() {
+                "S" => format!("S active {served} 7\n"),
+                "W" => "K old/a 7 1500 0 300 127.0.0.1:5 -\nW 0\n".to_string(),
+                _ => format!("E unknown op \"{op}\" in line 1\n"),
+            };
+            s.write_all(answer.as_bytes()).unwrap();
+            asked.push(op);
+        }
+        asked
+    });
+    let (code, out, err) = cli(&["locks", "--server", &addr]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let asked = old.join().unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(asked, ["S", "V", "W"]);
+    let lines: Vec<&str> = out.lines().collect();
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS HELD-FOR s HOLDER OWNER
+    assert_eq!((row[0], row[1], row[5], row[6]), ("old/a", "7", "?", "?"));
+    assert_eq!(row[9], "127.0.0.1:5");
+    assert_eq!(
+        lines[2..],
+        [
+            format!("kinds not shown: {addr} is older than the V request"),
+            format!("1 locks on {addr}"),
+        ]
+    );
 }
 
 /// The listing on the wire: `L` and `W` pages, `Q` for one key.
@@ -989,6 +1132,7 @@ fn main() -> std::process::ExitCode {
         [
             both(),
             tests![
+                locks_says_when_kinds_are_not_shown,
                 the_metrics_listener_bounds_what_it_reads,
                 ready_follows_the_role_through_a_failover,
                 json_logs_and_rust_log,
@@ -1009,5 +1153,7 @@ fn both() -> Vec<common::harness::Test> {
             metrics_follow_a_scripted_session_uring, metrics_follow_a_scripted_session_epoll;
         locks_lists_holders_and_queues:
             locks_lists_holders_and_queues_uring, locks_lists_holders_and_queues_epoll;
+        locks_shows_each_kind:
+            locks_shows_each_kind_uring, locks_shows_each_kind_epoll;
     }
 }
