@@ -248,7 +248,97 @@ fn metrics_follow_a_scripted_session(io: &str) {
     )
     .1;
     assert_eq!(value(&s, "ringlock_connections_refused_total"), 0.0);
+    kinds_follow_a_scripted_session(&server, m);
     drop(server);
+}
+
+/// `ringlock_acquires_total{lock_kind,outcome}` of one kind.
+fn acquires(samples: &HashMap<String, f64>, kind: &str) -> [f64; 5] {
+    [
+        "granted_at_once",
+        "granted_after_wait",
+        "timed_out",
+        "refused",
+        "withdrawn",
+    ]
+    .map(|o| {
+        value(
+            samples,
+            &format!("ringlock_acquires_total{{lock_kind=\"{kind}\",outcome=\"{o}\"}}"),
+        )
+    })
+}
+
+/// The metrics by kind, after [`metrics_follow_a_scripted_session`]'s
+/// exclusive session (2 at once, 1 after a wait, 1 timed out): shared
+/// acquires and permits granted at once and after a wait, timing out,
+/// refused for the key's kind, withdrawn; the grants held.
+fn kinds_follow_a_scripted_session(server: &Server, m: SocketAddr) {
+    let token = |answer: String, op: &str| -> u64 {
+        let f: Vec<&str> = answer.split(' ').collect();
+        assert_eq!((f.len(), f[0]), (3, op), "{answer}");
+        f[2].parse().unwrap()
+    };
+    let conn = || server.connect();
+    let (mut r1, mut r2, mut w, mut r3, mut r4) = (conn(), conn(), conn(), conn(), conn());
+    let g1 = token(r1.call("G ops/r 30 0"), "G");
+    let g2 = token(r2.call("G ops/r 30 0"), "G");
+    w.line("A ops/r 30 0"); // waits for both readers
+    assert!(w.call("S").starts_with("S active"));
+    assert_eq!(r3.call("G ops/r 30 0.05"), "G ops/r 0"); // behind the writer
+    r4.line("G ops/r 30 0"); // behind the writer, waits
+    assert!(r4.call("S").starts_with("S active"));
+    let (mut s1, mut s2, mut x) = (conn(), conn(), conn());
+    token(s1.call("C ops/s 1 30 0"), "C");
+    assert_eq!(s2.call("C ops/s 1 30 0.05"), "C ops/s 0");
+    assert_eq!(s2.call("C ops/s 2 30 0"), "C ops/s semaphore 1");
+    assert_eq!(s2.call("G ops/s 30 0"), "G ops/s semaphore 1");
+    let s = poll_until(
+        "two shared grants and a permit held",
+        WITHIN,
+        || scrape(m),
+        |s| s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&2.0),
+    )
+    .1;
+    assert_eq!(
+        value(&s, "ringlock_grants_held{lock_kind=\"semaphore\"}"),
+        1.0
+    );
+    x.line("C ops/s 1 30 0"); // waits, then its connection closes
+    assert!(x.call("S").starts_with("S active"));
+    drop(x);
+    let mut e = conn();
+    e.line("A ops/s 30 0");
+    assert!(e.recv().starts_with("E key \"ops/s\" is a semaphore"));
+    assert_eq!(r1.call(&format!("R ops/r {g1}")), "R ops/r 1");
+    assert_eq!(r2.call(&format!("R ops/r {g2}")), "R ops/r 1");
+    let a = common::Conn::token_of(&w.recv()); // the writer, after its wait
+    assert_eq!(w.call(&format!("R ops/r {a}")), "R ops/r 1");
+    token(r4.recv(), "G"); // the reader behind it
+    let s = poll_until(
+        "the kinds' counters",
+        WITHIN,
+        || scrape(m),
+        |s| {
+            s.get("ringlock_acquires_total{lock_kind=\"semaphore\",outcome=\"withdrawn\"}")
+                == Some(&1.0)
+                && s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&1.0)
+        },
+    )
+    .1;
+    // granted at once, after a wait, timed out, refused, withdrawn
+    assert_eq!(acquires(&s, "exclusive"), [2.0, 2.0, 1.0, 1.0, 0.0]);
+    assert_eq!(acquires(&s, "shared"), [2.0, 1.0, 1.0, 1.0, 0.0]);
+    assert_eq!(acquires(&s, "semaphore"), [1.0, 0.0, 1.0, 1.0, 1.0]);
+    // Every kind in the acquire outcomes of `ringlock_requests_total`.
+    assert_eq!(requests(&s, "acquire", "granted_at_once"), 5.0);
+    assert_eq!(requests(&s, "acquire", "granted_after_wait"), 3.0);
+    assert_eq!(requests(&s, "acquire", "timed_out"), 3.0);
+    assert_eq!(requests(&s, "acquire", "withdrawn"), 1.0);
+    assert_eq!(
+        value(&s, "ringlock_grants_held{lock_kind=\"semaphore\"}"),
+        1.0
+    );
 }
 
 /// Hostile input to the metrics listener: a head that never ends, a head

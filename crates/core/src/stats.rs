@@ -69,6 +69,9 @@ pub struct Snapshot {
     pub highest_token: u64,
     pub locks: u64,
     pub waiters: u64,
+    /// Shared grants and permits of semaphores held.
+    pub shared_held: u64,
+    pub permits_held: u64,
     pub peers_up: u64,
     /// Per follower: its address and the replication bytes queued for it.
     pub followers: Vec<(String, u64)>,

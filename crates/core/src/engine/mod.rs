@@ -538,6 +538,9 @@ impl Engine {
                 self.withdrawn_from_members(waiter.lock);
             }
             self.stats.withdrawn += 1;
+            if let Some(kind) = waiter.kind {
+                self.stats.of_kind(kind).withdrawn += 1;
+            }
         }
     }
 
@@ -1286,6 +1289,9 @@ impl Engine {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock, waiter.kind)
         };
+        if let Some(kind) = kind {
+            self.stats.of_kind(kind).timed_out += 1;
+        }
         self.table.unqueue(w);
         let mut earlier = self.table.conn_prev(w);
         while earlier != NIL {

@@ -37,10 +37,15 @@ pub(crate) struct Member {
 
 /// The members of the engine: a slab (timers name a slot) and an index by
 /// `(lock, token)`, in token order within a lock (the newest last).
+///
+/// `permits` counts the members that are permits of a semaphore (their
+/// lock has a limit), the others are shared grants: whoever adds or ends a
+/// member keeps it (checked by [`Engine::check_members`]).
 #[derive(Default)]
 pub(crate) struct Members {
     slab: slab::Slab<Member>,
     by_lock: std::collections::BTreeMap<(u32, u64), u32>,
+    pub(crate) permits: usize,
 }
 
 impl Members {
@@ -97,6 +102,16 @@ impl Engine {
     /// Shared grants and permits held, all keys.
     pub fn member_count(&self) -> usize {
         self.members.len()
+    }
+
+    /// Shared grants held, all keys.
+    pub fn shared_count(&self) -> usize {
+        self.members.len() - self.members.permits
+    }
+
+    /// Permits of semaphores held, all keys.
+    pub fn permit_count(&self) -> usize {
+        self.members.permits
     }
 
     /// `G` or `C`.
@@ -164,6 +179,7 @@ impl Engine {
         };
         if refused {
             self.stats.kind_refused += 1;
+            self.stats.of_kind(kind).refused += 1;
             let answer = Answer::KindRefused {
                 kind,
                 key,
@@ -191,6 +207,7 @@ impl Engine {
             };
             self.table.lock_mut(lock).limit = limit;
             self.grant_member(now, lock, conn, kind, lease_ms, token);
+            self.stats.of_kind(kind).granted_at_once += 1;
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
@@ -231,6 +248,9 @@ impl Engine {
             holder,
         });
         debug_assert_eq!(m, slot);
+        if kind == Kind::Permit {
+            self.members.permits += 1;
+        }
         let l = self.table.lock_mut(lock);
         l.members += 1;
         debug_assert!(l.limit == 0 || l.members <= l.limit);
@@ -301,6 +321,10 @@ impl Engine {
         self.holders.unref(member.holder);
         let l = self.table.lock_mut(member.lock);
         debug_assert!(l.members > 0);
+        // Its lock keeps its limit until its last member is gone.
+        if l.limit > 0 {
+            self.members.permits -= 1;
+        }
         l.members -= 1;
         self.pass_on(now, member.lock);
     }
@@ -342,7 +366,10 @@ impl Engine {
             };
             match kind {
                 None => self.grant(now, lock, conn, lease_ms, token),
-                Some(kind) => self.grant_member(now, lock, conn, kind, lease_ms, token),
+                Some(kind) => {
+                    self.grant_member(now, lock, conn, kind, lease_ms, token);
+                    self.stats.of_kind(kind).granted_after_wait += 1;
+                }
             }
             self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
             self.answered(w);
@@ -420,6 +447,9 @@ impl Engine {
     /// that cannot be granted now (or its lock waits in `pass_pending`).
     pub(super) fn check_members(&self, refs: &mut std::collections::HashMap<u32, u32>) {
         assert_eq!(self.members.by_lock.len(), self.members.slab.len());
+        let permits = self.members.iter();
+        let permits = permits.filter(|(_, m)| self.table.lock(m.lock).limit > 0);
+        assert_eq!(self.members.permits, permits.count(), "permits held");
         let mut counted = std::collections::HashMap::new();
         for (m, member) in self.members.iter() {
             assert_eq!(self.members.find(member.lock, member.token), Some(m));
