@@ -4,6 +4,8 @@
 #   scripts/bench.sh                full run, a few minutes; results in bench-results/
 #   scripts/bench.sh --quick        smoke run (~30 s); results in target/bench-quick/
 #   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
+#   scripts/bench.sh --only kinds   the shared-lock and semaphore scenarios alone
+#                                   (<date>-<commit>-kinds.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
 #          --growth-locks N (4000000: the growth scenario's fill),
@@ -71,8 +73,8 @@ if [ "$QUICK" = 1 ]; then
     OUT_DIR=${OUT_DIR:-target/bench-quick}
 fi
 case "$ONLY" in
-    ''|growth) ;;
-    *) echo "bench.sh: --only takes growth" >&2; exit 2 ;;
+    ''|growth|kinds) ;;
+    *) echo "bench.sh: --only takes growth or kinds" >&2; exit 2 ;;
 esac
 OUT_DIR=${OUT_DIR:-bench-results}
 
@@ -263,55 +265,6 @@ DISTURBED=0
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 START=$(date +%s)
 
-if [ -z "$ONLY" ]; then
-# ---------------------------------------------------------------- targets
-start_ringlock ringlock-uring uring
-start_ringlock ringlock-epoll epoll
-start_redis redis
-start_echo echo
-start_echo echo-spin --spin-us "$SPIN_US"
-LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
-ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
-PINGPONG_EXTRA=(echo-spin)
-# ---- TLS variants: "<label>-tls", compared with <label> by the report --
-make_certs
-start_ringlock ringlock-uring-tls uring --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
-start_ringlock ringlock-epoll-tls epoll --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
-TLS_LABELS=(ringlock-uring-tls ringlock-epoll-tls)
-if start_redis_tls redis-tls; then
-    TLS_LABELS+=(redis-tls)
-else
-    say "redis-server has no TLS here: no redis-tls row"
-fi
-# ---- spin variants (`ringlock serve --spin-us N`) ----------------------
-# Started as soon as the server has the option. Their label must be
-# "<label>-spin": the report compares it with <label> for the spin target.
-# They run in the ping-pong scenario only (add them to ALL_LABELS to run
-# everywhere).
-if "$RINGLOCK" serve --help 2>&1 | grep -q -- '--spin-us'; then
-    start_ringlock ringlock-uring-spin uring --spin-us "$SPIN_US"
-    start_ringlock ringlock-epoll-spin epoll --spin-us "$SPIN_US"
-    PINGPONG_EXTRA+=(ringlock-uring-spin ringlock-epoll-spin)
-else
-    say "ringlock serve has no --spin-us yet: spin variants skipped"
-fi
-# ------------------------------------------------------------------------
-for label in "${!ADDR[@]}"; do
-    say "$label: ${ADDR[$label]} (pid ${PID[$label]}, core $SERVER_CORE)"
-done
-
-# ---------------------------------------------------------------- matrix
-# name | generator arguments | which labels
-SCENARIOS=(
-    "conns-1|--conns 1|all+pingpong+tls"
-    "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
-    "conns-4|--conns 4|all"
-    "conns-16|--conns 16|all"
-    "conns-50|--conns 50|all+tls"
-    "pipelined|--conns 4 --pipeline 32|all+tls"
-    "contended|--conns 64 --mode contended --keys 1|locks"
-)
-
 # One generator run. When the rest of the machine used more than --max-other
 # cores meanwhile (someone else's build on a shared machine), it is reported
 # as disturbed and repeated up to --retries times. The last try is kept
@@ -363,6 +316,55 @@ run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run fail
     say "  round $round $scenario $label: $figure"
 }
 
+if [ -z "$ONLY" ]; then
+# ---------------------------------------------------------------- targets
+start_ringlock ringlock-uring uring
+start_ringlock ringlock-epoll epoll
+start_redis redis
+start_echo echo
+start_echo echo-spin --spin-us "$SPIN_US"
+LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
+ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
+PINGPONG_EXTRA=(echo-spin)
+# ---- TLS variants: "<label>-tls", compared with <label> by the report --
+make_certs
+start_ringlock ringlock-uring-tls uring --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+start_ringlock ringlock-epoll-tls epoll --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+TLS_LABELS=(ringlock-uring-tls ringlock-epoll-tls)
+if start_redis_tls redis-tls; then
+    TLS_LABELS+=(redis-tls)
+else
+    say "redis-server has no TLS here: no redis-tls row"
+fi
+# ---- spin variants (`ringlock serve --spin-us N`) ----------------------
+# Started as soon as the server has the option. Their label must be
+# "<label>-spin": the report compares it with <label> for the spin target.
+# They run in the ping-pong scenario only (add them to ALL_LABELS to run
+# everywhere).
+if "$RINGLOCK" serve --help 2>&1 | grep -q -- '--spin-us'; then
+    start_ringlock ringlock-uring-spin uring --spin-us "$SPIN_US"
+    start_ringlock ringlock-epoll-spin epoll --spin-us "$SPIN_US"
+    PINGPONG_EXTRA+=(ringlock-uring-spin ringlock-epoll-spin)
+else
+    say "ringlock serve has no --spin-us yet: spin variants skipped"
+fi
+# ------------------------------------------------------------------------
+for label in "${!ADDR[@]}"; do
+    say "$label: ${ADDR[$label]} (pid ${PID[$label]}, core $SERVER_CORE)"
+done
+
+# ---------------------------------------------------------------- matrix
+# name | generator arguments | which labels
+SCENARIOS=(
+    "conns-1|--conns 1|all+pingpong+tls"
+    "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
+    "conns-4|--conns 4|all"
+    "conns-16|--conns 16|all"
+    "conns-50|--conns 50|all+tls"
+    "pipelined|--conns 4 --pipeline 32|all+tls"
+    "contended|--conns 64 --mode contended --keys 1|locks"
+)
+
 for round in $(seq "$ROUNDS"); do
     for entry in "${SCENARIOS[@]}"; do
         IFS='|' read -r scenario args which <<<"$entry"
@@ -402,11 +404,50 @@ done
 RETRIES=$retries
 fi # not --only
 
+# ---------------------------------------------------------------- kinds
+# Shared locks and semaphores beside exclusive locks, ringlock only (both
+# backends, fresh servers): shared acquires (G) of one key by 50
+# connections, a semaphore of 8 permits (C) contended by 64; beside them
+# exclusive acquires (A) of one key by the same counts, and of a key per
+# connection. Every acquire is released with R. Runs in a full run and
+# with --only kinds.
+if [ -z "$ONLY" ] || [ "$ONLY" = kinds ]; then
+    KIND_SCENARIOS=(
+        "shared-50|--conns 50 --mode contended --keys 1 --acquire shared"
+        "exclusive-one-key-50|--conns 50 --mode contended --keys 1"
+        "exclusive-own-keys-50|--conns 50"
+        "semaphore-8-64|--conns 64 --mode contended --keys 1 --acquire semaphore --permits 8"
+        "exclusive-one-key-64|--conns 64 --mode contended --keys 1"
+        "exclusive-own-keys-64|--conns 64"
+    )
+    KIND_LABELS=(ringlock-uring ringlock-epoll)
+    say "kinds: shared locks and semaphores beside exclusive locks"
+    for label in "${KIND_LABELS[@]}"; do
+        [ -n "${PID[$label]:-}" ] && stop "$label"
+        start_ringlock "$label" "${label#ringlock-}"
+    done
+    for round in $(seq "$ROUNDS"); do
+        for entry in "${KIND_SCENARIOS[@]}"; do
+            IFS='|' read -r scenario args <<<"$entry"
+            n=${#KIND_LABELS[@]}
+            for i in $(seq 0 $((n - 1))); do
+                label=${KIND_LABELS[$(((i + round - 1) % n))]}
+                # shellcheck disable=SC2086
+                run_one "$round" "$scenario" "$label" $args
+            done
+        done
+    done
+    for label in "${KIND_LABELS[@]}"; do
+        stop "$label"
+    done
+fi # kinds
+
 # Growth: a fresh ringlock per run, with --max-locks room for the fill,
 # filled to $GROWTH_LOCKS locks (16-byte keys, 1 h lease) by 4 connections
 # x 256 acquires in flight while a probe connection runs acquire/release
 # cycles; then the generator stops the server and reads its longest loop
 # turn from the stop line. --rounds rounds, the backends alternated.
+if [ "$ONLY" != kinds ]; then
 say "growth: $GROWTH_LOCKS locks per server"
 for round in $(seq "$ROUNDS"); do
     ios=(uring epoll)
@@ -436,6 +477,7 @@ for round in $(seq "$ROUNDS"); do
         fi
     done
 done
+fi # not --only kinds
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- results
