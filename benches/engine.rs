@@ -13,6 +13,7 @@ const KEYS: usize = 1024;
 fn now() -> Now {
     Now {
         ms: 1,
+        us: 1_000,
         unix_ns: 1_700_000_000_000_000_000,
     }
 }

@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 
 use crate::engine::stats::HOLD_SHIFT;
 pub use crate::stats::Snapshot;
-use crate::stats::{LOG2_BUCKETS, Log2Histogram};
+use crate::stats::{Follower, FollowerStats, LOG2_BUCKETS, Log2Histogram};
 
 /// The longest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 * 1024;
@@ -320,6 +320,80 @@ impl EncodeMetric for Hist {
     }
 }
 
+/// One histogram per follower, labelled with its address.
+#[derive(Debug)]
+struct PerFollower(Vec<(String, Hist)>);
+
+impl EncodeMetric for PerFollower {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (addr, hist) in &self.0 {
+            let labels = vec![("follower", addr.as_str())];
+            hist.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// An active's figures of each follower's replication.
+fn register_followers(r: &mut Registry, followers: &[Follower]) {
+    let queued = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    type Of = fn(&FollowerStats) -> u64;
+    let counters: [(&str, &str, Of); 4] = [
+        (
+            "ringlock_replication_events",
+            "Replication events (grants, renewals, releases, expiries) sent to each follower as deltas",
+            |f| f.events,
+        ),
+        (
+            "ringlock_replication_bytes",
+            "Bytes of those deltas (snapshots not included)",
+            |f| f.bytes,
+        ),
+        (
+            "ringlock_replication_writes",
+            "Writes of deltas to each follower's link, at most one per loop turn and each handed to the kernel with one send",
+            |f| f.writes,
+        ),
+        (
+            "ringlock_replication_probes_lost",
+            "Replication lag probes that the follower did not answer within the peer timeout",
+            |f| f.probes_lost,
+        ),
+    ];
+    for f in followers {
+        queued
+            .get_or_create(&vec![("follower", f.addr.clone())])
+            .set(f.queued_bytes as i64);
+    }
+    r.register(
+        "ringlock_replication_queued_bytes",
+        "Replication bytes queued for each follower, not yet handed to the kernel",
+        queued,
+    );
+    for (name, help, value) in counters {
+        let family = Family::<Vec<(&'static str, String)>, Counter>::default();
+        for f in followers {
+            family
+                .get_or_create(&vec![("follower", f.addr.clone())])
+                .inc_by(value(&f.stats));
+        }
+        r.register(name, help, family);
+    }
+    let lag = followers
+        .iter()
+        .map(|f| (f.addr.clone(), Hist::new(&f.stats.lag_us, 1e6, 24)))
+        .collect();
+    r.register(
+        "ringlock_replication_lag_seconds",
+        "Replication lag of each follower: from the active's turn that sent a probe behind its deltas until the turn that read the follower's answer, sent once it had applied them (the way back included); whole microseconds",
+        PerFollower(lag),
+    );
+}
+
 /// The snapshot as OpenMetrics text (which Prometheus scrapes).
 #[expect(clippy::too_many_lines)]
 pub fn encode(s: &Snapshot) -> String {
@@ -450,17 +524,7 @@ pub fn encode(s: &Snapshot) -> String {
             "Times this node stopped being the active one",
             ConstCounter::new(s.cluster.stepped_down),
         );
-        let queued = Family::<Vec<(&'static str, String)>, Gauge>::default();
-        for (addr, bytes) in &s.followers {
-            queued
-                .get_or_create(&vec![("follower", addr.clone())])
-                .set(*bytes as i64);
-        }
-        r.register(
-            "ringlock_replication_queued_bytes",
-            "Replication bytes queued for each follower, not yet handed to the kernel",
-            queued,
-        );
+        register_followers(&mut r, &s.followers);
     }
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {

@@ -145,14 +145,20 @@ fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
     let mut ours: Vec<(String, u64)> = samples
         .iter()
         .filter(|(series, _)| {
-            !series.contains("_bucket") && !series.ends_with("_sum") && !series.ends_with("_count")
+            let name = series.split('{').next().unwrap();
+            !name.ends_with("_bucket") && !name.ends_with("_sum") && !name.ends_with("_count")
         })
         .map(|(series, v)| (series.split('{').next().unwrap().to_string(), v.to_bits()))
         .collect();
     theirs.sort();
     ours.sort();
     assert_eq!(theirs, ours, "prometheus-parse reads other values");
-    assert_eq!(histograms, 3, "the three histograms");
+    // The node's three, and an active's lag histogram of each follower.
+    let followers = samples
+        .keys()
+        .filter(|series| series.starts_with("ringlock_replication_lag_seconds_count{"))
+        .count();
+    assert_eq!(histograms, 3 + followers, "the histograms");
     samples
 }
 
@@ -439,6 +445,37 @@ fn ready_follows_the_role_through_a_failover() {
         c.addr(1)
     );
     assert!(s0.contains_key(&follower), "{s0:#?}");
+    // Grants replicate: the active counts what it sent node 1 and measures
+    // its lag with probes behind the deltas (one at most every 10 ms).
+    let mut client = common::Conn::new(c.addr(0).parse().unwrap());
+    for _ in 0..20 {
+        let token = common::Conn::token_of(&client.call("A ops/lag 30 0"));
+        assert_eq!(client.call(&format!("R ops/lag {token}")), "R ops/lag 1");
+    }
+    let of = |name: &str| format!("{name}{{follower=\"{}\"}}", c.addr(1));
+    let s0 = poll_until(
+        "node 0's lag of node 1 measured",
+        WITHIN,
+        || scrape(m0),
+        |s| {
+            s.get(&of("ringlock_replication_lag_seconds_count"))
+                .is_some_and(|&n| n >= 1.0)
+        },
+    )
+    .1;
+    assert!(value(&s0, &of("ringlock_replication_events_total")) >= 40.0);
+    let writes = value(&s0, &of("ringlock_replication_writes_total"));
+    assert!(writes >= 1.0, "{writes}");
+    let bytes = value(&s0, &of("ringlock_replication_bytes_total"));
+    assert!(bytes >= 40.0 * "P X ops/lag 1\n".len() as f64, "{bytes}");
+    // On loopback, far below the peer timeout: no probe given up.
+    let lag = value(&s0, &of("ringlock_replication_lag_seconds_sum"))
+        / value(&s0, &of("ringlock_replication_lag_seconds_count"));
+    assert!(lag < 0.5, "mean lag {lag} s");
+    assert_eq!(
+        value(&s0, &of("ringlock_replication_probes_lost_total")),
+        0.0
+    );
 
     // Node 0 dies: node 1 becomes active again.
     c.kill9(0);

@@ -14,6 +14,7 @@ import (
 type Lock struct {
 	client *Client
 	key    string
+	kind   Kind
 	token  uint64
 
 	mu       sync.Mutex
@@ -24,10 +25,15 @@ type Lock struct {
 // Key returns the lock's key.
 func (l *Lock) Key() string { return l.key }
 
+// Kind returns how the lock holds its key: Exclusive, Shared or
+// Permits(N).
+func (l *Lock) Kind() Kind { return l.kind }
+
 // Token returns the fencing token: greater than every token the cluster
-// issued before it, for any key. Pass it to the resource the lock
-// protects, and have that resource refuse tokens older than the newest it
-// has seen.
+// issued before it, for any key and any kind. Pass it to the resource the
+// lock protects, and have that resource refuse tokens older than the
+// newest it has seen (docs/shared.md says what it checks with the tokens
+// of shared grants).
 func (l *Lock) Token() uint64 { return l.token }
 
 // Lease returns the lease asked for (or given by the last renewal).
@@ -78,7 +84,12 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) (bool, error) {
 }
 
 // String describes the lock (key and token).
-func (l *Lock) String() string { return fmt.Sprintf("ringlock.Lock{%q, token %d}", l.key, l.token) }
+func (l *Lock) String() string {
+	if l.kind.op == 0 {
+		return fmt.Sprintf("ringlock.Lock{%q, token %d}", l.key, l.token)
+	}
+	return fmt.Sprintf("ringlock.Lock{%q, %v, token %d}", l.key, l.kind, l.token)
+}
 
 // doing is what an acquire was doing, for the error it ends with when its
 // deadline (wait plus grace) passes.
@@ -120,8 +131,27 @@ type acquireState struct {
 // wait ends): an acquire not yet written is never sent, one that is
 // waiting on the server stays there, and if it is granted later the
 // client releases it at once.
+//
+// A key that is a semaphore right now (see Permits) is refused: a
+// *WrongKindError (ErrWrongKind). The protocol has no refusal answer for
+// an exclusive acquire, so the node says so with an E line and closes that
+// connection; the other requests that were on it are sent again on the
+// next connection, as when a connection drops.
 func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
-	l, timedOut, err := c.acquireChecked(ctx, key, lease, wait)
+	return c.LockKind(ctx, key, Exclusive, lease, wait)
+}
+
+// LockKind is Lock of a grant of kind: Exclusive (what Lock asks for),
+// Shared (a read lock beside other shared holders) or Permits(n) (one of
+// at most n permits, a counting semaphore). Each grant has its own fencing
+// token and lease and is released, renewed and watched like an exclusive
+// lock. Besides Lock's errors: a *WrongKindError (ErrWrongKind) when the
+// key is of another kind (nothing changed); ErrInvalidArgument for a limit
+// outside 1 to MaxPermits. A node that predates shared locks answers E
+// (ErrProtocol), and so does a node started with --peers (they are not
+// replicated yet).
+func (c *Client) LockKind(ctx context.Context, key string, kind Kind, lease, wait time.Duration) (*Lock, error) {
+	l, timedOut, err := c.acquireChecked(ctx, key, kind, lease, wait)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +165,14 @@ func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration
 // allows (TryWait, 1 ms: a wait of 0 means no limit), like flock -n. It
 // returns (nil, false, nil) if someone else holds the lock.
 func (c *Client) TryLock(ctx context.Context, key string, lease time.Duration) (*Lock, bool, error) {
-	l, timedOut, err := c.acquireChecked(ctx, key, lease, TryWait)
+	return c.TryLockKind(ctx, key, Exclusive, lease)
+}
+
+// TryLockKind is TryLock of a grant of kind (see LockKind): (nil, false,
+// nil) when it cannot be granted at once (held exclusively, or shared
+// behind a waiting exclusive acquire, or every permit taken).
+func (c *Client) TryLockKind(ctx context.Context, key string, kind Kind, lease time.Duration) (*Lock, bool, error) {
+	l, timedOut, err := c.acquireChecked(ctx, key, kind, lease, TryWait)
 	if err != nil || timedOut {
 		return nil, false, err
 	}
@@ -146,15 +183,23 @@ func (c *Client) TryLock(ctx context.Context, key string, lease time.Duration) (
 // nil) when granted, (nil, false, nil) when the wait ran out (a node said
 // so, or the request waited in the client's own queue for all of it).
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (*Lock, bool, error) {
-	l, timedOut, err := c.acquireChecked(ctx, key, lease, wait)
+	return c.AcquireKind(ctx, key, Exclusive, lease, wait)
+}
+
+// AcquireKind is Acquire of a grant of kind (see LockKind).
+func (c *Client) AcquireKind(ctx context.Context, key string, kind Kind, lease, wait time.Duration) (*Lock, bool, error) {
+	l, timedOut, err := c.acquireChecked(ctx, key, kind, lease, wait)
 	if err != nil || timedOut {
 		return nil, false, err
 	}
 	return l, true, nil
 }
 
-func (c *Client) acquireChecked(ctx context.Context, key string, lease, wait time.Duration) (*Lock, bool, error) {
+func (c *Client) acquireChecked(ctx context.Context, key string, kind Kind, lease, wait time.Duration) (*Lock, bool, error) {
 	if err := checkKey(key); err != nil {
+		return nil, false, err
+	}
+	if err := kind.check(); err != nil {
 		return nil, false, err
 	}
 	lms, err := leaseMs(lease)
@@ -180,18 +225,18 @@ func (c *Client) acquireChecked(ctx context.Context, key string, lease, wait tim
 			wms = left
 		}
 	}
-	return c.acquire(ctx, key, lms, wms)
+	return c.acquire(ctx, key, kind, lms, wms)
 }
 
 func ctxError(what, key string, err error) error {
 	return fmt.Errorf("ringlock: %s of %q: %w", what, key, err)
 }
 
-func (c *Client) acquire(ctx context.Context, key string, lms, wms uint64) (*Lock, bool, error) {
+func (c *Client) acquire(ctx context.Context, key string, kind Kind, lms, wms uint64) (*Lock, bool, error) {
 	started := time.Now()
 	st := &acquireState{}
 	if wms == 0 {
-		l, timedOut, err := c.acquireLoop(ctx, key, lms, 0, started, st)
+		l, timedOut, err := c.acquireLoop(ctx, key, kind, lms, 0, started, st)
 		if err != nil && ctx.Err() != nil && kindOf(err) == nil {
 			return nil, false, ctxError("acquire", key, ctx.Err())
 		}
@@ -201,7 +246,7 @@ func (c *Client) acquire(ctx context.Context, key string, lms, wms uint64) (*Loc
 	grace := c.opts.acquireGrace
 	dctx, cancel := context.WithDeadline(ctx, started.Add(wait+grace))
 	defer cancel()
-	l, timedOut, err := c.acquireLoop(dctx, key, lms, wms, started, st)
+	l, timedOut, err := c.acquireLoop(dctx, key, kind, lms, wms, started, st)
 	if err == nil || kindOf(err) != nil {
 		return l, timedOut, err
 	}
@@ -228,7 +273,7 @@ func (c *Client) acquire(ctx context.Context, key string, lms, wms uint64) (*Loc
 
 // acquireLoop tries connection after connection. It returns a plain
 // context error when ctx ends; acquire says what that means.
-func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, started time.Time, st *acquireState) (*Lock, bool, error) {
+func (c *Client) acquireLoop(ctx context.Context, key string, kind Kind, lms, wms uint64, started time.Time, st *acquireState) (*Lock, bool, error) {
 	total := time.Duration(wms) * time.Millisecond
 	ranOut := func() (*Lock, bool, error) {
 		if st.failure != nil {
@@ -296,7 +341,7 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 			}
 		}
 		asked = true
-		req := newRequest(opAcquire, key, acquireLine(key, lms, waitNow))
+		req := newRequest(kind.reqOp(), key, kindLine(kind, key, lms, waitNow))
 		req.permit = true
 		sent := time.Now()
 		st.doing, st.asking = doingAsking, cn.addr
@@ -307,7 +352,7 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 		switch rep.kind {
 		case replyGranted:
 			lease := time.Duration(lms) * time.Millisecond
-			return &Lock{client: c, key: key, token: rep.token, lease: lease, deadline: sent.Add(lease)}, false, nil
+			return &Lock{client: c, key: key, kind: kind, token: rep.token, lease: lease, deadline: sent.Add(lease)}, false, nil
 		case replyTimedOut:
 			return nil, true, nil
 		case replyMoved:
@@ -342,10 +387,15 @@ func (c *Client) acquireLoop(ctx context.Context, key string, lms, wms uint64, s
 				return nil, false, cutOff(failed, rep.why)
 			}
 			st.failure = newError(ErrConnection, rep.why)
+		case replyWrongKind:
+			return nil, false, &WrongKindError{Key: key, Asked: kind, Limit: rep.limit, Addr: cn.addr}
 		case replyBroken:
+			if rep.err == ErrWrongKind {
+				return nil, false, &WrongKindError{Key: key, Asked: kind, Limit: rep.limit, Addr: cn.addr, Reason: rep.reason}
+			}
 			return nil, false, newError(rep.err, rep.why)
 		default:
-			return nil, false, newError(ErrProtocol, fmt.Sprintf("unexpected answer to A from %s", cn.addr))
+			return nil, false, newError(ErrProtocol, fmt.Sprintf("unexpected answer to %c from %s", kind.reqOp(), cn.addr))
 		}
 	}
 }

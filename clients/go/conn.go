@@ -16,13 +16,14 @@ import (
 type replyKind int
 
 const (
-	replyGranted  replyKind = iota // A key token
-	replyTimedOut                  // T key
-	replyMoved                     // M key addr ("" for -)
-	replyFlag                      // R/N key 1|0
-	replyStatus                    // S role addr token
-	replyLost                      // the connection closed, failed or went silent first
-	replyBroken                    // the server sent E or broke the protocol
+	replyGranted   replyKind = iota // A key token
+	replyTimedOut                   // T key
+	replyMoved                      // M key addr ("" for -)
+	replyFlag                       // R/N key 1|0
+	replyStatus                     // S role addr token
+	replyLost                       // the connection closed, failed or went silent first
+	replyBroken                     // the server sent E or broke the protocol
+	replyWrongKind                  // G/C key semaphore N, C key lock
 )
 
 // reply is what a pending request learns.
@@ -33,7 +34,11 @@ type reply struct {
 	addr  string // moved: the active node ("" for -); status: the active node
 	role  string
 	why   string
-	err   error // replyBroken: ErrProtocol or ErrNotAllowed
+	err   error // replyBroken: ErrProtocol, ErrNotAllowed or ErrWrongKind
+	limit int   // replyWrongKind, replyBroken with ErrWrongKind: the semaphore's limit (0: a lock)
+	// replyBroken with ErrWrongKind: the node's reason, and the key as it
+	// quotes it (see semaphoreRefusal).
+	reason, quoted string
 }
 
 // request is one request on its way to a connection, then pending there.
@@ -346,7 +351,7 @@ func (cn *conn) writer() {
 			return
 		}
 		for _, req := range cn.queue {
-			if req.op == opAcquire && req.isGone() {
+			if isAcquire(req.op) && req.isGone() {
 				// Its caller is gone before it was written: not worth sending.
 				if req.permit {
 					cn.giveSlotLocked()
@@ -414,7 +419,11 @@ func (cn *conn) dispatch(line []byte) (reply, bool) {
 	switch a.op {
 	case 'E':
 		cn.mu.Unlock()
-		return reply{kind: replyBroken, err: refusalKind(a.text), why: fmt.Sprintf("%s says: E %s", cn.addr, a.text)}, false
+		end := reply{kind: replyBroken, err: refusalKind(a.text), why: fmt.Sprintf("%s says: E %s", cn.addr, a.text)}
+		if q, limit, ok := semaphoreRefusal(a.text); ok && end.err == ErrProtocol {
+			end.err, end.limit, end.reason, end.quoted = ErrWrongKind, limit, a.text, q
+		}
+		return end, false
 	case 'A':
 		req, rep = cn.takeLocked(a.key, opAcquire), reply{kind: replyGranted, token: a.token}
 	case 'T':
@@ -427,6 +436,16 @@ func (cn *conn) dispatch(line []byte) (reply, bool) {
 		req, rep = cn.takeLocked(a.key, opRenew), reply{kind: replyFlag, flag: a.flag}
 	case 'S':
 		req, rep = cn.takeStatusLocked(), reply{kind: replyStatus, role: a.role, addr: a.addr, token: a.token}
+	case 'G', 'C':
+		req = cn.takeLocked(a.key, op(a.op))
+		switch {
+		case a.wrong:
+			rep = reply{kind: replyWrongKind, limit: a.limit}
+		case a.token == 0:
+			rep = reply{kind: replyTimedOut}
+		default:
+			rep = reply{kind: replyGranted, token: a.token}
+		}
 	}
 	cn.mu.Unlock()
 	if req == nil {
@@ -440,6 +459,27 @@ func (cn *conn) dispatch(line []byte) (reply, bool) {
 		cn.client.releaseInBackground(req.key, rep.token)
 	}
 	return reply{}, true
+}
+
+// isAcquire says whether o is an acquire of any kind.
+func isAcquire(o op) bool { return o == opAcquire || o == opShared || o == opPermit }
+
+// wrongKindCulprits picks the requests an E refusing an exclusive acquire
+// of a semaphore is about: the pending exclusive acquires of the key the
+// reason quotes (all pending exclusive acquires if none matches, should
+// the wording change). The connection's other requests did nothing wrong:
+// they learn that it closed, and are sent again elsewhere.
+func wrongKindCulprits(pending []*request, quoted string) func(*request) bool {
+	matched := false
+	for _, r := range pending {
+		if r.op == opAcquire && quoteKey(r.key) == quoted {
+			matched = true
+			break
+		}
+	}
+	return func(r *request) bool {
+		return r.op == opAcquire && (!matched || quoteKey(r.key) == quoted)
+	}
 }
 
 func clip(b []byte) []byte {
@@ -529,8 +569,20 @@ func (cn *conn) finish(end reply) {
 		for _, r := range unwritten {
 			r.deliver(lost)
 		}
+		culprit := func(*request) bool { return true }
+		if end.err == ErrWrongKind {
+			culprit = wrongKindCulprits(pending, end.quoted)
+		}
+		bystander := reply{kind: replyLost, why: end.why}
+		if end.err == ErrWrongKind {
+			bystander.why = fmt.Sprintf("%s closed the connection after refusing another request (E %s)", cn.addr, end.reason)
+		}
 		for _, r := range pending {
-			r.deliver(end)
+			if culprit(r) {
+				r.deliver(end)
+			} else {
+				r.deliver(bystander)
+			}
 		}
 		for _, w := range waiters {
 			w <- false

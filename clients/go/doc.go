@@ -12,6 +12,13 @@
 //	defer lock.Release(ctx)
 //	writeReport(lock.Token())
 //
+// Besides exclusive locks, a key can be held shared (a read/write lock)
+// or as a counting semaphore: LockKind, TryLockKind, AcquireKind and
+// LockRenewingKind take a Kind (Exclusive, Shared or Permits(n)), and each
+// shared grant and permit has its own fencing token, lease, renewal and
+// loss signal. An acquire of a key of another kind fails with a
+// *WrongKindError (ErrWrongKind).
+//
 // The client behaves as every official client does (docs/protocol.md,
 // "12. The official clients", and docs/client.md): one persistent
 // connection per address (two for one address), entering the rotation only

@@ -129,3 +129,51 @@ func TestDocsFirstProgramWithWorkspace(t *testing.T) {
 	runIn(t, app, env, "sh", "-c", strings.TrimSpace(cmdline))
 	checkOutput(t, runIn(t, app, env, goTool(), "run", "."))
 }
+
+// The Go blocks of docs/go.md's "Shared locks and semaphores" are code of
+// the package's examples (example_test.go), which go test runs and checks
+// against their output.
+func TestDocsSharedBlocksAreExamples(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "go.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n### Shared locks and semaphores\n")
+	if !ok {
+		t.Fatal(`docs/go.md has no "Shared locks and semaphores"`)
+	}
+	section, _, _ = strings.Cut(section, "\n### ")
+	blocks := 0
+	for _, part := range strings.Split(section, "```go\n")[1:] {
+		body, _, ok := strings.Cut(part, "```")
+		if !ok {
+			t.Fatal("an unclosed block")
+		}
+		blocks++
+		// A block inside a list item is indented by two spaces.
+		lines := strings.Split(strings.TrimRight(body, " \n"), "\n")
+		indent := len(lines[0]) - len(strings.TrimLeft(lines[0], " "))
+		found := false
+		for tabs := 1; tabs <= 4 && !found; tabs++ {
+			var b strings.Builder
+			for _, l := range lines {
+				l = strings.TrimPrefix(l, strings.Repeat(" ", indent))
+				if l != "" {
+					b.WriteString(strings.Repeat("\t", tabs))
+				}
+				b.WriteString(l + "\n")
+			}
+			found = strings.Contains(string(src), b.String())
+		}
+		if !found {
+			t.Errorf("this block of docs/go.md is not code of example_test.go:\n%s", body)
+		}
+	}
+	if blocks != 3 {
+		t.Fatalf("%d Go blocks in the section, want 3", blocks)
+	}
+}

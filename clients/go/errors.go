@@ -37,6 +37,10 @@ var (
 	ErrClosed = errors.New("ringlock: client closed")
 	// ErrLockLost: a renewing lock is gone; the error is a *LostError.
 	ErrLockLost = errors.New("ringlock: lock lost")
+	// ErrWrongKind: an acquire was refused because the key is of another
+	// kind (a semaphore, one of another limit, or a lock for a permit);
+	// the error is a *WrongKindError. Nothing changed; not retried.
+	ErrWrongKind = errors.New("ringlock: wrong kind")
 )
 
 // Error is the type of the errors the client returns: Kind is one of the
@@ -64,7 +68,7 @@ func newError(kind error, msg string) *Error { return &Error{Kind: kind, Msg: ms
 // kindOf returns the sentinel kind of err, or nil.
 func kindOf(err error) error {
 	for _, k := range []error{ErrTimeout, ErrConnection, ErrNoActiveNode, ErrProtocol,
-		ErrNotAllowed, ErrInvalidArgument, ErrClosed, ErrLockLost} {
+		ErrNotAllowed, ErrInvalidArgument, ErrClosed, ErrLockLost, ErrWrongKind} {
 		if errors.Is(err, k) {
 			return k
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"ringlock.dev/ringlock"
@@ -175,4 +176,94 @@ func ExampleListLocks() {
 	_, _ = b.Release(ctx)
 	// Output:
 	// 2 locks under example/list/
+}
+
+// Readers hold a key together; a writer waits until every reader has
+// released it (and a reader that comes while a writer waits waits behind
+// the writer). Every grant has a fencing token of its own.
+func ExampleClient_LockKind() {
+	ctx := context.Background()
+	client, err := ringlock.Connect(ctx, servers(), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+
+	// Two readers at once.
+	r1, err := client.LockKind(ctx, "example/config", ringlock.Shared, 30*time.Second, 5*time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	r2, err := client.LockKind(ctx, "example/config", ringlock.Shared, 30*time.Second, 5*time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("two readers:", r1.Kind(), r2.Kind(), r2.Token() > r1.Token())
+	// A writer does not get the key while they read.
+	_, ok, err := client.TryLock(ctx, "example/config", 30*time.Second)
+	fmt.Println("a writer beside them:", ok, err)
+	_, _ = r1.Release(ctx)
+	_, _ = r2.Release(ctx)
+	w, ok, err := client.TryLock(ctx, "example/config", 30*time.Second)
+	fmt.Println("a writer once they are gone:", ok, err)
+	fmt.Println("its token is above theirs:", w.Token() > r2.Token())
+	_, _ = w.Release(ctx)
+	// Output:
+	// two readers: shared shared true
+	// a writer beside them: false <nil>
+	// a writer once they are gone: true <nil>
+	// its token is above theirs: true
+}
+
+// A counting semaphore: at most 2 of the 5 workers run at once, across
+// every process that asks for the key with the same limit.
+func ExamplePermits() {
+	ctx := context.Background()
+	client, err := ringlock.Connect(ctx, servers(), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+
+	var running, most atomic.Int32
+	var wg sync.WaitGroup
+	for worker := 1; worker <= 5; worker++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// One of 2 permits, renewed while the work runs; wait at
+			// most a minute for one.
+			permit, err := client.LockRenewingKind(ctx, "example/migrations", ringlock.Permits(2), 10*time.Second, time.Minute)
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			defer permit.Release(context.Background())
+			now := running.Add(1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			select { // the work, which stops if the permit is lost
+			case <-time.After(50 * time.Millisecond):
+			case <-permit.Done():
+			}
+			running.Add(-1)
+		}()
+	}
+	wg.Wait()
+	fmt.Println("never more than 2 at once:", most.Load() <= 2)
+
+	// The key is a semaphore of 2 while it has holders: another limit,
+	// a shared or an exclusive acquire is refused, and nothing changes.
+	held, _ := client.LockKind(ctx, "example/migrations", ringlock.Permits(2), 10*time.Second, 0)
+	_, err = client.LockKind(ctx, "example/migrations", ringlock.Permits(3), 10*time.Second, 0)
+	var wrong *ringlock.WrongKindError
+	fmt.Println(errors.Is(err, ringlock.ErrWrongKind), errors.As(err, &wrong) && wrong.Limit == 2)
+	_, _ = held.Release(ctx)
+	// Output:
+	// never more than 2 at once: true
+	// true true
 }

@@ -51,7 +51,7 @@ func TestParseAnswer(t *testing.T) {
 }
 
 func FuzzParseAnswer(f *testing.F) {
-	for _, s := range []string{"A k 7", "M k -", "S active a:1 0", "K a 1 2 3", "E x", "L 5"} {
+	for _, s := range []string{"A k 7", "M k -", "S active a:1 0", "K a 1 2 3", "E x", "L 5", "G k 5", "C k semaphore 3", "C k lock"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {

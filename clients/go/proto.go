@@ -38,13 +38,17 @@ const (
 	opRelease op = 'R'
 	opRenew   op = 'N'
 	opStatus  op = 'S'
+	opShared  op = 'G'
+	opPermit  op = 'C'
 )
 
 // answer is one parsed answer line.
 type answer struct {
-	op    byte   // A T M R N S H K L E
-	key   string // A T M R N K
-	token uint64 // A (token), S (token), K (token), L (cursor)
+	op    byte   // A T M R N S H K L E G C
+	key   string // A T M R N K G C
+	token uint64 // A G C (token; 0 for G/C: the wait ran out), S (token), K (token), L (cursor)
+	wrong bool   // G C: refused for the key's kind
+	limit int    // G C refused: the live semaphore's limit (1..65536), 0: a lock (C only)
 	flag  bool   // R N: 1 or 0
 	addr  string // M S: "" for "-"
 	role  string // S: active or standby
@@ -149,6 +153,25 @@ func acquireLine(key string, leaseMs, waitMs uint64) []byte {
 	return append(b, '\n')
 }
 
+// kindLine is the acquire request of kind k: A, G or C (with its limit).
+func kindLine(k Kind, key string, leaseMs, waitMs uint64) []byte {
+	if k.op == 0 {
+		return acquireLine(key, leaseMs, waitMs)
+	}
+	b := make([]byte, 0, len(key)+40)
+	b = append(b, byte(k.op), ' ')
+	b = append(b, key...)
+	b = append(b, ' ')
+	if k.op == opPermit {
+		b = strconv.AppendInt(b, int64(k.limit), 10)
+		b = append(b, ' ')
+	}
+	b = appendSeconds(b, leaseMs)
+	b = append(b, ' ')
+	b = appendSeconds(b, waitMs)
+	return append(b, '\n')
+}
+
 func releaseLine(key string, token uint64) []byte {
 	b := make([]byte, 0, len(key)+24)
 	b = append(b, "R "...)
@@ -200,6 +223,29 @@ func parseU64(f []byte) (uint64, bool) {
 		n = n*10 + d
 	}
 	return n, true
+}
+
+// parseKindAnswer reads what follows the key of a G or C answer: a token
+// (0: the wait ran out), "semaphore N" (N from 1 to MaxPermits), or, for
+// C only, "lock".
+func parseKindAnswer(a *answer, rest [][]byte) bool {
+	switch {
+	case len(rest) == 1 && a.op == 'C' && string(rest[0]) == "lock":
+		a.wrong = true
+		return true
+	case len(rest) == 1:
+		var ok bool
+		a.token, ok = parseU64(rest[0])
+		return ok
+	case len(rest) == 2 && string(rest[0]) == "semaphore":
+		n, ok := parseU64(rest[1])
+		if !ok || n < 1 || n > MaxPermits {
+			return false
+		}
+		a.wrong, a.limit = true, int(n)
+		return true
+	}
+	return false
 }
 
 // parseAnswer parses one answer line (without its "\n"; a "\r" before it
@@ -277,6 +323,9 @@ func parseAnswer(line []byte) (answer, error) {
 		}
 	case a.op == 'L' && len(fields) == 2:
 		a.token, ok = parseU64(fields[1])
+	case (a.op == 'G' || a.op == 'C') && (len(fields) == 3 || len(fields) == 4):
+		a.key, ok = key()
+		ok = ok && parseKindAnswer(&a, fields[2:])
 	}
 	if !ok {
 		return bad()

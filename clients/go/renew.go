@@ -54,6 +54,17 @@ func (c *Client) LockRenewing(ctx context.Context, key string, lease, wait time.
 	return l.KeepRenewed(), nil
 }
 
+// LockRenewingKind is LockKind, then the lock renews itself in the
+// background (see RenewingLock): a shared grant or a permit renews and
+// signals its loss exactly as an exclusive lock does.
+func (c *Client) LockRenewingKind(ctx context.Context, key string, kind Kind, lease, wait time.Duration) (*RenewingLock, error) {
+	l, err := c.LockKind(ctx, key, kind, lease, wait)
+	if err != nil {
+		return nil, err
+	}
+	return l.KeepRenewed(), nil
+}
+
 // KeepRenewed starts renewing l in the background, a third of its lease
 // after each confirmed renewal. Use the RenewingLock from then on: its
 // Release stops the renewals and releases the lock.
@@ -74,6 +85,9 @@ func (l *Lock) KeepRenewed() *RenewingLock {
 
 // Key returns the lock's key.
 func (r *RenewingLock) Key() string { return r.lock.key }
+
+// Kind returns how the lock holds its key (see Lock.Kind).
+func (r *RenewingLock) Kind() Kind { return r.lock.kind }
 
 // Token returns the fencing token (see Lock.Token).
 func (r *RenewingLock) Token() uint64 { return r.lock.token }

@@ -350,6 +350,7 @@ impl Clock {
         let elapsed = self.start.elapsed();
         let now = Now {
             ms: elapsed.as_millis() as u64,
+            us: elapsed.as_micros() as u64,
             unix_ns,
         };
         (now, elapsed)

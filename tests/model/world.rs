@@ -356,6 +356,7 @@ impl World {
     fn clock(&self, x: usize) -> Now {
         Now {
             ms: self.now,
+            us: self.now * 1000,
             unix_ns: EPOCH_NS + self.now * 1_000_000 + x as u64,
         }
     }

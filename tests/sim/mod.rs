@@ -723,6 +723,7 @@ impl Sim {
         let inc = slot.inc.as_ref().expect("node is up");
         Now {
             ms: self.now + inc.ms_offset,
+            us: (self.now + inc.ms_offset) * 1000,
             unix_ns: (EPOCH_NS as i64 + (self.now as i64) * 1_000_000 + slot.drift_ns) as u64,
         }
     }
@@ -764,6 +765,7 @@ impl Sim {
         let slot = &self.nodes[x];
         let now = Now {
             ms: now_ms,
+            us: now_ms * 1000,
             unix_ns: (EPOCH_NS as i64 + (self.now as i64) * 1_000_000 + slot.drift_ns) as u64,
         };
         let node = Node::new(

@@ -22,7 +22,8 @@ class Unsupported extends Error {}
 
 function kindOf(e: unknown): string {
   if (e instanceof Unsupported) return "unsupported";
-  if (e instanceof RinglockError) return e.kind === "lost" ? "other" : e.kind;
+  // ADAPTER.md's kinds: a lost lock and a key of another kind are "other".
+  if (e instanceof RinglockError) return e.kind === "lost" || e.kind === "wrong_kind" ? "other" : e.kind;
   return "other";
 }
 

@@ -19,18 +19,24 @@ import {
   NoActiveNodeError,
   ProtocolError,
   type RinglockError,
+  WrongKindError,
 } from "./errors.js";
 import { Grant } from "./grant.js";
 import { Lock } from "./lock.js";
 import { nodeStatusVia, type NodeStatus } from "./oneoff.js";
 import {
-  acquireLine,
+  acquireKindLine,
   checkKey,
+  checkKind,
   checkToken,
   type Key,
+  type Kind,
   leaseMs as toLeaseMs,
+  quotedLikeServer,
   releaseLine,
   renewLine,
+  semaphoreRefusal,
+  refusesSharedOps,
   showKey,
   splitAddr,
   TRY_WAIT_MS,
@@ -82,8 +88,31 @@ export interface CallOptions {
   readonly signal?: AbortSignal;
 }
 
+/**
+ * What an acquire asks for: the key alone (the default: an exclusive lock,
+ * `A`), beside other shared holders (`shared: true`: a read lock, `G`), or
+ * one of at most `permits` permits of the key (a counting semaphore, `C`).
+ * Every kind's grant has its own fencing token and lease, and is renewed
+ * and released alike.
+ */
+export interface KindOptions {
+  /**
+   * Hold the key beside other shared holders, never beside an exclusive
+   * one: a read lock. Fair: it waits behind a waiting exclusive acquire. No
+   * upgrade: release it, then acquire exclusively. Default false.
+   */
+  readonly shared?: boolean;
+  /**
+   * Take one of at most this many permits of the key (1 to 65536): a
+   * counting semaphore. The limit is fixed by the acquire that finds the
+   * key with no holder and no waiter; another limit is refused
+   * (WrongKindError) while the key is live. Not with `shared`.
+   */
+  readonly permits?: number;
+}
+
 /** Options of an acquire. */
-export interface AcquireOptions extends CallOptions {
+export interface AcquireOptions extends CallOptions, KindOptions {
   /** The lease, ms (rounded down; 1 to 86400000). */
   readonly leaseMs: number;
   /** The most time to wait in the queue, ms (rounded up); absent: no limit. */
@@ -91,7 +120,7 @@ export interface AcquireOptions extends CallOptions {
 }
 
 /** Options of lock() and tryLock(). */
-export interface LockOptions extends CallOptions {
+export interface LockOptions extends CallOptions, KindOptions {
   /** The lease, ms. Default 30000. */
   readonly leaseMs?: number;
   /** The most time to wait in the queue, ms; absent: no limit (lock() only). */
@@ -607,13 +636,22 @@ export class Client implements Owner, AsyncDisposable {
   acquire(key: Key, options: AcquireOptions): Promise<Grant | null> {
     return this.run(() => {
       const k = checkKey(key);
-      return this._acquire(k, toLeaseMs(options.leaseMs), toWaitMs(options.waitMs), options.signal);
+      const kind = checkKind(options.shared, options.permits);
+      return this._acquire(k, toLeaseMs(options.leaseMs), toWaitMs(options.waitMs), options.signal, kind);
     });
   }
 
-  /** One attempt with the shortest wait the protocol allows (1 ms), like `flock -n`: null if someone else holds the lock. */
-  tryAcquire(key: Key, options: { readonly leaseMs: number; readonly signal?: AbortSignal }): Promise<Grant | null> {
-    return this.run(() => this._acquire(checkKey(key), toLeaseMs(options.leaseMs), TRY_WAIT_MS, options.signal));
+  /**
+   * One attempt with the shortest wait the protocol allows (1 ms), like
+   * `flock -n`: null if the key cannot be granted now (`shared` and
+   * `permits` as for acquire).
+   */
+  tryAcquire(key: Key, options: Omit<AcquireOptions, "waitMs">): Promise<Grant | null> {
+    return this.run(() => {
+      const k = checkKey(key);
+      const kind = checkKind(options.shared, options.permits);
+      return this._acquire(k, toLeaseMs(options.leaseMs), TRY_WAIT_MS, options.signal, kind);
+    });
   }
 
   /**
@@ -627,7 +665,8 @@ export class Client implements Owner, AsyncDisposable {
       const k = checkKey(key);
       const lms = toLeaseMs(options.leaseMs ?? 30_000);
       const wms = toWaitMs(options.waitMs);
-      const grant = await this._acquire(k, lms, wms, options.signal);
+      const kind = checkKind(options.shared, options.permits);
+      const grant = await this._acquire(k, lms, wms, options.signal, kind);
       if (grant === null) throw new LockTimeoutError(showKey(k), wms);
       return new Lock(this, grant, options.renew ?? true);
     });
@@ -638,7 +677,8 @@ export class Client implements Owner, AsyncDisposable {
     return this.run(async () => {
       const k = checkKey(key);
       const lms = toLeaseMs(options.leaseMs ?? 30_000);
-      const grant = await this._acquire(k, lms, TRY_WAIT_MS, options.signal);
+      const kind = checkKind(options.shared, options.permits);
+      const grant = await this._acquire(k, lms, TRY_WAIT_MS, options.signal, kind);
       return grant === null ? null : new Lock(this, grant, options.renew ?? true);
     });
   }
@@ -648,7 +688,13 @@ export class Client implements Owner, AsyncDisposable {
     return f();
   }
 
-  private async _acquire(k: Buffer, lms: number, wms: number, userSignal?: AbortSignal): Promise<Grant | null> {
+  private async _acquire(
+    k: Buffer,
+    lms: number,
+    wms: number,
+    userSignal: AbortSignal | undefined,
+    kind: Kind,
+  ): Promise<Grant | null> {
     this.checkOpen();
     const started = now();
     const state: AcqState = { doing: "connecting", asking: "", failure: null };
@@ -660,7 +706,7 @@ export class Client implements Owner, AsyncDisposable {
     const timer =
       wms === 0 || link === null ? undefined : setTimeout(() => link.controller.abort(deadline), wms + t.acquireGraceMs);
     try {
-      return await this.acquireLoop(k, lms, wms, started, state, link?.controller.signal ?? this.closing.signal);
+      return await this.acquireLoop(k, kind, lms, wms, started, state, link?.controller.signal ?? this.closing.signal);
     } catch (e) {
       if (e !== deadline) throw e;
       const within = `${showMs(wms + t.acquireGraceMs)} (its wait, ${showMs(wms)}, plus ${showMs(t.acquireGraceMs)} of grace)`;
@@ -682,6 +728,7 @@ export class Client implements Owner, AsyncDisposable {
 
   private async acquireLoop(
     key: Buffer,
+    kind: Kind,
     lms: number,
     wms: number,
     started: number,
@@ -737,19 +784,31 @@ export class Client implements Owner, AsyncDisposable {
       const sent = now();
       state.doing = "asking";
       state.asking = conn.addr;
-      const reply = await conn.call("A", key, acquireLine(key, lms, waitNow), { permit: true, signal });
-      if (reply instanceof Lost) {
+      const reply = await conn.call(kind.op, key, acquireKindLine(kind, key, lms, waitNow), { permit: true, signal });
+      if (reply instanceof Lost || reply instanceof Broken) {
+        if (reply instanceof Broken) {
+          const refusal = acquireRefusal(reply.why, kind.op, key);
+          if (refusal instanceof WrongKindError) throw refusal;
+          if (refusal === null) throw brokenError(reply.why);
+          // The node broke the connection over another request: this one
+          // was withdrawn or never read (docs/protocol.md, section 8), so
+          // it goes on like one whose connection was lost.
+        }
         failed += 1;
         if (failed >= this.connections()) throw this.cutOff(failed, reply.why);
         state.failure = new ConnectionError(reply.why);
         continue;
       }
-      if (reply instanceof Broken) throw brokenError(reply.why);
       switch (reply.op) {
         case "A":
-          return new Grant(key, reply.token, lms, sent + lms);
         case "T":
-          return null;
+          if (kind.op !== "A") break;
+          return reply.op === "A" ? new Grant(key, reply.token, lms, sent + lms) : null;
+        case "G":
+        case "C":
+          if (reply.op !== kind.op) break;
+          if (reply.refused !== null) throw wrongKind(key, kind, reply.refused);
+          return reply.token === 0n ? null : new Grant(key, reply.token, lms, sent + lms);
         case "M": {
           // No node said the wait ran out: if it runs out before another
           // node answers, the acquire ends with NoActiveNodeError (`M key -`,
@@ -768,8 +827,9 @@ export class Client implements Owner, AsyncDisposable {
           continue;
         }
         default:
-          throw new ProtocolError(`${conn.addr}: unexpected answer to A: ${reply.op}`);
+          break;
       }
+      throw new ProtocolError(`${conn.addr}: unexpected answer to ${kind.op}: ${reply.op}`);
     }
   }
 
@@ -840,8 +900,11 @@ export class Client implements Owner, AsyncDisposable {
           const bound = Math.min(t.requestTimeoutMs, until - at);
           const reply: Reply = await conn.call(op, key, line, { signal, timeoutMs: bound });
           noActive = false;
-          if (reply instanceof Broken) throw brokenError(reply.why);
-          if (reply instanceof Lost) {
+          if (reply instanceof Lost || reply instanceof Broken) {
+            // A refusal of another acquire (of a semaphore key, or a G or C
+            // the node refuses) that broke the connection: this request was
+            // not read, so it goes on (docs/protocol.md, section 8).
+            if (reply instanceof Broken && !refusedForAnother(reply.why)) throw brokenError(reply.why);
             last = reply.why;
           } else if (reply.op === op) {
             return { held: reply.held, sent: at };
@@ -942,4 +1005,42 @@ export class Client implements Owner, AsyncDisposable {
       }
     }
   }
+}
+
+/**
+ * An `E` that refuses an acquire for what it asks (an exclusive acquire of
+ * a semaphore key, a `G` or `C` to a node with peers or one that predates
+ * them), which a release or renew pending on that connection never is.
+ */
+function refusedForAnother(why: string): boolean {
+  return semaphoreRefusal(why) !== null || refusesSharedOps(why);
+}
+
+/**
+ * A Broken reply whose `E` refuses an acquire for what it asks
+ * (docs/protocol.md, sections 4 and 8): the WrongKindError when it refuses
+ * this request (an `A` of a semaphore key), "other" when it is about
+ * another request on the connection (this one was withdrawn or not read),
+ * null for any other reason (a G or C the node refuses included).
+ */
+function acquireRefusal(why: string, op: Kind["op"], key: Buffer): WrongKindError | "other" | null {
+  if (refusesSharedOps(why)) return op === "A" ? "other" : null;
+  const r = semaphoreRefusal(why);
+  if (r === null) return null;
+  if (op !== "A" || r.quoted !== quotedLikeServer(key)) return "other";
+  const k = showKey(key);
+  const of = r.limit === 0 ? "semaphore" : `semaphore of ${r.limit} permits`;
+  return new WrongKindError(
+    k,
+    r.limit,
+    `an exclusive acquire of ${k} refused: it is a ${of} (acquire it with permits); nothing changed (${why})`,
+  );
+}
+
+/** A `G` or `C` refused for the key's kind (`limit` 0: a lock). */
+function wrongKind(key: Buffer, kind: Kind, limit: number): WrongKindError {
+  const k = showKey(key);
+  const asked = kind.op === "G" ? "a shared acquire" : `a permit (of ${kind.limit})`;
+  const is = limit === 0 ? "held or waited for as a lock" : `a semaphore of ${limit} permits`;
+  return new WrongKindError(k, limit, `${asked} of ${k} refused: it is ${is}; nothing changed`);
 }

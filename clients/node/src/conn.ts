@@ -37,7 +37,7 @@ export class Broken {
 
 export type Reply = Answer | Lost | Broken;
 
-type Op = "A" | "R" | "N" | "S";
+type Op = "A" | "G" | "C" | "R" | "N" | "S";
 
 interface Pending {
   readonly op: Op;
@@ -262,8 +262,9 @@ export class Conn {
     if (req.permit) this.giveSlot();
     if (req.settle !== null) {
       req.settle(reply);
-    } else if (req.abandoned && reply.op === "A") {
-      // Whoever asked is gone: do not leave the grant held until its lease runs out.
+    } else if (req.abandoned && (reply.op === "A" || ((reply.op === "G" || reply.op === "C") && reply.token !== 0n))) {
+      // Whoever asked is gone: do not leave the grant (exclusive, shared or
+      // a permit) held until its lease runs out.
       this.owner.releaseAbandoned(reply.key, reply.token);
     }
   }
@@ -292,6 +293,9 @@ export class Conn {
         break;
       case "R":
       case "N":
+      case "G":
+      case "C":
+        // G answers the oldest G of the key, C the oldest C (docs/protocol.md, section 6).
         req = this.take(ans.key.toString("latin1"), ans.op);
         break;
       case "S":

@@ -15,6 +15,7 @@ export type ErrorKind =
   | "protocol"
   | "invalid_argument"
   | "not_allowed"
+  | "wrong_kind"
   | "closed";
 
 /** The base class of every error this package throws. */
@@ -119,6 +120,32 @@ export class InvalidArgumentError extends RinglockError {
 export class NotAllowedError extends RinglockError {
   constructor(message: string) {
     super("not_allowed", message);
+  }
+}
+
+/**
+ * The key is held or waited for as another kind, and nothing changed: a
+ * shared acquire or a permit of a semaphore key (a permit: of another
+ * limit), a permit of a key held or waited for as a lock (exclusive or
+ * shared), an exclusive acquire of a semaphore key. Not retried: it would
+ * be refused again while the key is that kind (a key with no holder and no
+ * waiter is nobody's kind: the next acquire decides).
+ */
+export class WrongKindError extends RinglockError {
+  /** The key, as given. */
+  readonly key: string;
+  /** The live semaphore's limit; 0: the key is a lock (exclusive or shared). */
+  readonly limit: number;
+  constructor(key: string, limit: number, message?: string) {
+    super(
+      "wrong_kind",
+      message ??
+        (limit === 0
+          ? `${key} is a lock (exclusive or shared), not a semaphore`
+          : `${key} is a semaphore of ${limit} permits`),
+    );
+    this.key = key;
+    this.limit = limit;
   }
 }
 

@@ -17,6 +17,7 @@ export {
   type CallOptions,
   Client,
   type ClientOptions,
+  type KindOptions,
   type LockOptions,
   MAX_WAITING_ACQUIRES,
 } from "./client.js";
@@ -32,6 +33,7 @@ export {
   NotAllowedError,
   ProtocolError,
   RinglockError,
+  WrongKindError,
 } from "./errors.js";
 export { Grant } from "./grant.js";
 export { Lock } from "./lock.js";
@@ -44,5 +46,5 @@ export {
   type NodeStatus,
   type OneOffOptions,
 } from "./oneoff.js";
-export type { Key } from "./proto.js";
+export { type Key, MAX_PERMITS } from "./proto.js";
 export { type Pem, type TlsFiles, tlsFromEnv, tlsFromFiles, type TlsOptions } from "./tls.js";

@@ -20,6 +20,8 @@ export const MAX_ANSWER_LINE = 4096;
 export const MAX_HEALTH_LINE = 64 * 1024;
 /** The wait of a try-lock: the shortest the protocol allows (0 means no limit). */
 export const TRY_WAIT_MS = 1;
+/** The most permits a semaphore key may have (the limit of `C`). */
+export const MAX_PERMITS = 65536;
 
 /** A key: a string (sent as UTF-8) or bytes. */
 export type Key = string | Uint8Array;
@@ -30,6 +32,12 @@ export type Answer =
   | { op: "T"; key: Buffer }
   | { op: "M"; key: Buffer; addr: string | null }
   | { op: "R" | "N"; key: Buffer; held: boolean }
+  /**
+   * `G`/`C`: granted with `token`; `token` 0n: the wait ran out. `refused`:
+   * null, or the key is of another kind: the live semaphore's limit (`G|C
+   * key semaphore N`), 0 for a lock (`C key lock`); `token` is then 0n.
+   */
+  | { op: "G" | "C"; key: Buffer; token: bigint; refused: number | null }
   | { op: "S"; role: "active" | "standby"; addr: string | null; token: bigint }
   | { op: "H"; text: string }
   | { op: "K"; key: Buffer; token: bigint; leaseMs: bigint; waiters: bigint }
@@ -146,6 +154,50 @@ export function acquireLine(key: Buffer, lease: number, wait: number): Buffer {
   return Buffer.concat([Buffer.from("A "), key, Buffer.from(` ${fmtMs(lease)} ${fmtMs(wait)}\n`)]);
 }
 
+/** What an acquire asks for: the op of its request (and answer), and the limit of a `C`. */
+export interface Kind {
+  readonly op: "A" | "G" | "C";
+  /** The semaphore's limit for `C`, else 0. */
+  readonly limit: number;
+}
+
+export const EXCLUSIVE: Kind = { op: "A", limit: 0 };
+
+/**
+ * The kind an acquire's options ask for: exclusive (the default), shared
+ * (`shared: true`) or one permit of a semaphore of `permits` (1 to 65536),
+ * or InvalidArgumentError.
+ */
+export function checkKind(shared: unknown, permits: unknown): Kind {
+  if (shared !== undefined && typeof shared !== "boolean") {
+    throw new InvalidArgumentError(`shared is a boolean, not ${describe(shared)}`);
+  }
+  if (permits === undefined) return shared === true ? { op: "G", limit: 0 } : EXCLUSIVE;
+  if (shared === true) {
+    throw new InvalidArgumentError(
+      "shared: true and permits ask for two kinds: a key is a read/write lock or a semaphore",
+    );
+  }
+  if (typeof permits !== "number" || !Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
+    throw new InvalidArgumentError(`permits must be an integer from 1 to ${MAX_PERMITS}, not ${String(permits)}`);
+  }
+  return { op: "C", limit: permits };
+}
+
+/** The request line of an acquire of `kind`: `A`, `G` or `C`. */
+export function acquireKindLine(kind: Kind, key: Buffer, lease: number, wait: number): Buffer {
+  if (kind.op === "A") return acquireLine(key, lease, wait);
+  // Our invariant (checkKind makes every Kind): never a line the server would refuse.
+  const checked =
+    kind.op === "G" ? kind.limit === 0 : Number.isInteger(kind.limit) && kind.limit >= 1 && kind.limit <= MAX_PERMITS;
+  if (!checked) {
+    throw new Error(`bug: an unchecked kind ${kind.op} ${kind.limit}`);
+  }
+  const head = kind.op === "G" ? Buffer.from("G ") : Buffer.from("C ");
+  const limit = kind.op === "C" ? ` ${kind.limit}` : "";
+  return Buffer.concat([head, key, Buffer.from(`${limit} ${fmtMs(lease)} ${fmtMs(wait)}\n`)]);
+}
+
 export function releaseLine(key: Buffer, token: bigint): Buffer {
   return Buffer.concat([Buffer.from("R "), key, SP, Buffer.from(token.toString()), NL]);
 }
@@ -189,6 +241,9 @@ function addrField(field: Buffer, line: Buffer): string | null {
   }
   return field.toString("latin1");
 }
+
+const LOCK = Buffer.from("lock");
+const SEMAPHORE = Buffer.from("semaphore");
 
 /** Parses one answer line without its `\n`. Throws MalformedAnswer. */
 export function parseAnswer(input: Buffer): Answer {
@@ -237,6 +292,19 @@ export function parseAnswer(input: Buffer): Answer {
       if (flag !== 0x30 && flag !== 0x31) throw bad();
       return { op, key: key(), held: flag === 0x31 };
     }
+    case "G":
+    case "C": {
+      if (rest.length === 1) {
+        if (op === "C" && rest[0]!.equals(LOCK)) return { op, key: key(), token: 0n, refused: 0 };
+        const token = parseU64(rest[0]!);
+        if (token === null) throw bad();
+        return { op, key: key(), token, refused: null };
+      }
+      if (rest.length !== 2 || !rest[0]!.equals(SEMAPHORE)) throw bad();
+      const limit = parseU64(rest[1]!);
+      if (limit === null || limit < 1n || limit > BigInt(MAX_PERMITS)) throw bad();
+      return { op, key: key(), token: 0n, refused: Number(limit) };
+    }
     case "S": {
       if (rest.length !== 2) throw bad();
       const role = first.toString("latin1");
@@ -260,6 +328,44 @@ export function parseAnswer(input: Buffer): Answer {
     default:
       throw bad();
   }
+}
+
+/**
+ * A key as this server quotes it in an `E` reason (docs/protocol.md,
+ * section 8): its first 40 bytes, printable ASCII as is but `"` and `\`,
+ * anything else `\xNN`; `...` after a longer key.
+ */
+export function quotedLikeServer(key: Buffer): string {
+  let out = "";
+  for (const b of key.subarray(0, 40)) {
+    const plain = b >= 0x20 && b <= 0x7e && b !== 0x22 && b !== 0x5c;
+    out += plain ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, "0")}`;
+  }
+  return key.length > 40 ? `${out}...` : out;
+}
+
+const SEMAPHORE_REFUSAL = /key "((?:[^"\\]|\\x[0-9a-f]{2}){1,40}(?:\.\.\.)?)" is a semaphore of ([0-9]{1,5}) permits: acquire it with C/;
+
+/**
+ * The refusal of an exclusive acquire of a semaphore key, in an `E`
+ * reason (`key "X" is a semaphore of N permits: acquire it with C`): the
+ * key as quoted and N, or null for any other reason.
+ */
+export function semaphoreRefusal(why: string): { quoted: string; limit: number } | null {
+  const m = SEMAPHORE_REFUSAL.exec(why);
+  if (m === null) return null;
+  const limit = Number(m[2]);
+  return { quoted: m[1]!, limit: limit >= 1 && limit <= MAX_PERMITS ? limit : 0 };
+}
+
+/**
+ * Whether an `E` reason refuses every `G` and `C` of the node: a node with
+ * peers (`shared locks and semaphores are not replicated yet: ...`), or a
+ * node that predates them (`unknown op "G"`, `unknown op "C"`: this client
+ * sends no other op such a node does not know).
+ */
+export function refusesSharedOps(why: string): boolean {
+  return why.includes("shared locks and semaphores are not replicated yet") || /unknown op "[GC]"/.test(why);
 }
 
 /** `host:port` (`[v6]:port` too) into host and port, or InvalidArgumentError. */

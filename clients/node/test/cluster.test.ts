@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Client, nodeStatus, RinglockError } from "../src/index.js";
+import { Client, nodeStatus, ProtocolError, RinglockError } from "../src/index.js";
 import { Cluster, failOnUnhandledRejections, poll } from "./helpers.js";
 
 failOnUnhandledRejections();
@@ -87,6 +87,27 @@ test("M is followed to the active node; standby addresses alone reach it", { tim
     assert.ok(g);
     assert.ok(client.addresses().includes(cluster.addrs[0]!));
     assert.equal(await client.release(g.key, g.token), true);
+  } finally {
+    await cluster.stopAll();
+  }
+});
+
+test("a cluster refuses shared locks and permits (not replicated): ProtocolError, and exclusive locks go on", { timeout: 60_000 }, async () => {
+  const cluster = await Cluster.start(2);
+  try {
+    await poll("cluster settled on node 0", () => settledOn(cluster, 0, [0, 1]), 10_000, 50);
+    await using client = await Client.connect(cluster.addrs, { redialIntervalMs: 100 });
+    const waiting = client.acquire("cluster/x", { leaseMs: 5000, waitMs: 5000 });
+    for (const kind of [{ shared: true }, { permits: 2 }]) {
+      await assert.rejects(client.acquire("cluster/s", { leaseMs: 5000, ...kind }), (e: unknown) => {
+        assert.ok(e instanceof ProtocolError, String(e));
+        assert.match(e.message, /not replicated yet/);
+        return true;
+      });
+    }
+    const g = await waiting;
+    assert.ok(g !== null, "the exclusive acquire was granted");
+    assert.equal(await client.release("cluster/x", g.token), true);
   } finally {
     await cluster.stopAll();
   }

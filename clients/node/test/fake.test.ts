@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import type * as net from "node:net";
 import { test } from "node:test";
 
-import { Client, ConnectionError, NoActiveNodeError, ProtocolError } from "../src/index.js";
+import { Client, ConnectionError, NoActiveNodeError, ProtocolError, WrongKindError } from "../src/index.js";
 import { failOnUnhandledRejections, FakeServer, poll } from "./helpers.js";
 
 failOnUnhandledRejections();
@@ -293,3 +293,150 @@ test("a renewing lock with a lease under 3 s whose node goes silent is lost by t
     await fake.close();
   }
 });
+
+test("G and C answers are matched by op and key, whatever their order", async () => {
+  const held: Array<{ line: string; sock: net.Socket }> = [];
+  await withFake(async (fake) => {
+    // One connection only (the second gets no hello): one matcher for every request.
+    let first: net.Socket | undefined;
+    fake.onLine = (line, sock) => {
+      if (line === "S") {
+        first ??= sock;
+        if (sock === first) sock.write(`S active ${fake.addr} 1\n`);
+      } else held.push({ line, sock });
+    };
+    await using client = await Client.connect(fake.addr, { probeTimeoutMs: 200 });
+    await poll("the second dial given up", () => client.connected() === 1 && fake.lines.length >= 2);
+    const a = client.acquire("x", { leaseMs: 1000 });
+    const g = client.acquire("x", { leaseMs: 1000, shared: true });
+    const c1 = client.acquire("x", { leaseMs: 1000, permits: 2 });
+    const c2 = client.acquire("y", { leaseMs: 1000, permits: 2, waitMs: 500 });
+    await poll("four acquires at the fake", () => held.length === 4);
+    assert.deepEqual(
+      held.map((h) => h.line),
+      ["A x 1 0", "G x 1 0", "C x 2 1 0", "C y 2 1 0.5"],
+    );
+    const sock = held[0]!.sock;
+    // Answered newest first: each goes to the oldest pending request of its op and key.
+    sock.write("C y 0\nC x semaphore 5\nG x 333\nA x 222\n");
+    assert.equal(await c2, null, "C y 0: the wait ran out");
+    await assert.rejects(c1, (e: unknown) => e instanceof WrongKindError && e.limit === 5);
+    assert.equal((await g)?.token, 333n);
+    assert.equal((await a)?.token, 222n);
+  });
+});
+
+test("a malformed G or C answer is a ProtocolError, and the client goes on", async () => {
+  const answers = [
+    "G k lock\n",
+    "G k semaphore 0\n",
+    "C k semaphore 65537\n",
+    "G k semaphore\n",
+    "G k -1\n",
+    "C k 18446744073709551616\n",
+    "C k lock 1\n",
+    "G k 1 2\n",
+    "C k 7\n", // a C answer to a G: matches no pending request
+    "A k 7\n", // an A answer to a G
+    "T k\n",
+    "G k " + "1".repeat(5000) + "\n",
+  ];
+  for (const answer of answers) {
+    let first = true;
+    await withFake(
+      async (fake) => {
+        await using client = await Client.connect(fake.addr, { redialIntervalMs: 100 });
+        await assert.rejects(
+          client.acquire("k", { leaseMs: 1000, shared: true }),
+          ProtocolError,
+          JSON.stringify(answer.slice(0, 30)),
+        );
+        await poll("both connections up again", () => client.connected() === 2, 3000);
+        // A well-formed answer on the new connections is taken.
+        const g = await client.acquire("k", { leaseMs: 1000, shared: true });
+        assert.equal(g?.token, 42n);
+      },
+      (line, sock) => {
+        if (!line.startsWith("G ")) return;
+        sock.write(first ? answer : "G k 42\n");
+        first = false;
+      },
+    );
+  }
+});
+
+for (const refusal of [
+  {
+    what: "the E that refuses an exclusive acquire of a semaphore key: WrongKindError for its A",
+    request: "A pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000 }),
+    reason: 'key "pool/x" is a semaphore of 4 permits: acquire it with C in line 5',
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof WrongKindError, String(e));
+      assert.equal(e.limit, 4);
+      assert.equal(e.key, "pool/x");
+      assert.match(e.message, /semaphore of 4 permits/);
+      return true;
+    },
+  },
+  {
+    what: "the E of a node that predates G and C: ProtocolError for the C",
+    request: "C pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, permits: 3 }),
+    reason: 'unknown op "C" in line 5',
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof ProtocolError, String(e));
+      assert.match(e.message, /unknown op "C"/);
+      return true;
+    },
+  },
+  {
+    what: "the E of a node with peers that refuses G and C: ProtocolError for the G",
+    request: "G pool/x ",
+    acquire: (c: Client) => c.acquire("pool/x", { leaseMs: 1000, shared: true }),
+    reason: "shared locks and semaphores are not replicated yet: a node with --peers refuses G and C in line 5",
+    check: (e: unknown): boolean => {
+      assert.ok(e instanceof ProtocolError, String(e));
+      assert.match(e.message, /not replicated yet/);
+      return true;
+    },
+  },
+]) {
+  test(`${refusal.what}; the others on that connection go on`, async () => {
+    let broke = false;
+    const early: Array<{ line: string; sock: net.Socket }> = [];
+    const answer = (line: string, sock: net.Socket): void => {
+      if (line.startsWith("A y ")) sock.write("A y 11\n");
+      else if (line.startsWith("A z ")) sock.write("A z 12\n");
+      else if (line.startsWith("R w ")) sock.write("R w 1\n");
+    };
+    await withFake(
+      async (fake) => {
+        await using client = await Client.connect(fake.addr, { redialIntervalMs: 100 });
+        await poll("both connections up", () => client.connected() === 2);
+        // Waiting acquires and a release, pipelined with the refused acquire.
+        const y = client.acquire("y", { leaseMs: 1000, waitMs: 3000 });
+        const z = client.acquire("z", { leaseMs: 1000 });
+        const r = client.release("w", 5n);
+        await assert.rejects(refusal.acquire(client), refusal.check);
+        assert.equal((await y)?.token, 11n, "asked again on a connection the node did not break");
+        assert.equal((await z)?.token, 12n);
+        assert.equal(await r, true);
+        const asked = fake.lines.filter((l) => /^(A y|A z|R w) /.test(l)).length;
+        assert.ok(asked > 3, `the requests that shared the broken connection were sent again (${asked} sent)`);
+      },
+      (line, sock) => {
+        if (line.startsWith(refusal.request)) {
+          broke = true;
+          sock.write(`E ${refusal.reason}\n`);
+          sock.end();
+          // What the other connection carried is answered now; what this one carried is not.
+          for (const e of early) if (e.sock !== sock) answer(e.line, e.sock);
+          return;
+        }
+        if (broke) answer(line, sock);
+        else early.push({ line, sock });
+      },
+    );
+  });
+}

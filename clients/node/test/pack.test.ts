@@ -14,11 +14,11 @@ import { failOnUnhandledRejections, PACKAGE, REPO, startServer } from "./helpers
 
 failOnUnhandledRejections();
 
-/** The TypeScript program under the `<!-- example: example.ts -->` marker of docs/node.md. */
-function docsExample(): string {
+/** The TypeScript program under the `<!-- example: NAME -->` marker of docs/node.md. */
+function docsExample(name: string): string {
   const doc = readFileSync(join(REPO, "docs", "node.md"), "utf8");
-  const at = doc.indexOf("<!-- example: example.ts -->");
-  assert.ok(at >= 0, "docs/node.md has its example marker");
+  const at = doc.indexOf(`<!-- example: ${name} -->`);
+  assert.ok(at >= 0, `docs/node.md has its ${name} marker`);
   const m = /```ts\n([\s\S]*?)```/.exec(doc.slice(at));
   assert.ok(m !== null, "a ts block follows the marker");
   return m[1]!;
@@ -58,15 +58,20 @@ test("npm pack, installed as ESM and CommonJS, runs the docs' example", { timeou
             typeRoots: [join(PACKAGE, "node_modules", "@types")],
             types: ["node"],
           },
-          files: ["example.ts"],
+          files: ["example.ts", "shared.ts"],
         }),
       );
-      writeFileSync(join(dir, "example.ts"), docsExample());
+      writeFileSync(join(dir, "example.ts"), docsExample("example.ts"));
+      writeFileSync(join(dir, "shared.ts"), docsExample("shared.ts"));
       sh(process.execPath, [tsc, "-p", dir], dir);
       const emitted = readFileSync(join(dir, "example.js"), "utf8");
       assert.match(emitted, type === "module" ? /from "ringlock"/ : /require\("ringlock"\)/);
       const out = sh(process.execPath, ["example.js"], dir, { ...process.env, RINGLOCK_SERVERS: server.addr });
       assert.match(out, /^wrote a quick report under token \d+\nwrote step 1 under token \d+\nwrote step 2 under token \d+\nwrote step 3 under token \d+\n$/, `as ${type}`);
+      const shared = sh(process.execPath, ["shared.js"], dir, { ...process.env, RINGLOCK_SERVERS: server.addr });
+      const m = /^two readers at once, tokens (\d+) < (\d+)\nan exclusive lock now: busy \(held shared\)\nfour workers, at most ([12]) at once\nrefused while held by token \d+: it is a lock \(limit 0\)\n$/.exec(shared);
+      assert.ok(m !== null, `shared.ts as ${type}: ${shared}`);
+      assert.ok(BigInt(m[1]!) < BigInt(m[2]!), "the second reader's token is above the first's");
     }
     // Both entry points give the same classes: instanceof holds across them.
     const check = `

@@ -5,15 +5,19 @@ import { test } from "node:test";
 
 import { InvalidArgumentError } from "../src/errors.js";
 import {
+  acquireKindLine,
   acquireLine,
   checkKey,
+  checkKind,
   checkToken,
   fmtMs,
   leaseMs,
   MalformedAnswer,
   parseAnswer,
+  quotedLikeServer,
   releaseLine,
   renewLine,
+  semaphoreRefusal,
   splitAddr,
   waitMs,
 } from "../src/proto.js";
@@ -116,7 +120,7 @@ test("malformed answers are refused, never crash", () => {
   for (let i = 0; i < 5000; i++) {
     const n = Math.floor(Math.random() * 40);
     const line = Buffer.from(Array.from({ length: n }, () => (Math.random() < 0.3 ? 0x20 : Math.floor(Math.random() * 256))));
-    if (Math.random() < 0.5 && n > 0) line[0] = "ATMRNSEHKL".charCodeAt(Math.floor(Math.random() * 10));
+    if (Math.random() < 0.5 && n > 0) line[0] = "ATMRNSEHKLGC".charCodeAt(Math.floor(Math.random() * 12));
     if (Math.random() < 0.5 && n > 1) line[1] = 0x20;
     try {
       parseAnswer(line);
@@ -132,4 +136,86 @@ test("addresses", () => {
   for (const bad of ["", "host", "host:", ":7171", "host:0", "host:65536", "host:x"]) {
     assert.throws(() => splitAddr(bad), InvalidArgumentError, bad);
   }
+});
+
+test("kinds: shared and permits checked before sending, G and C lines", () => {
+  assert.deepEqual(checkKind(undefined, undefined), { op: "A", limit: 0 });
+  assert.deepEqual(checkKind(false, undefined), { op: "A", limit: 0 });
+  assert.deepEqual(checkKind(true, undefined), { op: "G", limit: 0 });
+  assert.deepEqual(checkKind(undefined, 1), { op: "C", limit: 1 });
+  assert.deepEqual(checkKind(false, 65536), { op: "C", limit: 65536 });
+  const bad: Array<[unknown, unknown]> = [
+    [true, 2],
+    [undefined, 0],
+    [undefined, 65537],
+    [undefined, -1],
+    [undefined, 1.5],
+    [undefined, Number.NaN],
+    [undefined, Number.POSITIVE_INFINITY],
+    [undefined, "2"],
+    [undefined, 2n],
+    [undefined, null],
+    ["yes", undefined],
+    [1, undefined],
+  ];
+  for (const [shared, permits] of bad) {
+    assert.throws(() => checkKind(shared, permits), InvalidArgumentError, `${String(shared)}, ${String(permits)}`);
+  }
+  assert.equal(acquireKindLine(checkKind(true, undefined), b("k"), 1500, 0).toString(), "G k 1.5 0\n");
+  assert.equal(acquireKindLine(checkKind(false, 7), b("k"), 30_000, 250).toString(), "C k 7 30 0.25\n");
+  assert.equal(acquireKindLine(checkKind(false, undefined), b("k"), 30_000, 1).toString(), "A k 30 0.001\n");
+  assert.throws(() => acquireKindLine({ op: "C", limit: 0 }, b("k"), 1000, 0), /unchecked kind/);
+});
+
+test("the answers of G and C parse within their bounds", () => {
+  const k = b("k");
+  assert.deepEqual(parseAnswer(b("G k 17")), { op: "G", key: k, token: 17n, refused: null });
+  assert.deepEqual(parseAnswer(b("C k 18446744073709551615")), { op: "C", key: k, token: 2n ** 64n - 1n, refused: null });
+  assert.deepEqual(parseAnswer(b("G k 0")), { op: "G", key: k, token: 0n, refused: null }, "the wait ran out");
+  assert.deepEqual(parseAnswer(b("C k 000")), { op: "C", key: k, token: 0n, refused: null }, "zero in any form");
+  assert.deepEqual(parseAnswer(b("G k semaphore 3")), { op: "G", key: k, token: 0n, refused: 3 });
+  assert.deepEqual(parseAnswer(b("C k semaphore 65536")), { op: "C", key: k, token: 0n, refused: 65536 });
+  assert.deepEqual(parseAnswer(b("C k semaphore 1")), { op: "C", key: k, token: 0n, refused: 1 });
+  assert.deepEqual(parseAnswer(b("C k lock")), { op: "C", key: k, token: 0n, refused: 0 });
+  for (const line of [
+    "G k lock",
+    "G k",
+    "C k",
+    "G k semaphore",
+    "C k semaphore 0",
+    "C k semaphore 65537",
+    "C k semaphore 99999999999999999999999",
+    "G k semaphore -1",
+    "G k semaphore 2 3",
+    "G k -1",
+    "C k 18446744073709551616",
+    "C k lock 1",
+    "C k LOCK",
+    "G k Semaphore 2",
+    "G k 1 2",
+    "G  k 1",
+    "GG k 1",
+    "G " + "x".repeat(251) + " 1",
+  ]) {
+    assert.throws(() => parseAnswer(b(line)), MalformedAnswer, JSON.stringify(line));
+  }
+});
+
+test("the refusal of an exclusive acquire of a semaphore key, as the server quotes it", () => {
+  const why = 'a:1 says: E key "p" is a semaphore of 2 permits: acquire it with C in line 8';
+  assert.deepEqual(semaphoreRefusal(why), { quoted: "p", limit: 2 });
+  assert.equal(semaphoreRefusal('E lock table full: 1 locks (--max-locks) in line 2'), null);
+  assert.equal(semaphoreRefusal('E key "p" is a semaphore: acquire it with C'), null);
+  assert.equal(quotedLikeServer(b('a"b\\c')), "a\\x22b\\x5cc");
+  assert.equal(quotedLikeServer(Buffer.from("clé")), "cl\\xc3\\xa9");
+  assert.equal(quotedLikeServer(b("x".repeat(41))), `${"x".repeat(40)}...`);
+  assert.equal(quotedLikeServer(b("x".repeat(40))), "x".repeat(40));
+  for (const key of [b("p"), Buffer.from("clé"), b('a"b\\'), b("y".repeat(250)), b("z".repeat(40))]) {
+    const q = quotedLikeServer(key);
+    assert.deepEqual(semaphoreRefusal(`E key "${q}" is a semaphore of 65536 permits: acquire it with C in line 1`), {
+      quoted: q,
+      limit: 65536,
+    });
+  }
+  assert.equal(semaphoreRefusal('E key "p" is a semaphore of 99999 permits: acquire it with C')?.limit, 0, "out of range: not trusted");
 });

@@ -63,6 +63,7 @@ const KEYS: u64 = 64;
 fn now(ms: u64) -> Now {
     Now {
         ms,
+        us: ms * 1000,
         unix_ns: UNIX_NS,
     }
 }

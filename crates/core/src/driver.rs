@@ -225,6 +225,7 @@ mod tests {
     fn at(ms: u64) -> Now {
         Now {
             ms,
+            us: ms * 1000,
             unix_ns: 1_000_000 + ms * 1_000_000,
         }
     }

@@ -5,6 +5,7 @@ use super::*;
 fn node() -> (Node, Now) {
     let now = Now {
         ms: 100,
+        us: 100_000,
         unix_ns: 5,
     };
     let mut node = Node::new(
@@ -277,6 +278,7 @@ fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
         &mut node,
         Now {
             ms: now.ms + 5000,
+            us: (now.ms + 5000) * 1000,
             ..now
         },
         0
@@ -338,6 +340,7 @@ fn a_handshake_past_its_deadline_is_closed() {
         &mut node,
         Now {
             ms: now.ms + 999,
+            us: (now.ms + 999) * 1000,
             ..now
         },
         0
@@ -346,6 +349,7 @@ fn a_handshake_past_its_deadline_is_closed() {
         &mut node,
         Now {
             ms: now.ms + 1000,
+            us: (now.ms + 1000) * 1000,
             ..now
         },
         0

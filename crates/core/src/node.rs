@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::Request;
-use crate::stats::{NodeStats, PUBLISH_EVERY_MS, Snapshot};
+use crate::stats::{Follower, NodeStats, PUBLISH_EVERY_MS, Snapshot};
 
 /// The target of this module's log lines: the name it had before the core
 /// became a crate of its own, which `RUST_LOG` filters name.
@@ -266,7 +266,11 @@ impl Node {
         let followers = cluster
             .map(|c| {
                 c.followers()
-                    .map(|(addr, conn)| (addr.to_string(), engine.output_len(conn) as u64))
+                    .map(|(addr, conn, stats)| Follower {
+                        addr: addr.to_string(),
+                        queued_bytes: engine.output_len(conn) as u64,
+                        stats: *stats,
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -911,6 +915,7 @@ impl Drop for Node {
         if self.summary_owed() {
             let now = Now {
                 ms: self.summary.last_ms.max(self.summary.since_ms),
+                us: self.summary.last_ms.max(self.summary.since_ms) * 1000,
                 unix_ns: 0,
             };
             self.summarize(now);

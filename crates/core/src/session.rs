@@ -232,7 +232,11 @@ mod tests {
     }
 
     fn run(chunks: &[&[u8]]) -> (String, Flow) {
-        let now = Now { ms: 0, unix_ns: 5 };
+        let now = Now {
+            ms: 0,
+            us: 0,
+            unix_ns: 5,
+        };
         let mut engine = test_node(now);
         engine.open(0);
         let mut session = Session::new();
@@ -269,7 +273,11 @@ mod tests {
 
     #[test]
     fn answers_past_the_pause_keep_the_rest_of_the_input_unread() {
-        let now = Now { ms: 0, unix_ns: 5 };
+        let now = Now {
+            ms: 0,
+            us: 0,
+            unix_ns: 5,
+        };
         let mut engine = test_node(now);
         engine.open(0);
         let mut session = Session::new();

@@ -44,6 +44,36 @@ pub struct ClusterStats {
     pub stepped_down: u64,
 }
 
+/// What an active measures and counts of one follower's replication.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FollowerStats {
+    /// Replication lag, µs: from the turn whose deltas a probe followed
+    /// until the turn that read the follower's answer, which it sends once
+    /// it has applied every line before the probe (so the way back is
+    /// included). One probe at a time, at most every
+    /// [`crate::cluster::PROBE_EVERY_MS`], and only after deltas.
+    pub lag_us: Log2Histogram,
+    /// Probes given up: unanswered within the peer timeout.
+    pub probes_lost: u64,
+    /// Replication events (grants, renewals, releases, expiries) written
+    /// to its link as deltas, and their bytes; snapshots not included.
+    pub events: u64,
+    pub bytes: u64,
+    /// Writes of deltas into its link's outgoing bytes: at most one per
+    /// loop turn (the loop then hands them to the kernel with one send).
+    pub writes: u64,
+}
+
+/// One follower of this active node, as published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Follower {
+    /// Its address in `--peers`.
+    pub addr: String,
+    /// Replication bytes queued for it, not yet handed to the kernel.
+    pub queued_bytes: u64,
+    pub stats: FollowerStats,
+}
+
 /// What the loop publishes: its counters and the gauges of the moment.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -73,6 +103,6 @@ pub struct Snapshot {
     pub shared_held: u64,
     pub permits_held: u64,
     pub peers_up: u64,
-    /// Per follower: its address and the replication bytes queued for it.
-    pub followers: Vec<(String, u64)>,
+    /// Every peer that follows this active node over an authenticated link.
+    pub followers: Vec<Follower>,
 }

@@ -8,7 +8,7 @@
 //! [`Session`]; peer lines, arbitrary or well-formed: a valid handshake
 //! (HELLO, then AUTH with the MAC computed from the node's CHALLENGE), or one
 //! with a wrong MAC, index, fingerprint or address, then heartbeats, SNAP,
-//! G, X, SYNCED and HANDOFF with fuzzed fields; ticks, time moving by fuzzed
+//! G, X, SYNCED, MERGE, MERGED, PROBE, PROBED and HANDOFF with fuzzed fields; ticks, time moving by fuzzed
 //! amounts and jumps, the wall clock stepping (each tick after the links
 //! doomed since the last one are closed, as a loop turn ends with
 //! `take_doomed`); the node's dials
@@ -358,6 +358,7 @@ impl Harness {
         let secret = Secret::from_bytes(SECRET);
         let now = Now {
             ms: T0_MS,
+            us: T0_MS * 1000,
             unix_ns: EPOCH_NS + T0_MS * 1_000_000,
         };
         let node = Node::new(
@@ -417,6 +418,7 @@ impl Harness {
         let wall = (EPOCH_NS + self.now_ms * 1_000_000) as i64 + self.skew_ns;
         Now {
             ms: self.now_ms,
+            us: self.now_ms * 1000,
             unix_ns: wall.max(0) as u64,
         }
     }
@@ -460,10 +462,12 @@ impl Harness {
                     15 => PeerKind::Snapshot,
                     16 | 17 => PeerKind::Grant,
                     18 => PeerKind::Release,
-                    19 => match input.u8() % 4 {
+                    19 => match input.u8() % 6 {
                         0 | 1 => PeerKind::Synced,
                         2 => PeerKind::Merge,
-                        _ => PeerKind::Merged,
+                        3 => PeerKind::Merged,
+                        4 => PeerKind::Probe,
+                        _ => PeerKind::Probed,
                     },
                     _ => PeerKind::Handoff,
                 };
@@ -1014,6 +1018,8 @@ impl Harness {
                 highest: self.token(input),
             },
             PeerKind::Merged => PeerMsg::Merged,
+            PeerKind::Probe => PeerMsg::Probe { seq: input.u64() },
+            PeerKind::Probed => PeerMsg::Probed { seq: input.u64() },
             PeerKind::Handoff => PeerMsg::Handoff {
                 highest: self.token(input),
             },
@@ -1588,7 +1594,7 @@ impl Harness {
             PeerMsg::Grant { token, .. } | PeerMsg::Release { token, .. } => {
                 assert!(token <= highest_now);
             }
-            PeerMsg::Synced | PeerMsg::Merged => {}
+            PeerMsg::Synced | PeerMsg::Merged | PeerMsg::Probe { .. } | PeerMsg::Probed { .. } => {}
             PeerMsg::Merge { highest } => assert!(highest <= highest_now),
         }
     }
@@ -1658,6 +1664,8 @@ enum PeerKind {
     Synced,
     Merge,
     Merged,
+    Probe,
+    Probed,
     Handoff,
 }
 

@@ -98,7 +98,11 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
             index(i);
             key(addr);
         }
-        PeerMsg::Auth { .. } | PeerMsg::Synced | PeerMsg::Merged => {}
+        PeerMsg::Auth { .. }
+        | PeerMsg::Synced
+        | PeerMsg::Merged
+        | PeerMsg::Probe { .. }
+        | PeerMsg::Probed { .. } => {}
         PeerMsg::Heartbeat {
             following, highest, ..
         } => {

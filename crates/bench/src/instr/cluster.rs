@@ -32,6 +32,7 @@ const HEARTBEAT_MS: u64 = 50;
 fn now(ms: u64) -> Now {
     Now {
         ms,
+        us: ms * 1000,
         unix_ns: UNIX_NS + ms * 1_000_000,
     }
 }

@@ -58,7 +58,7 @@ use std::collections::HashMap;
 
 use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
-use crate::stats::ClusterStats;
+use crate::stats::{ClusterStats, FollowerStats};
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
 use replication::OLD_VERSIONS;
 use wire::PeerMsg;
@@ -97,6 +97,10 @@ pub const MAX_FAILBACK_DELAY_MS: u64 = 600_000;
 
 /// How soon a failed dial is retried, at most (see [`Cluster::dial_retry_ms`]).
 pub(crate) const DIAL_RETRY_MS: u64 = 100;
+
+/// How often, at most, an active sends a follower a replication lag probe
+/// (`P PROBE`): a hundred a second, one line each way, whatever the load.
+pub const PROBE_EVERY_MS: u64 = 10;
 
 /// Cluster settings; every node of a cluster gets the same `peers`.
 #[derive(Debug, Clone)]
@@ -173,6 +177,13 @@ struct Peer {
     /// Its link to us is between `MERGE` and `MERGED`: the `G` lines are
     /// grants to merge ([`crate::engine::merge`]).
     in_merge: bool,
+    /// Our lag probe in flight on our link to it: its number and when it
+    /// went (monotonic µs, [`Now::us`]).
+    probe: Option<(u64, u64)>,
+    /// Not before this (monotonic ms) does the next probe go to it.
+    next_probe_ms: u64,
+    /// What we measured and counted of its replication while active.
+    replication: FollowerStats,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -273,6 +284,8 @@ pub struct Cluster {
     /// [`Cluster::flush_replication`] (both are reused).
     events: ReplicationLog,
     stats: ClusterStats,
+    /// The number of the last lag probe sent (to any follower).
+    probe_seq: u64,
 }
 
 impl Cluster {
@@ -311,6 +324,7 @@ impl Cluster {
             scratch: Vec::new(),
             scratch_old: Default::default(),
             events: ReplicationLog::new(),
+            probe_seq: 0,
         }
     }
 
@@ -465,12 +479,17 @@ impl Cluster {
     }
 
     /// For each peer that follows this active node over an authenticated
-    /// link: its address and our connection to it.
-    pub fn followers(&self) -> impl Iterator<Item = (&str, ConnId)> {
+    /// link: its address, our connection to it and its replication's
+    /// figures.
+    pub fn followers(&self) -> impl Iterator<Item = (&str, ConnId, &FollowerStats)> {
         let me = self.cfg.me;
         self.peers.iter().enumerate().filter_map(move |(i, p)| {
             let conn = p.out.filter(|_| p.out_authed && p.following == Some(me))?;
-            (self.role == Role::Active).then_some((self.cfg.peers[i].as_str(), conn))
+            (self.role == Role::Active).then_some((
+                self.cfg.peers[i].as_str(),
+                conn,
+                &p.replication,
+            ))
         })
     }
 
@@ -654,8 +673,14 @@ impl Cluster {
         // role rule (who is alive, who claims the role or follows whom,
         // who is synced); the rule runs on every turn's tick and after
         // every other line. Most lines a follower reads are these.
-        let rule_inputs_unchanged =
-            was_alive && matches!(msg, PeerMsg::Grant { .. } | PeerMsg::Release { .. });
+        let rule_inputs_unchanged = was_alive
+            && matches!(
+                msg,
+                PeerMsg::Grant { .. }
+                    | PeerMsg::Release { .. }
+                    | PeerMsg::Probe { .. }
+                    | PeerMsg::Probed { .. }
+            );
         let following_sender = self.role
             == Role::Standby {
                 following: Some(from),
@@ -664,24 +689,7 @@ impl Cluster {
             PeerMsg::Hello { .. } | PeerMsg::Challenge { .. } | PeerMsg::Auth { .. } => {
                 return Err(Unexpected::HandshakeOnAuthenticatedLink.into());
             }
-            PeerMsg::Heartbeat {
-                active,
-                following,
-                highest,
-                synced,
-            } => {
-                if following.is_some_and(|f| f >= self.peers.len()) {
-                    return Err(Unexpected::FollowsBeyondPeers { following }.into());
-                }
-                engine.observe_token(highest);
-                let p = &mut self.peers[from];
-                if p.following != following {
-                    p.snapshot_sent = false;
-                }
-                p.claims_active = active;
-                p.following = following;
-                p.synced = synced;
-            }
+            PeerMsg::Heartbeat { .. } => self.on_heartbeat(from, msg, engine)?,
             PeerMsg::Snapshot { highest } if following_sender => {
                 engine.observe_token(highest);
                 engine.clear_grants();
@@ -695,6 +703,8 @@ impl Cluster {
             PeerMsg::Release { key, token } if following_sender => {
                 engine.apply_release(now, key, token);
             }
+            PeerMsg::Probe { seq } if following_sender => self.answer_probe(from, seq, engine),
+            PeerMsg::Probed { seq } => self.probe_answered(now, from, seq),
             PeerMsg::Synced if following_sender => {
                 if !self.synced {
                     tracing::info!(target: LOG_TARGET, active = %self.cfg.peers[from], "holds a full snapshot of the active {}", self.cfg.peers[from]);
@@ -723,7 +733,10 @@ impl Cluster {
                 self.peers[from].claims_active = false;
             }
             // Replication from a node we do not follow (any more): ignored.
-            PeerMsg::Snapshot { .. } | PeerMsg::Release { .. } | PeerMsg::Synced => {}
+            PeerMsg::Snapshot { .. }
+            | PeerMsg::Release { .. }
+            | PeerMsg::Synced
+            | PeerMsg::Probe { .. } => {}
         }
         if !rule_inputs_unchanged {
             self.evaluate(now, engine);
@@ -733,6 +746,37 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// A heartbeat from peer `from`: what it claims, whom it follows.
+    fn on_heartbeat(
+        &mut self,
+        from: usize,
+        msg: PeerMsg<'_>,
+        engine: &mut Engine,
+    ) -> Result<(), PeerError> {
+        let PeerMsg::Heartbeat {
+            active,
+            following,
+            highest,
+            synced,
+        } = msg
+        else {
+            debug_assert!(false, "not a heartbeat: {msg:?}");
+            return Ok(());
+        };
+        if following.is_some_and(|f| f >= self.peers.len()) {
+            return Err(Unexpected::FollowsBeyondPeers { following }.into());
+        }
+        engine.observe_token(highest);
+        let p = &mut self.peers[from];
+        if p.following != following {
+            p.snapshot_sent = false;
+        }
+        p.claims_active = active;
+        p.following = following;
+        p.synced = synced;
+        Ok(())
+    }
+
     /// `G`, `MERGE` and `MERGED` from peer `from`. A `G` outside a merge is
     /// replication, taken from the node we follow; between `MERGE` and
     /// `MERGED` it is a grant to merge ([`crate::engine::merge`]): from a

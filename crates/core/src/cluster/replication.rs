@@ -49,6 +49,11 @@ impl Cluster {
                         deltas_encoded[v] = true;
                     }
                     engine.write_to(conn, scratch);
+                    let p = &mut self.peers[i];
+                    p.replication.events += self.events.len() as u64;
+                    p.replication.bytes += scratch.len() as u64;
+                    p.replication.writes += 1;
+                    self.probe(now, i, conn, engine);
                 }
             } else {
                 let body =
@@ -58,6 +63,8 @@ impl Cluster {
                 let p = &mut self.peers[i];
                 p.snapshot_sent = true;
                 p.snapshot_bytes = body.len();
+                // A probe on an earlier link is answered on none.
+                p.probe = None;
             }
             let p = &mut self.peers[i];
             let unsent = engine.output_mut(conn).len();
@@ -85,6 +92,60 @@ impl Cluster {
                 || p.following != Some(me)
                 || p.snapshot_sent
         }));
+    }
+
+    /// Sends follower `i` a lag probe behind the deltas just written to
+    /// its link `conn`, unless one is in flight or the last went less than
+    /// [`PROBE_EVERY_MS`] ago, or its link speaks a version before
+    /// [`wire::PROBE_VERSION`]. A probe unanswered within the peer timeout
+    /// is given up (counted), so that a lost answer stops no measurement.
+    fn probe(&mut self, now: Now, i: usize, conn: ConnId, engine: &mut Engine) {
+        let timeout_ms = self.cfg.peer_timeout_ms;
+        let p = &mut self.peers[i];
+        if p.out_version < wire::PROBE_VERSION || now.ms < p.next_probe_ms {
+            return;
+        }
+        if let Some((_, sent_us)) = p.probe {
+            if now.us.saturating_sub(sent_us) < timeout_ms.saturating_mul(1000) {
+                return;
+            }
+            p.replication.probes_lost += 1;
+        }
+        self.probe_seq = self.probe_seq.wrapping_add(1);
+        let seq = self.probe_seq;
+        p.probe = Some((seq, now.us));
+        p.next_probe_ms = now.ms + PROBE_EVERY_MS;
+        let mut line = Vec::with_capacity(32);
+        wire::encode(&mut line, &PeerMsg::Probe { seq });
+        engine.write_to(conn, &line);
+    }
+
+    /// The active we follow probes our lag: every line before `seq` is
+    /// applied, so we answer on our own link to it (a link before
+    /// [`wire::PROBE_VERSION`], or none: no answer, and the active gives
+    /// the probe up).
+    pub(super) fn answer_probe(&mut self, from: usize, seq: u64, engine: &mut Engine) {
+        let p = &self.peers[from];
+        let Some(conn) = p
+            .out
+            .filter(|_| p.out_authed && p.out_version >= wire::PROBE_VERSION)
+        else {
+            return;
+        };
+        let mut line = Vec::with_capacity(32);
+        wire::encode(&mut line, &PeerMsg::Probed { seq });
+        engine.write_to(conn, &line);
+    }
+
+    /// Follower `from` answered probe `seq`: its lag is the time since the
+    /// probe went. An answer to any other probe (given up, or from an
+    /// earlier link) is ignored.
+    pub(super) fn probe_answered(&mut self, now: Now, from: usize, seq: u64) {
+        let p = &mut self.peers[from];
+        if let Some((_, sent_us)) = p.probe.filter(|&(sent, _)| sent == seq) {
+            p.replication.lag_us.record(now.us.saturating_sub(sent_us));
+            p.probe = None;
+        }
     }
 
     pub(super) fn encode_heartbeat(&mut self, engine: &Engine) {

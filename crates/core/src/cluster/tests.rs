@@ -9,6 +9,7 @@ const TIMEOUT_MS: u64 = 500;
 fn at(ms: u64) -> Now {
     Now {
         ms,
+        us: ms * 1000,
         unix_ns: 1_700_000_000_000_000_000 + ms * 1_000_000,
     }
 }
@@ -754,10 +755,11 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     c.flush_replication(now, &mut e);
     let h = "10.0.0.5:4242 host-a/job-42";
     let expected =
-        format!("P G k {t1} 5001 {h}\nP G k {t1} 2001 {h}\nP X k {t1}\nP X before {t0}\n")
-            .into_bytes();
-    for conn in [20, 21] {
-        assert_eq!(std::mem::take(e.output_mut(conn)), expected);
+        format!("P G k {t1} 5001 {h}\nP G k {t1} 2001 {h}\nP X k {t1}\nP X before {t0}\n");
+    // Behind the deltas, each follower's first lag probe.
+    for (conn, probe) in [(20, 1), (21, 2)] {
+        let out = String::from_utf8(std::mem::take(e.output_mut(conn))).unwrap();
+        assert_eq!(out, format!("{expected}P PROBE {probe}\n"));
     }
     // An expiry is a release too; a turn without changes writes nothing.
     client(&mut e, now, 0, "A short 0.1 0");
@@ -1163,9 +1165,13 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     assert_eq!(lines_of(&mut e, 22)[1], format!("P G k {t} 10001"));
     client(&mut e, now, 0, &format!("N k {t} 5"));
     c.flush_replication(now, &mut e);
+    // A lag probe behind the deltas on the newest link only.
     assert_eq!(
         lines_of(&mut e, 20),
-        [format!("P G k {t} 5001 10.0.0.5:4242 job-1")]
+        [
+            format!("P G k {t} 5001 10.0.0.5:4242 job-1"),
+            "P PROBE 1".into()
+        ]
     );
     assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
@@ -1264,4 +1270,114 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"
     );
+}
+
+/// `us` microseconds past `ms`.
+fn at_us(ms: u64, us: u64) -> Now {
+    Now {
+        us: ms * 1000 + us,
+        ..at(ms)
+    }
+}
+
+fn lag_of(c: &Cluster, follower: &str) -> crate::stats::FollowerStats {
+    c.followers()
+        .find(|(addr, _, _)| *addr == follower)
+        .map(|(_, _, stats)| *stats)
+        .unwrap()
+}
+
+#[test]
+fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
+    let (mut c, mut e) = active_node0();
+    let ms = TIMEOUT_MS + 60;
+    e.open(0);
+    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e);
+    // A snapshot alone carries no probe.
+    for conn in [20, 21] {
+        assert!(
+            !lines_of(&mut e, conn)
+                .iter()
+                .any(|l| l.starts_with("P PROBE"))
+        );
+    }
+    client(&mut e, at(ms), 0, "A k 5 0");
+    c.flush_replication(at_us(ms, 100), &mut e);
+    let probe_1 = lines_of(&mut e, 20).pop().unwrap();
+    assert_eq!(probe_1, "P PROBE 1");
+    assert_eq!(lines_of(&mut e, 21).pop().unwrap(), "P PROBE 2");
+    // Node 1 answers 2.35 ms later (on its own link to us, conn 10); an
+    // answer to a probe that is not in flight counts nothing.
+    c.on_message(at_us(ms + 2, 450), 10, PeerMsg::Probed { seq: 2 }, &mut e)
+        .unwrap();
+    c.on_message(at_us(ms + 2, 450), 10, PeerMsg::Probed { seq: 1 }, &mut e)
+        .unwrap();
+    c.on_message(at_us(ms + 2, 500), 10, PeerMsg::Probed { seq: 1 }, &mut e)
+        .unwrap();
+    let one = lag_of(&c, "127.0.0.1:7001");
+    assert_eq!(one.lag_us.count(), 1);
+    assert_eq!(one.lag_us.sum, 2350);
+    assert_eq!((one.events, one.writes, one.probes_lost), (1, 1, 0));
+    assert!(one.bytes > 0);
+    assert_eq!(lag_of(&c, "127.0.0.1:7002").lag_us.count(), 0);
+    // Within PROBE_EVERY_MS no new probe goes, whatever flows; after it
+    // one goes to node 1, none to node 2 while its probe is in flight.
+    let token = e.holder(b"k").unwrap().0;
+    client(&mut e, at(ms + 3), 0, &format!("R k {token}"));
+    c.flush_replication(at(ms + 3), &mut e);
+    assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
+    client(&mut e, at(ms + PROBE_EVERY_MS), 0, "A k 5 0");
+    c.flush_replication(at(ms + PROBE_EVERY_MS), &mut e);
+    assert_eq!(lines_of(&mut e, 20).pop().unwrap(), "P PROBE 3");
+    assert!(
+        !lines_of(&mut e, 21)
+            .iter()
+            .any(|l| l.starts_with("P PROBE"))
+    );
+    // Unanswered within the peer timeout, node 2's probe is given up and
+    // the next deltas carry a new one (node 1's, sent later, is still in
+    // flight).
+    let later = ms + TIMEOUT_MS + 1;
+    heartbeat(&mut c, &mut e, at(later), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, at(later), 11, false, Some(0));
+    let token = e.holder(b"k").unwrap().0;
+    client(&mut e, at(later), 0, &format!("R k {token}"));
+    c.flush_replication(at_us(later, 50), &mut e);
+    assert_eq!(lines_of(&mut e, 21).pop().unwrap(), "P PROBE 4");
+    assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
+    let two = lag_of(&c, "127.0.0.1:7002");
+    assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
+    c.check_invariants(at(later), &e);
+}
+
+#[test]
+fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
+    let (mut c, mut e) = node(2);
+    for (conn, peer) in [(20, 0), (21, 1)] {
+        e.open(conn);
+        c.outbound_open(at(0), conn, peer, &mut e);
+        Remote::new(peer)
+            .accept(&mut c, &mut e, at(0), conn)
+            .unwrap();
+    }
+    link_in(&mut c, &mut e, at(1), 10, 0);
+    link_in(&mut c, &mut e, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, at(2), 11, true, None);
+    heartbeat(&mut c, &mut e, at(2), 10, false, Some(1));
+    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    for conn in [20, 21] {
+        e.output_mut(conn).clear();
+    }
+    c.on_message(at(3), 11, PeerMsg::Probe { seq: 7 }, &mut e)
+        .unwrap();
+    assert_eq!(lines_of(&mut e, 21), ["P PROBED 7"]);
+    // A node it does not follow gets no answer: we do not apply its
+    // replication.
+    c.on_message(at(3), 10, PeerMsg::Probe { seq: 8 }, &mut e)
+        .unwrap();
+    assert!(lines_of(&mut e, 20).is_empty());
+    assert!(lines_of(&mut e, 21).is_empty());
+    c.check_invariants(at(3), &e);
 }

@@ -27,6 +27,11 @@
 //! P MERGE <highest-token>                             version 4: the `G`
 //! P MERGED                                            lines between are
 //!                                                     grants to merge
+//! P PROBE <n>                                         version 5: answer
+//!                                                     when everything
+//!                                                     before is applied
+//! P PROBED <n>                                        the answer, on the
+//!                                                     follower's own link
 //! ```
 //!
 //! A node speaks versions [`MIN_VERSION`] to [`VERSION`]: the dialer says
@@ -65,7 +70,11 @@ pub const LONGEST_GRANT_LINE: usize = b"P G ".len()
 const _: () = assert!(LONGEST_GRANT_LINE <= MAX_LINE);
 
 /// The newest peer protocol version, which this node dials with.
-pub const VERSION: u64 = 4;
+pub const VERSION: u64 = 5;
+
+/// The first version that carries `PROBE` and `PROBED`: replication lag
+/// measured on the active (see [`super::replication`]).
+pub const PROBE_VERSION: u64 = 5;
 
 /// The first version that carries `MERGE` ... `MERGED`.
 pub const MERGE_VERSION: u64 = 4;
@@ -142,6 +151,16 @@ pub enum PeerMsg<'a> {
         highest: u64,
     },
     Merged,
+    /// From the active: answer with [`PeerMsg::Probed`] once every line
+    /// before this one is applied.
+    Probe {
+        seq: u64,
+    },
+    /// A follower's answer to the active's [`PeerMsg::Probe`] `seq`, on
+    /// the follower's own link to it.
+    Probed {
+        seq: u64,
+    },
 }
 
 /// Why a peer line did not parse.
@@ -356,6 +375,15 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
             want(0)?;
             PeerMsg::Merged
         }
+        b"PROBE" | b"PROBED" => {
+            want(1)?;
+            let seq = parse_u64(f[0]).ok_or_else(|| bad("bad probe number"))?;
+            if kind == b"PROBE" {
+                PeerMsg::Probe { seq }
+            } else {
+                PeerMsg::Probed { seq }
+            }
+        }
         _ => return Err(bad("unknown message kind")),
     };
     Ok(msg)
@@ -451,6 +479,14 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             write_u64(out, highest);
         }
         PeerMsg::Merged => out.extend_from_slice(b"P MERGED"),
+        PeerMsg::Probe { seq } => {
+            out.extend_from_slice(b"P PROBE ");
+            write_u64(out, seq);
+        }
+        PeerMsg::Probed { seq } => {
+            out.extend_from_slice(b"P PROBED ");
+            write_u64(out, seq);
+        }
     }
     out.push(b'\n');
 }
@@ -611,6 +647,8 @@ mod tests {
             PeerMsg::Handoff { highest: 11 },
             PeerMsg::Merge { highest: 12 },
             PeerMsg::Merged,
+            PeerMsg::Probe { seq: 0 },
+            PeerMsg::Probed { seq: u64::MAX },
         ]
     }
 
@@ -727,6 +765,11 @@ mod tests {
             "P MERGE 9223372036854775808".into(),
             "P MERGE 1 2".into(),
             "P MERGED 1".into(),
+            "P PROBE".into(),
+            "P PROBE x".into(),
+            "P PROBE 18446744073709551616".into(),
+            "P PROBED 1 2".into(),
+            "P PROBED -1".into(),
             "P NOPE".into(),
             "A k 1 0".into(),
         ];
@@ -751,13 +794,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("version \"1\" unsupported"), "{err}");
-        let err = parse(b"P HELLO 5 0 127.0.0.1:7171 5")
+        let err = parse(b"P HELLO 6 0 127.0.0.1:7171 5")
             .unwrap_err()
             .to_string();
         // What an older node says of a newer one: the dialer reads this
         // (`Cluster::downgrade_if_refused`).
         assert!(
-            err.contains("peer protocol version \"5\" unsupported"),
+            err.contains("peer protocol version \"6\" unsupported"),
             "{err}"
         );
     }

@@ -114,6 +114,10 @@ pub(crate) fn reservable<T>(wanted: usize) -> usize {
 pub struct Now {
     /// Monotonic milliseconds (floor) since an arbitrary start.
     pub ms: u64,
+    /// The same monotonic reading in microseconds (floor; `ms == us /
+    /// 1000` where the loop reads the clock): what replication lag is
+    /// measured with. Leases and every timer use `ms`.
+    pub us: u64,
     /// Wall clock, nanoseconds since the Unix epoch: the floor of tokens.
     pub unix_ns: u64,
 }

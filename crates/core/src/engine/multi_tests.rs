@@ -15,6 +15,7 @@ impl H {
     fn new(conns: u32) -> H {
         let now = Now {
             ms: 1_000,
+            us: 1_000_000,
             unix_ns: 1_700_000_000_000_000_000,
         };
         let mut engine = Engine::new(now, "127.0.0.1:7171");
@@ -243,6 +244,7 @@ fn shared_grants_and_permits_are_bounded_by_max_locks() {
     // locks.
     let now = Now {
         ms: 1_000,
+        us: 1_000_000,
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut h = H {

@@ -69,6 +69,11 @@ impl ReplicationLog {
         self.records.is_empty()
     }
 
+    /// The number of events recorded.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
     /// Forgets every event and keeps the room.
     pub(crate) fn clear(&mut self) {
         self.records.clear();

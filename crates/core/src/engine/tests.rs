@@ -13,6 +13,7 @@ impl Harness {
     fn new(conns: u32) -> Harness {
         let now = Now {
             ms: 1_000,
+            us: 1_000_000,
             unix_ns: 1_700_000_000_000_000_000,
         };
         let mut engine = Engine::new(now, "127.0.0.1:7171");
@@ -925,6 +926,7 @@ fn who_holds_and_who_waits_is_listed_with_addresses_and_owners() {
 fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
     let now = Now {
         ms: 1_000,
+        us: 1_000_000,
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut e = Engine::new(now, "127.0.0.1:7171");
