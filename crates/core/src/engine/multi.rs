@@ -33,19 +33,20 @@ pub(crate) struct Member {
     pub(crate) timer: TimerId,
     /// A [`table::Holders`] entry this grant counts a reference to.
     pub(crate) holder: u32,
+    /// A permit of a semaphore (its lock has a limit), not a shared grant.
+    pub(crate) permit: bool,
 }
 
 /// The members of the engine: a slab (timers name a slot) and an index by
 /// `(lock, token)`, in token order within a lock (the newest last).
 ///
-/// `permits` counts the members that are permits of a semaphore (their
-/// lock has a limit), the others are shared grants: whoever adds or ends a
-/// member keeps it (checked by [`Engine::check_members`]).
+/// `permits` counts the members that are permits of a semaphore
+/// ([`Member::permit`]), the others are shared grants.
 #[derive(Default)]
 pub(crate) struct Members {
     slab: slab::Slab<Member>,
     by_lock: std::collections::BTreeMap<(u32, u64), u32>,
-    pub(crate) permits: usize,
+    permits: usize,
 }
 
 impl Members {
@@ -69,6 +70,7 @@ impl Members {
     fn insert(&mut self, member: Member) -> u32 {
         let (lock, token) = (member.lock, member.token);
         let m = u32::try_from(self.slab.insert(member)).expect("over u32::MAX members");
+        self.permits += usize::from(member.permit);
         let old = self.by_lock.insert((lock, token), m);
         assert!(old.is_none(), "token {token} granted twice on lock {lock}");
         m
@@ -76,6 +78,7 @@ impl Members {
 
     fn remove(&mut self, m: u32) -> Member {
         let member = self.slab.remove(m as usize);
+        self.permits -= usize::from(member.permit);
         let removed = self.by_lock.remove(&(member.lock, member.token));
         debug_assert_eq!(removed, Some(m));
         member
@@ -246,11 +249,9 @@ impl Engine {
             expires_ms,
             timer,
             holder,
+            permit: kind == Kind::Permit,
         });
         debug_assert_eq!(m, slot);
-        if kind == Kind::Permit {
-            self.members.permits += 1;
-        }
         let l = self.table.lock_mut(lock);
         l.members += 1;
         debug_assert!(l.limit == 0 || l.members <= l.limit);
@@ -321,10 +322,6 @@ impl Engine {
         self.holders.unref(member.holder);
         let l = self.table.lock_mut(member.lock);
         debug_assert!(l.members > 0);
-        // Its lock keeps its limit until its last member is gone.
-        if l.limit > 0 {
-            self.members.permits -= 1;
-        }
         l.members -= 1;
         self.pass_on(now, member.lock);
     }
@@ -447,14 +444,14 @@ impl Engine {
     /// that cannot be granted now (or its lock waits in `pass_pending`).
     pub(super) fn check_members(&self, refs: &mut std::collections::HashMap<u32, u32>) {
         assert_eq!(self.members.by_lock.len(), self.members.slab.len());
-        let permits = self.members.iter();
-        let permits = permits.filter(|(_, m)| self.table.lock(m.lock).limit > 0);
-        assert_eq!(self.members.permits, permits.count(), "permits held");
+        let permits = self.members.iter().filter(|(_, m)| m.permit).count();
+        assert_eq!(self.members.permits, permits, "permits held");
         let mut counted = std::collections::HashMap::new();
         for (m, member) in self.members.iter() {
             assert_eq!(self.members.find(member.lock, member.token), Some(m));
             let l = self.table.lock(member.lock);
             assert!(l.holder.is_none(), "a member beside an exclusive holder");
+            assert_eq!(member.permit, l.limit > 0, "a member of another kind");
             assert!(member.token <= self.tokens.highest());
             *counted.entry(member.lock).or_insert(0u32) += 1;
             if member.holder != table::NIL {
