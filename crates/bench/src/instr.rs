@@ -191,13 +191,17 @@ fn kind_cycle(n: u64, permit: bool) -> u64 {
     engine.open(0);
     let keys: Vec<String> = (0..KEYS).map(key).collect();
     let warm = 4 * KEYS;
-    ringlock_instr_kind_cycle(&mut engine, &keys, permit, 0, warm);
+    kind_cycles(&mut engine, &keys, permit, 0, warm);
     let out = engine.output_mut(0);
     assert!(
         !out.is_empty() && !out.windows(3).any(|w| w == b" 0\n"),
         "a release failed"
     );
-    ringlock_instr_kind_cycle(&mut engine, &keys, permit, warm, n);
+    if permit {
+        ringlock_instr_permit_cycle(&mut engine, &keys, warm, n);
+    } else {
+        ringlock_instr_shared_cycle(&mut engine, &keys, warm, n);
+    }
     assert_eq!(engine.lock_count(), 0, "every grant was released");
     assert_eq!(engine.member_count(), 0);
     n
@@ -205,13 +209,29 @@ fn kind_cycle(n: u64, permit: bool) -> u64 {
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn ringlock_instr_kind_cycle(
+pub(crate) fn ringlock_instr_shared_cycle(
     engine: &mut Engine,
     keys: &[String],
-    permit: bool,
     first: u64,
     n: u64,
 ) {
+    kind_cycles(engine, keys, false, first, n);
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub(crate) fn ringlock_instr_permit_cycle(
+    engine: &mut Engine,
+    keys: &[String],
+    first: u64,
+    n: u64,
+) {
+    kind_cycles(engine, keys, true, first, n);
+}
+
+/// `n` cycles of `G` (`C key 8`: `permit`) and `R`, from `first` on.
+#[inline(never)]
+fn kind_cycles(engine: &mut Engine, keys: &[String], permit: bool, first: u64, n: u64) {
     for i in first..first + n {
         let key = keys[(i % KEYS) as usize].as_bytes();
         let acquire = if permit {
