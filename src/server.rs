@@ -4,7 +4,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use crate::cluster::{ClusterConfig, DEFAULT_FAILBACK_DELAY_MS, MAX_FAILBACK_DELAY_MS, wire};
+use crate::cluster::{
+    ClusterConfig, DEFAULT_COALESCE_US, DEFAULT_FAILBACK_DELAY_MS, MAX_COALESCE_US,
+    MAX_FAILBACK_DELAY_MS, MIN_PEER_TIMEOUT_TO_COALESCE_MS, wire,
+};
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
 use crate::node::{Node, NodeConfig};
@@ -51,6 +54,13 @@ pub struct ServeArgs {
     /// The default leaves clients time to connect to it first.
     #[arg(long, default_value_t = DEFAULT_FAILBACK_DELAY_MS)]
     pub failback_delay_ms: u64,
+    /// Cluster: how long, at most, the active lets the kernel hold what
+    /// it replicates to a follower so that several loop turns go in one
+    /// segment (µs; 0: every turn's at once; at most 1000). The bytes are
+    /// in the kernel before any answer is; off with a --peer-timeout-ms
+    /// below 400.
+    #[arg(long, default_value_t = DEFAULT_COALESCE_US)]
+    pub replication_coalesce_us: u64,
     /// Cluster: a file holding the secret every node shares (required with
     /// --peers; make one with `ringlock keygen PATH` and copy it to every
     /// node). Peer links prove it both ways before anything else.
@@ -363,6 +373,22 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
             "--failback-delay-ms must be at most {MAX_FAILBACK_DELAY_MS}"
         )));
     }
+    if args.replication_coalesce_us > MAX_COALESCE_US {
+        return Err(ServeError::Config(format!(
+            "--replication-coalesce-us must be at most {MAX_COALESCE_US}"
+        )));
+    }
+    let coalesce_us = if args.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS {
+        args.replication_coalesce_us
+    } else {
+        if args.replication_coalesce_us > 0 {
+            tracing::info!(
+                "replication is not coalesced: --peer-timeout-ms {} is below {MIN_PEER_TIMEOUT_TO_COALESCE_MS}",
+                args.peer_timeout_ms
+            );
+        }
+        0
+    };
     let Some(path) = &args.cluster_secret_file else {
         return Err(ServeError::Config(
             "--peers needs --cluster-secret-file PATH: the secret every node shares, so that \
@@ -385,6 +411,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
         failback_delay_ms: args.failback_delay_ms,
         incarnation,
         secret,
+        coalesce_us,
     }))
 }
 

@@ -392,7 +392,13 @@ impl Loop {
     fn flush(&mut self, node: &mut Node, now: Now) {
         let mut dirty = std::mem::take(&mut self.dirty);
         node.take_dirty(now, &mut self.from_engine);
-        dirty.extend_from_slice(&self.from_engine);
+        // The node's list first: its peer links come before every client
+        // (`Node::take_dirty`), so that no answer reaches the kernel before
+        // the replication of what it answers, even for a client that an
+        // event of this turn listed (its readable edge reports it writable
+        // too). A process stopped between the two writes then holds no
+        // answer whose grant its followers lack.
+        dirty.splice(0..0, self.from_engine.iter().copied());
         // Connections the node gave up on: closed like a protocol break.
         node.take_doomed(now, &mut self.from_engine);
         for &id in &self.from_engine {
@@ -482,7 +488,15 @@ fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Resu
         if out.is_empty() {
             return Ok(());
         }
-        match conn.stream.write(out) {
+        let written = if node.sends_more(id) {
+            // Replication held back to coalesce (`Node::sends_more`): in
+            // the kernel now, sent with what follows.
+            socket2::SockRef::from(&conn.stream)
+                .send_with_flags(out, libc::MSG_MORE | libc::MSG_NOSIGNAL)
+        } else {
+            conn.stream.write(out)
+        };
+        match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => conn.life.sent(node, now, id, n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),

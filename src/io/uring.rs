@@ -293,7 +293,11 @@ pub fn run(
         }
         lp.bufs.publish();
         node.take_dirty(now, &mut dirty);
-        lp.to_send.extend_from_slice(&dirty);
+        // The node's list first: its peer links come before every client
+        // (`Node::take_dirty`), also before a client whose send completed
+        // this turn, so that the ring gets no answer before the
+        // replication of what it answers.
+        lp.to_send.splice(0..0, dirty.iter().copied());
         lp.close_doomed(&mut node, now, &mut dirty);
         lp.send_all(&mut node);
         lp.after_turn(&mut node, now);
@@ -697,8 +701,15 @@ impl Uring {
             if !rest.is_empty() {
                 // A send takes at most u32::MAX bytes; the rest goes next.
                 let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
+                // Replication held back to coalesce (`Node::sends_more`):
+                // in the kernel now, sent with what follows.
+                let more = if node.sends_more(id) {
+                    libc::MSG_MORE
+                } else {
+                    0
+                };
                 let entry = opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), len)
-                    .flags(libc::MSG_NOSIGNAL)
+                    .flags(libc::MSG_NOSIGNAL | more)
                     .build()
                     .user_data(user_data(Op::Send, self.generations.of(id), id));
                 conn.send_in_flight = true;

@@ -105,6 +105,9 @@ pub struct SimConfig {
     pub max_steps: u64,
     /// Every node's `failback_delay_ms`.
     pub failback_delay_ms: u64,
+    /// Every node's `coalesce_us` (the simulated network delivers a link's
+    /// bytes as they are written; what is simulated is the pushes).
+    pub coalesce_us: u64,
 }
 
 pub const FAULT_KINDS: usize = 9;
@@ -150,6 +153,7 @@ impl SimConfig {
             weights: [1, 0, 0, 0, 0, 0, 0, 0, 0],
             max_steps: 5_000_000,
             failback_delay_ms: 0,
+            coalesce_us: 0,
         }
     }
 
@@ -169,6 +173,7 @@ impl SimConfig {
             weights: [20, 14, 6, 12, 12, 12, 6, 12, 2],
             max_steps: 2_000_000,
             failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
+            coalesce_us: ringlock::cluster::DEFAULT_COALESCE_US,
         }
     }
 }
@@ -780,6 +785,7 @@ impl Sim {
                     failback_delay_ms: self.cfg.failback_delay_ms,
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
+                    coalesce_us: self.cfg.coalesce_us,
                 }),
                 max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
             },

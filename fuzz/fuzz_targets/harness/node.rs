@@ -375,6 +375,7 @@ impl Harness {
                     failback_delay_ms: 0,
                     incarnation,
                     secret: secret.clone(),
+                    coalesce_us: ringlock::cluster::DEFAULT_COALESCE_US,
                 }),
             },
         );

@@ -121,7 +121,26 @@ pub struct ClusterConfig {
     pub incarnation: u64,
     /// The cluster's shared secret: every peer link proves it both ways.
     pub secret: Secret,
+    /// How long, at most, an active lets the kernel hold the replication
+    /// it wrote to a follower before it is sent on (µs; 0: each turn's
+    /// deltas go at once): see [`Cluster::sends_more`]. At most
+    /// [`MAX_COALESCE_US`]; the node's configuration makes it 0 unless the
+    /// peer timeout is at least [`MIN_PEER_TIMEOUT_TO_COALESCE_MS`].
+    pub coalesce_us: u64,
 }
+
+/// The longest [`ClusterConfig::coalesce_us`].
+pub const MAX_COALESCE_US: u64 = 1_000;
+
+/// The default [`ClusterConfig::coalesce_us`].
+pub const DEFAULT_COALESCE_US: u64 = 500;
+
+/// The shortest peer timeout with which replication is coalesced. Bytes
+/// sent with `MSG_MORE` stay in the kernel while the process does not run
+/// (a SIGSTOP, a stall) until the kernel's own timer sends them, about
+/// 200 ms later (its minimum retransmission timeout): that must come well
+/// before the peers count this node dead and one of them takes over.
+pub const MIN_PEER_TIMEOUT_TO_COALESCE_MS: u64 = 400;
 
 /// This node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +203,11 @@ struct Peer {
     next_probe_ms: u64,
     /// What we measured and counted of its replication while active.
     replication: FollowerStats,
+    /// Since when our link holds deltas sent with `MSG_MORE` (the first
+    /// such send since the last without it), and when that last was
+    /// (monotonic µs).
+    held_since_us: Option<u64>,
+    pushed_us: u64,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -286,6 +310,9 @@ pub struct Cluster {
     stats: ClusterStats,
     /// The number of the last lag probe sent (to any follower).
     probe_seq: u64,
+    /// The links whose output of this turn goes with `MSG_MORE`
+    /// ([`Cluster::sends_more`]).
+    more: Vec<ConnId>,
 }
 
 impl Cluster {
@@ -295,6 +322,11 @@ impl Cluster {
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
         assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
+        assert!(cfg.coalesce_us <= MAX_COALESCE_US);
+        assert!(
+            cfg.coalesce_us == 0 || cfg.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS,
+            "coalescing with a peer timeout the kernel's hold may outlast"
+        );
         engine.enable_replication();
         engine.step_down(None);
         let peers = vec![Peer::default(); cfg.peers.len()];
@@ -325,6 +357,7 @@ impl Cluster {
             scratch_old: Default::default(),
             events: ReplicationLog::new(),
             probe_seq: 0,
+            more: Vec::new(),
         }
     }
 

@@ -26,6 +26,15 @@ fn node(me: usize) -> (Cluster, Engine) {
 }
 
 fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) {
+    node_coalescing(me, peers, secret, 0)
+}
+
+fn node_coalescing(
+    me: usize,
+    peers: Vec<String>,
+    secret: &[u8],
+    coalesce_us: u64,
+) -> (Cluster, Engine) {
     let mut engine = Engine::new(at(0), &peers[me]);
     let cfg = ClusterConfig {
         peers,
@@ -35,6 +44,7 @@ fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) 
         failback_delay_ms: 0,
         incarnation: 1,
         secret: Secret::from_bytes(secret),
+        coalesce_us,
     };
     let cluster = Cluster::new(cfg, at(0), &mut engine);
     (cluster, engine)
@@ -285,7 +295,11 @@ fn handoff_is_taken_only_from_the_followed_node() {
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
 /// and inbound links from both.
 fn active_node0() -> (Cluster, Engine) {
-    let (mut c, mut e) = node(0);
+    active_node0_coalescing(0)
+}
+
+fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine) {
+    let (mut c, mut e) = node_coalescing(0, peers(), SECRET, coalesce_us);
     for (conn, peer) in [(20, 1), (21, 2)] {
         e.open(conn);
         c.outbound_open(at(0), conn, peer, &mut e);
@@ -1349,7 +1363,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
     let two = lag_of(&c, "127.0.0.1:7002");
     assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
-    c.check_invariants(at(later), &e);
+    c.check_invariants(at_us(later, 50), &e);
 }
 
 #[test]
@@ -1380,4 +1394,76 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
     assert!(lines_of(&mut e, 20).is_empty());
     assert!(lines_of(&mut e, 21).is_empty());
     c.check_invariants(at(3), &e);
+}
+
+#[test]
+fn an_active_coalesces_replication_for_at_most_its_bound() {
+    let (mut c, mut e) = active_node0_coalescing(500);
+    let ms = TIMEOUT_MS + 60;
+    e.open(0);
+    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e);
+    for conn in [20, 21] {
+        e.output_mut(conn).clear();
+    }
+    let turn = |c: &mut Cluster, e: &mut Engine, now: Now, line: &str| {
+        if !line.is_empty() {
+            client(e, now, 0, line);
+        }
+        c.flush_replication(now, e);
+        let sent: Vec<bool> = [20, 21].iter().map(|&l| c.sends_more(l)).collect();
+        assert_eq!(sent[0], sent[1], "both followers alike");
+        let lines = lines_of(e, 20);
+        e.output_mut(21).clear();
+        (sent[0], lines)
+    };
+    // A link quiet for longer than the bound: the first deltas go at once.
+    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 10, 0), "A a 5 0");
+    assert!(!more && lines[0].starts_with("P G a "), "{lines:?}");
+    // Within the bound of that send: held (MSG_MORE), turn after turn,
+    // until the oldest held bytes have waited 500 µs.
+    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 100), "A b 5 0");
+    assert!(more);
+    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 550), "A c 5 0");
+    assert!(more, "held since 100 µs: due at 600");
+    assert_eq!(
+        c.push_deadline(),
+        Some(ms + 11),
+        "the loop wakes for the push"
+    );
+    assert!(c.next_deadline() <= ms + 11);
+    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 10, 600), "A d 5 0");
+    assert!(!more && lines[0].starts_with("P G d "), "{lines:?}");
+    // Held again, then nothing more to send: the flush at the deadline
+    // pushes it with a heartbeat of its own.
+    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 700), "A e 5 0");
+    assert!(more);
+    assert_eq!(c.push_deadline(), Some(ms + 12));
+    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 11, 100), "");
+    assert!(
+        !more && lines.is_empty(),
+        "not due before 1200 µs: {lines:?}"
+    );
+    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 11, 200), "");
+    assert!(!more, "pushed");
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].starts_with("P HB A "), "{lines:?}");
+    assert_eq!(c.push_deadline(), None, "nothing held");
+    c.check_invariants(at(ms + 12), &e);
+}
+
+#[test]
+fn without_coalescing_every_turn_s_replication_goes_at_once() {
+    let (mut c, mut e) = active_node0();
+    let ms = TIMEOUT_MS + 60;
+    e.open(0);
+    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e);
+    for (i, key) in ["a", "b", "c"].iter().enumerate() {
+        client(&mut e, at_us(ms, i as u64 * 10), 0, &format!("A {key} 5 0"));
+        c.flush_replication(at_us(ms, i as u64 * 10), &mut e);
+        assert!(!c.sends_more(20) && !c.sends_more(21));
+    }
 }
