@@ -4,6 +4,8 @@
 #   scripts/bench.sh                full run, a few minutes; results in bench-results/
 #   scripts/bench.sh --quick        smoke run (under a minute); results in target/bench-quick/
 #   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
+#   scripts/bench.sh --only kinds   the shared-lock and semaphore scenarios alone
+#                                   (<date>-<commit>-kinds.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
 #          --growth-locks N (4000000: the growth scenario's fill),
@@ -83,8 +85,8 @@ if [ "$QUICK" = 1 ]; then
     OUT_DIR=${OUT_DIR:-target/bench-quick}
 fi
 case "$ONLY" in
-    ''|growth) ;;
-    *) echo "bench.sh: --only takes growth" >&2; exit 2 ;;
+    ''|growth|kinds) ;;
+    *) echo "bench.sh: --only takes growth or kinds" >&2; exit 2 ;;
 esac
 OUT_DIR=${OUT_DIR:-bench-results}
 
@@ -416,6 +418,57 @@ DISTURBED=0
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 START=$(date +%s)
 
+# One generator run. When the rest of the machine used more than --max-other
+# cores meanwhile (someone else's build on a shared machine), it is reported
+# as disturbed and repeated up to --retries times. The last try is kept
+# either way, and its "other_cpu" says how disturbed it was.
+run_one() { # ROUND SCENARIO LABEL ARGS...
+    local round=$1 scenario=$2 label=$3
+    shift 3
+    local try other
+    for try in $(seq 0 "$RETRIES"); do
+        run_try "$round" "$scenario" "$label" "$@" || return 0
+        other=$(printf '%s' "$LAST_OUT" | sed -n 's/.*"other_cpu":\([0-9.e-]*\).*/\1/p')
+        if [ -z "$other" ] || awk -v o="$other" -v m="$MAX_OTHER" 'BEGIN { exit !(o <= m) }'; then
+            break
+        fi
+        DISTURBED=$((DISTURBED + 1))
+        if [ "$try" -lt "$RETRIES" ]; then
+            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), again"
+            sleep 2
+        else
+            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), kept"
+        fi
+    done
+    printf '%s\n' "$LAST_OUT" >>"$RUNS"
+}
+
+run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run failed
+    local round=$1 scenario=$2 label=$3
+    shift 3
+    ensure_alive "$label"
+    local out rc=0
+    LAST_OUT=
+    out=$(taskset -c "$CLIENT_CORE" "$GEN" --target "${KIND[$label]}" --addr "${ADDR[$label]}" \
+        --server-pid "${PID[$label]}" --scenario "$scenario" --label "$label" --round "$round" \
+        --warmup "$WARMUP" --duration "$DURATION" --json --quiet ${GEN_EXTRA[$label]:-} "$@" \
+        2>"$WORK/gen.err") || rc=$?
+    if [ "$rc" != 0 ]; then
+        FAILED=$((FAILED + 1))
+        say "  FAILED ($rc): $label $scenario: $(tail -1 "$WORK/gen.err")"
+        [ -n "$out" ] && printf '%s\n' "$out" >>"$RUNS"
+        return 1
+    fi
+    LAST_OUT=$out
+    local figure
+    if [ "$scenario" = memory ]; then
+        figure="$(printf '%s' "$out" | sed -n 's/.*"rss_after_kib":\([0-9]*\).*/\1/p') KiB RSS"
+    else
+        figure="$(printf '%s' "$out" | sed -n 's/.*"cycles_per_s":\([0-9]*\).*/\1/p') cycles/s"
+    fi
+    say "  round $round $scenario $label: $figure"
+}
+
 if [ -z "$ONLY" ]; then
 # ---------------------------------------------------------------- targets
 start_ringlock ringlock-uring uring
@@ -471,57 +524,6 @@ SCENARIOS=(
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
 
-# One generator run. When the rest of the machine used more than --max-other
-# cores meanwhile (someone else's build on a shared machine), it is reported
-# as disturbed and repeated up to --retries times. The last try is kept
-# either way, and its "other_cpu" says how disturbed it was.
-run_one() { # ROUND SCENARIO LABEL ARGS...
-    local round=$1 scenario=$2 label=$3
-    shift 3
-    local try other
-    for try in $(seq 0 "$RETRIES"); do
-        run_try "$round" "$scenario" "$label" "$@" || return 0
-        other=$(printf '%s' "$LAST_OUT" | sed -n 's/.*"other_cpu":\([0-9.e-]*\).*/\1/p')
-        if [ -z "$other" ] || awk -v o="$other" -v m="$MAX_OTHER" 'BEGIN { exit !(o <= m) }'; then
-            break
-        fi
-        DISTURBED=$((DISTURBED + 1))
-        if [ "$try" -lt "$RETRIES" ]; then
-            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), again"
-            sleep 2
-        else
-            say "  round $round $scenario $label: disturbed (rest of machine $(printf '%.2f' "$other") cores), kept"
-        fi
-    done
-    printf '%s\n' "$LAST_OUT" >>"$RUNS"
-}
-
-run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run failed
-    local round=$1 scenario=$2 label=$3
-    shift 3
-    ensure_alive "$label"
-    local out rc=0
-    LAST_OUT=
-    out=$(taskset -c "$CLIENT_CORE" "$GEN" --target "${KIND[$label]}" --addr "${ADDR[$label]}" \
-        --server-pid "${PID[$label]}" --scenario "$scenario" --label "$label" --round "$round" \
-        --warmup "$WARMUP" --duration "$DURATION" --json --quiet ${GEN_EXTRA[$label]:-} "$@" \
-        2>"$WORK/gen.err") || rc=$?
-    if [ "$rc" != 0 ]; then
-        FAILED=$((FAILED + 1))
-        say "  FAILED ($rc): $label $scenario: $(tail -1 "$WORK/gen.err")"
-        [ -n "$out" ] && printf '%s\n' "$out" >>"$RUNS"
-        return 1
-    fi
-    LAST_OUT=$out
-    local figure
-    if [ "$scenario" = memory ]; then
-        figure="$(printf '%s' "$out" | sed -n 's/.*"rss_after_kib":\([0-9]*\).*/\1/p') KiB RSS"
-    else
-        figure="$(printf '%s' "$out" | sed -n 's/.*"cycles_per_s":\([0-9]*\).*/\1/p') cycles/s"
-    fi
-    say "  round $round $scenario $label: $figure"
-}
-
 for round in $(seq "$ROUNDS"); do
     for entry in "${SCENARIOS[@]}"; do
         IFS='|' read -r scenario args which <<<"$entry"
@@ -567,11 +569,50 @@ done
 RETRIES=$retries
 fi # not --only
 
+# ---------------------------------------------------------------- kinds
+# Shared locks and semaphores beside exclusive locks, ringlock only (both
+# backends, fresh servers): shared acquires (G) of one key by 50
+# connections, a semaphore of 8 permits (C) contended by 64; beside them
+# exclusive acquires (A) of one key by the same counts, and of a key per
+# connection. Every acquire is released with R. Runs in a full run and
+# with --only kinds.
+if [ -z "$ONLY" ] || [ "$ONLY" = kinds ]; then
+    KIND_SCENARIOS=(
+        "shared-50|--conns 50 --mode contended --keys 1 --acquire shared"
+        "exclusive-one-key-50|--conns 50 --mode contended --keys 1"
+        "exclusive-own-keys-50|--conns 50"
+        "semaphore-8-64|--conns 64 --mode contended --keys 1 --acquire semaphore --permits 8"
+        "exclusive-one-key-64|--conns 64 --mode contended --keys 1"
+        "exclusive-own-keys-64|--conns 64"
+    )
+    KIND_LABELS=(ringlock-uring ringlock-epoll)
+    say "kinds: shared locks and semaphores beside exclusive locks"
+    for label in "${KIND_LABELS[@]}"; do
+        [ -n "${PID[$label]:-}" ] && stop "$label"
+        start_ringlock "$label" "${label#ringlock-}"
+    done
+    for round in $(seq "$ROUNDS"); do
+        for entry in "${KIND_SCENARIOS[@]}"; do
+            IFS='|' read -r scenario args <<<"$entry"
+            n=${#KIND_LABELS[@]}
+            for i in $(seq 0 $((n - 1))); do
+                label=${KIND_LABELS[$(((i + round - 1) % n))]}
+                # shellcheck disable=SC2086
+                run_one "$round" "$scenario" "$label" $args
+            done
+        done
+    done
+    for label in "${KIND_LABELS[@]}"; do
+        stop "$label"
+    done
+fi # kinds
+
 # Growth: a fresh ringlock per run, with --max-locks room for the fill,
 # filled to $GROWTH_LOCKS locks (16-byte keys, 1 h lease) by 4 connections
 # x 256 acquires in flight while a probe connection runs acquire/release
 # cycles; then the generator stops the server and reads its longest loop
 # turn from the stop line. --rounds rounds, the backends alternated.
+if [ "$ONLY" != kinds ]; then
 say "growth: $GROWTH_LOCKS locks per server"
 for round in $(seq "$ROUNDS"); do
     ios=(uring epoll)
@@ -601,6 +642,7 @@ for round in $(seq "$ROUNDS"); do
         fi
     done
 done
+fi # not --only kinds
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- results

@@ -23,7 +23,7 @@ MODE=${1:-check}
 TOLERANCE=${INSTR_TOLERANCE:-3}
 ITERS=${INSTR_ITERS:-20000}
 BASELINE=bench-results/instructions.json
-CASES=(cycle engine-cycle handoff parse expire replicate apply)
+CASES=(cycle engine-cycle handoff parse expire replicate apply shared-cycle permit-cycle)
 
 case "$MODE" in
     check|update|show) ;;

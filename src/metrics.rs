@@ -402,8 +402,9 @@ pub fn encode(s: &Snapshot) -> String {
     // A family of counters from values: the counters' own type counts up
     // only, so each value is set once on a fresh one.
     let counters = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+    let at_once = e.granted_now + e.shared.granted_at_once + e.permits.granted_at_once;
     for (kind, outcome, v) in [
-        ("acquire", "granted_at_once", e.granted_now),
+        ("acquire", "granted_at_once", at_once),
         ("acquire", "granted_after_wait", e.granted_after_wait()),
         ("acquire", "timed_out", e.timed_out),
         ("acquire", "withdrawn", e.withdrawn),
@@ -426,6 +427,7 @@ pub fn encode(s: &Snapshot) -> String {
         "Requests by kind and outcome (acquire outcomes are the answers; redirected: M from a standby; refused: E for a request that parsed)",
         counters,
     );
+    register_kinds(&mut r, s);
     r.register(
         "ringlock_protocol_errors",
         "Lines that broke the protocol (E, then the connection closes)",
@@ -530,6 +532,45 @@ pub fn encode(s: &Snapshot) -> String {
         out.push_str("# EOF\n");
     }
     out
+}
+
+/// The metrics by kind of acquire: exclusive (`A`), shared (`G`) and
+/// semaphore (`C`).
+fn register_kinds(r: &mut Registry, s: &Snapshot) {
+    let e = &s.engine;
+    let acquires = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+    for (kind, k) in [
+        ("exclusive", e.exclusive()),
+        ("shared", e.shared),
+        ("semaphore", e.permits),
+    ] {
+        for (outcome, v) in [
+            ("granted_at_once", k.granted_at_once),
+            ("granted_after_wait", k.granted_after_wait),
+            ("timed_out", k.timed_out),
+            ("refused", k.refused),
+            ("withdrawn", k.withdrawn),
+        ] {
+            acquires
+                .get_or_create(&vec![("lock_kind", kind), ("outcome", outcome)])
+                .inc_by(v);
+        }
+    }
+    r.register(
+        "ringlock_acquires",
+        "Acquires by the kind they ask for (exclusive: A, shared: G, semaphore: C) and outcome (refused: for the key's kind, a semaphore asked as a lock or with another limit, or a lock asked as a semaphore)",
+        acquires,
+    );
+    let held = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    for (kind, v) in [("shared", s.shared_held), ("semaphore", s.permits_held)] {
+        held.get_or_create(&vec![("lock_kind", kind)])
+            .set(i64::try_from(v).unwrap_or(i64::MAX));
+    }
+    r.register(
+        "ringlock_grants_held",
+        "Shared grants (shared) and permits of semaphores (semaphore) held",
+        held,
+    );
 }
 
 /// Binds the metrics listener.

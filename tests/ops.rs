@@ -254,7 +254,97 @@ fn metrics_follow_a_scripted_session(io: &str) {
     )
     .1;
     assert_eq!(value(&s, "ringlock_connections_refused_total"), 0.0);
+    kinds_follow_a_scripted_session(&server, m);
     drop(server);
+}
+
+/// `ringlock_acquires_total{lock_kind,outcome}` of one kind.
+fn acquires(samples: &HashMap<String, f64>, kind: &str) -> [f64; 5] {
+    [
+        "granted_at_once",
+        "granted_after_wait",
+        "timed_out",
+        "refused",
+        "withdrawn",
+    ]
+    .map(|o| {
+        value(
+            samples,
+            &format!("ringlock_acquires_total{{lock_kind=\"{kind}\",outcome=\"{o}\"}}"),
+        )
+    })
+}
+
+/// The metrics by kind, after [`metrics_follow_a_scripted_session`]'s
+/// exclusive session (2 at once, 1 after a wait, 1 timed out): shared
+/// acquires and permits granted at once and after a wait, timing out,
+/// refused for the key's kind, withdrawn; the grants held.
+fn kinds_follow_a_scripted_session(server: &Server, m: SocketAddr) {
+    let token = |answer: String, op: &str| -> u64 {
+        let f: Vec<&str> = answer.split(' ').collect();
+        assert_eq!((f.len(), f[0]), (3, op), "{answer}");
+        f[2].parse().unwrap()
+    };
+    let conn = || server.connect();
+    let (mut r1, mut r2, mut w, mut r3, mut r4) = (conn(), conn(), conn(), conn(), conn());
+    let g1 = token(r1.call("G ops/r 30 0"), "G");
+    let g2 = token(r2.call("G ops/r 30 0"), "G");
+    w.line("A ops/r 30 0"); // waits for both readers
+    assert!(w.call("S").starts_with("S active"));
+    assert_eq!(r3.call("G ops/r 30 0.05"), "G ops/r 0"); // behind the writer
+    r4.line("G ops/r 30 0"); // behind the writer, waits
+    assert!(r4.call("S").starts_with("S active"));
+    let (mut s1, mut s2, mut x) = (conn(), conn(), conn());
+    token(s1.call("C ops/s 1 30 0"), "C");
+    assert_eq!(s2.call("C ops/s 1 30 0.05"), "C ops/s 0");
+    assert_eq!(s2.call("C ops/s 2 30 0"), "C ops/s semaphore 1");
+    assert_eq!(s2.call("G ops/s 30 0"), "G ops/s semaphore 1");
+    let s = poll_until(
+        "two shared grants and a permit held",
+        WITHIN,
+        || scrape(m),
+        |s| s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&2.0),
+    )
+    .1;
+    assert_eq!(
+        value(&s, "ringlock_grants_held{lock_kind=\"semaphore\"}"),
+        1.0
+    );
+    x.line("C ops/s 1 30 0"); // waits, then its connection closes
+    assert!(x.call("S").starts_with("S active"));
+    drop(x);
+    let mut e = conn();
+    e.line("A ops/s 30 0");
+    assert!(e.recv().starts_with("E key \"ops/s\" is a semaphore"));
+    assert_eq!(r1.call(&format!("R ops/r {g1}")), "R ops/r 1");
+    assert_eq!(r2.call(&format!("R ops/r {g2}")), "R ops/r 1");
+    let a = common::Conn::token_of(&w.recv()); // the writer, after its wait
+    assert_eq!(w.call(&format!("R ops/r {a}")), "R ops/r 1");
+    token(r4.recv(), "G"); // the reader behind it
+    let s = poll_until(
+        "the kinds' counters",
+        WITHIN,
+        || scrape(m),
+        |s| {
+            s.get("ringlock_acquires_total{lock_kind=\"semaphore\",outcome=\"withdrawn\"}")
+                == Some(&1.0)
+                && s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&1.0)
+        },
+    )
+    .1;
+    // granted at once, after a wait, timed out, refused, withdrawn
+    assert_eq!(acquires(&s, "exclusive"), [2.0, 2.0, 1.0, 1.0, 0.0]);
+    assert_eq!(acquires(&s, "shared"), [2.0, 1.0, 1.0, 1.0, 0.0]);
+    assert_eq!(acquires(&s, "semaphore"), [1.0, 0.0, 1.0, 1.0, 1.0]);
+    // Every kind in the acquire outcomes of `ringlock_requests_total`.
+    assert_eq!(requests(&s, "acquire", "granted_at_once"), 5.0);
+    assert_eq!(requests(&s, "acquire", "granted_after_wait"), 3.0);
+    assert_eq!(requests(&s, "acquire", "timed_out"), 3.0);
+    assert_eq!(requests(&s, "acquire", "withdrawn"), 1.0);
+    assert_eq!(
+        value(&s, "ringlock_grants_held{lock_kind=\"semaphore\"}"),
+        1.0
+    );
 }
 
 /// Hostile input to the metrics listener: a head that never ends, a head
@@ -592,18 +682,20 @@ fn locks_lists_holders_and_queues(io: &str) {
     assert_eq!(ra[4], "2", "{out}");
     let lease: f64 = ra[2].parse().unwrap();
     assert!(lease > 50.0 && lease <= 60.0, "{out}");
-    // KEY TOKEN LEASE-LEFT s WAITING HELD-FOR s HOLDER OWNER
-    let held: f64 = ra[5].parse().unwrap();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS HELD-FOR s HOLDER OWNER
+    assert_eq!((ra[5].as_str(), ra[6].as_str()), ("exclusive", "1"));
+    let held: f64 = ra[7].parse().unwrap();
     assert!((0.0..10.0).contains(&held), "{out}");
     assert_eq!(
-        (ra[7].as_str(), ra[8].as_str()),
+        (ra[9].as_str(), ra[10].as_str()),
         (a_addr.as_str(), "ops/owner-a"),
         "{out}"
     );
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "KEY", "TOKEN", "LEASE", "LEFT", "WAITING", "HELD", "FOR", "HOLDER", "OWNER"
+            "KEY", "TOKEN", "LEASE", "LEFT", "WAITING", "KIND", "HOLDERS", "HELD", "FOR", "HOLDER",
+            "OWNER"
         ]
     );
     let rb = row("jobs/b");
@@ -632,6 +724,147 @@ fn locks_lists_holders_and_queues(io: &str) {
     );
 
     listing_on_the_wire(&server, &a_addr, &w, ta);
+}
+
+/// `ringlock locks` and `V` show each key's kind: an exclusive lock with
+/// a waiter, a read lock of 3 readers with a writer waiting, a semaphore
+/// of 4 with 2 permits held, and a full semaphore of 2 with 1 waiter; each
+/// with its newest grant's token. `L` and `W` keep their forms.
+fn locks_shows_each_kind(io: &str) {
+    let server = Server::start_with(&["--listen", "127.0.0.1:0", "--io", io]);
+    let addr = server.addr.to_string();
+    let mut conns = Vec::new();
+    // A grant of `A`, `G` or `C`: `<op> <key> <token>`.
+    let mut grant = |line: &str| {
+        let mut c = server.connect();
+        let answer = c.call(line);
+        let f: Vec<&str> = answer.split(' ').collect();
+        assert_eq!(
+            (f.len(), f[0], f[1]),
+            (3, &line[..1], line.split(' ').nth(1).unwrap())
+        );
+        conns.push(c);
+        f[2].parse::<u64>().unwrap()
+    };
+    let x = grant("A kinds/x 60 0");
+    let r: Vec<u64> = (0..3).map(|_| grant("G kinds/r 60 0")).collect();
+    let s: Vec<u64> = (0..2).map(|_| grant("C kinds/s 4 60 0")).collect();
+    let f: Vec<u64> = (0..2).map(|_| grant("C kinds/f 2 60 0")).collect();
+    // Waiters, each on a connection of its own: queued once a later
+    // request on it is answered.
+    for line in ["A kinds/x 60 0", "A kinds/r 60 0", "C kinds/f 2 60 0"] {
+        let mut c = server.connect();
+        c.line(line);
+        assert!(c.call("S").starts_with("S active"));
+        conns.push(c);
+    }
+    let (code, out, err) = cli(&["locks", "--server", &addr, "--prefix", "kinds/"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let rows: HashMap<&str, Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((*f.first()?, f))
+        })
+        .collect();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS ...
+    let row = |key: &str| {
+        let f = rows.get(key).unwrap_or_else(|| panic!("no {key} in {out}"));
+        (f[1].parse::<u64>().unwrap(), f[4], f[5], f[6])
+    };
+    assert_eq!(row("kinds/x"), (x, "1", "exclusive", "1"), "{out}");
+    assert_eq!(row("kinds/r"), (r[2], "1", "shared", "3"), "{out}");
+    assert_eq!(row("kinds/s"), (s[1], "0", "semaphore", "2/4"), "{out}");
+    assert_eq!(row("kinds/f"), (f[1], "1", "semaphore", "2/2"), "{out}");
+    assert!(out.ends_with(&format!("4 locks on {addr}\n")), "{out}");
+    assert!(!out.contains("not shown"), "{out}");
+
+    // On the wire: ten fields after `K`, then `V 0`.
+    let mut c = server.connect();
+    c.line("V 0 10 kinds/");
+    let mut lines: Vec<String> = (0..4).map(|_| c.recv()).collect();
+    assert_eq!(c.recv(), "V 0");
+    lines.sort();
+    let tail = |l: &str| l.split(' ').skip(8).collect::<Vec<_>>().join(" ");
+    let tails: Vec<String> = lines.iter().map(|l| tail(l)).collect();
+    assert_eq!(
+        tails,
+        [
+            "semaphore 2 2",
+            "shared 0 3",
+            "semaphore 4 2",
+            "exclusive 0 1"
+        ],
+        "{lines:?}"
+    );
+    // `L` and `W` keep their forms beside it.
+    c.line("L 0 10 kinds/r");
+    let l = c.recv();
+    let lf: Vec<&str> = l.split(' ').collect();
+    assert_eq!(
+        (lf.len(), lf[2], lf[4]),
+        (5, &*r[2].to_string(), "1"),
+        "{l}"
+    );
+    assert_eq!(c.recv(), "L 0");
+    c.line("W 0 10 kinds/r");
+    let w = c.recv();
+    assert_eq!(w.split(' ').count(), 8, "{w}");
+    assert!(lines[1].starts_with(&w.split(' ').take(3).collect::<Vec<_>>().join(" ")));
+    assert_eq!(c.recv(), "W 0");
+}
+
+/// A server older than `V` (a stand-in that answers `S`, refuses `V` as
+/// such a server does and answers `W`): `ringlock locks` lists with `W`
+/// and says the kinds are not shown.
+fn locks_says_when_kinds_are_not_shown() {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (served, stopped) = (addr.clone(), stop.clone());
+    let old = std::thread::spawn(move || {
+        let mut asked = Vec::new();
+        let deadline = Instant::now() + WITHIN;
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            let Ok((mut s, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(WITHIN)).unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            let op = line.split(' ').next().unwrap_or("").trim().to_string();
+            let answer = match op.as_str() {
+                "S" => format!("S active {served} 7\n"),
+                "W" => "K old/a 7 1500 0 300 127.0.0.1:5 -\nW 0\n".to_string(),
+                _ => format!("E unknown op \"{op}\" in line 1\n"),
+            };
+            s.write_all(answer.as_bytes()).unwrap();
+            asked.push(op);
+        }
+        asked
+    });
+    let (code, out, err) = cli(&["locks", "--server", &addr]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let asked = old.join().unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(asked, ["S", "V", "W"]);
+    let lines: Vec<&str> = out.lines().collect();
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    // KEY TOKEN LEASE-LEFT s WAITING KIND HOLDERS HELD-FOR s HOLDER OWNER
+    assert_eq!((row[0], row[1], row[5], row[6]), ("old/a", "7", "?", "?"));
+    assert_eq!(row[9], "127.0.0.1:5");
+    assert_eq!(
+        lines[2..],
+        [
+            format!("kinds not shown: {addr} is older than the V request"),
+            format!("1 locks on {addr}"),
+        ]
+    );
 }
 
 /// The listing on the wire: `L` and `W` pages, `Q` for one key.
@@ -1026,6 +1259,7 @@ fn main() -> std::process::ExitCode {
         [
             both(),
             tests![
+                locks_says_when_kinds_are_not_shown,
                 the_metrics_listener_bounds_what_it_reads,
                 ready_follows_the_role_through_a_failover,
                 json_logs_and_rust_log,
@@ -1046,5 +1280,7 @@ fn both() -> Vec<common::harness::Test> {
             metrics_follow_a_scripted_session_uring, metrics_follow_a_scripted_session_epoll;
         locks_lists_holders_and_queues:
             locks_lists_holders_and_queues_uring, locks_lists_holders_and_queues_epoll;
+        locks_shows_each_kind:
+            locks_shows_each_kind_uring, locks_shows_each_kind_epoll;
     }
 }

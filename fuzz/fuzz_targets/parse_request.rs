@@ -70,7 +70,8 @@ fn check(data: &[u8]) {
                     Request::Status
                     | Request::Health
                     | Request::List { .. }
-                    | Request::Who { .. } => {}
+                    | Request::Who { .. }
+                    | Request::Kinds { .. } => {}
                 }
                 enc.clear();
                 req.encode(&mut enc);

@@ -146,13 +146,20 @@ pub enum ClientCommand {
     /// disagreeing), 69 if no node answers. The last line says which.
     Status(StatusArgs),
     /// List the locks of the active node: key, holder's token, lease
-    /// left, acquires waiting, how long the holder has held it, its
-    /// address and its owner label.
+    /// left, acquires waiting, kind, holders, how long the holder has held
+    /// it, its address and its owner label.
+    ///
+    /// KIND is exclusive, shared or semaphore; HOLDERS how many hold the
+    /// key (a semaphore's as `held/limit`). For a key held shared or as a
+    /// semaphore, the token, lease and holder are those of its newest
+    /// grant.
     ///
     /// Asks the active node (the first of --server that says it is; any
     /// node that answers otherwise: a standby lists the grants it holds
-    /// replicated, without waiters) page by page with the `W` request (`L`
-    /// from a server older than `W`: the holder columns then say `?`).
+    /// replicated, without waiters) page by page with the `V` request (`W`
+    /// from a server older than `V`: the kind columns then say `?`, and a
+    /// line says the kinds are not shown; `L` from one older than `W`: the
+    /// holder columns say `?` too).
     /// Stops after --max locks. Exits 69 if no node answers, 70 if the node
     /// knows neither request.
     Locks(LocksArgs),
@@ -1129,6 +1136,7 @@ async fn locks(args: LocksArgs) -> u8 {
     let mut rows = vec![LOCKS_HEADER.map(str::to_string)];
     let mut cursor = 0;
     let mut shown = 0u64;
+    let mut kinds_unknown = false;
     let started = std::time::Instant::now();
     let more = loop {
         let page = args
@@ -1147,6 +1155,7 @@ async fn locks(args: LocksArgs) -> u8 {
         };
         for lock in locks {
             shown += 1;
+            kinds_unknown |= lock.kind.is_none();
             rows.push(lock_row(&lock));
         }
         if next == 0 {
@@ -1168,25 +1177,33 @@ async fn locks(args: LocksArgs) -> u8 {
         cursor = next;
     };
     let mut text: String = lock_lines(&rows).into_iter().map(|l| l + "\n").collect();
+    if kinds_unknown {
+        text.push_str(&format!(
+            "kinds not shown: {addr} is older than the V request\n"
+        ));
+    }
     let more = if more { " (more not shown: --max)" } else { "" };
     text.push_str(&format!("{shown} locks on {addr}{more}\n"));
     emitted(&text, 0)
 }
 
 /// The columns of `ringlock locks`.
-const LOCKS_HEADER: [&str; 7] = [
+const LOCKS_HEADER: [&str; LOCKS_COLUMNS] = [
     "KEY",
     "TOKEN",
     "LEASE LEFT",
     "WAITING",
+    "KIND",
+    "HOLDERS",
     "HELD FOR",
     "HOLDER",
     "OWNER",
 ];
+const LOCKS_COLUMNS: usize = 9;
 
 /// One row of `ringlock locks`: `-` for what the lock has not (no holder,
-/// no label), `?` for what the node did not say (older than `W`).
-fn lock_row(lock: &LockInfo) -> [String; 7] {
+/// no label), `?` for what the node did not say (older than `V`, `W`).
+fn lock_row(lock: &LockInfo) -> [String; LOCKS_COLUMNS] {
     let held = lock.token != 0;
     let dash = || "-".to_string();
     let (held_for, addr, owner) = match &lock.holder {
@@ -1198,42 +1215,51 @@ fn lock_row(lock: &LockInfo) -> [String; 7] {
             h.owner.clone().unwrap_or_else(dash),
         ),
     };
+    // A semaphore's holders are shown of its limit: `2/4`.
+    let (kind, holders) = match lock.kind {
+        None => ("?".into(), "?".into()),
+        Some(k) if k.held == ringlock_client::Held::Semaphore => {
+            (k.held.to_string(), format!("{}/{}", k.holders, k.limit))
+        }
+        Some(k) => (k.held.to_string(), k.holders.to_string()),
+    };
     [
         show_key(&lock.key),
         if held { lock.token.to_string() } else { dash() },
         format!("{:.3} s", lock.lease_ms as f64 / 1000.0),
         lock.waiters.to_string(),
+        kind,
+        holders,
         held_for,
         addr,
         owner,
     ]
 }
 
-/// The rows as lines: the key left aligned, the numbers right aligned,
-/// the holder and its label left aligned (the last one unpadded).
-fn lock_lines(rows: &[[String; 7]]) -> Vec<String> {
-    let widths: Vec<usize> = (0..7)
+/// The rows as lines: the key and the kind left aligned, the numbers
+/// right aligned, the holder and its label left aligned (the last one
+/// unpadded).
+fn lock_lines(rows: &[[String; LOCKS_COLUMNS]]) -> Vec<String> {
+    let widths: Vec<usize> = (0..LOCKS_COLUMNS)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
+    let left = [true, false, false, false, true, false, false, true, true];
     rows.iter()
         .map(|r| {
-            let w = &widths;
-            format!(
-                "{:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}  {:>w4$}  {:<w5$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                r[5],
-                r[6],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3],
-                w4 = w[4],
-                w5 = w[5],
-            )
+            let mut line = String::new();
+            for (c, cell) in r.iter().enumerate() {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[c] - cell.len());
+                match (left[c], c + 1 == LOCKS_COLUMNS) {
+                    // The last column unpadded.
+                    (_, true) => line.push_str(cell),
+                    (true, false) => line.push_str(&format!("{cell}{pad}")),
+                    (false, false) => line.push_str(&format!("{pad}{cell}")),
+                }
+            }
+            line
         })
         .collect()
 }

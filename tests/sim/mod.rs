@@ -2896,10 +2896,11 @@ impl Sim {
                 Answer::Status { .. } => (b"", b"S"),
                 Answer::Health { .. } => (b"", b"H"),
                 Answer::Error { .. } if self.clients[c].expects_error => continue,
-                // The simulated clients never send `L`, `O`, `W` or `Q`.
+                // The simulated clients never send `L`, `O`, `W`, `V` or `Q`.
                 Answer::Lock { .. } | Answer::ListEnd { .. } => (b"", b"L"),
                 Answer::Owner { .. } => (b"", b"O"),
                 Answer::LockWho { .. } | Answer::WhoEnd { .. } => (b"", b"W"),
+                Answer::LockKinds { .. } | Answer::KindsEnd { .. } => (b"", b"V"),
                 Answer::Waiter { .. } | Answer::QueueEnd { .. } => (b"", b"Q"),
                 Answer::KindGranted { kind, key, .. } => match kind {
                     Kind::Shared => (key, b"G"),
@@ -2999,6 +3000,8 @@ impl Sim {
                 | Answer::Owner { .. }
                 | Answer::LockWho { .. }
                 | Answer::WhoEnd { .. }
+                | Answer::LockKinds { .. }
+                | Answer::KindsEnd { .. }
                 | Answer::Waiter { .. }
                 | Answer::QueueEnd { .. }
                 | Answer::KindGranted { .. }

@@ -27,6 +27,11 @@ pub(crate) enum Case {
     /// `Engine::handle` of a parsed acquire and release (engine + encode,
     /// no parsing). Per cycle.
     EngineCycle,
+    /// `engine-cycle` with shared acquires (`G`) for `A`. Per cycle.
+    SharedCycle,
+    /// `engine-cycle` with semaphore acquires (`C`, 8 permits) for `A`.
+    /// Per cycle.
+    PermitCycle,
     /// One key, 64 connections queued: release by the holder (which grants
     /// the head waiter) and its re-acquire (queued at the tail). Per hand-off.
     Handoff,
@@ -72,6 +77,8 @@ pub(crate) fn main(args: InstrArgs) -> crate::Result<ExitCode> {
     let ops = match args.case {
         Case::Cycle => cycle(n),
         Case::EngineCycle => engine_cycle(n),
+        Case::SharedCycle => kind_cycle(n, false),
+        Case::PermitCycle => kind_cycle(n, true),
         Case::Handoff => handoff(n),
         Case::Parse => parse(n),
         Case::Expire => expire(n),
@@ -175,6 +182,82 @@ pub(crate) fn ringlock_instr_engine_cycle(
         }
     }
     engine.output_mut(0).clear();
+}
+
+/// `engine_cycle` with `G` (or `C key 8`, `permit`) for `A`: each grant is
+/// a shared grant (permit) of its own, released with its token.
+fn kind_cycle(n: u64, permit: bool) -> u64 {
+    let mut engine = Engine::new(now(1), "127.0.0.1:7171");
+    engine.open(0);
+    let keys: Vec<String> = (0..KEYS).map(key).collect();
+    let warm = 4 * KEYS;
+    kind_cycles(&mut engine, &keys, permit, 0, warm);
+    let out = engine.output_mut(0);
+    assert!(
+        !out.is_empty() && !out.windows(3).any(|w| w == b" 0\n"),
+        "a release failed"
+    );
+    if permit {
+        ringlock_instr_permit_cycle(&mut engine, &keys, warm, n);
+    } else {
+        ringlock_instr_shared_cycle(&mut engine, &keys, warm, n);
+    }
+    assert_eq!(engine.lock_count(), 0, "every grant was released");
+    assert_eq!(engine.member_count(), 0);
+    n
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub(crate) fn ringlock_instr_shared_cycle(
+    engine: &mut Engine,
+    keys: &[String],
+    first: u64,
+    n: u64,
+) {
+    kind_cycles(engine, keys, false, first, n);
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub(crate) fn ringlock_instr_permit_cycle(
+    engine: &mut Engine,
+    keys: &[String],
+    first: u64,
+    n: u64,
+) {
+    kind_cycles(engine, keys, true, first, n);
+}
+
+/// `n` cycles of `G` (`C key 8`: `permit`) and `R`, from `first` on.
+#[inline(never)]
+fn kind_cycles(engine: &mut Engine, keys: &[String], permit: bool, first: u64, n: u64) {
+    for i in first..first + n {
+        let key = keys[(i % KEYS) as usize].as_bytes();
+        let acquire = if permit {
+            Request::Permit {
+                key,
+                limit: 8,
+                lease_ms: 30_000,
+                wait_ms: 0,
+            }
+        } else {
+            Request::Shared {
+                key,
+                lease_ms: 30_000,
+                wait_ms: 0,
+            }
+        };
+        let _ = engine.handle(now(1), 0, black_box(acquire));
+        let release = Request::Release {
+            key,
+            token: UNIX_NS + i,
+        };
+        let _ = engine.handle(now(1), 0, black_box(release));
+        if i % 16 == 15 && i + 1 < first + n {
+            engine.output_mut(0).clear();
+        }
+    }
 }
 
 const WAITERS: u32 = 64;

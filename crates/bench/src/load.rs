@@ -66,6 +66,16 @@ pub(crate) enum Mode {
     Grow,
 }
 
+/// What each acquire asks for (ringlock only): an exclusive lock (`A`), a
+/// shared one (`G`), or a permit of a semaphore (`C`, `--permits`). Each
+/// is released with `R` and its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Acquire {
+    Exclusive,
+    Shared,
+    Semaphore,
+}
+
 /// Load generator options (the default command).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct RunArgs {
@@ -87,6 +97,12 @@ pub(crate) struct RunArgs {
     pub keys: Option<u32>,
     #[arg(long, value_enum, default_value_t = Mode::Uncontended)]
     pub mode: Mode,
+    /// What each acquire asks for (uncontended and contended modes).
+    #[arg(long, value_enum, default_value_t = Acquire::Exclusive)]
+    pub acquire: Acquire,
+    /// `--acquire semaphore`: the semaphore's limit (1 to 65536).
+    #[arg(long, default_value_t = 8)]
+    pub permits: u32,
     /// Seconds of load before measuring.
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
@@ -196,6 +212,8 @@ struct Wire {
     pad: usize,
     lease_ms: u64,
     sha: Vec<u8>,
+    acquire: Acquire,
+    permits: u32,
 }
 
 impl Wire {
@@ -229,9 +247,14 @@ impl Wire {
     fn acquire(&self, out: &mut Vec<u8>, idx: u64, token: u64) {
         match self.target {
             Target::Ringlock | Target::Echo => {
-                out.extend_from_slice(b"A ");
+                out.push(self.acquire_op());
+                out.push(b' ');
                 self.key(out, idx);
                 out.push(b' ');
+                if self.acquire == Acquire::Semaphore {
+                    ringlock_proto::write_u64(out, u64::from(self.permits));
+                    out.push(b' ');
+                }
                 ringlock_proto::write_seconds(out, self.lease_ms);
                 out.extend_from_slice(b" 0\n");
             }
@@ -248,6 +271,15 @@ impl Wire {
                 ringlock_proto::write_u64(&mut ms, self.lease_ms);
                 bulk(out, &ms);
             }
+        }
+    }
+
+    /// The op of the acquires, and of their grants.
+    fn acquire_op(&self) -> u8 {
+        match self.acquire {
+            Acquire::Exclusive => b'A',
+            Acquire::Shared => b'G',
+            Acquire::Semaphore => b'C',
         }
     }
 
@@ -551,9 +583,12 @@ impl<'a> Worker<'a> {
                     .parse_key(key)
                     .ok_or_else(|| format!("unexpected answer {:?}", shown()))?;
                 match op {
-                    b"A" => {
-                        let token =
-                            parse_u64(arg).ok_or_else(|| format!("bad token in {:?}", shown()))?;
+                    // A grant of the kind asked for (a `G` or `C` refused
+                    // for the key's kind has no token here: an error).
+                    [op] if *op == self.wire.acquire_op() => {
+                        let token = parse_u64(arg)
+                            .filter(|&t| t > 0)
+                            .ok_or_else(|| format!("bad token in {:?}", shown()))?;
                         let s = self
                             .find(c, idx, St::Acquiring)
                             .ok_or_else(|| format!("unasked grant {:?}", shown()))?;
@@ -645,7 +680,8 @@ impl<'a> Worker<'a> {
 
     fn granted(&mut self, s: u32, token: u64, t: u64) {
         let in_window = self.in_window(t);
-        let contended = self.plan.mode == Mode::Contended;
+        // Shared grants are not handed off: nobody waits for one.
+        let contended = self.plan.mode == Mode::Contended && self.wire.acquire != Acquire::Shared;
         if self.plan.mode == Mode::Memory {
             self.memory_granted += 1;
             self.progress += 1;
@@ -1009,6 +1045,14 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     if args.mode != Mode::Uncontended && args.target == Target::Echo {
         return Err("the echo floor has no locks: --mode uncontended only".into());
     }
+    if args.acquire != Acquire::Exclusive
+        && (args.target != Target::Ringlock || args.mode == Mode::Memory)
+    {
+        return Err("--acquire shared|semaphore: ringlock, uncontended or contended".into());
+    }
+    if !(1..=ringlock_proto::MAX_PERMITS).contains(&args.permits) {
+        return Err("--permits must be in 1..=65536".into());
+    }
     let addr = resolve_addr(&args.addr)?;
     let threads = args.threads.min(args.conns);
     let p = args.pipeline;
@@ -1033,6 +1077,8 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         },
         prefix,
         lease_ms: (args.lease * 1000.0).round() as u64,
+        acquire: args.acquire,
+        permits: args.permits,
         sha: if args.target == Target::Redis && args.mode != Mode::Memory {
             redis_load_script(addr, tls.as_ref())?
         } else {

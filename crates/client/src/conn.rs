@@ -1023,7 +1023,7 @@ fn dispatch(
                 token,
             });
         }
-        // This client never sends `H`, `L`, `W` or `Q` on its pooled
+        // This client never sends `H`, `L`, `W`, `V` or `Q` on its pooled
         // connections, and reads the answer to its `O` before this.
         Answer::Health { .. }
         | Answer::Lock { .. }
@@ -1031,6 +1031,8 @@ fn dispatch(
         | Answer::Owner { .. }
         | Answer::LockWho { .. }
         | Answer::WhoEnd { .. }
+        | Answer::LockKinds { .. }
+        | Answer::KindsEnd { .. }
         | Answer::Waiter { .. }
         | Answer::QueueEnd { .. } => {
             return Err(unmatched());

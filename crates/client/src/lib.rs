@@ -96,7 +96,7 @@ pub use error::Error;
 pub use grant::{Acquired, AddrStatus, Grant, LockGuard, NodeStatus};
 pub use renew::{LockLost, RenewalStatus, RenewalWatch, RenewingGuard};
 use ringlock_proto::{Answer, MAX_DURATION_MS, Request as Line, is_valid_key, parse_answer};
-pub use ringlock_proto::{MAX_OWNER, Role};
+pub use ringlock_proto::{Held, MAX_OWNER, Role};
 #[cfg(feature = "tls")]
 pub use tls::{SERVER_NAME_HINT, TlsConfig};
 
@@ -1365,8 +1365,8 @@ async fn one_off(
     }
 }
 
-/// One lock of a node's table, as `W` (or, from an older node, `L`) lists
-/// it.
+/// One lock of a node's table, as `V` (or, from an older node, `W` or
+/// `L`) lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
     pub key: Vec<u8>,
@@ -1379,6 +1379,20 @@ pub struct LockInfo {
     pub waiters: u64,
     /// Who holds it; `None` from a node older than `W`.
     pub holder: Option<HolderInfo>,
+    /// How it is held; `None` from a node older than `V`.
+    pub kind: Option<KindInfo>,
+}
+
+/// How a key is held, as `V` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KindInfo {
+    /// Exclusively, shared, as a semaphore, or by nobody.
+    pub held: Held,
+    /// A semaphore's limit; 0 for any other key.
+    pub limit: u32,
+    /// How many grants hold it: 1 exclusive one, the shared holders or
+    /// the permits held.
+    pub holders: u64,
 }
 
 /// Who holds a lock, or waits for one: what the node knows of the
@@ -1418,13 +1432,15 @@ pub struct QueueInfo {
     pub waiting: u64,
 }
 
-/// One page of a node's lock table with each lock's holder (`W cursor
-/// limit [prefix]`, an operator's request; docs/protocol.md), on a one-off
-/// connection with `timeout` for the whole exchange. Returns the locks and
-/// the cursor of the next page (0: the listing is complete). A node older
-/// than `W` answers `E`: then the page is asked again with `L` on a new
-/// connection, and its locks come without holders (`holder` is `None`). A
-/// node too old to know `L` either comes back as [`Error::Protocol`].
+/// One page of a node's lock table with each lock's holder and kind (`V
+/// cursor limit [prefix]`, an operator's request; docs/protocol.md), on a
+/// one-off connection with `timeout` for the whole exchange. Returns the
+/// locks and the cursor of the next page (0: the listing is complete). A
+/// node older than `V` answers `E`: then the page is asked again with `W`
+/// on a new connection, and its locks come without their kind (`kind` is
+/// `None`); a node older than `W` is asked with `L`, and its locks come
+/// without holders either (`holder` is `None`). A node too old to know `L`
+/// comes back as [`Error::Protocol`].
 pub async fn list_locks(
     addr: &str,
     prefix: &[u8],
@@ -1448,7 +1464,55 @@ pub async fn list_locks_tls(
     locks_or_older(tls.dialer(), addr, prefix, cursor, limit, timeout).await
 }
 
-/// `W`, and `L` from a node that answers `W` with `E`.
+/// The list requests, newest first: what a page is asked with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListForm {
+    /// `V`: with holders and kinds.
+    Kinds,
+    /// `W`: with holders.
+    Who,
+    /// `L`.
+    Plain,
+}
+
+impl ListForm {
+    /// The request of this form, its op and its line.
+    fn request(self, cursor: u64, limit: u32, prefix: &[u8]) -> (&'static str, Vec<u8>) {
+        use ringlock_proto::Request;
+        let (op, request) = match self {
+            ListForm::Kinds => (
+                "V",
+                Request::Kinds {
+                    cursor,
+                    limit,
+                    prefix,
+                },
+            ),
+            ListForm::Who => (
+                "W",
+                Request::Who {
+                    cursor,
+                    limit,
+                    prefix,
+                },
+            ),
+            ListForm::Plain => (
+                "L",
+                Request::List {
+                    cursor,
+                    limit,
+                    prefix,
+                },
+            ),
+        };
+        let mut line = Vec::new();
+        request.encode(&mut line);
+        (op, line)
+    }
+}
+
+/// `V`, then `W` from a node that answers `V` with `E`, then `L` from one
+/// that answers `W` with `E`.
 async fn locks_or_older(
     dialer: Dialer,
     addr: &str,
@@ -1457,16 +1521,18 @@ async fn locks_or_older(
     limit: u32,
     timeout: Duration,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
-    let who = locks_via(dialer.clone(), addr, prefix, cursor, limit, timeout, true).await;
-    match who {
-        Err(Error::Protocol(why)) if why.contains(" says: E ") => {
-            locks_via(dialer, addr, prefix, cursor, limit, timeout, false).await
+    let mut answer = Err(Error::Protocol(String::new()));
+    for form in [ListForm::Kinds, ListForm::Who, ListForm::Plain] {
+        answer = locks_via(dialer.clone(), addr, prefix, cursor, limit, timeout, form).await;
+        match &answer {
+            Err(Error::Protocol(why)) if why.contains(" says: E ") => continue,
+            _ => break,
         }
-        other => other,
     }
+    answer
 }
 
-/// One page with `W` (`who`) or `L`.
+/// One page with `V`, `W` or `L` (`form`).
 async fn locks_via(
     dialer: Dialer,
     addr: &str,
@@ -1474,25 +1540,9 @@ async fn locks_via(
     cursor: u64,
     limit: u32,
     timeout: Duration,
-    who: bool,
+    form: ListForm,
 ) -> Result<(Vec<LockInfo>, u64), Error> {
-    let mut request = Vec::new();
-    if who {
-        ringlock_proto::Request::Who {
-            cursor,
-            limit,
-            prefix,
-        }
-        .encode(&mut request);
-    } else {
-        ringlock_proto::Request::List {
-            cursor,
-            limit,
-            prefix,
-        }
-        .encode(&mut request);
-    }
-    let op = if who { "W" } else { "L" };
+    let (op, request) = form.request(cursor, limit, prefix);
     let exchange = async {
         let (rd, mut wr) = dialer(addr)
             .await
@@ -1515,25 +1565,36 @@ async fn locks_via(
                     "{addr} closed the connection in the middle of an {op} answer"
                 )));
             }
-            match parse_answer(&line) {
-                Ok(Answer::Lock {
-                    key,
-                    token,
-                    lease_ms,
-                    waiters,
-                }) if !who && locks.len() < limit as usize => locks.push(LockInfo {
+            let room = locks.len() < limit as usize;
+            match (form, parse_answer(&line)) {
+                (
+                    ListForm::Plain,
+                    Ok(Answer::Lock {
+                        key,
+                        token,
+                        lease_ms,
+                        waiters,
+                    }),
+                ) if room => locks.push(LockInfo {
                     key: key.to_vec(),
                     token,
                     lease_ms,
                     waiters,
                     holder: None,
+                    kind: None,
                 }),
-                Ok(answer @ Answer::LockWho { .. }) if who && locks.len() < limit as usize => {
+                (ListForm::Who, Ok(answer @ Answer::LockWho { .. }))
+                | (ListForm::Kinds, Ok(answer @ Answer::LockKinds { .. }))
+                    if room =>
+                {
                     locks.extend(lock_info(answer));
                 }
-                Ok(Answer::ListEnd { cursor }) if !who => return Ok((locks, cursor)),
-                Ok(Answer::WhoEnd { cursor }) if who => return Ok((locks, cursor)),
-                Ok(Answer::Error { reason }) => {
+                (ListForm::Plain, Ok(Answer::ListEnd { cursor }))
+                | (ListForm::Who, Ok(Answer::WhoEnd { cursor }))
+                | (ListForm::Kinds, Ok(Answer::KindsEnd { cursor })) => {
+                    return Ok((locks, cursor));
+                }
+                (_, Ok(Answer::Error { reason })) => {
                     return Err(Error::Protocol(format!(
                         "{addr} says: E {}",
                         String::from_utf8_lossy(reason)
@@ -1557,18 +1618,37 @@ async fn locks_via(
     }
 }
 
-/// The [`LockInfo`] of a `K` line with its holder.
+/// The [`LockInfo`] of a `K` line with its holder (`W`, `Q`), and its
+/// kind (`V`).
 fn lock_info(answer: Answer<'_>) -> Option<LockInfo> {
-    let Answer::LockWho {
-        key,
-        token,
-        lease_ms,
-        waiters,
-        held_ms,
-        holder,
-    } = answer
-    else {
-        return None;
+    let (key, token, lease_ms, waiters, held_ms, holder, kind) = match answer {
+        Answer::LockWho {
+            key,
+            token,
+            lease_ms,
+            waiters,
+            held_ms,
+            holder,
+        } => (key, token, lease_ms, waiters, held_ms, holder, None),
+        Answer::LockKinds {
+            key,
+            token,
+            lease_ms,
+            waiters,
+            held_ms,
+            holder,
+            held,
+            limit,
+            holders,
+        } => {
+            let kind = KindInfo {
+                held,
+                limit,
+                holders,
+            };
+            (key, token, lease_ms, waiters, held_ms, holder, Some(kind))
+        }
+        _ => return None,
     };
     Some(LockInfo {
         key: key.to_vec(),
@@ -1576,6 +1656,7 @@ fn lock_info(answer: Answer<'_>) -> Option<LockInfo> {
         lease_ms,
         waiters,
         holder: Some(HolderInfo::of(holder, held_ms)),
+        kind,
     })
 }
 

@@ -837,29 +837,46 @@ async fn a_bad_owner_label_is_refused_before_any_connection() {
     }
 }
 
-/// `list_locks` asks with `W`; a server older than `W` answers `E`, and the
-/// page is asked again with `L`, its locks without holders.
+/// `list_locks` asks with `V`; a server older than `V` answers `E`, and the
+/// page is asked again with `W` (its locks without kinds); one older than
+/// `W` too is asked with `L`, its locks without holders.
 #[tokio::test]
-async fn the_listing_falls_back_to_l_on_an_older_server() {
+async fn the_listing_falls_back_to_w_and_l_on_older_servers() {
     bounded(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
+            // Older than `W`: V, W, L.
+            for (op, refused) in [("V", true), ("W", true), ("L", false)] {
+                let (s, _) = listener.accept().await.unwrap();
+                let mut c = FakeConn::new(s);
+                assert_eq!(c.line().await, format!("{op} 0 5 p/"));
+                if refused {
+                    c.send(&format!("E unknown op \"{op}\" in line 1")).await;
+                } else {
+                    c.send("K p/a 7 1500 2").await;
+                    c.send("L 0").await;
+                }
+            }
+            // Older than `V`: V, W.
             let (s, _) = listener.accept().await.unwrap();
-            let mut w = FakeConn::new(s);
-            assert_eq!(w.line().await, "W 0 5 p/");
-            w.send("E unknown op \"W\" in line 1").await;
-            drop(w);
-            let (s, _) = listener.accept().await.unwrap();
-            let mut l = FakeConn::new(s);
-            assert_eq!(l.line().await, "L 0 5 p/");
-            l.send("K p/a 7 1500 2").await;
-            l.send("L 0").await;
+            let mut v = FakeConn::new(s);
+            assert_eq!(v.line().await, "V 0 5 p/");
+            v.send("E unknown op \"V\" in line 1").await;
+            drop(v);
             let (s, _) = listener.accept().await.unwrap();
             let mut w = FakeConn::new(s);
             assert_eq!(w.line().await, "W 0 5 p/");
             w.send("K p/a 7 1500 2 300 10.0.0.1:5 o/1").await;
             w.send("W 0").await;
+            // Knows `V`.
+            let (s, _) = listener.accept().await.unwrap();
+            let mut v = FakeConn::new(s);
+            assert_eq!(v.line().await, "V 3 5 p/");
+            v.send("K p/a 7 1500 2 300 10.0.0.1:5 o/1 semaphore 4 2")
+                .await;
+            v.send("K p/b 8 900 0 20 10.0.0.1:6 - shared 0 3").await;
+            v.send("V 0").await;
         });
         let (old, cursor) = list_locks(&addr, b"p/", 0, 5, LONG).await.unwrap();
         assert_eq!(cursor, 0);
@@ -871,17 +888,29 @@ async fn the_listing_falls_back_to_l_on_an_older_server() {
                 lease_ms: 1500,
                 waiters: 2,
                 holder: None,
+                kind: None,
             }]
         );
-        let (new, _) = list_locks(&addr, b"p/", 0, 5, LONG).await.unwrap();
-        assert_eq!(
-            new[0].holder,
-            Some(HolderInfo {
-                addr: Some("10.0.0.1:5".into()),
-                owner: Some("o/1".into()),
-                for_ms: 300,
+        let (who, _) = list_locks(&addr, b"p/", 0, 5, LONG).await.unwrap();
+        let holder = HolderInfo {
+            addr: Some("10.0.0.1:5".into()),
+            owner: Some("o/1".into()),
+            for_ms: 300,
+        };
+        assert_eq!(who[0].holder, Some(holder.clone()));
+        assert_eq!(who[0].kind, None);
+        let (kinds, _) = list_locks(&addr, b"p/", 3, 5, LONG).await.unwrap();
+        assert_eq!(kinds.len(), 2);
+        assert_eq!(kinds[0].holder, Some(holder));
+        let kind = |held, limit, holders| {
+            Some(KindInfo {
+                held,
+                limit,
+                holders,
             })
-        );
+        };
+        assert_eq!(kinds[0].kind, kind(Held::Semaphore, 4, 2));
+        assert_eq!(kinds[1].kind, kind(Held::Shared, 0, 3));
     })
     .await;
 }

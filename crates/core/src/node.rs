@@ -297,6 +297,8 @@ impl Node {
             highest_token: engine.highest_token(),
             locks: engine.lock_count() as u64,
             waiters: engine.waiter_count() as u64,
+            shared_held: engine.shared_count() as u64,
+            permits_held: engine.permit_count() as u64,
             peers_up: cluster.map_or(0, |c| c.peers_up() as u64),
             followers,
         }

@@ -99,6 +99,9 @@ pub struct Snapshot {
     pub highest_token: u64,
     pub locks: u64,
     pub waiters: u64,
+    /// Shared grants and permits of semaphores held.
+    pub shared_held: u64,
+    pub permits_held: u64,
     pub peers_up: u64,
     /// Every peer that follows this active node over an authenticated link.
     pub followers: Vec<Follower>,

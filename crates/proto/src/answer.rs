@@ -45,6 +45,47 @@ impl Kind {
     }
 }
 
+/// How a key is held, as a `V` answer lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Held {
+    /// `-`: nobody holds it (a lock only kept for a held-back `T`).
+    Free,
+    /// `exclusive`: one holder, acquired with `A`.
+    Exclusive,
+    /// `shared`: one or more shared holders, acquired with `G`.
+    Shared,
+    /// `semaphore`: one or more permits of a semaphore, acquired with `C`.
+    Semaphore,
+}
+
+impl Held {
+    /// The word `V` answers carry.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Held::Free => "-",
+            Held::Exclusive => "exclusive",
+            Held::Shared => "shared",
+            Held::Semaphore => "semaphore",
+        }
+    }
+
+    fn parse(word: &[u8]) -> Option<Held> {
+        Some(match word {
+            b"-" => Held::Free,
+            b"exclusive" => Held::Exclusive,
+            b"shared" => Held::Shared,
+            b"semaphore" => Held::Semaphore,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Who holds a grant, or waits: the address of the connection that asked,
 /// as the server saw it, and that connection's owner label (`O`). Each is
 /// `-` on the wire when unknown (`None`). With client certificates the
@@ -112,6 +153,23 @@ pub enum Answer<'a> {
     },
     /// `W <cursor>`: the end of a `W` answer, as [`Answer::ListEnd`].
     WhoEnd { cursor: u64 },
+    /// `K <key> <token> <lease_ms> <waiters> <held_ms> <addr> <owner>
+    /// <held> <limit> <holders>`: one lock of a `V` answer:
+    /// [`Answer::LockWho`]'s fields, then how the key is held, a
+    /// semaphore's limit (0 for any other key) and how many hold it.
+    LockKinds {
+        key: &'a [u8],
+        token: u64,
+        lease_ms: u64,
+        waiters: u64,
+        held_ms: u64,
+        holder: Holder<'a>,
+        held: Held,
+        limit: u32,
+        holders: u64,
+    },
+    /// `V <cursor>`: the end of a `V` answer, as [`Answer::ListEnd`].
+    KindsEnd { cursor: u64 },
     /// `J <waited_ms> <addr> <owner>`: one waiting acquire of a `Q` answer,
     /// oldest first.
     Waiter { waited_ms: u64, holder: Holder<'a> },
@@ -215,6 +273,7 @@ impl Answer<'_> {
                 write_u64(out, waiters);
             }
             Answer::KindGranted { .. } | Answer::KindRefused { .. } => self.encode_kind(out),
+            Answer::LockKinds { .. } | Answer::KindsEnd { .. } => self.encode_kinds(out),
         }
         out.push(b'\n');
     }
@@ -241,6 +300,45 @@ impl Answer<'_> {
                 }
             }
             _ => unreachable!("not a G or C answer"),
+        }
+    }
+}
+
+impl Answer<'_> {
+    /// The lines of a `V` answer, without the `\n`.
+    #[cold]
+    #[inline(never)]
+    fn encode_kinds(&self, out: &mut Vec<u8>) {
+        match *self {
+            Answer::LockKinds {
+                key,
+                token,
+                lease_ms,
+                waiters,
+                held_ms,
+                holder,
+                held,
+                limit,
+                holders,
+            } => {
+                line_start(out, b'K', key);
+                for n in [token, lease_ms, waiters, held_ms] {
+                    out.push(b' ');
+                    write_u64(out, n);
+                }
+                holder.encode(out);
+                out.push(b' ');
+                out.extend_from_slice(held.as_str().as_bytes());
+                out.push(b' ');
+                write_u64(out, u64::from(limit));
+                out.push(b' ');
+                write_u64(out, holders);
+            }
+            Answer::KindsEnd { cursor } => {
+                out.extend_from_slice(b"V ");
+                write_u64(out, cursor);
+            }
+            _ => unreachable!("not a V answer"),
         }
     }
 }
@@ -336,12 +434,7 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
             key: key().ok_or_else(bad)?,
             token: parse_u64(token).filter(|&t| t > 0).ok_or_else(bad)?,
         },
-        (b"L", None, None) => Answer::ListEnd {
-            cursor: parse_u64(first).ok_or_else(bad)?,
-        },
-        (b"W", None, None) => Answer::WhoEnd {
-            cursor: parse_u64(first).ok_or_else(bad)?,
-        },
+        (b"L" | b"W" | b"V", None, None) => list_end(op, first).ok_or_else(bad)?,
         (b"O", None, None) if is_valid_owner(first) => Answer::Owner { owner: first },
         (b"Q", Some(waiters), None) => Answer::QueueEnd {
             key: key().ok_or_else(bad)?,
@@ -382,6 +475,16 @@ pub fn parse_answer(line: &[u8]) -> Result<Answer<'_>, AnswerError> {
         _ => return Err(bad()),
     };
     Ok(answer)
+}
+
+/// The end line of an `L`, `W` or `V` answer: `op` and its cursor.
+fn list_end<'a>(op: &[u8], cursor: &[u8]) -> Option<Answer<'a>> {
+    let cursor = parse_u64(cursor)?;
+    Some(match op {
+        b"L" => Answer::ListEnd { cursor },
+        b"W" => Answer::WhoEnd { cursor },
+        _ => Answer::KindsEnd { cursor },
+    })
 }
 
 /// A `G` or `C` answer's fields after the key: a token (0: the wait ran
@@ -426,10 +529,11 @@ fn parse_waiter(rest: &[u8]) -> Option<Answer<'_>> {
     })
 }
 
-/// A `K` line's fields after `K `: four (an `L` answer's) or seven (a `W`
-/// or `Q` answer's, with the holder).
+/// A `K` line's fields after `K `: four (an `L` answer's), seven (a `W`
+/// or `Q` answer's, with the holder) or ten (a `V` answer's, with the
+/// kind).
 fn parse_lock(rest: &[u8]) -> Option<Answer<'_>> {
-    let mut f: [&[u8]; 7] = [b""; 7];
+    let mut f: [&[u8]; 10] = [b""; 10];
     let mut count = 0;
     for field in rest.split(|&b| b == b' ') {
         *f.get_mut(count)? = field;
@@ -452,6 +556,24 @@ fn parse_lock(rest: &[u8]) -> Option<Answer<'_>> {
             held_ms: parse_u64(f[4])?,
             holder: holder(f[5], f[6])?,
         }),
+        10 => {
+            let held = Held::parse(f[7])?;
+            // A semaphore has a limit of 1 to MAX_PERMITS, any other key 0.
+            let limit = parse_u64(f[8])
+                .filter(|&n| n <= u64::from(crate::MAX_PERMITS))
+                .filter(|&n| (n > 0) == (held == Held::Semaphore))?;
+            Some(Answer::LockKinds {
+                key,
+                token,
+                lease_ms,
+                waiters,
+                held_ms: parse_u64(f[4])?,
+                holder: holder(f[5], f[6])?,
+                held,
+                limit: limit as u32,
+                holders: parse_u64(f[9])?,
+            })
+        }
         _ => None,
     }
 }
@@ -618,6 +740,102 @@ mod tests {
     }
 
     #[test]
+    fn kinds_answers_round_trip() {
+        let holder = Holder {
+            addr: Some(b"127.0.0.1:5"),
+            owner: Some(b"o"),
+            identity: None,
+        };
+        let lock = |held, limit, holders| Answer::LockKinds {
+            key: b"k",
+            token: 9,
+            lease_ms: 100,
+            waiters: 1,
+            held_ms: 3,
+            holder,
+            held,
+            limit,
+            holders,
+        };
+        for (answer, line) in [
+            (
+                lock(Held::Exclusive, 0, 1),
+                &b"K k 9 100 1 3 127.0.0.1:5 o exclusive 0 1"[..],
+            ),
+            (
+                lock(Held::Shared, 0, 3),
+                b"K k 9 100 1 3 127.0.0.1:5 o shared 0 3",
+            ),
+            (
+                lock(Held::Semaphore, 4, 2),
+                b"K k 9 100 1 3 127.0.0.1:5 o semaphore 4 2",
+            ),
+            (
+                Answer::LockKinds {
+                    key: b"k",
+                    token: 0,
+                    lease_ms: 0,
+                    waiters: 0,
+                    held_ms: 0,
+                    holder: Holder::default(),
+                    held: Held::Free,
+                    limit: 0,
+                    holders: 0,
+                },
+                b"K k 0 0 0 0 - - - 0 0",
+            ),
+            (Answer::KindsEnd { cursor: 17 }, b"V 17"),
+        ] {
+            let mut out = Vec::new();
+            answer.encode(&mut out);
+            assert_eq!(out.pop(), Some(b'\n'));
+            assert_eq!(out, line, "{answer:?}");
+            assert_eq!(parse_answer(&out), Ok(answer));
+        }
+    }
+
+    /// A `V` lock line is at most 27 bytes longer than a `W` one with the
+    /// same fields (docs/protocol.md, "Length of answer lines").
+    #[test]
+    fn kinds_lock_lines_are_bounded() {
+        let key = [b'k'; crate::MAX_KEY];
+        let addr = [b'a'; crate::MAX_HOLDER_ADDR];
+        let owner = [b'o'; crate::MAX_OWNER];
+        let holder = Holder {
+            addr: Some(&addr),
+            owner: Some(&owner),
+            identity: None,
+        };
+        let (token, lease_ms, waiters, held_ms) = (i64::MAX as u64, 86_400_001, 65_536, u64::MAX);
+        let (mut who, mut kinds) = (Vec::new(), Vec::new());
+        Answer::LockWho {
+            key: &key,
+            token,
+            lease_ms,
+            waiters,
+            held_ms,
+            holder,
+        }
+        .encode(&mut who);
+        Answer::LockKinds {
+            key: &key,
+            token,
+            lease_ms,
+            waiters,
+            held_ms,
+            holder,
+            held: Held::Semaphore,
+            limit: crate::MAX_PERMITS,
+            holders: u64::from(u32::MAX),
+        }
+        .encode(&mut kinds);
+        assert_eq!(kinds.len(), who.len() + 27);
+        let mut end = Vec::new();
+        Answer::KindsEnd { cursor: u64::MAX }.encode(&mut end);
+        assert_eq!(end.len(), 23);
+    }
+
+    #[test]
     fn malformed_answers_are_errors() {
         for line in [
             &b""[..],
@@ -645,6 +863,15 @@ mod tests {
             b"C k lock 2",
             b"C k x",
             b"G k 1 2",
+            b"K k 1 2 3 4 - - exclusive 0",
+            b"K k 1 2 3 4 - - exclusive 1 1",
+            b"K k 1 2 3 4 - - semaphore 0 1",
+            b"K k 1 2 3 4 - - semaphore 65537 1",
+            b"K k 1 2 3 4 - - lock 0 1",
+            b"K k 1 2 3 4 - - shared 0 x",
+            b"K k 1 2 3 4 - - shared 0 1 1",
+            b"V x",
+            b"V 1 2",
         ] {
             assert!(parse_answer(line).is_err(), "{:?}", line);
         }

@@ -16,7 +16,7 @@ mod answer;
 mod request;
 
 pub use answer::Holder;
-pub use answer::{Answer, AnswerError, Kind, Role, parse_answer};
+pub use answer::{Answer, AnswerError, Held, Kind, Role, parse_answer};
 pub use request::{ParseError, Quoted, Request, SplitSpaces, parse_request, quoted, split_spaces};
 
 /// Longest request line, counting its `\n` and any `\r`.

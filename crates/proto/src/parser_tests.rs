@@ -147,6 +147,22 @@ fn every_valid_request_form() {
             },
         ),
         (
+            b"V 7 10\n",
+            Request::Kinds {
+                cursor: 7,
+                limit: 10,
+                prefix: b"",
+            },
+        ),
+        (
+            b"V 0 1000 jobs/\r\n",
+            Request::Kinds {
+                cursor: 0,
+                limit: 1000,
+                prefix: b"jobs/",
+            },
+        ),
+        (
             b"O host-a/job-42\n",
             Request::Owner {
                 owner: b"host-a/job-42",
@@ -355,6 +371,8 @@ fn wrong_number_of_fields_for_each_op() {
         (b"Q k 1\n", b'Q', 3, 2),
         (b"W 0\n", b'W', 2, 3),
         (b"W 0 1 p q\n", b'W', 5, 4),
+        (b"V 0\n", b'V', 2, 3),
+        (b"V 0 1 p q\n", b'V', 5, 4),
         (b"G k 1\n", b'G', 3, 4),
         (b"G k 1 0 0\n", b'G', 5, 4),
         (b"C k 1 1\n", b'C', 4, 5),
@@ -1217,6 +1235,9 @@ fn list_requests_are_bounded() {
             "wrong number of fields for L: 5, expected 4",
         ),
         (b"L 0 1 \x7f\n", "forbidden byte 0x7f in key"),
+        (b"V 0 1001\n", "bad limit \"1001\" (1 to 1000)"),
+        (b"V x 10\n", "bad cursor \"x\""),
+        (b"V 0 1 \x7f\n", "forbidden byte 0x7f in key"),
     ] {
         let err = one(line).unwrap_err();
         assert_eq!(err.to_string(), want, "{}", esc(line));

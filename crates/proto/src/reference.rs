@@ -43,8 +43,9 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         b"H" => (b'H', 1),
         // `L <cursor> <limit>` or `L <cursor> <limit> <prefix>`.
         b"L" => (b'L', count.clamp(3, 4)),
-        // `W` as `L`; `O <owner>`, `Q <key>`.
+        // `W` and `V` as `L`; `O <owner>`, `Q <key>`.
         b"W" => (b'W', count.clamp(3, 4)),
+        b"V" => (b'V', count.clamp(3, 4)),
         b"O" => (b'O', 2),
         b"Q" => (b'Q', 2),
         // `G <key> <lease> <wait>`, `C <key> <limit> <lease> <wait>`.
@@ -77,20 +78,7 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
             lease_ms: lease(fields[3])?,
         },
         b'S' => Request::Status,
-        b'L' => Request::List {
-            cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
-            limit: parse_u64(fields[2])
-                .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
-                .ok_or(ParseError::Limit(fields[2]))? as u32,
-            prefix: if count == 4 { key(fields[3])? } else { b"" },
-        },
-        b'W' => Request::Who {
-            cursor: parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?,
-            limit: parse_u64(fields[2])
-                .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
-                .ok_or(ParseError::Limit(fields[2]))? as u32,
-            prefix: if count == 4 { key(fields[3])? } else { b"" },
-        },
+        b'L' | b'W' | b'V' => list(op, &fields, count)?,
         b'O' => {
             let owner = fields[1];
             let printable = owner.iter().all(|&b| b > b' ' && b < 0x7f);
@@ -106,6 +94,33 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
         _ => Request::Health,
     };
     Ok(request)
+}
+
+/// `L`, `W` or `V` (`op`): `<cursor> <limit>`, and a prefix if `count`
+/// is 4.
+fn list<'a>(op: u8, fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, ParseError<'a>> {
+    let cursor = parse_u64(fields[1]).ok_or(ParseError::Cursor(fields[1]))?;
+    let limit = parse_u64(fields[2])
+        .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
+        .ok_or(ParseError::Limit(fields[2]))? as u32;
+    let prefix = if count == 4 { key(fields[3])? } else { b"" };
+    Ok(match op {
+        b'L' => Request::List {
+            cursor,
+            limit,
+            prefix,
+        },
+        b'W' => Request::Who {
+            cursor,
+            limit,
+            prefix,
+        },
+        _ => Request::Kinds {
+            cursor,
+            limit,
+            prefix,
+        },
+    })
 }
 
 fn parse_kind<'a>(op: u8, fields: &[&'a [u8]; 5]) -> Result<Request<'a>, ParseError<'a>> {

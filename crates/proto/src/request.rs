@@ -47,6 +47,14 @@ pub enum Request<'a> {
     },
     /// `Q <key>`: one key's holder and the acquires waiting for it.
     Queue { key: &'a [u8] },
+    /// `V <cursor> <limit> [<prefix>]`: `W` with each lock's kind, limit
+    /// and number of holders (docs/protocol.md, "`V`, the list request
+    /// with kinds").
+    Kinds {
+        cursor: u64,
+        limit: u32,
+        prefix: &'a [u8],
+    },
     /// `G <key> <lease> <wait>`: a shared acquire (docs/protocol.md, "`G`
     /// and `C`, shared locks and semaphores"); `wait_ms == 0`: no limit.
     Shared {
@@ -111,11 +119,16 @@ impl<'a> Request<'a> {
                 cursor,
                 limit,
                 prefix,
+            }
+            | Request::Kinds {
+                cursor,
+                limit,
+                prefix,
             } => {
-                out.extend_from_slice(if matches!(self, Request::List { .. }) {
-                    b"L "
-                } else {
-                    b"W "
+                out.extend_from_slice(match self {
+                    Request::List { .. } => b"L ",
+                    Request::Who { .. } => b"W ",
+                    _ => b"V ",
                 });
                 write_u64(out, cursor);
                 out.push(b' ');
@@ -182,6 +195,7 @@ impl<'a> Request<'a> {
             | Request::List { .. }
             | Request::Owner { .. }
             | Request::Who { .. }
+            | Request::Kinds { .. }
             | Request::Queue { .. } => None,
         }
     }
@@ -364,7 +378,7 @@ fn parse_line(line: &[u8]) -> Result<Request<'_>, ParseError<'_>> {
 }
 
 /// The requests that are not `A`, `R`, `N`, `S` or `H` (`count` fields,
-/// the first five in `fields`): `L`, `W`, `O`, `Q`, `G`, `C`, or an
+/// the first five in `fields`): `L`, `W`, `V`, `O`, `Q`, `G`, `C`, or an
 /// unknown op.
 #[cold]
 #[inline(never)]
@@ -372,6 +386,7 @@ fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, P
     let op = match fields[0] {
         b"L" => b'L',
         b"W" => b'W',
+        b"V" => b'V',
         b"O" => b'O',
         b"Q" => b'Q',
         b"G" => b'G',
@@ -380,7 +395,7 @@ fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, P
     };
     // `L` and `W`: `<cursor> <limit>`, and a prefix or not.
     let want = match op {
-        b'L' | b'W' => count.clamp(3, 4),
+        b'L' | b'W' | b'V' => count.clamp(3, 4),
         b'G' => 4,
         b'C' => 5,
         _ => 2,
@@ -423,18 +438,22 @@ fn parse_rare<'a>(fields: &[&'a [u8]; 5], count: usize) -> Result<Request<'a>, P
                 .filter(|&n| (1..=u64::from(MAX_LIST)).contains(&n))
                 .ok_or(ParseError::Limit(fields[2]))? as u32;
             let prefix = if count == 4 { key(fields[3])? } else { b"" };
-            Ok(if op == b'L' {
-                Request::List {
+            Ok(match op {
+                b'L' => Request::List {
                     cursor,
                     limit,
                     prefix,
-                }
-            } else {
-                Request::Who {
+                },
+                b'W' => Request::Who {
                     cursor,
                     limit,
                     prefix,
-                }
+                },
+                _ => Request::Kinds {
+                    cursor,
+                    limit,
+                    prefix,
+                },
             })
         }
     }

@@ -767,15 +767,28 @@ impl Harness {
                 },
                 4 => Request::Status,
                 5 => Request::Health,
-                _ => Request::List {
-                    cursor: match input.u8() % 3 {
+                _ => {
+                    let cursor = match input.u8() % 3 {
                         0 => 0,
                         1 => u64::from(input.u16()),
                         _ => input.u64(),
-                    },
-                    limit: 1 + u32::from(input.u16()) % 1000,
-                    prefix,
-                },
+                    };
+                    let limit = 1 + u32::from(input.u16()) % 1000;
+                    // `L`, and `V` (which lists the kinds) now and then.
+                    if kind & 0x60 == 0x60 {
+                        Request::Kinds {
+                            cursor,
+                            limit,
+                            prefix,
+                        }
+                    } else {
+                        Request::List {
+                            cursor,
+                            limit,
+                            prefix,
+                        }
+                    }
+                }
             };
             req.encode(&mut data);
         }

@@ -28,7 +28,7 @@ pub mod wheel;
 use std::sync::Arc;
 
 use crate::access::Access;
-use crate::proto::{Answer, Request, Role};
+use crate::proto::{Answer, Held, Request, Role};
 pub use merge::Merged;
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
@@ -563,6 +563,9 @@ impl Engine {
                 self.withdrawn_from_members(waiter.lock);
             }
             self.stats.withdrawn += 1;
+            if let Some(kind) = waiter.kind {
+                self.stats.of_kind(kind).withdrawn += 1;
+            }
         }
     }
 
@@ -735,12 +738,17 @@ impl Engine {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix, false),
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Plain),
             Request::Who {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix, true),
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Who),
+            Request::Kinds {
+                cursor,
+                limit,
+                prefix,
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Kinds),
             Request::Owner { owner } => self.set_owner(conn, owner),
             Request::Queue { key } => self.queue(now, conn, key),
             Request::Shared { .. } | Request::Permit { .. } => {
@@ -870,10 +878,19 @@ impl Engine {
     /// [`LIST_MIN_SCAN`]); then `L <next cursor>` (0: the end). Rare (an
     /// operator's request) and bounded, so requests never hold the loop
     /// long however many arrive at once.
-    /// `W` (`who`) is the same with each lock's holder.
+    /// `W` is the same with each lock's holder, `V` with its holder and
+    /// kind ([`ListForm`]).
     #[cold]
     #[inline(never)]
-    fn list(&mut self, now: Now, conn: ConnId, cursor: u64, limit: u32, prefix: &[u8], who: bool) {
+    fn list(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        cursor: u64,
+        limit: u32,
+        prefix: &[u8],
+        form: ListForm,
+    ) {
         let bound = self.table.slot_bound();
         let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
         let scan = self.list_budget.clamp(LIST_MIN_SCAN, LIST_SCAN);
@@ -903,25 +920,29 @@ impl Engine {
                 None => self.shown_grant(i as u32),
             };
             let lock = self.table.lock(i as u32);
-            let answer = if who {
-                lock_who(&self.table, &self.holders, now, lock, shown)
-            } else {
-                let (token, lease_ms) =
-                    shown.map_or((0, 0), |(t, e, _)| (t, e.saturating_sub(now.ms)));
-                Answer::Lock {
-                    key: lock.key(),
-                    token,
-                    lease_ms,
-                    waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+            let answer = match form {
+                ListForm::Who => lock_who(&self.table, &self.holders, now, lock, shown),
+                ListForm::Kinds => {
+                    with_kind(lock_who(&self.table, &self.holders, now, lock, shown), lock)
+                }
+                ListForm::Plain => {
+                    let (token, lease_ms) =
+                        shown.map_or((0, 0), |(t, e, _)| (t, e.saturating_sub(now.ms)));
+                    Answer::Lock {
+                        key: lock.key(),
+                        token,
+                        lease_ms,
+                        waiters: self.table.queue_len(lock, LIST_WAITERS_CAP),
+                    }
                 }
             };
             emit(&mut self.conns, &mut self.dirty, conn, answer);
         }
         let cursor = if next >= bound { 0 } else { next as u64 };
-        let end = if who {
-            Answer::WhoEnd { cursor }
-        } else {
-            Answer::ListEnd { cursor }
+        let end = match form {
+            ListForm::Plain => Answer::ListEnd { cursor },
+            ListForm::Who => Answer::WhoEnd { cursor },
+            ListForm::Kinds => Answer::KindsEnd { cursor },
         };
         emit(&mut self.conns, &mut self.dirty, conn, end);
     }
@@ -1298,6 +1319,9 @@ impl Engine {
             let waiter = self.table.waiter(w);
             (waiter.conn, waiter.lock, waiter.kind)
         };
+        if let Some(kind) = kind {
+            self.stats.of_kind(kind).timed_out += 1;
+        }
         self.table.unqueue(w);
         let mut earlier = self.table.conn_prev(w);
         while earlier != NIL {
@@ -1634,6 +1658,56 @@ fn lock_who<'a>(
         waiters: table.queue_len(lock, LIST_WAITERS_CAP),
         held_ms,
         holder,
+    }
+}
+
+/// Which of the list requests a [`Engine::list`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListForm {
+    /// `L`: the lock's grant.
+    Plain,
+    /// `W`: with its holder.
+    Who,
+    /// `V`: with its holder and how the key is held.
+    Kinds,
+}
+
+/// The `K` line of `V`: `who` (a [`lock_who`] line) with how `lock` is
+/// held: exclusively (by its holder), shared or as a semaphore (by its
+/// members), or not at all.
+fn with_kind<'a>(who: Answer<'a>, lock: &table::Lock) -> Answer<'a> {
+    let Answer::LockWho {
+        key,
+        token,
+        lease_ms,
+        waiters,
+        held_ms,
+        holder,
+    } = who
+    else {
+        unreachable!("lock_who answers a LockWho")
+    };
+    let (held, limit, holders) = if lock.holder.is_some() {
+        debug_assert_eq!(lock.members, 0);
+        (Held::Exclusive, 0, 1)
+    } else if lock.members == 0 {
+        (Held::Free, 0, 0)
+    } else if lock.limit > 0 {
+        debug_assert!(lock.members <= lock.limit);
+        (Held::Semaphore, lock.limit, lock.members)
+    } else {
+        (Held::Shared, 0, lock.members)
+    };
+    Answer::LockKinds {
+        key,
+        token,
+        lease_ms,
+        waiters,
+        held_ms,
+        holder,
+        held,
+        limit,
+        holders: u64::from(holders),
     }
 }
 

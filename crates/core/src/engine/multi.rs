@@ -43,14 +43,20 @@ pub(crate) struct Member {
     pub(crate) timer: TimerId,
     /// A [`table::Holders`] entry this grant counts a reference to.
     pub(crate) holder: u32,
+    /// A permit of a semaphore (its lock has a limit), not a shared grant.
+    pub(crate) permit: bool,
 }
 
 /// The members of the engine: a slab (timers name a slot) and an index by
 /// `(lock, token)`, in token order within a lock (the newest last).
+///
+/// `permits` counts the members that are permits of a semaphore
+/// ([`Member::permit`]), the others are shared grants.
 #[derive(Default)]
 pub(crate) struct Members {
     slab: slab::Slab<Member>,
     by_lock: std::collections::BTreeMap<(u32, u64), u32>,
+    permits: usize,
 }
 
 impl Members {
@@ -74,6 +80,7 @@ impl Members {
     fn insert(&mut self, member: Member) -> u32 {
         let (lock, token) = (member.lock, member.token);
         let m = u32::try_from(self.slab.insert(member)).expect("over u32::MAX members");
+        self.permits += usize::from(member.permit);
         let old = self.by_lock.insert((lock, token), m);
         assert!(old.is_none(), "token {token} granted twice on lock {lock}");
         m
@@ -81,6 +88,7 @@ impl Members {
 
     fn remove(&mut self, m: u32) -> Member {
         let member = self.slab.remove(m as usize);
+        self.permits -= usize::from(member.permit);
         let removed = self.by_lock.remove(&(member.lock, member.token));
         debug_assert_eq!(removed, Some(m));
         member
@@ -107,6 +115,16 @@ impl Engine {
     /// Shared grants and permits held, all keys.
     pub fn member_count(&self) -> usize {
         self.members.len()
+    }
+
+    /// Shared grants held, all keys.
+    pub fn shared_count(&self) -> usize {
+        self.members.len() - self.members.permits
+    }
+
+    /// Permits of semaphores held, all keys.
+    pub fn permit_count(&self) -> usize {
+        self.members.permits
     }
 
     /// `G` or `C`.
@@ -174,6 +192,7 @@ impl Engine {
         };
         if refused {
             self.stats.kind_refused += 1;
+            self.stats.of_kind(kind).refused += 1;
             let answer = Answer::KindRefused {
                 kind,
                 key,
@@ -201,6 +220,7 @@ impl Engine {
             };
             self.table.lock_mut(lock).limit = limit;
             self.grant_member(now, lock, conn, kind, lease_ms, token);
+            self.stats.of_kind(kind).granted_at_once += 1;
             return Ok(());
         }
         if self.table.conn_len(conn) >= MAX_WAITING_PER_CONN {
@@ -239,6 +259,7 @@ impl Engine {
             expires_ms,
             timer,
             holder,
+            permit: kind == Kind::Permit,
         });
         debug_assert_eq!(m, slot);
         let l = self.table.lock_mut(lock);
@@ -355,7 +376,10 @@ impl Engine {
             };
             match kind {
                 None => self.grant(now, lock, conn, lease_ms, token),
-                Some(kind) => self.grant_member(now, lock, conn, kind, lease_ms, token),
+                Some(kind) => {
+                    self.grant_member(now, lock, conn, kind, lease_ms, token);
+                    self.stats.of_kind(kind).granted_after_wait += 1;
+                }
             }
             self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
             self.answered(w);
@@ -441,11 +465,14 @@ impl Engine {
     /// that cannot be granted now (or its lock waits in `pass_pending`).
     pub(super) fn check_members(&self, refs: &mut std::collections::HashMap<u32, u32>) {
         assert_eq!(self.members.by_lock.len(), self.members.slab.len());
+        let permits = self.members.iter().filter(|(_, m)| m.permit).count();
+        assert_eq!(self.members.permits, permits, "permits held");
         let mut counted = std::collections::HashMap::new();
         for (m, member) in self.members.iter() {
             assert_eq!(self.members.find(member.lock, member.token), Some(m));
             let l = self.table.lock(member.lock);
             assert!(l.holder.is_none(), "a member beside an exclusive holder");
+            assert_eq!(member.permit, l.limit > 0, "a member of another kind");
             assert!(member.token <= self.tokens.highest());
             *counted.entry(member.lock).or_insert(0u32) += 1;
             if member.holder != table::NIL {
@@ -599,12 +626,15 @@ impl Engine {
         let holder = self.holders.intern(holder);
         let slot = self.members.slab.vacant_key() as u32;
         let timer = self.wheel.insert(expires_ms, Timer::Member(slot));
+        // A semaphore's members are its permits (a shared lock has no limit).
+        let permit = self.table.lock(lock).limit > 0;
         let m = self.members.insert(Member {
             lock,
             token,
             expires_ms,
             timer,
             holder,
+            permit,
         });
         debug_assert_eq!(m, slot);
         self.table.lock_mut(lock).members += 1;

@@ -554,6 +554,57 @@ fn listings_show_the_newest_member() {
     assert!(q[0].starts_with(&format!("K k {b} 20001 0 0 ")), "{q:?}");
 }
 
+#[test]
+fn the_kinds_listing_says_how_each_key_is_held() {
+    let mut h = H::new(4);
+    let x = h.granted(0, "A x 10 0");
+    h.granted(1, "G r 10 0");
+    h.granted(2, "G r 10 0");
+    let r = h.granted(3, "G r 10 0");
+    h.granted(0, "C s 2 10 0");
+    let s = h.granted(1, "C s 2 10 0");
+    h.send(2, "C s 2 10 0").unwrap();
+    h.send(3, "A x 10 0").unwrap();
+    h.send(1, "A r 10 0").unwrap();
+    let _ = (h.answers(2), h.answers(3), h.answers(1));
+    h.send(0, "V 0 10").unwrap();
+    let mut lines = h.answers(0);
+    assert_eq!(lines.pop().as_deref(), Some("V 0"));
+    lines.sort();
+    let fields: Vec<Vec<String>> = lines
+        .iter()
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect();
+    // key, token, waiters, kind, limit, holders
+    let shown: Vec<[&str; 6]> = fields
+        .iter()
+        .map(|f| [&*f[1], &*f[2], &*f[4], &*f[8], &*f[9], &*f[10]])
+        .collect();
+    let (r, s, x) = (r.to_string(), s.to_string(), x.to_string());
+    assert_eq!(
+        shown,
+        [
+            ["r", &*r, "1", "shared", "0", "3"],
+            ["s", &*s, "1", "semaphore", "2", "2"],
+            ["x", &*x, "1", "exclusive", "0", "1"],
+        ],
+        "{lines:?}"
+    );
+    // `L` and `W` keep their forms.
+    h.send(0, "L 0 10").unwrap();
+    assert!(
+        h.answers(0)
+            .iter()
+            .all(|l| l.split(' ').count() == 5 || l == "L 0")
+    );
+    h.send(0, "W 0 10").unwrap();
+    assert!(
+        h.answers(0)
+            .iter()
+            .all(|l| l.split(' ').count() == 8 || l == "W 0")
+    );
+}
+
 // ------------------------------------------------------------- the model
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -886,6 +937,49 @@ fn compare_step(h: &mut H, model: &mut Model, conns: u32, last_token: &mut u64, 
     *last_token = step_max;
 }
 
+/// `V` on connection `conn` (which sends nothing else) against the model:
+/// each key with a holder or a waiter is listed once with the model's
+/// kind, limit, number of holders, waiters and newest token; any other
+/// listed key is held by nobody.
+fn compare_listing(h: &mut H, model: &Model, conn: ConnId, what: &str) {
+    h.send(conn, "V 0 1000").unwrap();
+    let mut lines = h.answers(conn);
+    assert_eq!(lines.pop().as_deref(), Some("V 0"), "{what}");
+    let mut listed: HashMap<String, Vec<String>> = HashMap::new();
+    for line in lines {
+        let f: Vec<String> = line.split(' ').map(str::to_owned).collect();
+        assert_eq!((f.len(), f[0].as_str()), (11, "K"), "{what}: {line}");
+        assert!(listed.insert(f[1].clone(), f).is_none(), "{what}: twice");
+    }
+    for (name, key) in &model.keys {
+        if key.holders.is_empty() && key.queue.is_empty() {
+            continue;
+        }
+        let f = listed
+            .remove(name)
+            .unwrap_or_else(|| panic!("{what}: {name} not listed"));
+        let (kind, limit) = match key.holders.first().map(|x| x.kind) {
+            None => ("-", 0),
+            Some(Kind3::Excl) => ("exclusive", 0),
+            Some(Kind3::Shared) => ("shared", 0),
+            Some(Kind3::Permit(_)) => ("semaphore", key.limit),
+        };
+        let newest = key.holders.iter().map(|x| x.token).max().unwrap_or(0);
+        let want = [
+            newest.to_string(),
+            key.queue.len().to_string(),
+            kind.to_string(),
+            limit.to_string(),
+            key.holders.len().to_string(),
+        ];
+        let got = [&f[2], &f[4], &f[8], &f[9], &f[10]];
+        assert_eq!(got, want.each_ref(), "{what}: {name}: {f:?}");
+    }
+    for (name, f) in listed {
+        assert_eq!([&*f[2], &*f[8], &*f[10]], ["0", "-", "0"], "{what}: {name}");
+    }
+}
+
 /// Random acquires of the three kinds, releases and renewals by token
 /// (live and dead), waits running out, leases running out and connections
 /// closing, over three keys: every answer is the model's, in order per key
@@ -898,7 +992,8 @@ fn random_requests_match_the_reference_model() {
     let mut steps_checked = 0;
     for seed in 1..=60u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-        let mut h = H::new(conns);
+        // One connection more, for the listings.
+        let mut h = H::new(conns + 1);
         let mut model = Model::default();
         let mut tokens: Vec<(String, u64)> = Vec::new();
         let mut last_token = 0;
@@ -946,6 +1041,9 @@ fn random_requests_match_the_reference_model() {
                 break;
             }
             compare_step(&mut h, &mut model, conns, &mut last_token, &what);
+            if step % 5 == 0 {
+                compare_listing(&mut h, &model, conns, &what);
+            }
             steps_checked += 1;
             for (name, key) in &model.keys {
                 for x in &key.holders {

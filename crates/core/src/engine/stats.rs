@@ -61,6 +61,12 @@ pub struct EngineStats {
     /// Acquires refused for the key's kind: `G` or `C` answered
     /// `semaphore`/`lock`, `A` of a live semaphore.
     pub kind_refused: u64,
+    /// The outcomes of shared acquires (`G`) and of semaphore acquires
+    /// (`C`) that the totals ([`EngineStats::wait_ms`], `timed_out`,
+    /// `withdrawn`, `kind_refused`) count with `A`'s: `A`'s own are the
+    /// totals less these ([`EngineStats::exclusive`]).
+    pub shared: KindStats,
+    pub permits: KindStats,
     /// `A` answered `T`.
     pub timed_out: u64,
     /// `A`, `R` or `N` answered `M` (a standby).
@@ -92,6 +98,21 @@ pub struct EngineStats {
     pub hold: Log2Histogram,
 }
 
+/// Outcomes of one kind of acquire (see [`EngineStats::shared`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindStats {
+    /// Granted at once (the request found the key free enough).
+    pub granted_at_once: u64,
+    /// Granted after waiting in the queue.
+    pub granted_after_wait: u64,
+    /// The wait ran out (`T`, `G key 0`, `C key 0`).
+    pub timed_out: u64,
+    /// Refused for the key's kind.
+    pub refused: u64,
+    /// Withdrawn unanswered: its connection closed while it waited.
+    pub withdrawn: u64,
+}
+
 /// Hold times are recorded in units of 2^20 ns.
 pub const HOLD_SHIFT: u32 = 20;
 
@@ -104,6 +125,29 @@ impl EngineStats {
     /// `A` granted after waiting in the queue.
     pub fn granted_after_wait(&self) -> u64 {
         self.wait_ms.count()
+    }
+
+    /// The counts of `kind`'s acquires.
+    pub fn of_kind(&mut self, kind: crate::proto::Kind) -> &mut KindStats {
+        match kind {
+            crate::proto::Kind::Shared => &mut self.shared,
+            crate::proto::Kind::Permit => &mut self.permits,
+        }
+    }
+
+    /// The outcomes of exclusive acquires (`A`): the totals less those of
+    /// the other kinds.
+    pub fn exclusive(&self) -> KindStats {
+        let others = |f: fn(&KindStats) -> u64| f(&self.shared) + f(&self.permits);
+        KindStats {
+            granted_at_once: self.granted_now,
+            granted_after_wait: self
+                .granted_after_wait()
+                .saturating_sub(others(|k| k.granted_after_wait)),
+            timed_out: self.timed_out.saturating_sub(others(|k| k.timed_out)),
+            refused: self.kind_refused.saturating_sub(others(|k| k.refused)),
+            withdrawn: self.withdrawn.saturating_sub(others(|k| k.withdrawn)),
+        }
     }
 
     /// From acquire to grant, every grant: the grants at once are 0 ms.
