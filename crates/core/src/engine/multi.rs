@@ -77,6 +77,7 @@ impl Members {
         &self.slab[m as usize]
     }
 
+    #[inline]
     fn insert(&mut self, member: Member) -> u32 {
         let (lock, token) = (member.lock, member.token);
         let m = u32::try_from(self.slab.insert(member)).expect("over u32::MAX members");
@@ -330,6 +331,7 @@ impl Engine {
         self.after_member(now, member);
     }
 
+    #[inline]
     fn after_member(&mut self, now: Now, member: Member) {
         self.replicate_release(member.lock, member.token);
         self.holders.unref(member.holder);
@@ -531,11 +533,17 @@ impl Engine {
     }
 
     /// Records member `m`'s grant or renewal for the followers, on an
-    /// active node with peers.
+    /// active node with peers. The recording is out of line: a node
+    /// without peers keeps only this check.
+    #[inline]
     fn replicate_member(&mut self, now: Now, m: u32) {
-        if self.replication.is_none() || !self.is_active() {
-            return;
+        if self.replication.is_some() && self.is_active() {
+            self.record_member(now, m);
         }
+    }
+
+    #[inline(never)]
+    fn record_member(&mut self, now: Now, m: u32) {
         let member = *self.members.get(m);
         let l = self.table.lock(member.lock);
         if let Some(log) = &mut self.replication {
