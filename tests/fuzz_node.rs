@@ -239,10 +239,36 @@ fn node_harness_over_generated_inputs() {
         ("peer_only", total.peer_only),
         ("conflicts", total.conflicts),
         ("left", total.left),
+        ("accept_failed", total.accept_failed),
+        ("accept_retried", total.accept_retried),
+        ("handshakes_expired", total.handshakes_expired),
+        ("setup_failed", total.setup_failed),
     ];
     for (what, n) in reached {
         assert!(n >= 10, "{what}: only {n} in {total:?}");
     }
+}
+
+/// A TLS client that never finishes its handshake, then SIGTERM: the node
+/// is a standby (no grace yet), so it leaves at once; the loop turns until
+/// the handshake's deadline closes the last connection, well before the
+/// shutdown's own deadline.
+#[test]
+fn node_harness_shuts_down_past_a_stalled_handshake() {
+    let stats = node::run(&[NODE0, STALLED_HANDSHAKE, LEAVE].concat());
+    assert_eq!(stats.handshakes_expired, 1, "{stats:?}");
+    assert_eq!(stats.left, 1, "{stats:?}");
+    // 1 s of handshake deadline in turns of 50 ms.
+    assert!((19..=21).contains(&stats.shutdown_turns), "{stats:?}");
+}
+
+/// The kernel fails an accept; a client then waits in the backlog; the
+/// loop retries once the pause is over and accepts it.
+#[test]
+fn node_harness_retries_a_failed_accept_once_due() {
+    let stats = node::run(&[NODE0, ACCEPT_FAILS, &[0], QUIET_60MS].concat());
+    assert_eq!(stats.accept_failed, 1, "{stats:?}");
+    assert_eq!(stats.accept_retried, 1, "{stats:?}");
 }
 
 // ------------------------------------------------------------ findings
@@ -271,6 +297,12 @@ const ACQUIRE: &[u8] = &[5, 0, 0, 0, 0, 0, 0, 5, 0, 0];
 const LINK_FROM_LONG_ADDR: &[u8] = &[11, 0, 0, 30, 0, 249, 0, 0];
 /// The same HELLO, then AUTH made with another secret: a stranger.
 const STRANGER_FROM_LONG_ADDR: &[u8] = &[11, 0, 0, 30, 0, 249, 13, 0];
+/// A TLS client connects and never speaks.
+const STALLED_HANDSHAKE: &[u8] = &[31, 11];
+/// An accept fails with EMFILE.
+const ACCEPT_FAILS: &[u8] = &[31, 3];
+/// Two quiet loop turns 60 ms on.
+const QUIET_60MS: &[u8] = &[30, 60];
 /// SIGTERM.
 const LEAVE: &[u8] = &[31, 0xc3, 0];
 

@@ -91,6 +91,11 @@ impl Driver {
         }
     }
 
+    /// A new connection limit (the fuzz harness changes it mid-run).
+    pub fn set_max_conns(&mut self, max_conns: usize) {
+        self.max_conns = max_conns;
+    }
+
     /// What to do with a socket just accepted while `open_conns`
     /// connections are open: refused (closed at once) while shutting down
     /// or beyond the limits, otherwise as [`Node::admit`] says.

@@ -43,9 +43,11 @@
 use ringlock::cluster::auth::{self, Fingerprint, Identity, Nonce, Secret, Side};
 use ringlock::cluster::wire::{self, MAX_PEERS, MAX_REMAINING_MS, PeerMsg};
 use ringlock::cluster::{ClusterConfig, Role};
+use ringlock::driver::{ACCEPT_RETRY_MS, Driver};
+
 use ringlock::engine::token::MAX_TOKEN;
 use ringlock::engine::{ConnId, Now};
-use ringlock::io::{self, Flow, OUTPUT_PAUSE_BYTES, Session};
+use ringlock::io::{self, Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session};
 use ringlock::node::{Admission, MAX_PROBLEM_BYTES, Node, NodeConfig};
 use ringlock::proto::{Answer, MAX_DURATION_MS, MAX_LINE, Request, parse_answer};
 
@@ -68,6 +70,8 @@ const KEEP_TOKENS: usize = 16;
 /// Time stops here (35 years on): the wall clock stays far below year 2262,
 /// where tokens would pass `MAX_TOKEN` by the clock alone.
 const MAX_NOW_MS: u64 = 1 << 40;
+/// How long a TLS handshake may take (the loops' handshake deadline).
+const HANDSHAKE_MS: u64 = 1_000;
 
 /// What the harness tolerates of the product's known findings (see
 /// fuzz/README.md, "Findings"), so that fuzzing goes on past them.
@@ -181,6 +185,11 @@ pub struct Stats {
     pub peer_only: u64,
     pub conflicts: u64,
     pub left: u64,
+    pub accept_failed: u64,
+    pub accept_retried: u64,
+    pub handshakes_expired: u64,
+    pub setup_failed: u64,
+    pub shutdown_turns: u64,
 }
 
 impl Stats {
@@ -199,6 +208,11 @@ impl Stats {
         self.peer_only += o.peer_only;
         self.conflicts += o.conflicts;
         self.left += o.left;
+        self.accept_failed += o.accept_failed;
+        self.accept_retried += o.accept_retried;
+        self.handshakes_expired += o.handshakes_expired;
+        self.setup_failed += o.setup_failed;
+        self.shutdown_turns += o.shutdown_turns;
     }
 }
 
@@ -298,6 +312,15 @@ impl Conn {
 
 pub struct Harness {
     node: Node,
+    /// The loops' per-turn policy, driven as they drive it.
+    driver: Driver,
+    /// Connections accepted with TLS whose client never speaks: (id, the
+    /// handshake deadline). The driver must close each by its deadline.
+    stalled: Vec<(ConnId, u64)>,
+    /// Connections waiting in the listen backlog (not accepted yet).
+    backlog: usize,
+    /// After an accept failed: when the driver must let the loop retry.
+    accept_retry_at: Option<u64>,
     me: usize,
     peers: Vec<String>,
     secret: Secret,
@@ -381,6 +404,10 @@ impl Harness {
         );
         let mut h = Harness {
             node,
+            driver: Driver::new(max_conns, Some(HANDSHAKE_MS)),
+            stalled: Vec::new(),
+            backlog: 0,
+            accept_retry_at: None,
             me,
             fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &peers),
             peers,
@@ -527,20 +554,113 @@ impl Harness {
         if self.conns.len() >= MAX_OPEN {
             return;
         }
+        if self.accept_retry_at.is_some() {
+            // The listener is not read until the retry: it waits there.
+            self.backlog += 1;
+            return;
+        }
+        self.accept();
+    }
+
+    /// Accepts one connection as the loops do: through `Driver::admit`.
+    fn accept(&mut self) {
         let now = self.now();
-        match self.node.admit(self.conns.len(), self.max_conns) {
+        let open = self.open_conns();
+        match self.driver.admit(&mut self.node, open) {
             Admission::Client => {
                 let id = self.alloc_id();
                 self.node.open(id);
+                self.driver.opened(now.ms, id, false);
                 self.conns.push(Conn::new(id, None));
             }
             Admission::PeerOnly => {
                 let id = self.alloc_id();
                 self.node.open_peer_only(now, id);
+                self.driver.opened(now.ms, id, false);
                 self.conns.push(Conn::new(id, None));
                 self.stats.peer_only += 1;
             }
             Admission::Refuse => {}
+        }
+    }
+
+    /// Connections that hold a slot (the stalled handshakes too).
+    fn open_conns(&self) -> usize {
+        self.conns.len() + self.stalled.len()
+    }
+
+    /// The kernel fails an accept (out of descriptors) while a connection
+    /// waits in the backlog.
+    fn accept_fails(&mut self) {
+        let now = self.now();
+        let emfile = std::io::Error::from_raw_os_error(24);
+        self.driver.accept_failed(&mut self.node, now, &emfile);
+        self.stats.accept_failed += 1;
+        self.backlog += 1;
+        if !self.driver.is_shutting_down() {
+            self.accept_retry_at = Some(now.ms + ACCEPT_RETRY_MS);
+        }
+    }
+
+    /// A TLS client connects and never finishes its handshake (or a socket
+    /// cannot be set up: dropped before it takes a slot).
+    fn accept_stalled(&mut self, setup_fails: bool) {
+        if self.open_conns() >= MAX_OPEN || self.accept_retry_at.is_some() {
+            return;
+        }
+        let now = self.now();
+        let open = self.open_conns();
+        if self.driver.admit(&mut self.node, open) == Admission::Refuse {
+            return;
+        }
+        if setup_fails {
+            self.driver
+                .setup_failed(&mut self.node, now, "TCP_NODELAY", &"EINVAL");
+            self.stats.setup_failed += 1;
+            return;
+        }
+        let id = self.alloc_id();
+        self.node.open(id);
+        self.driver.opened(now.ms, id, true);
+        self.stalled.push((id, now.ms + HANDSHAKE_MS));
+    }
+
+    /// The driver's deadlines, as a loop turn acts on them: the accept
+    /// retry, then the handshakes due. Checks them from the outside.
+    fn driver_deadlines(&mut self) {
+        let now = self.now();
+        if self.driver.accept_retry_due(now.ms) {
+            let at = self.accept_retry_at.take();
+            assert!(
+                at.is_some_and(|at| now.ms >= at),
+                "accept retried at {} before it was due ({at:?})",
+                now.ms
+            );
+            self.stats.accept_retried += 1;
+            let waiting = std::mem::take(&mut self.backlog);
+            for _ in 0..waiting {
+                if self.conns.len() < MAX_OPEN {
+                    self.accept();
+                }
+            }
+        } else if let Some(at) = self.accept_retry_at {
+            assert!(
+                now.ms < at || self.driver.is_shutting_down(),
+                "accept retry due at {at}, none by {} with {} waiting",
+                now.ms,
+                self.backlog
+            );
+        }
+        while let Some(id) = self.driver.due_handshake(now.ms) {
+            if let Some(i) = self.stalled.iter().position(|&(s, _)| s == id) {
+                self.stalled.swap_remove(i);
+                self.stats.handshakes_expired += 1;
+                self.node.close(now, id);
+                self.quarantine.push(id);
+            }
+        }
+        if let Some(&(id, until)) = self.stalled.iter().find(|&&(_, until)| until <= now.ms) {
+            panic!("handshake of {id} due at {until}, still open at {}", now.ms);
         }
     }
 
@@ -1103,7 +1223,7 @@ impl Harness {
     fn take_dials(&mut self) {
         let now = self.now();
         let mut dials = Vec::new();
-        self.node.take_dials(now, &mut dials);
+        self.driver.take_dials(&mut self.node, now, &mut dials);
         for (peer, addr) in dials {
             assert!(peer != self.me && peer < 3, "dials node {peer}");
             assert_eq!(addr, self.peers[peer]);
@@ -1289,7 +1409,10 @@ impl Harness {
             self.conns[ci].scanned = 0;
         }
         self.take_doomed();
+        self.driver_deadlines();
         self.take_dials();
+        let now = self.now();
+        self.driver.end_turn(&mut self.node, now);
     }
 
     /// Two loop turns at one time with no input: then the node's next
@@ -1321,8 +1444,17 @@ impl Harness {
                 // The wall clock steps (either way, up to ~33 s).
                 self.skew_ns = i64::from(input.u16() as i16) * 1_000_000;
             }
-            2 => self.max_conns = 2 + usize::from(input.u8() % 8),
+            2 => {
+                self.max_conns = 2 + usize::from(input.u8() % 8);
+                self.driver.set_max_conns(self.max_conns);
+            }
             3 if b >= 0xc0 && input.u8() < 16 => self.leave(),
+            3 => match (b / 8) % 4 {
+                0 => self.accept_fails(),
+                1 => self.accept_stalled(false),
+                2 => self.accept_stalled(true),
+                _ => {}
+            },
             4 => {
                 // Time passes with the loop turning, nothing read or sent:
                 // heartbeats pile up on the links until their backlog.
@@ -1357,15 +1489,17 @@ impl Harness {
         }
     }
 
-    /// SIGTERM: `leave`, the last output sent, every connection closed.
+    /// SIGTERM through the driver: the node leaves, the last output is
+    /// sent, every connection is closed but the stalled handshakes, and the
+    /// loop turns until the driver says it is finished: at the latest at
+    /// the shutdown's deadline.
     fn leave(&mut self) {
         let now = self.now();
-        let before = self.node.role();
-        let successor = self.node.leave(now);
-        if let Some(addr) = &successor {
-            assert_eq!(before, Role::Active, "a standby handed off to {addr}");
-            assert!(self.peers.contains(addr) && *addr != self.peers[self.me]);
-        }
+        assert!(self.driver.shut_down(&mut self.node, now), "first SIGTERM");
+        assert!(
+            !self.driver.shut_down(&mut self.node, now),
+            "only the first"
+        );
         assert!(!self.node.engine().is_active(), "serves after leaving");
         self.left = true;
         self.stats.left += 1;
@@ -1377,6 +1511,22 @@ impl Harness {
             self.close_final(self.conns.len() - 1);
         }
         self.check(self.highest, None);
+        // Accepted now: refused.
+        let before = self.open_conns();
+        self.accept();
+        assert_eq!(self.open_conns(), before, "accepted while shutting down");
+        let mut turns = 0;
+        while !self.driver.finished(self.now_ms, self.open_conns()) {
+            assert!(
+                self.now_ms <= now.ms + LINGER_MS,
+                "not finished {LINGER_MS} ms after SIGTERM: {} open",
+                self.open_conns()
+            );
+            self.advance(HEARTBEAT_MS);
+            self.turn();
+            turns += 1;
+        }
+        self.stats.shutdown_turns += turns;
     }
 
     // ------------------------------------------------------------ checks
