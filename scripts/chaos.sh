@@ -10,7 +10,9 @@
 #          --out DIR (target/chaos/<mode>-seed<N>-<time>; one subdirectory
 #          per backend when --io lists two, as in --io "uring epoll"),
 #          --measure, --reps N (3), --lengths LIST (1,2,4,7,14), --gap S (5),
-#          --bench-out DIR (bench-results)
+#          --bench-out DIR (bench-results),
+#          --serve-args "ARGS" (appended to every node's `ringlock serve`,
+#          e.g. --serve-args "--replication-coalesce-us 500")
 #
 # Builds release (ringlock and examples/chaos), copies both into a private
 # work directory, and runs `chaos run` (or `chaos measure`) inside an
@@ -40,6 +42,7 @@ MEASURE=0
 REPS=3
 LENGTHS=1,2,4,7,14
 GAP=5
+SERVE_ARGS=
 BENCH_OUT=bench-results
 COMMAND="scripts/chaos.sh"
 for arg in "$@"; do
@@ -59,7 +62,8 @@ while [ $# -gt 0 ]; do
         --lengths) LENGTHS=$2; shift ;;
         --gap) GAP=$2; shift ;;
         --bench-out) BENCH_OUT=$2; shift ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        --serve-args) SERVE_ARGS=$2; shift ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "chaos.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -127,6 +131,7 @@ for io in $IO; do
     mkdir -p "$dir"
     say "--io $io: lab $PREFIX-*, output in $dir"
     ARGS=(--bin "$WORK/rl-node" --prefix "$PREFIX" --io "$io" --out "$dir" --seed "$SEED")
+    [ -n "$SERVE_ARGS" ] && ARGS+=(--serve-args "$SERVE_ARGS")
     if [ "$MODE" = run ]; then
         ARGS+=(--duration "$DURATION")
     else

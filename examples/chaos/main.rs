@@ -9,6 +9,7 @@
 //! chaos schedule --seed N --duration S      (prints the schedule only)
 //!
 //! options: --io uring|epoll (uring)  --out DIR (chaos-out)  --prefix NAME
+//!   --serve-args "ARGS" (appended to every node's `ringlock serve`)
 //!          --clients N (8)  --keys N (4)  --heartbeat-ms MS (50)
 //!          --peer-timeout-ms MS (500)  --quiet
 //! ```
@@ -69,6 +70,9 @@ fn main() {
     cfg.heartbeat_ms = num("heartbeat-ms", 50);
     cfg.peer_timeout_ms = num("peer-timeout-ms", 500);
     cfg.verbose = !flag("quiet");
+    cfg.serve_args = opt("serve-args")
+        .map(|v| v.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
     // The run ends with at least this much quiet after the last heal.
     let quiet_ms = cfg.settle_ms.max(3000) + 2000;
     match mode.as_str() {

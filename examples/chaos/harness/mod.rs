@@ -342,6 +342,8 @@ pub struct Config {
     pub total_ms: u64,
     /// Progress lines on stderr.
     pub verbose: bool,
+    /// Appended to every node's `ringlock serve` arguments.
+    pub serve_args: Vec<String>,
 }
 
 impl Config {
@@ -362,6 +364,7 @@ impl Config {
             lease_min_ms: 300,
             lease_max_ms,
             wait_ms: 1000,
+            serve_args: Vec::new(),
             // The longest lease plus 0.5 s: a grant made by a node that
             // is then demoted may be held by its client for a whole lease
             // after the heal.
@@ -500,6 +503,7 @@ pub fn run(cfg: &Config) -> Result<Record, String> {
         t0,
     )?;
     let nodes = lab.nodes.insert(nodes);
+    nodes.extend_args(&cfg.serve_args);
     for i in 0..cfg.nodes {
         nodes.start(i)?;
     }

@@ -125,6 +125,13 @@ impl Nodes {
         })
     }
 
+    /// Appends these to every node's `serve` arguments (before any start).
+    pub fn extend_args(&mut self, extra: &[String]) {
+        for args in &mut self.args {
+            args.extend_from_slice(extra);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.children.len()
     }
