@@ -303,7 +303,13 @@ fn kinds_follow_a_scripted_session(server: &Server, m: SocketAddr) {
         "two shared grants and a permit held",
         WITHIN,
         || scrape(m),
-        |s| s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&2.0),
+        // One published snapshot with both: the permit was granted after
+        // the readers, so a snapshot taken between them has one and not
+        // the other.
+        |s| {
+            s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&2.0)
+                && s.get("ringlock_grants_held{lock_kind=\"semaphore\"}") == Some(&1.0)
+        },
     )
     .1;
     assert_eq!(
@@ -329,6 +335,10 @@ fn kinds_follow_a_scripted_session(server: &Server, m: SocketAddr) {
             s.get("ringlock_acquires_total{lock_kind=\"semaphore\",outcome=\"withdrawn\"}")
                 == Some(&1.0)
                 && s.get("ringlock_grants_held{lock_kind=\"shared\"}") == Some(&1.0)
+                // The reader's grant behind the writer, the last event: a
+                // snapshot between the readers' releases has one reader.
+                && s.get("ringlock_requests_total{kind=\"acquire\",outcome=\"granted_after_wait\"}")
+                    == Some(&3.0)
         },
     )
     .1;
