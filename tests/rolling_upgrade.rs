@@ -220,14 +220,17 @@ fn version_of(bin: &Path) -> String {
 /// (`pub const VERSION: u64 = N;` in its cluster wire module).
 fn old_peer_version() -> u64 {
     let (_, commit) = old_release_id();
-    let wire = old_release_dir()
+    let src = old_release_dir()
         .join(commit)
-        .join("crates/core/src/cluster/wire.rs");
-    let text = std::fs::read_to_string(&wire).expect("the old release's wire.rs");
+        .join("crates/core/src/cluster");
+    // A file of its own, or (later releases) a directory's `mod.rs`.
+    let text = std::fs::read_to_string(src.join("wire.rs"))
+        .or_else(|_| std::fs::read_to_string(src.join("wire/mod.rs")))
+        .expect("the old release's wire module");
     text.lines()
         .find_map(|l| l.strip_prefix("pub const VERSION: u64 = "))
         .and_then(|v| v.trim_end_matches(';').parse().ok())
-        .expect("pub const VERSION in the old release's wire.rs")
+        .expect("pub const VERSION in the old release's wire module")
 }
 
 /// The two binaries of a test: the old release's and this build's.

@@ -84,7 +84,7 @@ pub fn check_line(line: &[u8], enc: &mut Vec<u8>, outcome: &mut Outcome) {
     );
 }
 
-/// Every field within its documented bound (wire.rs module docs).
+/// Every field within its documented bound (the wire module's docs).
 pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
     let token = |t: u64| assert!(t <= MAX_TOKEN, "token {t} in {:?}", esc(line));
     let index = |i: usize| assert!(i < MAX_PEERS, "index {i} in {:?}", esc(line));

@@ -1,0 +1,373 @@
+//! Unit tests of the cluster state machine, driven directly (no loop, no
+//! sockets): the helpers every topic shares, one module per topic.
+
+use super::*;
+use crate::engine::Refusal;
+use auth::{Identity, Nonce, Secret, Side, Transcript};
+
+mod handshake;
+mod replication;
+mod role;
+mod versions;
+
+const TIMEOUT_MS: u64 = 500;
+
+fn at(ms: u64) -> Now {
+    Now {
+        ms,
+        us: ms * 1000,
+        unix_ns: 1_700_000_000_000_000_000 + ms * 1_000_000,
+    }
+}
+
+const SECRET: &[u8] = b"a secret of at least thirty-two bytes";
+
+fn peers() -> Vec<String> {
+    (0..3).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect()
+}
+
+/// Node `me` of three, with an engine.
+fn node(me: usize) -> (Cluster, Engine) {
+    node_with(me, peers(), SECRET)
+}
+
+fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) {
+    node_coalescing(me, peers, secret, 0)
+}
+
+fn node_coalescing(
+    me: usize,
+    peers: Vec<String>,
+    secret: &[u8],
+    coalesce_us: u64,
+) -> (Cluster, Engine) {
+    let mut engine = Engine::new(at(0), &peers[me]);
+    let cfg = ClusterConfig {
+        peers,
+        me,
+        heartbeat_ms: 50,
+        peer_timeout_ms: TIMEOUT_MS,
+        failback_delay_ms: 0,
+        incarnation: 1,
+        secret: Secret::from_bytes(secret),
+        coalesce_us,
+    };
+    let cluster = Cluster::new(cfg, at(0), &mut engine);
+    (cluster, engine)
+}
+
+/// Takes the output of `conn` as text lines.
+fn lines_of(e: &mut Engine, conn: ConnId) -> Vec<String> {
+    let out = std::mem::take(e.output_mut(conn));
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A peer as seen from outside: its own configuration and secret, enough
+/// to speak the handshake to a node under test.
+struct Remote {
+    peers: Vec<String>,
+    index: usize,
+    incarnation: u64,
+    secret: Secret,
+    /// The peer protocol version its `HELLO` says.
+    version: u64,
+}
+
+impl Remote {
+    fn new(index: usize) -> Remote {
+        Remote {
+            peers: peers(),
+            index,
+            incarnation: 1,
+            secret: Secret::from_bytes(SECRET),
+            version: wire::VERSION,
+        }
+    }
+
+    fn identity(&self, nonce: Nonce) -> Identity<'_> {
+        Identity {
+            fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &self.peers),
+            index: self.index as u64,
+            addr: self.peers[self.index].as_bytes(),
+            nonce,
+        }
+    }
+
+    /// Dials the node as `conn`: HELLO, reads the CHALLENGE, answers AUTH.
+    /// Returns the result of the AUTH.
+    fn dial(
+        &self,
+        c: &mut Cluster,
+        e: &mut Engine,
+        now: Now,
+        conn: ConnId,
+    ) -> Result<(), PeerError> {
+        e.open(conn);
+        let nonce = [9u8; auth::NONCE_LEN];
+        let me = self.identity(nonce);
+        let hello = PeerMsg::Hello {
+            version: self.version,
+            fingerprint: me.fingerprint,
+            from: self.index,
+            addr: me.addr,
+            incarnation: self.incarnation,
+            nonce,
+        };
+        c.on_message(now, conn, hello, e)?;
+        let out = lines_of(e, conn);
+        assert_eq!(out.len(), 1, "only the CHALLENGE: {out:?}");
+        let PeerMsg::Challenge {
+            fingerprint,
+            index,
+            addr,
+            nonce: their_nonce,
+            mac,
+        } = wire::parse(out[0].as_bytes()).unwrap()
+        else {
+            panic!("not a CHALLENGE: {}", out[0]);
+        };
+        let transcript = Transcript {
+            dialer: me,
+            dialer_incarnation: self.incarnation,
+            acceptor: Identity {
+                fingerprint,
+                index: index as u64,
+                addr,
+                nonce: their_nonce,
+            },
+        };
+        // (The node's MAC is checked by the node's own dialer code: see
+        // `our_link_sends_nothing_before_the_peer_proves_itself`.)
+        let _ = mac;
+        let mac = self.secret.sign(Side::Dialer, &transcript);
+        c.on_message(now, conn, PeerMsg::Auth { mac }, e)
+    }
+
+    /// Answers the node's HELLO on its outbound link `conn` with a valid
+    /// CHALLENGE; returns the node's answer lines.
+    fn accept(
+        &self,
+        c: &mut Cluster,
+        e: &mut Engine,
+        now: Now,
+        conn: ConnId,
+    ) -> Result<Vec<String>, PeerError> {
+        let out = lines_of(e, conn);
+        let PeerMsg::Hello {
+            fingerprint,
+            from,
+            addr,
+            incarnation,
+            nonce,
+            ..
+        } = wire::parse(out[0].as_bytes()).unwrap()
+        else {
+            panic!("not a HELLO: {}", out[0]);
+        };
+        let their_nonce = [7u8; auth::NONCE_LEN];
+        let transcript = Transcript {
+            dialer: Identity {
+                fingerprint,
+                index: from as u64,
+                addr,
+                nonce,
+            },
+            dialer_incarnation: incarnation,
+            acceptor: self.identity(their_nonce),
+        };
+        let mac = self.secret.sign(Side::Acceptor, &transcript);
+        let me = self.identity(their_nonce);
+        let challenge = PeerMsg::Challenge {
+            fingerprint: me.fingerprint,
+            index: self.index,
+            addr: me.addr,
+            nonce: their_nonce,
+            mac,
+        };
+        c.on_message(now, conn, challenge, e)?;
+        Ok(lines_of(e, conn))
+    }
+}
+
+/// `peer`'s HELLO on connection `conn` (a link it dialed), answered by
+/// `c`'s CHALLENGE: the HELLO and the AUTH MAC that completes it, from
+/// the challenge `c` sent.
+fn hello_and_auth<'a>(
+    peer: &'a Remote,
+    c: &mut Cluster,
+    e: &mut Engine,
+    now: Now,
+    conn: ConnId,
+) -> (PeerMsg<'a>, auth::MacBytes) {
+    let nonce = [9u8; auth::NONCE_LEN];
+    let me = peer.identity(nonce);
+    let hello = PeerMsg::Hello {
+        version: wire::VERSION,
+        fingerprint: me.fingerprint,
+        from: peer.index,
+        addr: me.addr,
+        incarnation: 1,
+        nonce,
+    };
+    c.on_message(now, conn, hello, e).unwrap();
+    let challenge = lines_of(e, conn).remove(0);
+    let Ok(PeerMsg::Challenge {
+        fingerprint,
+        index,
+        addr,
+        nonce: n,
+        ..
+    }) = wire::parse(challenge.as_bytes())
+    else {
+        panic!("{challenge}")
+    };
+    let transcript = Transcript {
+        dialer: me,
+        dialer_incarnation: 1,
+        acceptor: Identity {
+            fingerprint,
+            index: index as u64,
+            addr,
+            nonce: n,
+        },
+    };
+    let mac = peer.secret.sign(Side::Dialer, &transcript);
+    (hello, mac)
+}
+
+/// A `HELLO` claiming to be node 0 of the node's own list, with the given
+/// incarnation and a nonce of `nonce_byte`s: what a stranger can send.
+fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'static> {
+    PeerMsg::Hello {
+        version: wire::VERSION,
+        fingerprint: c.fingerprint(),
+        from: 0,
+        addr: b"127.0.0.1:7000",
+        incarnation,
+        nonce: [nonce_byte; auth::NONCE_LEN],
+    }
+}
+
+/// Peer `from` links to the node (inbound conn `conn`) and proves who it is.
+fn link_in(c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId, from: usize) {
+    Remote::new(from).dial(c, e, now, conn).unwrap();
+}
+
+fn heartbeat(
+    c: &mut Cluster,
+    e: &mut Engine,
+    now: Now,
+    conn: ConnId,
+    active: bool,
+    following: Option<usize>,
+) {
+    let msg = PeerMsg::Heartbeat {
+        active,
+        following,
+        highest: 0,
+        synced: following.is_some(),
+    };
+    c.on_message(now, conn, msg, e).unwrap();
+}
+
+fn heartbeat_synced(
+    c: &mut Cluster,
+    e: &mut Engine,
+    now: Now,
+    conn: ConnId,
+    active: bool,
+    following: Option<usize>,
+    synced: bool,
+) {
+    let msg = PeerMsg::Heartbeat {
+        active,
+        following,
+        highest: 0,
+        synced,
+    };
+    c.on_message(now, conn, msg, e).unwrap();
+}
+
+/// Node 0, active after its start-up grace, with outbound links to 1 and 2
+/// and inbound links from both.
+fn active_node0() -> (Cluster, Engine) {
+    active_node0_coalescing(0)
+}
+
+fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine) {
+    let (mut c, mut e) = node_coalescing(0, peers(), SECRET, coalesce_us);
+    for (conn, peer) in [(20, 1), (21, 2)] {
+        e.open(conn);
+        c.outbound_open(at(0), conn, peer, &mut e);
+        Remote::new(peer)
+            .accept(&mut c, &mut e, at(0), conn)
+            .unwrap();
+    }
+    link_in(&mut c, &mut e, at(1), 10, 1);
+    link_in(&mut c, &mut e, at(1), 11, 2);
+    // Ticks as the loop does (a long gap would read as a stall of this
+    // process and restart the start-up grace), peers heard throughout.
+    for ms in (2..=TIMEOUT_MS + 50).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e);
+    }
+    assert_eq!(c.role(), Role::Active);
+    (c, e)
+}
+
+/// Node `me`, started with no peer in reach: active alone after its
+/// start-up wait, with an empty table and no claim to the cluster's state.
+fn fresh_active(me: usize) -> (Cluster, Engine) {
+    let (mut c, mut e) = node(me);
+    for ms in (0..=TIMEOUT_MS + 50).step_by(50) {
+        c.tick(at(ms), &mut e);
+    }
+    assert_eq!(c.role(), Role::Active);
+    assert!(!c.synced, "took the role with no state anywhere in reach");
+    (c, e)
+}
+
+/// Sends a client request line on `conn` to the engine.
+fn client(e: &mut Engine, now: Now, conn: ConnId, line: &str) {
+    let wire = format!("{line}\n");
+    let (request, _) = crate::proto::parse_request(wire.as_bytes())
+        .unwrap()
+        .unwrap();
+    e.handle(now, conn, request).unwrap();
+}
+
+/// [`lines_of`] without the lag probes (which go behind a turn's deltas).
+fn replication_lines(e: &mut Engine, conn: ConnId) -> Vec<String> {
+    let mut lines = lines_of(e, conn);
+    lines.retain(|l| !l.starts_with("P PROBE "));
+    lines
+}
+
+/// Like [`client`], returning what the engine returned.
+fn try_client(e: &mut Engine, now: Now, conn: ConnId, line: &str) -> Result<(), Refusal> {
+    let wire = format!("{line}\n");
+    let (request, _) = crate::proto::parse_request(wire.as_bytes())
+        .unwrap()
+        .unwrap();
+    e.handle(now, conn, request)
+}
+
+/// `us` microseconds past `ms`.
+fn at_us(ms: u64, us: u64) -> Now {
+    Now {
+        us: ms * 1000 + us,
+        ..at(ms)
+    }
+}
+
+fn lag_of(c: &Cluster, follower: &str) -> crate::stats::FollowerStats {
+    c.followers()
+        .find(|(addr, _, _)| *addr == follower)
+        .map(|(_, _, stats)| *stats)
+        .unwrap()
+}

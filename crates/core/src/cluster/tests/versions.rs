@@ -1,0 +1,191 @@
+//! Peer protocol versions: a peer of an older release is dialed with its
+//! version, and only a refusal lowers the version a node dials with.
+
+use super::*;
+
+/// Peer `peer` refuses each `HELLO` newer than [`wire::MIN_VERSION`] as a
+/// node of the oldest release does, on links `first_conn` on: each refusal
+/// lowers the version this node dials it with by one.
+fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_conn: ConnId) {
+    for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
+        e.open(conn);
+        c.outbound_open(at(0), conn, peer, e);
+        let hello = lines_of(e, conn);
+        assert!(
+            hello[0].starts_with(&format!("P HELLO {refused} ")),
+            "{hello:?}"
+        );
+        let refusal = format!(
+            "E peer protocol version \"{refused}\" unsupported (this node speaks 2): run \
+             the same ringlock release on every node in line 1"
+        );
+        assert!(c.on_refusal(at(0), conn, refusal.as_bytes()).is_err());
+        c.on_close(at(0), conn, e);
+        e.close(conn);
+    }
+}
+
+/// Node 0 of this release with node 1 of this release and node 2 of an
+/// older release (peer protocol 2): node 2 refuses each newer `HELLO` as an
+/// older node does, is dialed with 2 at last, and gets the grants without
+/// their holders while node 1 gets them with; once node 2 says it speaks
+/// the newest version (it was upgraded), the link to it is dialed again
+/// with that.
+#[test]
+fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    refuse_newer_versions(&mut c, &mut e, 2, 30);
+    e.open(22);
+    c.outbound_open(at(200), 22, 2, &mut e);
+    let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
+    assert!(hello.starts_with("P HELLO 2 "), "{hello}");
+    let mut old = Remote::new(2);
+    old.version = 2;
+    old.accept(&mut c, &mut e, at(200), 22).unwrap();
+    link_in(&mut c, &mut e, at(201), 10, 1);
+    old.dial(&mut c, &mut e, at(201), 11).unwrap();
+    for ms in (202..=TIMEOUT_MS + 250).step_by(50) {
+        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e);
+    }
+    assert_eq!(c.role(), Role::Active);
+    let now = at(TIMEOUT_MS + 300);
+    e.open(0);
+    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, now, 0, "O job-1");
+    client(&mut e, now, 0, "A k 10 0");
+    let t = e.holder(b"k").unwrap().0;
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, now, 11, false, Some(0));
+    for conn in [20, 22] {
+        e.output_mut(conn).clear();
+    }
+    c.flush_replication(now, &mut e);
+    assert_eq!(
+        lines_of(&mut e, 20)[1],
+        format!("P G k {t} 10001 10.0.0.5:4242 job-1")
+    );
+    assert_eq!(lines_of(&mut e, 22)[1], format!("P G k {t} 10001"));
+    client(&mut e, now, 0, &format!("N k {t} 5"));
+    c.flush_replication(now, &mut e);
+    // A lag probe behind the deltas on the newest link only.
+    assert_eq!(
+        lines_of(&mut e, 20),
+        [
+            format!("P G k {t} 5001 10.0.0.5:4242 job-1"),
+            "P PROBE 1".into()
+        ]
+    );
+    assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
+    c.check_invariants(now, &e);
+    // Node 2 cannot learn shared grants and permits: while it follows,
+    // G and C are refused.
+    for line in ["G s 10 0", "C p 2 10 0"] {
+        assert_eq!(
+            try_client(&mut e, now, 0, line),
+            Err(Refusal::FollowerTooOld)
+        );
+    }
+    // Node 2 comes back upgraded: its new link says the newest version,
+    // and ours to it is given up to be dialed again with it.
+    let mut new = Remote::new(2);
+    new.incarnation = 2;
+    new.dial(&mut c, &mut e, now, 12).unwrap();
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert!(
+        doomed
+            .iter()
+            .any(|(conn, why)| *conn == 22 && why.contains(&format!("version {}", wire::VERSION))),
+        "{doomed:?}"
+    );
+    c.on_close(now, 22, &mut e);
+    e.close(22);
+    let mut dials = Vec::new();
+    c.take_dials(at(now.ms + 200), &mut dials);
+    assert!(dials.iter().any(|&(peer, _)| peer == 2), "{dials:?}");
+    e.open(23);
+    c.outbound_open(at(now.ms + 200), 23, 2, &mut e);
+    let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
+    assert!(
+        hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello}"
+    );
+    // With no follower below version 5 left, G is served again.
+    c.flush_replication(at(now.ms + 200), &mut e);
+    client(&mut e, at(now.ms + 200), 0, "G s 10 0");
+}
+
+/// Two nodes of this release, both at peer protocol 2 on their links to
+/// each other, would stay there for good: a `HELLO 2` only says what the
+/// link speaks, not that its sender speaks nothing newer (a node of this
+/// release dials 2 after a refusal by the release before it was upgraded
+/// from). So a `HELLO 2` never lowers the version this node dials with:
+/// only a refusal does (by one version), and a `HELLO 4` raises it again.
+#[test]
+fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
+    // Node 1 (this release) dials first, with 2: this node restarted
+    // upgraded, and node 1 still dials it as it dialed the release before.
+    let (mut c, mut e) = node(0);
+    let mut peer = Remote::new(1);
+    peer.version = 2;
+    peer.dial(&mut c, &mut e, at(0), 10).unwrap();
+    e.open(20);
+    c.outbound_open(at(1), 20, 1, &mut e);
+    let hello = lines_of(&mut e, 20);
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
+    // A refusal still lowers it (by one), and a HELLO 2 then keeps it
+    // there: no dial that is refused again and again.
+    let refusal = format!(
+        "E peer protocol version \"{}\" unsupported (this node speaks 2): run the same \
+         ringlock release on every node in line 1",
+        wire::VERSION
+    );
+    assert!(c.on_refusal(at(2), 20, refusal.as_bytes()).is_err());
+    c.on_close(at(2), 20, &mut e);
+    e.close(20);
+    let mut old = Remote::new(1);
+    old.version = 2;
+    old.incarnation = 2;
+    old.dial(&mut c, &mut e, at(3), 11).unwrap();
+    e.open(21);
+    c.outbound_open(at(300), 21, 1, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
+        "{hello:?}"
+    );
+}
+
+/// Out of order: a version refusal on a link the peer already
+/// authenticated (the peer cannot mean it, or someone else is talking) and
+/// a `HELLO` on the link this node dialed change nothing of the version it
+/// dials with.
+#[test]
+fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
+    let (mut c, mut e) = node(0);
+    e.open(20);
+    c.outbound_open(at(0), 20, 1, &mut e);
+    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
+    let msg = wire::parse(hello).unwrap();
+    assert!(c.on_message(at(1), 20, msg, &mut e).is_err());
+    let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3) in line 1";
+    assert!(c.on_refusal(at(1), 20, refusal).is_err());
+    c.on_close(at(1), 20, &mut e);
+    e.close(20);
+    e.open(21);
+    c.outbound_open(at(300), 21, 1, &mut e);
+    let hello = lines_of(&mut e, 21);
+    assert!(
+        hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
+        "{hello:?}"
+    );
+}

@@ -1,0 +1,403 @@
+//! Round trips, bounds and malformed lines of the peer protocol.
+
+use super::encode::encode_member;
+use super::*;
+use crate::cluster::auth::{MAC_LEN, NONCE_LEN};
+use crate::engine::Replication;
+use crate::engine::token::MAX_TOKEN;
+use crate::proto::MAX_PERMITS;
+
+fn all_kinds() -> Vec<PeerMsg<'static>> {
+    vec![
+        PeerMsg::Hello {
+            version: VERSION,
+            fingerprint: 0x0123_4567_89ab_cdef,
+            from: 2,
+            addr: b"127.0.0.1:7173",
+            incarnation: u64::MAX,
+            nonce: [0xa5; NONCE_LEN],
+        },
+        PeerMsg::Challenge {
+            fingerprint: 0,
+            index: MAX_PEERS - 1,
+            addr: b"db1.example:7171",
+            nonce: [0; NONCE_LEN],
+            mac: [0xff; MAC_LEN],
+        },
+        PeerMsg::Auth { mac: [7; MAC_LEN] },
+        PeerMsg::Heartbeat {
+            active: true,
+            following: None,
+            highest: MAX_TOKEN,
+            synced: false,
+        },
+        PeerMsg::Heartbeat {
+            active: false,
+            following: Some(0),
+            highest: 5,
+            synced: true,
+        },
+        PeerMsg::Snapshot { highest: 7 },
+        PeerMsg::Grant {
+            key: b"k\xff",
+            token: 3,
+            remaining_ms: MAX_REMAINING_MS,
+            holder: Holder::default(),
+        },
+        PeerMsg::Grant {
+            key: b"k",
+            token: 3,
+            remaining_ms: 1,
+            holder: Holder {
+                addr: Some(b"[::1]:40000"),
+                owner: Some(b"host-a/job-42"),
+                identity: None,
+            },
+        },
+        PeerMsg::Grant {
+            key: b"k",
+            token: 3,
+            remaining_ms: 1,
+            holder: Holder {
+                addr: None,
+                owner: Some(b"o"),
+                identity: None,
+            },
+        },
+        PeerMsg::Grant {
+            key: b"k",
+            token: 3,
+            remaining_ms: 1,
+            holder: Holder {
+                addr: None,
+                owner: None,
+                identity: Some(b"spiffe://x/alice"),
+            },
+        },
+        PeerMsg::Release {
+            key: b"k",
+            token: 3,
+        },
+        PeerMsg::Synced,
+        PeerMsg::Handoff { highest: 11 },
+        PeerMsg::Merge { highest: 12 },
+        PeerMsg::Merged,
+        PeerMsg::Probe { seq: 0 },
+        PeerMsg::Probed { seq: u64::MAX },
+    ]
+    .into_iter()
+    .chain(member_kinds())
+    .collect()
+}
+
+fn member_kinds() -> Vec<PeerMsg<'static>> {
+    vec![
+        PeerMsg::Limit { limit: 1 },
+        PeerMsg::Limit { limit: MAX_PERMITS },
+        PeerMsg::Member {
+            key: b"k\xff",
+            token: MAX_TOKEN,
+            remaining_ms: MAX_REMAINING_MS,
+            holder: Holder::default(),
+            permit: false,
+        },
+        PeerMsg::Member {
+            key: b"k",
+            token: 9,
+            remaining_ms: 1,
+            holder: Holder {
+                addr: Some(b"[::1]:40000"),
+                owner: Some(b"host-a/job-42"),
+                identity: Some(b"spiffe://x/alice"),
+            },
+            permit: true,
+        },
+    ]
+}
+
+#[test]
+fn every_message_round_trips() {
+    for msg in all_kinds() {
+        let mut out = Vec::new();
+        encode(&mut out, &msg);
+        assert_eq!(out.last(), Some(&b'\n'));
+        let line = &out[..out.len() - 1];
+        assert!(is_peer_line(line));
+        assert!(line.len() < crate::proto::MAX_LINE, "{}", line.len());
+        assert_eq!(parse(line), Ok(msg));
+    }
+}
+
+#[test]
+fn replication_events_become_grant_and_release_lines() {
+    let events = [
+        Replication::Granted {
+            key: b"k\xff",
+            token: 3,
+            remaining_ms: MAX_REMAINING_MS,
+            holder: Holder {
+                addr: Some(b"127.0.0.1:5"),
+                owner: None,
+                identity: Some(b"alice"),
+            },
+        },
+        Replication::Released {
+            key: b"k",
+            token: MAX_TOKEN,
+        },
+    ];
+    let mut old = Vec::new();
+    for event in events {
+        encode_replication(&mut old, event, 2);
+    }
+    assert_eq!(old, b"P G k\xff 3 86400000\nP X k 9223372036854775807\n");
+    let mut v3 = Vec::new();
+    encode_replication(&mut v3, events[0], 3);
+    assert_eq!(v3, b"P G k\xff 3 86400000 127.0.0.1:5 -\n");
+    let mut out = Vec::new();
+    for event in events {
+        encode_replication(&mut out, event, VERSION);
+    }
+    assert_eq!(
+        out,
+        b"P G k\xff 3 86400000 127.0.0.1:5 - alice\nP X k 9223372036854775807\n"
+    );
+    let mut lines = out.split(|&b| b == b'\n');
+    assert_eq!(
+        lines.next().map(parse),
+        Some(Ok(PeerMsg::Grant {
+            key: b"k\xff",
+            token: 3,
+            remaining_ms: MAX_REMAINING_MS,
+            holder: Holder {
+                addr: Some(b"127.0.0.1:5"),
+                owner: None,
+                identity: Some(b"alice"),
+            },
+        }))
+    );
+    assert_eq!(
+        lines.next().map(parse),
+        Some(Ok(PeerMsg::Release {
+            key: b"k",
+            token: MAX_TOKEN
+        }))
+    );
+}
+
+#[test]
+fn members_become_shared_and_permit_lines_from_version_5() {
+    let shared = Replication::Member {
+        key: b"k",
+        token: 7,
+        remaining_ms: 500,
+        holder: Holder {
+            addr: Some(b"127.0.0.1:5"),
+            owner: None,
+            identity: Some(b"alice"),
+        },
+        limit: 0,
+    };
+    let permit = Replication::Member {
+        key: b"sem",
+        token: 8,
+        remaining_ms: 600,
+        holder: Holder::default(),
+        limit: 3,
+    };
+    for version in MIN_VERSION..SHARED_VERSION {
+        let mut out = Vec::new();
+        encode_replication(&mut out, shared, version);
+        encode_replication(&mut out, permit, version);
+        assert_eq!(out, b"", "version {version}");
+    }
+    let mut out = Vec::new();
+    encode_replication(&mut out, shared, VERSION);
+    encode_replication(&mut out, permit, VERSION);
+    assert_eq!(
+        out,
+        b"P S k 7 500 127.0.0.1:5 - alice\nP L 3\nP C sem 8 600 - - -\n"
+    );
+    let parsed: Vec<_> = out
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(parse)
+        .collect();
+    assert_eq!(
+        parsed,
+        [
+            Ok(PeerMsg::Member {
+                key: b"k",
+                token: 7,
+                remaining_ms: 500,
+                holder: Holder {
+                    addr: Some(b"127.0.0.1:5"),
+                    owner: None,
+                    identity: Some(b"alice"),
+                },
+                permit: false,
+            }),
+            Ok(PeerMsg::Limit { limit: 3 }),
+            Ok(PeerMsg::Member {
+                key: b"sem",
+                token: 8,
+                remaining_ms: 600,
+                holder: Holder::default(),
+                permit: true,
+            }),
+        ]
+    );
+}
+
+#[test]
+fn the_longest_member_line_fits() {
+    let key = vec![b'k'; MAX_KEY];
+    let addr = vec![b'a'; MAX_HOLDER_ADDR];
+    let owner = vec![b'o'; MAX_OWNER];
+    let identity = vec![b'i'; MAX_IDENTITY];
+    let mut out = Vec::new();
+    encode_member(
+        &mut out,
+        true,
+        &key,
+        MAX_TOKEN,
+        MAX_REMAINING_MS,
+        Holder {
+            addr: Some(&addr),
+            owner: Some(&owner),
+            identity: Some(&identity),
+        },
+    );
+    assert_eq!(out.len(), LONGEST_GRANT_LINE);
+    assert!(parse(&out[..out.len() - 1]).is_ok());
+}
+
+#[test]
+fn malformed_peer_lines_are_errors() {
+    let nonce = "ab".repeat(NONCE_LEN);
+    let mac = "cd".repeat(MAC_LEN);
+    let lines = [
+        "P".to_string(),
+        "P HB A - 1".into(),
+        "P HB Q - 1 0".into(),
+        "P HB S 0 1 2".into(),
+        "P HB S 16 1 1".into(),
+        "P HB S 0 9223372036854775808 1".into(),
+        "P HB S 0 18446744073709551615 1".into(),
+        "P HB S 0 1 1 extra".into(),
+        "P HB S 0 1 1 a b c d e f g h i j".into(),
+        "P SNAP 18446744073709551615".into(),
+        "P HANDOFF 18446744073709551615".into(),
+        "P G k 1".into(),
+        "P G k 1 1 -".into(),
+        "P G k 1 1 - - x y".into(),
+        "P G k 1 1 - - *".into(),
+        "P G k 1 1 - - a\x01".into(),
+        format!("P G k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1)),
+        "P G k 1 1 a\x01b -".into(),
+        "P G k 1 1 - caf\u{e9}".into(),
+        format!("P G k 1 1 {} -", "a".repeat(65)),
+        "P G k 1 1 - o\x7f".into(),
+        "P G k 1 86400001".into(),
+        "P G k 9223372036854775808 5".into(),
+        "P G bad\x01key 1 1".into(),
+        "P X k 18446744073709551615".into(),
+        "P HELLO 1 0 a 1".into(),
+        format!("P HELLO 2 0123456789abcdef 0 a:1 1 {}", &nonce[1..]),
+        format!("P HELLO 2 0123456789ABCDEF 0 a:1 1 {nonce}"),
+        format!("P HELLO 2 0123456789abcdef 16 a:1 1 {nonce}"),
+        format!("P HELLO 2 0123456789abcdef 99999999999999999999 a:1 1 {nonce}"),
+        format!("P HELLO 2 0123456789abcdef 0 a:1 x {nonce}"),
+        format!("P CHALLENGE 0123456789abcdef 0 a:1 {nonce} {}", &mac[2..]),
+        format!("P AUTH {mac}0"),
+        "P AUTH".into(),
+        "P MERGE".into(),
+        "P MERGE 9223372036854775808".into(),
+        "P MERGE 1 2".into(),
+        "P MERGED 1".into(),
+        "P L 0".into(),
+        "P L 65537".into(),
+        "P L 18446744073709551616".into(),
+        "P L".into(),
+        "P L 1 2".into(),
+        "P S k 1 1 - -".into(),
+        "P S k 1 1".into(),
+        "P C k 1 1 - - - x".into(),
+        "P S k 9223372036854775808 1 - - -".into(),
+        "P C k 1 86400001 - - -".into(),
+        "P S bad\x01key 1 1 - - -".into(),
+        "P S k 1 1 a\x01b - -".into(),
+        "P C k 1 1 - o\x7f -".into(),
+        "P C k 1 1 - - *".into(),
+        format!("P S k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1)),
+        "P PROBE".into(),
+        "P PROBE x".into(),
+        "P PROBE 18446744073709551616".into(),
+        "P PROBED 1 2".into(),
+        "P PROBED -1".into(),
+        "P NOPE".into(),
+        "A k 1 0".into(),
+    ];
+    for line in lines {
+        assert!(parse(line.as_bytes()).is_err(), "{line}");
+    }
+}
+
+#[test]
+fn error_reasons_are_printable_and_short() {
+    let mut line = b"P G \x01\x7f\xff\r".to_vec();
+    line.extend(std::iter::repeat_n(b'k', 400));
+    let err = parse(&line).unwrap_err().to_string();
+    assert!(err.bytes().all(|b| (0x20..0x7f).contains(&b)), "{err}");
+    assert!(err.len() < 120, "{err}");
+    assert!(err.contains("\\x01\\x7f\\xff"), "{err}");
+}
+
+#[test]
+fn a_wrong_version_says_so() {
+    let err = parse(b"P HELLO 1 0 127.0.0.1:7171 5")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("version \"1\" unsupported"), "{err}");
+    let err = parse(b"P HELLO 6 0 127.0.0.1:7171 5")
+        .unwrap_err()
+        .to_string();
+    // What an older node says of a newer one: the dialer reads this
+    // (`Cluster::downgrade_if_refused`).
+    assert!(
+        err.contains("peer protocol version \"6\" unsupported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn both_versions_are_spoken() {
+    let nonce = "ab".repeat(NONCE_LEN);
+    for version in MIN_VERSION..=VERSION {
+        let line = format!("P HELLO {version} 0123456789abcdef 0 a:1 1 {nonce}");
+        match parse(line.as_bytes()) {
+            Ok(PeerMsg::Hello { version: v, .. }) => assert_eq!(v, version),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn lines_cut_or_mangled_anywhere_never_panic() {
+    // Every prefix and every single-byte change of every message kind.
+    for msg in all_kinds() {
+        let mut out = Vec::new();
+        encode(&mut out, &msg);
+        out.pop();
+        for cut in 0..=out.len() {
+            let _ = parse(&out[..cut]);
+        }
+        for i in 0..out.len() {
+            for b in [b' ', b'0', b'9', b'a', b'-', 0, 0xff] {
+                let mut changed = out.clone();
+                changed[i] = b;
+                let _ = parse(&changed);
+            }
+        }
+    }
+}
