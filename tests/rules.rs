@@ -142,3 +142,59 @@ fn bare_cargo_run_runs_the_server() {
         "default-run among the default members {members:?}"
     );
 }
+
+/// Longest a source file of the core crate may be. A file that grows past
+/// it is split by topic: a reader should find one subject per file.
+const CORE_FILE_LINES: usize = 800;
+
+fn core_files() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/core/src"), &mut files);
+    assert!(files.len() > 10, "the core crate's sources were not found");
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            (
+                rel,
+                std::fs::read_to_string(&f).expect("read a source file"),
+            )
+        })
+        .collect()
+}
+
+/// The core crate (sans-I/O: the engine, the cluster, the node, the
+/// driver) stays readable and safe: no file over [`CORE_FILE_LINES`]
+/// lines, no `unsafe` (its `lib.rs` forbids it; this catches an attribute
+/// removed with it), and errors typed across layers, never
+/// `Result<_, String>`.
+#[test]
+fn the_core_crate_keeps_its_rules() {
+    let mut broken = Vec::new();
+    for (rel, text) in core_files() {
+        let lines = text.lines().count();
+        if lines > CORE_FILE_LINES {
+            broken.push(format!("{rel}: {lines} lines (at most {CORE_FILE_LINES})"));
+        }
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.contains("unsafe ") || code.contains("unsafe{") {
+                broken.push(format!("{rel}:{}: unsafe", i + 1));
+            }
+            let squeezed: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+            if squeezed.contains(",String>") && squeezed.contains("Result<") {
+                broken.push(format!("{rel}:{}: Result<_, String>", i + 1));
+            }
+        }
+    }
+    let lib = std::fs::read_to_string(root().join("crates/core/src/lib.rs")).unwrap();
+    if !lib.contains("#![forbid(unsafe_code)]") {
+        broken.push("crates/core/src/lib.rs: no #![forbid(unsafe_code)]".into());
+    }
+    assert!(
+        broken.is_empty(),
+        "the core crate breaks its rules:\n{}",
+        broken.join("\n")
+    );
+}

@@ -41,31 +41,60 @@ pub fn is_valid_identity(identity: &[u8]) -> bool {
 /// The certificate was verified by rustls before this runs; this reads it
 /// anyway as bytes from the network: every length is checked, nothing
 /// panics.
-pub fn identity_of(cert: &[u8]) -> Result<Vec<u8>, String> {
+pub fn identity_of(cert: &[u8]) -> Result<Vec<u8>, NoIdentity> {
     let Some(names) = cert_names(cert) else {
-        return Err("the client certificate could not be read".into());
+        return Err(NoIdentity::Unreadable);
     };
     let (what, name) = match (names.uri, names.dns, names.cn) {
         (Some(uri), _, _) => ("URI subject alternative name", uri),
         (None, Some(dns), _) => ("DNS subject alternative name", dns),
         (None, None, Some(cn)) => ("subject common name", cn),
-        (None, None, None) => {
-            return Err(
-                "the client certificate names no identity (no URI or DNS subject alternative \
-                 name, no subject common name)"
-                    .into(),
-            );
-        }
+        (None, None, None) => return Err(NoIdentity::Unnamed),
     };
     if !is_valid_identity(name) {
-        return Err(format!(
-            "the client certificate's {what} \"{}\" is no usable identity (1 to {MAX_IDENTITY} \
-             printable ASCII characters without spaces, not - or *)",
-            quoted(name, 40)
-        ));
+        return Err(NoIdentity::Unusable {
+            what,
+            name: quoted(name, 40),
+        });
     }
     Ok(name.to_vec())
 }
+
+/// Why a client certificate gives no identity ([`identity_of`]); its
+/// `Display` is the reason a refused client is told and the log says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoIdentity {
+    /// The certificate's DER could not be read.
+    Unreadable,
+    /// No URI or DNS subject alternative name, no subject common name.
+    Unnamed,
+    /// The name found is no identity ([`is_valid_identity`]).
+    Unusable {
+        /// Which field of the certificate held it.
+        what: &'static str,
+        /// The name, quoted for a log (at most 40 bytes of it).
+        name: String,
+    },
+}
+
+impl std::fmt::Display for NoIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoIdentity::Unreadable => f.write_str("the client certificate could not be read"),
+            NoIdentity::Unnamed => f.write_str(
+                "the client certificate names no identity (no URI or DNS subject alternative \
+                 name, no subject common name)",
+            ),
+            NoIdentity::Unusable { what, name } => write!(
+                f,
+                "the client certificate's {what} \"{name}\" is no usable identity (1 to \
+                 {MAX_IDENTITY} printable ASCII characters without spaces, not - or *)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NoIdentity {}
 
 /// What a certificate names, as found.
 #[derive(Default)]

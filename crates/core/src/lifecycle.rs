@@ -546,7 +546,7 @@ fn handshake_done(
         // A node of the cluster whose certificate names no usable identity
         // is still a peer (it locks nothing).
         _ if peer == Some(true) => return false,
-        Some(Err(why)) => why,
+        Some(Err(why)) => why.to_string(),
         None => "the client presented no certificate".to_string(),
     };
     node.identity_refused(now, conn, &why);
