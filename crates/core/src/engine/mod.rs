@@ -12,9 +12,11 @@
 //!    in [`Engine::output_mut`]; the loop sends them and clears what it sent.
 //! 5. [`Engine::next_deadline`] to know how long it may sleep.
 //!
-//! Answers go straight into per-connection output buffers (a release hands
-//! the lock to a waiter on another connection, so one request can answer
-//! several connections). The same engine runs under io_uring, under epoll and
+//! Answers go straight into per-connection output buffers, those of the
+//! [`Outbox`] the engine holds (a release hands the lock to a waiter on
+//! another connection, so one request can answer several connections); the
+//! cluster writes its peer lines into the same outbox
+//! ([`Engine::outbox_mut`]). The same engine runs under io_uring, under epoll and
 //! inside tests with a fake clock.
 
 mod conns;
