@@ -217,7 +217,8 @@ pub(super) fn with_kind<'a>(who: Answer<'a>, lock: &table::Lock) -> Answer<'a> {
     } else if lock.members == 0 {
         (Held::Free, 0, 0)
     } else if lock.limit > 0 {
-        debug_assert!(lock.members <= lock.limit);
+        // Members may be over the limit: merged at a heal, or replicated
+        // so by the active ([`Engine::apply_member`]).
         (Held::Semaphore, lock.limit, lock.members)
     } else {
         (Held::Shared, 0, lock.members)
