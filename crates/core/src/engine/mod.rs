@@ -16,8 +16,8 @@
 //! [`Outbox`] the engine holds (a release hands the lock to a waiter on
 //! another connection, so one request can answer several connections); the
 //! cluster writes its peer lines into the same outbox
-//! ([`Engine::outbox_mut`]). The same engine runs under io_uring, under epoll and
-//! inside tests with a fake clock.
+//! ([`Engine::outbox_mut`]). The same engine runs under io_uring, under
+//! epoll and inside tests with a fake clock.
 
 mod conns;
 mod handoff;
