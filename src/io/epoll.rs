@@ -341,7 +341,7 @@ impl Loop {
             }
             conn.in_ready = false;
             for _ in 0..READS_PER_TURN {
-                if !conn.readable || !conn.life.wants_read(node, id) {
+                if !conn.readable || !conn.life.wants_read(node.outbox(), id) {
                     break; // paused: read on once the client catches up
                 }
                 match conn.stream.read(&mut self.buf) {
@@ -379,7 +379,7 @@ impl Loop {
         }
         ready.retain(|&id| {
             self.conns.get_mut(id as usize).is_some_and(|c| {
-                let again = !c.in_ready && c.readable && c.life.wants_read(node, id);
+                let again = !c.in_ready && c.readable && c.life.wants_read(node.outbox(), id);
                 c.in_ready |= again;
                 again
             })
@@ -418,7 +418,7 @@ impl Loop {
             };
             if write_out(conn, node, now, id).is_err() {
                 conn.life.failed(node, now, id);
-            } else if conn.readable && conn.life.wants_read(node, id) {
+            } else if conn.readable && conn.life.wants_read(node.outbox(), id) {
                 self.mark_ready(id); // the client caught up
             }
             self.settle(now.ms, id);

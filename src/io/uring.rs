@@ -768,7 +768,7 @@ impl Uring {
                 }
                 Step::Stay | Step::Close => {}
             }
-            if !conn.recv_in_flight && conn.life.wants_read(node, id) {
+            if !conn.recv_in_flight && conn.life.wants_read(node.outbox(), id) {
                 self.arm_recv(id);
                 continue;
             }

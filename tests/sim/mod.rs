@@ -1334,7 +1334,7 @@ impl Sim {
         };
         inc.not_reading.clear();
         for (&cid, life) in &inc.lives {
-            if !life.wants_read(&mut inc.node, cid) {
+            if !life.wants_read(inc.node.outbox(), cid) {
                 inc.not_reading.insert(cid);
             }
         }

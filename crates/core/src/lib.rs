@@ -8,11 +8,12 @@
 //! - [`access`]: client identities from certificates and the `--acl`
 //!   rules (who may lock what).
 //! - [`engine`]: the lock table, its timers and fencing tokens: takes
-//!   `(now, connection, request)` and writes answers into per-connection
-//!   output buffers.
+//!   `(now, connection, request)` and writes answers into the [`outbox`].
 //! - [`cluster`]: peer links, their handshake and authentication, the role
 //!   rule and replication.
 //! - [`node`]: the engine and the cluster together, as the loops drive them.
+//! - [`outbox`]: every connection's unsent output, written by the engine
+//!   and the cluster, taken by the loops.
 //! - [`session`] and [`lifecycle`]: one connection's protocol state and its
 //!   life from accept to close (TLS records included).
 //! - [`driver`]: the per-turn policy both event loops share (admission,
@@ -28,6 +29,7 @@ pub mod driver;
 pub mod engine;
 pub mod lifecycle;
 pub mod node;
+pub mod outbox;
 pub mod session;
 pub mod stats;
 

@@ -19,6 +19,7 @@ use rustls::server::danger::ClientCertVerifier;
 use crate::access::Acl;
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
+use crate::outbox::Outbox;
 use crate::session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 
 /// What a plain-text client that connects to a TLS port is told (in plain
@@ -220,12 +221,12 @@ impl Lifecycle {
     /// peer has taken enough answers), not after the peer's end of stream,
     /// not once closed. A closing or lingering connection is read to discard
     /// its input and notice the peer's close.
-    pub fn wants_read(&self, node: &mut Node, conn: ConnId) -> bool {
+    pub fn wants_read(&self, outbox: &Outbox, conn: ConnId) -> bool {
         match self.phase {
             Phase::Open => {
                 !self.eof
                     && !self.session.has_stash()
-                    && self.unsent(node, conn) <= OUTPUT_PAUSE_BYTES
+                    && self.unsent(outbox, conn) <= OUTPUT_PAUSE_BYTES
             }
             Phase::Closing | Phase::Lingering { .. } => !self.eof,
             Phase::Closed => false,
@@ -233,10 +234,10 @@ impl Lifecycle {
     }
 
     /// Answers of an open connection not yet taken by the socket.
-    fn unsent(&self, node: &mut Node, conn: ConnId) -> usize {
+    fn unsent(&self, outbox: &Outbox, conn: ConnId) -> usize {
         debug_assert!(self.sent <= self.out.len());
         let tls = self.tls.as_deref().map_or(0, |t| t.out.len() - t.sent);
-        node.output_mut(conn).len() + (self.out.len() - self.sent) + tls
+        outbox.len(conn) + (self.out.len() - self.sent) + tls
     }
 
     /// Bytes arrived. An open connection feeds them to the engine (a
@@ -464,7 +465,7 @@ impl Lifecycle {
         }
         if self.phase == Phase::Open
             && self.session.has_stash()
-            && self.unsent(node, conn) <= OUTPUT_PAUSE_BYTES
+            && self.unsent(node.outbox(), conn) <= OUTPUT_PAUSE_BYTES
             && self.session.resume(node, now, conn) == Flow::Broken
         {
             self.finish(node, now, conn);

@@ -147,7 +147,7 @@ impl Cluster {
                 mac,
             },
         );
-        engine.write_to(conn, &self.scratch);
+        engine.outbox_mut().write_link(conn, &self.scratch);
         self.pending.insert(
             conn,
             Pending {
@@ -293,7 +293,7 @@ impl Cluster {
         let mac = self.cfg.secret.sign(Side::Dialer, &transcript);
         self.scratch.clear();
         wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
-        engine.write_to(conn, &self.scratch);
+        engine.outbox_mut().write_link(conn, &self.scratch);
         let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
         if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
             self.conflict(now, claimed.fingerprint, &reason, engine);
@@ -309,7 +309,7 @@ impl Cluster {
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);
-        engine.write_to(conn, &self.scratch);
+        engine.outbox_mut().write_link(conn, &self.scratch);
         Ok(())
     }
 }

@@ -103,7 +103,7 @@ impl Cluster {
                 nonce,
             },
         );
-        engine.write_to(conn, &self.scratch);
+        engine.outbox_mut().write_link(conn, &self.scratch);
     }
 
     /// A connection closed: if it was a peer link, forget it. A peer whose
@@ -230,9 +230,9 @@ impl Cluster {
                 // once a backlog builds: they would only pile up in memory.
                 if let Some(conn) = self.peers[i].out
                     && self.peers[i].out_authed
-                    && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
+                    && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
                 {
-                    engine.write_to(conn, &self.scratch);
+                    engine.outbox_mut().write_link(conn, &self.scratch);
                 }
             }
         }

@@ -476,7 +476,7 @@ impl Cluster {
             reason: reason.as_bytes(),
         }
         .encode(&mut line);
-        engine.write_to(conn, &line);
+        engine.outbox_mut().write_link(conn, &line);
         self.doomed.push((conn, reason));
     }
 

@@ -53,7 +53,7 @@ impl Cluster {
                         }
                         deltas_encoded[v] = true;
                     }
-                    engine.write_to(conn, scratch);
+                    engine.outbox_mut().write_link(conn, scratch);
                     let p = &mut self.peers[i];
                     p.replication.events += self.events.len() as u64;
                     p.replication.bytes += scratch.len() as u64;
@@ -68,7 +68,7 @@ impl Cluster {
                 let body =
                     snapshots[v].get_or_insert_with(|| encode_snapshot(now, engine, version));
                 self.stats.snapshots_sent += 1;
-                engine.write_to(conn, body);
+                engine.outbox_mut().write_link(conn, body);
                 let p = &mut self.peers[i];
                 p.snapshot_sent = true;
                 p.snapshot_bytes = body.len();
@@ -76,7 +76,7 @@ impl Cluster {
                 p.probe = None;
             }
             let p = &mut self.peers[i];
-            let unsent = engine.output_mut(conn).len();
+            let unsent = engine.outbox().len(conn);
             if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
                 // It does not keep up: stop queueing for it. It resyncs from
                 // a snapshot on the next link.
@@ -162,9 +162,9 @@ impl Cluster {
             // Behind a backlog the link's bytes are not even in the kernel
             // yet; they go without `MSG_MORE` when they do.
             if let Some(conn) = p.out.filter(|_| p.out_authed)
-                && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
+                && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
             {
-                engine.write_to(conn, &self.scratch);
+                engine.outbox_mut().write_link(conn, &self.scratch);
             }
         }
         self.more = more;
@@ -202,7 +202,7 @@ impl Cluster {
         p.next_probe_ms = now.ms + PROBE_EVERY_MS;
         let mut line = Vec::with_capacity(32);
         wire::encode(&mut line, &PeerMsg::Probe { seq });
-        engine.write_to(conn, &line);
+        engine.outbox_mut().write_link(conn, &line);
     }
 
     /// The active we follow probes our lag: every line before `seq` is
@@ -219,7 +219,7 @@ impl Cluster {
         };
         let mut line = Vec::with_capacity(32);
         wire::encode(&mut line, &PeerMsg::Probed { seq });
-        engine.write_to(conn, &line);
+        engine.outbox_mut().write_link(conn, &line);
     }
 
     /// Follower `from` answered probe `seq`: its lag is the time since the

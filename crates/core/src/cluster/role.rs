@@ -325,7 +325,7 @@ impl Cluster {
             count += 1;
         }
         wire::encode(&mut out, &PeerMsg::Merged);
-        engine.write_to(conn, &out);
+        engine.outbox_mut().write_link(conn, &out);
         tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "sent {count} grants to {} to merge (it stays active)", self.cfg.peers[to]);
     }
 
@@ -456,7 +456,7 @@ impl Cluster {
             // It has not got our state on this link yet: send it first, so
             // that it has everything before HANDOFF.
             let snapshot = encode_snapshot(now, engine, self.peers[to].out_version);
-            engine.write_to(conn, &snapshot);
+            engine.outbox_mut().write_link(conn, &snapshot);
             self.stats.snapshots_sent += 1;
             self.peers[to].snapshot_sent = true;
         }
@@ -466,7 +466,7 @@ impl Cluster {
         self.scratch.clear();
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });
-        engine.write_to(conn, &self.scratch);
+        engine.outbox_mut().write_link(conn, &self.scratch);
         // After: this node follows `to` and no longer serves, and `to` has
         // our whole state on the link before the HANDOFF.
         assert_eq!(

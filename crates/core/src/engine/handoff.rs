@@ -3,7 +3,7 @@
 //! back.
 
 use super::table::{self, NIL, WaiterState};
-use super::{ConnId, Engine, LIST_TURN_SCAN, Now, Timer, deadline, emit};
+use super::{ConnId, Engine, LIST_TURN_SCAN, Now, Timer, deadline};
 use crate::proto::Answer;
 
 impl Engine {
@@ -52,7 +52,7 @@ impl Engine {
             key: l.key(),
             token,
         };
-        emit(&mut self.conns, &mut self.dirty, conn, answer);
+        self.outbox.answer(conn, answer);
         self.replicate_grant(now, lock);
     }
 
@@ -164,12 +164,8 @@ impl Engine {
             earlier = self.table.conn_prev(earlier);
         }
         let key = self.table.lock(lock).key();
-        emit(
-            &mut self.conns,
-            &mut self.dirty,
-            conn,
-            Engine::timed_out_answer(kind, key),
-        );
+        self.outbox
+            .answer(conn, Engine::timed_out_answer(kind, key));
         self.answered(w);
     }
 
@@ -191,7 +187,7 @@ impl Engine {
                     }
                     let key = self.table.lock(lock).key();
                     let answer = Engine::timed_out_answer(l.kind, key);
-                    emit(&mut self.conns, &mut self.dirty, conn, answer);
+                    self.outbox.answer(conn, answer);
                     self.table.finish(later);
                 }
                 later = next;

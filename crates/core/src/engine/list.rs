@@ -4,7 +4,6 @@
 use super::table::{self, Holders, Table};
 use super::{
     ConnId, Engine, LIST_ANSWER_BYTES, LIST_MIN_SCAN, LIST_SCAN, LIST_WAITERS_CAP, Now, Serving,
-    emit, emit_bytes,
 };
 use crate::proto::{Answer, Held, Request, Role};
 
@@ -21,7 +20,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     pub(super) fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
-        let mut out = std::mem::take(&mut self.conns[conn as usize].out);
+        let mut out = std::mem::take(self.outbox.output_mut(conn));
         let mut waiters = 0;
         let hidden = self.access_of(conn).is_some_and(|a| !a.may_lock(key));
         if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
@@ -47,8 +46,8 @@ impl Engine {
             }
         }
         Answer::QueueEnd { key, waiters }.encode(&mut out);
-        self.conns[conn as usize].out = out;
-        emit_bytes(&mut self.conns, &mut self.dirty, conn);
+        *self.outbox.output_mut(conn) = out;
+        self.outbox.wrote_answers(conn);
     }
 
     /// `S` and `H`: rare, kept out of the request path's way.
@@ -68,7 +67,7 @@ impl Engine {
             let token = self.tokens.highest();
             Answer::Status { role, addr, token }
         };
-        emit(&mut self.conns, &mut self.dirty, conn, answer);
+        self.outbox.answer(conn, answer);
     }
 
     /// `L`: up to `limit` locks whose key starts with `prefix`, about
@@ -98,7 +97,7 @@ impl Engine {
         self.list_budget = self.list_budget.saturating_sub(end - start);
         let mut listed = 0;
         let mut next = end;
-        let out_start = self.conns[conn as usize].out.len();
+        let out_start = self.outbox.len(conn);
         // With identities, only keys the connection may lock (an admin: all).
         let access = self.access.get(conn as usize).cloned().flatten();
         let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
@@ -109,7 +108,7 @@ impl Engine {
             if !lock.key().starts_with(prefix) || hidden(lock.key()) {
                 continue;
             }
-            let written = self.conns[conn as usize].out.len() - out_start;
+            let written = self.outbox.len(conn) - out_start;
             if listed == limit || written >= LIST_ANSWER_BYTES {
                 next = i;
                 break;
@@ -136,7 +135,7 @@ impl Engine {
                     }
                 }
             };
-            emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.outbox.answer(conn, answer);
         }
         let cursor = if next >= bound { 0 } else { next as u64 };
         let end = match form {
@@ -144,7 +143,7 @@ impl Engine {
             ListForm::Who => Answer::WhoEnd { cursor },
             ListForm::Kinds => Answer::KindsEnd { cursor },
         };
-        emit(&mut self.conns, &mut self.dirty, conn, end);
+        self.outbox.answer(conn, end);
     }
 
     /// What `H` answers from now on: a problem (one line of printable
@@ -218,7 +217,8 @@ pub(super) fn with_kind<'a>(who: Answer<'a>, lock: &table::Lock) -> Answer<'a> {
     } else if lock.members == 0 {
         (Held::Free, 0, 0)
     } else if lock.limit > 0 {
-        debug_assert!(lock.members <= lock.limit);
+        // Members may be over the limit: merged at a heal, or replicated
+        // so by the active ([`Engine::apply_member`]).
         (Held::Semaphore, lock.limit, lock.members)
     } else {
         (Held::Shared, 0, lock.members)

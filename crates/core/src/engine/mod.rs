@@ -12,10 +12,12 @@
 //!    in [`Engine::output_mut`]; the loop sends them and clears what it sent.
 //! 5. [`Engine::next_deadline`] to know how long it may sleep.
 //!
-//! Answers go straight into per-connection output buffers (a release hands
-//! the lock to a waiter on another connection, so one request can answer
-//! several connections). The same engine runs under io_uring, under epoll and
-//! inside tests with a fake clock.
+//! Answers go straight into per-connection output buffers, those of the
+//! [`Outbox`] the engine holds (a release hands the lock to a waiter on
+//! another connection, so one request can answer several connections); the
+//! cluster writes its peer lines into the same outbox
+//! ([`Engine::outbox_mut`]). The same engine runs under io_uring, under
+//! epoll and inside tests with a fake clock.
 
 mod conns;
 mod handoff;
@@ -35,6 +37,7 @@ pub mod wheel;
 use std::sync::Arc;
 
 use crate::access::Access;
+use crate::outbox::Outbox;
 pub use merge::Merged;
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
@@ -43,10 +46,7 @@ use table::{Holders, NIL, Table};
 use token::TokenClock;
 use wheel::Wheel;
 
-use conns::{emit, emit_bytes};
-
-/// A connection, numbered by the I/O loop (small, dense, reused).
-pub type ConnId = u32;
+pub use crate::outbox::ConnId;
 
 /// The most acquires one connection may have waiting (docs/protocol.md,
 /// "9. Load and limits").
@@ -263,25 +263,10 @@ enum Timer {
     Member(u32),
 }
 
-/// Where a connection with output waits for [`Engine::take_dirty`]. An id
-/// closed and taken again within one turn may still be listed from its
-/// first life; it moves when it is written to as what it is now.
-#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
-enum Listed {
-    #[default]
-    No,
-    Client,
-    Link,
-}
-
 /// Per-connection state the engine keeps.
 #[derive(Default)]
 struct Conn {
     open: bool,
-    /// Answers not yet taken by the I/O loop.
-    out: Vec<u8>,
-    /// Which of `Engine::dirty` and `Engine::dirty_links` lists it.
-    dirty: Listed,
     /// Its holder entry, which its grants name: made at its first grant,
     /// dropped when its owner label changes or it closes.
     holder: Option<u32>,
@@ -309,14 +294,9 @@ pub struct Engine {
     wheel: Wheel<Timer>,
     tokens: TokenClock,
     conns: Vec<Conn>,
-    dirty: Vec<ConnId>,
-    /// Peer links with output ([`Engine::write_to`]): collected before
-    /// `dirty`, so the loops hand a turn's replication to the kernel before
-    /// the client answers it covers. A node stopped between two sends
-    /// (SIGSTOP, a VM stall) then never leaves a client holding an answer
-    /// its followers have not been sent: the kernel delivers what was
-    /// written while the process is stopped.
-    dirty_links: Vec<ConnId>,
+    /// Every connection's unsent answers, and which have some
+    /// ([`crate::outbox`]).
+    outbox: Outbox,
     serving: Serving,
     /// This node's address as clients should name it.
     advertise: Box<[u8]>,
@@ -382,8 +362,7 @@ impl Engine {
             wheel: Wheel::with_capacity(now.ms, locks + table::RESERVED_WAITERS),
             tokens: TokenClock::new(),
             conns: Vec::new(),
-            dirty: Vec::new(),
-            dirty_links: Vec::new(),
+            outbox: Outbox::new(),
             serving: Serving::Active,
             advertise: advertise.as_bytes().into(),
             problem: None,

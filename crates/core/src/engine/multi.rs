@@ -28,8 +28,7 @@
 //! ([`super::merge`]).
 
 use super::{
-    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, emit, table,
-    wheel::TimerId,
+    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, table, wheel::TimerId,
 };
 use crate::proto::{Answer, Kind};
 
@@ -201,7 +200,7 @@ impl Engine {
                 key,
                 limit: live_limit,
             };
-            emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.outbox.answer(conn, answer);
             self.table.remove_if_idle(lock);
             return Ok(());
         }
@@ -278,7 +277,7 @@ impl Engine {
             key: self.table.lock(lock).key(),
             token,
         };
-        emit(&mut self.conns, &mut self.dirty, conn, answer);
+        self.outbox.answer(conn, answer);
     }
 
     /// `R` of a member's token: its grant ends, and the key passes on.

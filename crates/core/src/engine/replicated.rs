@@ -5,7 +5,7 @@
 use super::table::{self, NIL, WaiterState};
 use super::{
     ConnId, Engine, GrantRefusal, MAX_LEASE_MS, Now, Replication, ReplicationLog, Serving, Timer,
-    emit, token,
+    token,
 };
 use crate::proto::Answer;
 
@@ -188,7 +188,7 @@ impl Engine {
                     }
                     WaiterState::HeldBack => Engine::timed_out_answer(waiter.kind, key),
                 };
-                emit(&mut self.conns, &mut self.dirty, conn, answer);
+                self.outbox.answer(conn, answer);
                 if let Some(timer) = self.table.waiter_mut(w).timer.take() {
                     self.wheel.cancel(timer);
                 }

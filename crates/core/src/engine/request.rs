@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::list::ListForm;
 use super::stats::HOLD_SHIFT;
 use super::table::{self, Holders};
-use super::{ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Serving, Timer, deadline, emit};
+use super::{ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Serving, Timer, deadline};
 use crate::access::Access;
 use crate::proto::{Answer, Request};
 
@@ -37,12 +37,7 @@ impl Engine {
                 if !ok {
                     self.stats.release_stale += 1;
                 }
-                emit(
-                    &mut self.conns,
-                    &mut self.dirty,
-                    conn,
-                    Answer::Released { key, ok },
-                );
+                self.outbox.answer(conn, Answer::Released { key, ok });
             }
             Request::Renew {
                 key,
@@ -55,12 +50,7 @@ impl Engine {
                 } else {
                     self.stats.renew_stale += 1;
                 }
-                emit(
-                    &mut self.conns,
-                    &mut self.dirty,
-                    conn,
-                    Answer::Renewed { key, ok },
-                );
+                self.outbox.answer(conn, Answer::Renewed { key, ok });
             }
             Request::Status | Request::Health => self.status(conn, request),
             Request::List {
@@ -97,12 +87,7 @@ impl Engine {
             self.holders.unref(holder);
         }
         c.owner = Some(owner.into());
-        emit(
-            &mut self.conns,
-            &mut self.dirty,
-            conn,
-            Answer::Owner { owner },
-        );
+        self.outbox.answer(conn, Answer::Owner { owner });
     }
 
     /// The holder entry for a grant to `conn`, with the grant's reference.
@@ -277,7 +262,7 @@ impl Engine {
                 key,
                 addr: active.as_deref(),
             };
-            emit(&mut self.conns, &mut self.dirty, conn, answer);
+            self.outbox.answer(conn, answer);
             self.stats.redirected += 1;
             return Some(Ok(()));
         }
@@ -296,7 +281,7 @@ impl Engine {
             }
             _ => return None,
         };
-        emit(&mut self.conns, &mut self.dirty, conn, answer);
+        self.outbox.answer(conn, answer);
         Some(Ok(()))
     }
 

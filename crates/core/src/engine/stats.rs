@@ -58,6 +58,11 @@ pub struct EngineStats {
     /// Shared grants (`G`) and permits (`C`), at once or after a wait.
     pub granted_shared: u64,
     pub granted_permits: u64,
+    /// Permits a standby applied from its active beyond the semaphore's
+    /// limit (the active is authoritative: a heal merged the other side's,
+    /// or a release was lost); a promoted node grants no permit of the key
+    /// until it is back under the limit.
+    pub permits_over_limit: u64,
     /// Acquires refused for the key's kind: `G` or `C` answered
     /// `semaphore`/`lock`, `A` of a live semaphore.
     pub kind_refused: u64,

@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 
 use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
+use crate::outbox::Outbox;
 use crate::proto::Request;
 use crate::stats::{NodeStats, Snapshot};
 
@@ -393,6 +394,13 @@ impl Node {
         self.engine.output_mut(conn)
     }
 
+    /// Every connection's unsent output: how much waits for `conn`
+    /// ([`Outbox::len`]), as [`crate::lifecycle::Lifecycle::wants_read`]
+    /// asks.
+    pub fn outbox(&self) -> &Outbox {
+        self.engine.outbox()
+    }
+
     /// True if the loop sends this turn's output of `conn` with
     /// `MSG_MORE` (replication held back to coalesce: see
     /// [`Cluster::sends_more`]); false for every client connection.
@@ -410,7 +418,7 @@ impl Node {
     /// would sleep and those answers would wait for an unrelated event, a
     /// grant perhaps until after its lease.
     pub fn next_deadline(&self) -> Option<u64> {
-        if self.engine.has_uncollected_output() {
+        if self.engine.outbox().has_uncollected() {
             return Some(0);
         }
         let engine = self.engine.next_deadline();

@@ -56,7 +56,7 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     let mut written = 0;
     while doomed.is_empty() {
         assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
-        e.write_to(20, line.as_bytes());
+        e.outbox_mut().write_link(20, line.as_bytes());
         written += line.len();
         c.flush_replication(now, &mut e);
         c.take_doomed(&mut doomed);

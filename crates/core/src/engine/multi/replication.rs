@@ -136,7 +136,9 @@ impl Engine {
     /// semaphore of `limit` replicated by the active: `key` is held by the
     /// member with `token` for `remaining_ms` from now (a renewal if it is
     /// there). What the active sends is the newest word: an exclusive
-    /// grant of the key, or members of another kind, give way to it. Values
+    /// grant of the key, or members of another kind, give way to it; a
+    /// permit beyond the semaphore's limit is taken and counted
+    /// ([`super::super::stats::EngineStats::permits_over_limit`]). Values
     /// no node of ours sends are refused, and nothing changes.
     pub(crate) fn apply_member(
         &mut self,
@@ -168,6 +170,13 @@ impl Engine {
         }
         self.table.lock_mut(lock).limit = limit;
         self.add_member(lock, token, expires_ms, holder);
+        if limit > 0 && self.table.lock(lock).members > limit {
+            // Taken all the same: the active's word is authoritative, and
+            // a refused permit would be lost at a failover while its
+            // holder goes on. `pass_on` grants no permit until the key is
+            // back under its limit.
+            self.stats.permits_over_limit += 1;
+        }
         Ok(())
     }
 

@@ -605,3 +605,61 @@ fn the_kinds_listing_says_how_each_key_is_held() {
             .all(|l| l.split(' ').count() == 8 || l == "W 0")
     );
 }
+
+/// The active replicates more permits than the semaphore's limit (a heal
+/// merged the other side's, or a release was lost): the standby applies
+/// every one, since the active is authoritative and a refused permit would
+/// be lost at a failover while its holder goes on. It counts the permits it
+/// took over the limit (a renewal of one is not counted again). Promoted,
+/// it lists the key with all its holders, grants no permit until the key
+/// is back under its limit, then grants the waiter in FIFO order.
+#[test]
+fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
+    let mut h = H::new(0);
+    h.engine = standby(h.now);
+    for c in 0..3 {
+        h.engine.open(c);
+    }
+    let who = Holder::default();
+    for token in [10, 11, 12] {
+        h.engine
+            .apply_member(h.now, b"s", token, 1_000, 2, who)
+            .unwrap();
+        h.engine.check_invariants();
+    }
+    assert_eq!(h.engine.stats().permits_over_limit, 1);
+    h.engine
+        .apply_member(h.now, b"s", 12, 2_000, 2, who)
+        .unwrap();
+    assert_eq!(h.engine.stats().permits_over_limit, 1, "a renewal");
+    assert_eq!(h.engine.members_of(b"s").len(), 3);
+    h.engine.become_active();
+    h.engine.check_invariants();
+    h.send(0, "V 0 10").unwrap();
+    let listed = h.answers(0);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let fields: Vec<&str> = listed[0].split(' ').collect();
+    assert_eq!(
+        [fields[1], fields[2], fields[8], fields[9], fields[10]],
+        ["s", "12", "semaphore", "2", "3"],
+        "{listed:?}"
+    );
+    // Over the limit and at it, a permit waits.
+    h.send(1, "C s 2 10 1").unwrap();
+    assert!(h.answers(1).is_empty());
+    h.send(2, "R s 10").unwrap();
+    assert_eq!(h.answers(2), ["R s 1"]);
+    assert!(h.answers(1).is_empty(), "at the limit");
+    // Under it: the waiter is granted, with a token above every one seen.
+    h.send(2, "R s 11").unwrap();
+    assert_eq!(h.answers(2), ["R s 1"]);
+    let granted = h.answers(1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    assert!(token(&granted[0]) > 12, "{granted:?}");
+    assert_eq!(h.engine.members_of(b"s").len(), 2);
+    // Full again: a new permit waits, and its wait runs out.
+    h.send(0, "C s 2 10 0.005").unwrap();
+    assert!(h.answers(0).is_empty());
+    h.advance(10);
+    assert_eq!(h.answers(0), ["C s 0"]);
+}
