@@ -216,7 +216,7 @@ impl Cluster {
         if claim.version > dialing {
             p.dial_version = claim.version;
         }
-        let stale = p.out.filter(|_| p.out_version < claim.version);
+        let stale = p.out.conn().is_some() && p.out_version < claim.version;
         if p.incarnation != claim.incarnation {
             // A new process: what we knew of the old one is void. Only an
             // authenticated link gets here, so no stranger can reset a live
@@ -227,12 +227,10 @@ impl Cluster {
             p.synced = false;
             p.snapshot_sent = false;
         }
-        if let Some(out) = stale {
-            // It speaks a newer version than our link to it: dial again,
-            // so that it gets the grants' holders too.
-            let p = &mut self.peers[from];
-            p.out_authed = false;
-            p.snapshot_sent = false;
+        // It speaks a newer version than our link to it: dial again, so
+        // that it gets the grants' holders too.
+        if stale && let Some(out) = self.peers[from].out.give_up() {
+            self.peers[from].snapshot_sent = false;
             let reason = format!(
                 "{} speaks peer protocol version {}: this link is dialed again with it",
                 self.cfg.peers[from], claim.version
@@ -260,8 +258,15 @@ impl Cluster {
         mac: &auth::MacBytes,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
+        let Some(nonce) = self.peers[peer].out.handshake_nonce() else {
+            debug_assert!(false, "a CHALLENGE outside our handshake");
+            return Err(Unexpected::OnDialedLink {
+                peer: self.cfg.peers[peer].clone(),
+            }
+            .into());
+        };
         let transcript = Transcript {
-            dialer: self.my_identity(self.peers[peer].out_nonce),
+            dialer: self.my_identity(nonce),
             dialer_incarnation: self.cfg.incarnation,
             acceptor: claimed,
         };
@@ -299,7 +304,7 @@ impl Cluster {
             self.conflict(now, claimed.fingerprint, &reason, engine);
             return Err(PeerError::Authentication(reason));
         }
-        self.peers[peer].out_authed = true;
+        self.peers[peer].out.authenticated();
         self.authenticated_any = true;
         tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
         if self.merge_owed == Some(peer) {

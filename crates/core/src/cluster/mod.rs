@@ -49,6 +49,7 @@ mod handshake;
 mod invariants;
 mod links;
 mod messages;
+mod out_link;
 mod replication;
 mod role;
 pub mod wire;
@@ -61,6 +62,7 @@ use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
 use crate::stats::{ClusterStats, FollowerStats};
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
+use out_link::OutLink;
 use replication::OLD_VERSIONS;
 use wire::PeerMsg;
 
@@ -157,20 +159,11 @@ pub enum Role {
 /// What this node knows of one peer.
 #[derive(Debug, Default, Clone)]
 struct Peer {
-    /// Our link to it (we send on it), once dialed.
-    out: Option<ConnId>,
-    /// Our link has checked the peer's `CHALLENGE`: heartbeats and
-    /// replication may go on it.
-    out_authed: bool,
-    /// Until then: the nonce of our `HELLO`, and when we give up waiting
-    /// (`None` once given up: the link is being closed).
-    out_nonce: Nonce,
-    out_deadline_ms: Option<u64>,
+    /// Our link to it (we send on it).
+    out: OutLink,
     /// The size of the last snapshot queued on our link: what it may have
     /// unread beyond [`REPLICATION_BACKLOG_BYTES`].
     snapshot_bytes: usize,
-    dialing: bool,
-    next_dial_ms: u64,
     /// Our link carries a snapshot from us (sent while we were active).
     snapshot_sent: bool,
     /// The peer protocol version our link speaks (its `HELLO`'s).
@@ -376,7 +369,7 @@ impl Cluster {
     pub(crate) fn link_count(&self) -> usize {
         self.links_in.len()
             + self.pending.len()
-            + self.peers.iter().filter(|p| p.out.is_some()).count()
+            + self.peers.iter().filter(|p| p.out.conn().is_some()).count()
     }
 
     /// How many connections beyond `--max-conns` are kept for peers: one
@@ -416,7 +409,7 @@ impl Cluster {
     /// True if `conn` is a peer link: ours, or one from a peer that sent
     /// `HELLO` (authenticated or not).
     pub fn is_peer_link(&self, conn: ConnId) -> bool {
-        self.peers.iter().any(|p| p.out == Some(conn))
+        self.peers.iter().any(|p| p.out.conn() == Some(conn))
             || self.pending.contains_key(&conn)
             || self.links_in.iter().any(|&(c, _)| c == conn)
     }
@@ -529,7 +522,7 @@ impl Cluster {
     pub fn followers(&self) -> impl Iterator<Item = (&str, ConnId, &FollowerStats)> {
         let me = self.cfg.me;
         self.peers.iter().enumerate().filter_map(move |(i, p)| {
-            let conn = p.out.filter(|_| p.out_authed && p.following == Some(me))?;
+            let conn = p.out.ready_conn().filter(|_| p.following == Some(me))?;
             (self.role == Role::Active).then_some((
                 self.cfg.peers[i].as_str(),
                 conn,
@@ -556,8 +549,9 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
-        if let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) {
+        if let Some(peer) = self.peers.iter().position(|p| p.out.conn() == Some(conn)) {
             // Our own link: the peer only ever answers our HELLO.
+            let out = self.peers[peer].out;
             return match msg {
                 PeerMsg::Challenge {
                     fingerprint,
@@ -565,7 +559,7 @@ impl Cluster {
                     addr,
                     nonce,
                     mac,
-                } if !self.peers[peer].out_authed => {
+                } if matches!(out, OutLink::Handshaking { .. }) => {
                     let claimed = Identity {
                         fingerprint,
                         index: index as u64,
@@ -574,6 +568,9 @@ impl Cluster {
                     };
                     self.on_challenge(now, peer, conn, claimed, &mac, engine)
                 }
+                // An answer to a HELLO on a link given up (its close
+                // follows): nothing it says is believed.
+                PeerMsg::Challenge { .. } if matches!(out, OutLink::Closing { .. }) => Ok(()),
                 _ => Err(Unexpected::OnDialedLink {
                     peer: self.cfg.peers[peer].clone(),
                 }
@@ -634,7 +631,7 @@ impl Cluster {
         why: &str,
         engine: &mut Engine,
     ) {
-        let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) else {
+        let Some(peer) = self.peers.iter().position(|p| p.out.conn() == Some(conn)) else {
             return;
         };
         let reason = format!(
@@ -655,7 +652,7 @@ impl Cluster {
         let out = self
             .peers
             .iter()
-            .position(|p| p.out == Some(conn) && p.out_authed);
+            .position(|p| p.out.ready_conn() == Some(conn));
         let inbound = self
             .links_in
             .iter()
@@ -666,7 +663,7 @@ impl Cluster {
             self.given_up.push(conn);
         }
         self.downgrade_if_refused(conn, line);
-        let who = match self.peers.iter().position(|p| p.out == Some(conn)) {
+        let who = match self.peers.iter().position(|p| p.out.conn() == Some(conn)) {
             Some(p) => self.cfg.peers[p].as_str(),
             None => "a peer",
         };
@@ -684,7 +681,7 @@ impl Cluster {
         let Some(i) = self
             .peers
             .iter()
-            .position(|p| p.out == Some(conn) && !p.out_authed)
+            .position(|p| p.out.conn() == Some(conn) && !p.out.is_ready())
         else {
             return;
         };

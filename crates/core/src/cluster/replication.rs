@@ -30,10 +30,10 @@ impl Cluster {
         let mut too_old = false;
         for i in 0..self.peers.len() {
             let p = &self.peers[i];
-            let Some(conn) = p.out else { continue };
-            if i == me || !p.out_authed || p.heard_ms.is_none() || p.following != Some(me) {
+            let follows = i != me && p.heard_ms.is_some() && p.following == Some(me);
+            let Some(conn) = p.out.ready_conn().filter(|_| follows) else {
                 continue;
-            }
+            };
             let version = p.out_version;
             too_old |= version < wire::SHARED_VERSION;
             debug_assert!((wire::MIN_VERSION..=wire::VERSION).contains(&version));
@@ -80,7 +80,7 @@ impl Cluster {
             if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
                 // It does not keep up: stop queueing for it. It resyncs from
                 // a snapshot on the next link.
-                p.out_authed = false;
+                p.out.give_up();
                 p.snapshot_sent = false;
                 let reason = format!(
                     "follower {} has {unsent} bytes of replication unread; closing the link \
@@ -97,8 +97,7 @@ impl Cluster {
         // is being closed.
         debug_assert!(self.peers.iter().enumerate().all(|(i, p)| {
             i == me
-                || p.out.is_none()
-                || !p.out_authed
+                || !p.out.is_ready()
                 || p.heard_ms.is_none()
                 || p.following != Some(me)
                 || p.snapshot_sent
@@ -146,7 +145,7 @@ impl Cluster {
         let due = |p: &Peer| {
             p.held_since_us
                 .is_some_and(|since| now.us >= since.saturating_add(coalesce_us))
-                && !p.out.is_some_and(|conn| more.contains(&conn))
+                && !p.out.conn().is_some_and(|conn| more.contains(&conn))
         };
         if self.peers.iter().any(due) {
             self.scratch.clear();
@@ -161,7 +160,7 @@ impl Cluster {
             p.pushed_us = now.us;
             // Behind a backlog the link's bytes are not even in the kernel
             // yet; they go without `MSG_MORE` when they do.
-            if let Some(conn) = p.out.filter(|_| p.out_authed)
+            if let Some(conn) = p.out.ready_conn()
                 && engine.output_mut(conn).len() < HEARTBEAT_BACKLOG_BYTES
             {
                 engine.write_to(conn, &self.scratch);
@@ -213,7 +212,8 @@ impl Cluster {
         let p = &self.peers[from];
         let Some(conn) = p
             .out
-            .filter(|_| p.out_authed && p.out_version >= wire::PROBE_VERSION)
+            .ready_conn()
+            .filter(|_| p.out_version >= wire::PROBE_VERSION)
         else {
             return;
         };

@@ -21,10 +21,7 @@ impl Cluster {
         // hand-off then, the peers fail over as if we had crashed.
         let me = self.cfg.me;
         let linked = |p: usize| {
-            self.alive(p)
-                && self.peers[p].out.is_some()
-                && self.peers[p].out_authed
-                && self.peers[p].following == Some(me)
+            self.alive(p) && self.peers[p].out.is_ready() && self.peers[p].following == Some(me)
         };
         let synced = |p: usize| {
             let peer = &self.peers[p];
@@ -150,7 +147,7 @@ impl Cluster {
                 && peer.following == Some(me)
                 && peer.synced
                 && peer.snapshot_sent
-                && peer.out_authed;
+                && peer.out.is_ready();
             if !ready {
                 self.peers[p].ready_since = None;
             } else if peer.ready_since.is_none() {
@@ -302,7 +299,7 @@ impl Cluster {
     pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine) {
         let Some(to) = self.merge_owed else { return };
         let p = &self.peers[to];
-        let Some(conn) = p.out.filter(|_| p.out_authed) else {
+        let Some(conn) = p.out.ready_conn() else {
             return;
         };
         if p.out_version < wire::MERGE_VERSION {
@@ -449,7 +446,7 @@ impl Cluster {
         );
         assert!(to != self.cfg.me && to < self.peers.len());
         self.flush_replication(now, engine);
-        let Some(conn) = self.peers[to].out.filter(|_| self.peers[to].out_authed) else {
+        let Some(conn) = self.peers[to].out.ready_conn() else {
             return;
         };
         if !self.peers[to].snapshot_sent {

@@ -124,7 +124,7 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     // And the node kept no state for them once the loop closes them.
     c.on_close(at(TIMEOUT_MS + 1), 5, &mut e);
     c.on_close(at(TIMEOUT_MS + 1), 6, &mut e);
-    assert!(c.pending.is_empty() && c.peers[1].out.is_none());
+    assert!(c.pending.is_empty() && c.peers[1].out.conn().is_none());
     c.check_invariants(at(TIMEOUT_MS + 1), &e);
 }
 
@@ -226,7 +226,7 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
         .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert!(e.output_mut(20).is_empty(), "no AUTH for an impostor");
-    assert!(!c.peers[1].out_authed);
+    assert!(!c.peers[1].out.is_ready());
 
     // The genuine peer: AUTH, then our heartbeat at once.
     let (mut c, mut e) = node(0);
@@ -280,7 +280,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     assert!(err.contains("is node 0 of its --peers"), "{err}");
     // It got our AUTH, so it learns of the conflict as surely as we did.
     assert!(e.output_mut(20).starts_with(b"P AUTH "));
-    assert!(!c.peers[1].out_authed);
+    assert!(!c.peers[1].out.is_ready());
     assert!(c.problem(at(1)).is_some());
 }
 
@@ -372,11 +372,14 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     // longer than the handshake timeout (SIGSTOP, a VM stall). The peer's
     // AUTH waits unread meanwhile: it must be taken, as heartbeats are
     // after a stall, not refused as a line out of place.
+    // So must the CHALLENGE that answers our own HELLO.
     let (mut c, mut e) = node(2);
     c.tick(at(1), &mut e);
     e.open(5);
     let peer = Remote::new(0);
     let (_, mac) = hello_and_auth(&peer, &mut c, &mut e, at(1), 5);
+    e.open(6);
+    c.outbound_open(at(1), 6, 1, &mut e);
     // The process resumes 3 timeouts later: its first turn ticks, then
     // reads what waited.
     let resumed = at(1 + 3 * TIMEOUT_MS);
@@ -387,6 +390,8 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     c.on_message(resumed, 5, PeerMsg::Auth { mac }, &mut e)
         .unwrap();
     assert!(c.is_authenticated_in(5));
+    Remote::new(1).accept(&mut c, &mut e, resumed, 6).unwrap();
+    assert!(c.peers[1].out.is_ready());
     c.check_invariants(resumed, &e);
 }
 
@@ -415,4 +420,32 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     assert!(c.alive(0) && c.superseded.is_empty());
     heartbeat(&mut c, &mut e, at(5), 12, true, None);
     c.check_invariants(at(5), &e);
+}
+
+#[test]
+fn a_challenge_on_a_link_given_up_is_not_believed() {
+    // Our HELLO goes unanswered past the peer timeout: the link is given
+    // up. A CHALLENGE read before it closes gets no AUTH and does not
+    // make it a link our state goes on.
+    let (mut c, mut e) = node(0);
+    e.open(6);
+    c.tick(at(1), &mut e);
+    c.outbound_open(at(1), 6, 1, &mut e);
+    // Ticks as a running loop's (a longer gap would be a stall).
+    for ms in (11..=1 + TIMEOUT_MS).step_by(10) {
+        c.tick(at(ms), &mut e);
+    }
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert_eq!(doomed.len(), 1, "{doomed:?}");
+    assert_eq!(doomed[0].0, 6);
+    let answer = Remote::new(1)
+        .accept(&mut c, &mut e, at(1 + TIMEOUT_MS), 6)
+        .unwrap();
+    assert!(answer.is_empty(), "{answer:?}");
+    assert!(!c.peers[1].out.is_ready());
+    c.check_invariants(at(1 + TIMEOUT_MS), &e);
+    c.on_close(at(1 + TIMEOUT_MS), 6, &mut e);
+    assert!(c.peers[1].out.conn().is_none());
+    c.check_invariants(at(1 + TIMEOUT_MS), &e);
 }

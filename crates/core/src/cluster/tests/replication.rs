@@ -63,7 +63,7 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     }
     assert_eq!(doomed[0].0, 20);
     assert!(doomed[0].1.contains("resyncs"), "{}", doomed[0].1);
-    assert!(!c.peers[1].snapshot_sent && !c.peers[1].out_authed);
+    assert!(!c.peers[1].snapshot_sent && !c.peers[1].out.is_ready());
     c.check_invariants(now, &e);
 }
 
