@@ -13,7 +13,7 @@ mod peer_line;
 #[allow(unreachable_pub)]
 mod node;
 
-use ringlock::cluster::auth::{MAC_LEN, NONCE_LEN};
+use ringlock::cluster::auth::{Fingerprint, MAC_LEN, NONCE_LEN};
 use ringlock::cluster::wire::{self, MAX_PEERS, MAX_REMAINING_MS, PeerMsg};
 use ringlock::engine::token::MAX_TOKEN;
 
@@ -98,14 +98,14 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     let msg = match rng.below(10) {
         0 => PeerMsg::Hello {
             version: wire::VERSION,
-            fingerprint: rng.next(),
+            fingerprint: Fingerprint(rng.next()),
             from: index,
             addr: &k,
             incarnation: rng.next(),
             nonce: rng.bytes::<NONCE_LEN>(),
         },
         1 => PeerMsg::Challenge {
-            fingerprint: rng.next(),
+            fingerprint: Fingerprint(rng.next()),
             index,
             addr: &k,
             nonce: rng.bytes::<NONCE_LEN>(),

@@ -957,7 +957,7 @@ impl Harness {
         };
         match how % 32 {
             28 => {
-                hello.fingerprint ^= 1 << (input.u8() % 64);
+                hello.fingerprint.0 ^= 1 << (input.u8() % 64);
                 genuine = false;
             }
             29 => {
@@ -1277,7 +1277,7 @@ impl Harness {
             nonce: self.next_nonce(),
         };
         if how % 16 == 12 {
-            me.fingerprint = input.u64();
+            me.fingerprint = Fingerprint(input.u64());
         }
         let right_mac = !matches!(how % 16, 13..=15);
         let genuine = right_mac && index as usize == dialed && me.fingerprint == self.fingerprint;
