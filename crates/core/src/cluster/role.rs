@@ -44,7 +44,7 @@ impl Cluster {
             );
             return None;
         };
-        self.hand_off(now, successor, engine);
+        self.hand_over_role(now, successor, engine);
         Some(successor)
     }
 
@@ -167,7 +167,7 @@ impl Cluster {
                 self.cfg.peers[p],
                 self.cfg.failback_delay_ms
             );
-            self.hand_off(now, p, engine);
+            self.hand_over_role(now, p, engine);
         }
     }
 
@@ -438,7 +438,7 @@ impl Cluster {
     /// Hands the role to `to`: this turn's deltas first, then our waiters
     /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
     /// has everything before it starts serving.
-    pub(super) fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
+    pub(super) fn hand_over_role(&mut self, now: Now, to: usize, engine: &mut Engine) {
         assert_eq!(
             self.role,
             Role::Active,
