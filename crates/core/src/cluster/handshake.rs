@@ -20,7 +20,7 @@ impl Cluster {
         Transcript {
             dialer: Identity {
                 fingerprint: claim.fingerprint,
-                index: claim.from as u64,
+                index: claim.from.0 as u64,
                 addr: &claim.addr,
                 nonce: claim.nonce,
             },
@@ -32,7 +32,7 @@ impl Cluster {
     pub(super) fn my_identity(&self, nonce: Nonce) -> Identity<'_> {
         Identity {
             fingerprint: self.fingerprint,
-            index: self.cfg.me as u64,
+            index: self.cfg.me.0 as u64,
             addr: self.cfg.peers[self.cfg.me].as_bytes(),
             nonce,
         }
@@ -43,13 +43,13 @@ impl Cluster {
     pub(super) fn difference(
         &self,
         fingerprint: Fingerprint,
-        index: usize,
+        index: PeerId,
         addr: &[u8],
     ) -> Option<String> {
         let n = self.peers.len();
         let shown = Quoted(addr);
         let ours = crate::proto::quoted(self.cfg.peers.join(",").as_bytes(), 160);
-        if index >= n {
+        if index.0 >= n {
             return Some(format!(
                 "{shown} says it is node {index} of its --peers, but this node's list has {n} \
                  nodes ({ours}): --peers must be the same list on every node"
@@ -252,7 +252,7 @@ impl Cluster {
     pub(super) fn on_challenge(
         &mut self,
         now: Now,
-        peer: usize,
+        peer: PeerId,
         conn: ConnId,
         claimed: Identity<'_>,
         mac: &auth::MacBytes,
@@ -299,7 +299,7 @@ impl Cluster {
         self.scratch.clear();
         wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
         engine.write_to(conn, &self.scratch);
-        let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
+        let index = PeerId(usize::try_from(claimed.index).unwrap_or(usize::MAX));
         if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
             self.conflict(now, claimed.fingerprint, &reason, engine);
             return Err(PeerError::Authentication(reason));

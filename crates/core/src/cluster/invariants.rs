@@ -13,7 +13,7 @@ impl Cluster {
             "MSG_MORE without coalescing"
         );
         assert!(self.more.len() < n, "MSG_MORE on links to followers only");
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             // Held bytes were sent at or after their link's last push.
             if let Some(since) = p.held_since_us {
                 assert!(self.cfg.coalesce_us > 0, "held without coalescing");
@@ -30,7 +30,7 @@ impl Cluster {
 
     /// Our link to each peer.
     fn check_out_links(&self, now: Now) {
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             assert!(
                 !p.snapshot_sent || p.out.is_ready(),
                 "snapshot on an unauthenticated link"
@@ -63,7 +63,7 @@ impl Cluster {
             "the engine serves exactly when the node is active"
         );
         if let Role::Standby { following: Some(f) } = self.role {
-            assert!(f < n && f != me, "follows a real other node");
+            assert!(f.0 < n && f != me, "follows a real other node");
         }
         if self.role == Role::Active && !self.leaving {
             assert!(
@@ -80,14 +80,14 @@ impl Cluster {
         );
         self.check_replication_state(now);
         self.check_out_links(now);
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             let links = self.links_in.iter().filter(|&&(_, peer)| peer == i).count();
             assert_eq!(p.links_in as usize, links, "link count of peer {i}");
             assert!(
                 !p.claims_active || p.heard_ms.is_some(),
                 "a dead peer claims the role"
             );
-            assert!(p.following.is_none_or(|f| f < n));
+            assert!(p.following.is_none_or(|f| f.0 < n));
             assert!(
                 !p.in_merge || p.links_in > 0,
                 "a merge open from peer {i} with no link from it"
@@ -97,7 +97,7 @@ impl Cluster {
         // gave way to an active and has not had an active's snapshot
         // since), or following nobody, to the next active it follows.
         if let Some(to) = self.merge_owed {
-            assert!(to < n && to != me, "a merge owed to a real other node");
+            assert!(to.0 < n && to != me, "a merge owed to a real other node");
             assert!(
                 matches!(self.role, Role::Standby { following: f } if f.is_none_or(|f| f == to)),
                 "a merge owed to a node this one does not follow"
@@ -106,7 +106,7 @@ impl Cluster {
         assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
         assert!(self.conflicts.len() <= MAX_CONFLICTS);
         for &(conn, peer) in &self.links_in {
-            assert!(peer < n && peer != me);
+            assert!(peer.0 < n && peer != me);
             assert!(
                 !self.pending.contains_key(&conn),
                 "link both pending and authenticated"

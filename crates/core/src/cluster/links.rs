@@ -12,7 +12,7 @@ impl Cluster {
         if let Some(push) = self.push_deadline() {
             next = next.min(push);
         }
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             if i == self.cfg.me {
                 continue;
             }
@@ -57,15 +57,15 @@ impl Cluster {
 
     /// Peers to dial now: `(index, address)`. Each is dialing until
     /// [`Cluster::outbound_open`] or [`Cluster::dial_failed`].
-    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
-        for (i, p) in self.peers.iter_mut().enumerate() {
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(PeerId, String)>) {
+        for (i, p) in with_ids_mut(&mut self.peers) {
             if i != self.cfg.me && p.out.start_dial(now.ms) {
                 into.push((i, self.cfg.peers[i].clone()));
             }
         }
     }
 
-    pub fn dial_failed(&mut self, peer: usize, now: Now) {
+    pub fn dial_failed(&mut self, peer: PeerId, now: Now) {
         let retry = self.dial_retry_ms();
         self.peers[peer].out.dial_failed(now.ms + retry);
     }
@@ -73,7 +73,7 @@ impl Cluster {
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
     /// engine already): introduce ourselves with a fresh nonce. Nothing else
     /// goes on the link until the peer's `CHALLENGE` proves it.
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize, engine: &mut Engine) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, engine: &mut Engine) {
         let nonce = self.next_nonce();
         let p = &mut self.peers[peer];
         p.out.opened(conn, nonce, now.ms + self.cfg.peer_timeout_ms);
@@ -109,7 +109,7 @@ impl Cluster {
         // peer's address may meet anything listening there (the peer is
         // down and something else has its port), at every retry.
         let mut authed = false;
-        if let Some(i) = self.peers.iter().position(|p| p.out.conn() == Some(conn)) {
+        if let Some(i) = self.peer_by(|p| p.out.conn() == Some(conn)) {
             let retry = self.dial_retry_ms();
             let p = &mut self.peers[i];
             authed = p.out.closed(now.ms + retry);
@@ -192,7 +192,7 @@ impl Cluster {
             self.step_down_after_stall(now, engine);
         }
         self.last_tick_ms = now.ms;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
             if p.heard_ms
                 .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
@@ -210,7 +210,7 @@ impl Cluster {
             self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
             self.scratch.clear();
             self.encode_heartbeat(engine);
-            for i in 0..self.peers.len() {
+            for i in PeerId::all(self.peers.len()) {
                 // A peer that stopped reading (hung) gets no more heartbeats
                 // once a backlog builds: they would only pile up in memory.
                 if let Some(conn) = self.peers[i].out.ready_conn()
@@ -259,7 +259,7 @@ impl Cluster {
     /// as the partition lasted. A new connection is tried every
     /// [`Cluster::dial_retry_ms`] plus the dial timeout, whatever the partition's
     /// length.
-    pub(super) fn drop_silent_links(&mut self, i: usize, engine: &mut Engine) {
+    pub(super) fn drop_silent_links(&mut self, i: PeerId, engine: &mut Engine) {
         let silent = format!(
             "{} silent for {} ms: closing its links, dialing afresh",
             self.cfg.peers[i], self.cfg.peer_timeout_ms
@@ -291,7 +291,7 @@ impl Cluster {
     /// closed and dialed afresh instead.
     pub(super) fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
         let active = self.role == Role::Active;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
             if !rival {
                 self.peers[i].rival_since = None;
@@ -334,7 +334,7 @@ impl Cluster {
             );
             self.doom(conn, reason, engine);
         }
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
             if let Some(conn) = p.out.expire(now.ms) {
                 let reason = format!(

@@ -28,7 +28,7 @@ impl Cluster {
         let mut deltas_encoded = [false; 1 + OLD_VERSIONS];
         // A follower that cannot learn shared grants and permits.
         let mut too_old = false;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &self.peers[i];
             let follows = i != me && p.heard_ms.is_some() && p.following == Some(me);
             let Some(conn) = p.out.ready_conn().filter(|_| follows) else {
@@ -95,7 +95,7 @@ impl Cluster {
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
         // is being closed.
-        debug_assert!(self.peers.iter().enumerate().all(|(i, p)| {
+        debug_assert!(with_ids(&self.peers).all(|(i, p)| {
             i == me
                 || !p.out.is_ready()
                 || p.heard_ms.is_none()
@@ -112,7 +112,7 @@ impl Cluster {
     /// long, or on a link quiet for longer (a lone grant goes at once).
     /// The bytes are in the kernel either way before any answer of the
     /// turn is, so a stop of this process loses nothing.
-    fn hold_or_push(&mut self, now: Now, i: usize, conn: ConnId) {
+    fn hold_or_push(&mut self, now: Now, i: PeerId, conn: ConnId) {
         let coalesce_us = self.cfg.coalesce_us;
         let p = &mut self.peers[i];
         let due = p
@@ -151,7 +151,7 @@ impl Cluster {
             self.scratch.clear();
             self.encode_heartbeat(engine);
         }
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             if !due(&self.peers[i]) {
                 continue;
             }
@@ -183,7 +183,7 @@ impl Cluster {
     /// [`PROBE_EVERY_MS`] ago, or its link speaks a version before
     /// [`wire::PROBE_VERSION`]. A probe unanswered within the peer timeout
     /// is given up (counted), so that a lost answer stops no measurement.
-    fn probe(&mut self, now: Now, i: usize, conn: ConnId, engine: &mut Engine) {
+    fn probe(&mut self, now: Now, i: PeerId, conn: ConnId, engine: &mut Engine) {
         let timeout_ms = self.cfg.peer_timeout_ms;
         let p = &mut self.peers[i];
         if p.out_version < wire::PROBE_VERSION || now.ms < p.next_probe_ms {
@@ -208,7 +208,7 @@ impl Cluster {
     /// applied, so we answer on our own link to it (a link before
     /// [`wire::PROBE_VERSION`], or none: no answer, and the active gives
     /// the probe up).
-    pub(super) fn answer_probe(&mut self, from: usize, seq: u64, engine: &mut Engine) {
+    pub(super) fn answer_probe(&mut self, from: PeerId, seq: u64, engine: &mut Engine) {
         let p = &self.peers[from];
         let Some(conn) = p
             .out
@@ -225,7 +225,7 @@ impl Cluster {
     /// Follower `from` answered probe `seq`: its lag is the time since the
     /// probe went. An answer to any other probe (given up, or from an
     /// earlier link) is ignored.
-    pub(super) fn probe_answered(&mut self, now: Now, from: usize, seq: u64) {
+    pub(super) fn probe_answered(&mut self, now: Now, from: PeerId, seq: u64) {
         let p = &mut self.peers[from];
         if let Some((_, sent_us)) = p.probe.filter(|&(sent, _)| sent == seq) {
             p.replication.lag_us.record(now.us.saturating_sub(sent_us));

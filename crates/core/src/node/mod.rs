@@ -24,7 +24,7 @@ pub use admission::Admission;
 
 use std::net::SocketAddr;
 
-use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
+use crate::cluster::{Cluster, ClusterConfig, PeerError, PeerId, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::proto::Request;
 use crate::stats::{NodeStats, Snapshot};
@@ -429,20 +429,20 @@ impl Node {
     }
 
     /// Peers to dial now, `(index, address)`.
-    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(PeerId, String)>) {
         if let Some(cluster) = &mut self.cluster {
             cluster.take_dials(now, into);
         }
     }
 
-    pub fn dial_failed(&mut self, now: Now, peer: usize) {
+    pub fn dial_failed(&mut self, now: Now, peer: PeerId) {
         if let Some(cluster) = &mut self.cluster {
             cluster.dial_failed(peer, now);
         }
     }
 
     /// A dial to `peer` succeeded as connection `conn` (not yet opened).
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId) {
         self.engine.open(conn);
         self.stats.conns_opened += 1;
         if let Some(cluster) = &mut self.cluster {

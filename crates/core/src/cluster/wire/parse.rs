@@ -1,6 +1,6 @@
 //! Parsing a peer line: every field checked against its bound.
 
-use super::{MAX_PEERS, MAX_REMAINING_MS, MIN_VERSION, PeerMsg, VERSION, WireError};
+use super::{MAX_PEERS, MAX_REMAINING_MS, MIN_VERSION, PeerId, PeerMsg, VERSION, WireError};
 use crate::access::is_valid_identity;
 use crate::cluster::auth::{self, Fingerprint, MAC_LEN, NONCE_LEN};
 use crate::engine::token::MAX_TOKEN;
@@ -48,7 +48,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let index = |v: &[u8]| {
         parse_u64(v)
             .filter(|&i| i < MAX_PEERS as u64)
-            .map(|i| i as usize)
+            .map(|i| PeerId(i as usize))
             .ok_or_else(|| bad("peer index out of range"))
     };
     let key = |v: &'_ [u8]| {

@@ -12,14 +12,14 @@ fn all_kinds() -> Vec<PeerMsg<'static>> {
         PeerMsg::Hello {
             version: VERSION,
             fingerprint: Fingerprint(0x0123_4567_89ab_cdef),
-            from: 2,
+            from: PeerId(2),
             addr: b"127.0.0.1:7173",
             incarnation: u64::MAX,
             nonce: [0xa5; NONCE_LEN],
         },
         PeerMsg::Challenge {
             fingerprint: Fingerprint(0),
-            index: MAX_PEERS - 1,
+            index: PeerId(MAX_PEERS - 1),
             addr: b"db1.example:7171",
             nonce: [0; NONCE_LEN],
             mac: [0xff; MAC_LEN],
@@ -33,7 +33,7 @@ fn all_kinds() -> Vec<PeerMsg<'static>> {
         },
         PeerMsg::Heartbeat {
             active: false,
-            following: Some(0),
+            following: Some(PeerId(0)),
             highest: 5,
             synced: true,
         },
