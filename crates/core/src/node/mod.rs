@@ -19,6 +19,8 @@ mod addresses;
 mod admission;
 mod logs;
 mod metrics;
+#[cfg(test)]
+mod tests;
 
 pub use admission::Admission;
 
@@ -374,6 +376,20 @@ impl Node {
             });
         }
         result
+    }
+
+    /// A line on `conn` longer than any line may be: it broke the protocol
+    /// before it could be read (`reason` says so). Counted like any
+    /// protocol error; on a peer link also logged, rate-limited, as a peer
+    /// line's error is, since the link's close alone would not say why.
+    pub(crate) fn line_too_long(&mut self, now: Now, conn: ConnId, reason: &str) {
+        self.protocol_error();
+        if self.is_peer_link(conn) {
+            let remote = self.remote(conn);
+            self.peer_log.log(now, "peer link errors", || {
+                format!("peer link with {remote} broken: {reason}")
+            });
+        }
     }
 
     /// Collects the connections with output: peer links first, then
