@@ -405,7 +405,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
         .map_err(|e| ServeError::Config(format!("no random numbers from the OS: {e}")))?;
     Ok(Some(ClusterConfig {
         peers: args.peers.clone(),
-        me,
+        me: crate::cluster::PeerId(me),
         heartbeat_ms: args.heartbeat_ms,
         peer_timeout_ms: args.peer_timeout_ms,
         failback_delay_ms: args.failback_delay_ms,

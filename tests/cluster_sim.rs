@@ -71,7 +71,7 @@ mod sim;
 
 use std::ops::Range;
 
-use ringlock::cluster::Role;
+use ringlock::cluster::{PeerId, Role};
 use ringlock::io::LINGER_MS;
 use ringlock::io::lifecycle::Phase;
 use sim::{ConnView, HEARTBEAT_MS, MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
@@ -225,7 +225,12 @@ fn failover_after_a_crash_keeps_the_replicated_grants() {
     // behind n0's: it read them from n0.
     let c = sim.acquire(1, "c", 5_000).unwrap();
     assert!(c > before, "token {c} not above {before}");
-    assert_eq!(sim.role(2), Some(Role::Standby { following: Some(1) }));
+    assert_eq!(
+        sim.role(2),
+        Some(Role::Standby {
+            following: Some(PeerId(1))
+        })
+    );
     ok(&sim);
 }
 
@@ -248,7 +253,12 @@ fn a_restarted_first_node_syncs_then_takes_the_role_back() {
     assert_eq!(sim.actives(), [0]);
     sim.run_for(100);
     for x in [1, 2] {
-        assert_eq!(sim.role(x), Some(Role::Standby { following: Some(0) }));
+        assert_eq!(
+            sim.role(x),
+            Some(Role::Standby {
+                following: Some(PeerId(0))
+            })
+        );
         assert_eq!(sim.table(x), grants(&[("a", a), ("b", b)]));
     }
     let c = sim.acquire(0, "c", 5_000).unwrap();
@@ -363,7 +373,10 @@ fn cluster_with_failback_delay(nodes: usize, delay_ms: u64) -> Sim {
 /// taken n1's snapshot); n1 stays the only active meanwhile.
 fn until_n0_synced_to_n1(sim: &mut Sim, max_ms: u64) {
     let start = sim.now;
-    while !(sim.role(0) == Some(Role::Standby { following: Some(1) })
+    while !(sim.role(0)
+        == Some(Role::Standby {
+            following: Some(PeerId(1)),
+        })
         && sim.table(0) == sim.table(1))
     {
         assert!(sim.run_for(1), "{}", sim.report());
@@ -405,7 +418,12 @@ fn a_restarted_first_node_takes_the_role_back_only_after_the_failback_delay() {
     assert_eq!(sim.actives(), [0]);
     assert_eq!(sim.table(0), grants(&[("a", a), ("b", b)]));
     sim.run_for(100);
-    assert_eq!(sim.role(1), Some(Role::Standby { following: Some(0) }));
+    assert_eq!(
+        sim.role(1),
+        Some(Role::Standby {
+            following: Some(PeerId(0))
+        })
+    );
     ok(&sim);
 }
 
@@ -600,7 +618,12 @@ fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
         );
     }
     for x in [1, 2] {
-        assert_eq!(sim.role(x), Some(Role::Standby { following: Some(0) }));
+        assert_eq!(
+            sim.role(x),
+            Some(Role::Standby {
+                following: Some(PeerId(0))
+            })
+        );
     }
     // Tokens go on above everything either active issued or saw.
     sim.set_target(0, 0);
@@ -673,7 +696,11 @@ fn gave_way_with_the_merge_in_flight(seed: u64) -> Option<(Sim, u64)> {
     let z = sim.acquire(1, "z", 30_000).unwrap();
     sim.heal();
     let start = sim.now;
-    while sim.role(2) != Some(Role::Standby { following: Some(0) }) {
+    while sim.role(2)
+        != Some(Role::Standby {
+            following: Some(PeerId(0)),
+        })
+    {
         assert!(sim.run_for(1), "{}", sim.report());
         assert!(
             sim.now - start < 2_000,
@@ -740,9 +767,12 @@ fn a_merge_the_winner_never_read_goes_to_the_next_active() {
 /// Every node names `a` as the one active.
 fn all_follow(sim: &Sim, a: usize, nodes: usize) -> bool {
     sim.actives() == [a]
-        && (0..nodes)
-            .filter(|&x| x != a)
-            .all(|x| sim.role(x) == Some(Role::Standby { following: Some(a) }))
+        && (0..nodes).filter(|&x| x != a).all(|x| {
+            sim.role(x)
+                == Some(Role::Standby {
+                    following: Some(PeerId(a)),
+                })
+        })
 }
 
 #[test]
@@ -817,7 +847,12 @@ fn a_standby_whose_packets_to_the_active_are_lost_does_not_take_over() {
         assert_eq!(sim.actives(), [0], "{}", sim.report());
     }
     assert_eq!(sim.role(1), Some(Role::Standby { following: None }));
-    assert_eq!(sim.role(2), Some(Role::Standby { following: Some(0) }));
+    assert_eq!(
+        sim.role(2),
+        Some(Role::Standby {
+            following: Some(PeerId(0))
+        })
+    );
     // Clients that ask n1 are sent to n0.
     sim.set_target(1, 1);
     let b = sim.acquire(1, "b", 5_000).unwrap();

@@ -13,7 +13,8 @@ mod peer_line;
 #[allow(unreachable_pub)]
 mod node;
 
-use ringlock::cluster::auth::{MAC_LEN, NONCE_LEN};
+use ringlock::cluster::PeerId;
+use ringlock::cluster::auth::{Fingerprint, MAC_LEN, NONCE_LEN};
 use ringlock::cluster::wire::{self, MAX_PEERS, MAX_REMAINING_MS, PeerMsg};
 use ringlock::engine::token::MAX_TOKEN;
 
@@ -98,15 +99,15 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     let msg = match rng.below(10) {
         0 => PeerMsg::Hello {
             version: wire::VERSION,
-            fingerprint: rng.next(),
-            from: index,
+            fingerprint: Fingerprint(rng.next()),
+            from: PeerId(index),
             addr: &k,
             incarnation: rng.next(),
             nonce: rng.bytes::<NONCE_LEN>(),
         },
         1 => PeerMsg::Challenge {
-            fingerprint: rng.next(),
-            index,
+            fingerprint: Fingerprint(rng.next()),
+            index: PeerId(index),
             addr: &k,
             nonce: rng.bytes::<NONCE_LEN>(),
             mac: rng.bytes::<MAC_LEN>(),
@@ -116,7 +117,7 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
         },
         3 => PeerMsg::Heartbeat {
             active: rng.below(2) == 0,
-            following: (rng.below(3) > 0).then_some(index),
+            following: (rng.below(3) > 0).then_some(PeerId(index)),
             highest: token,
             synced: rng.below(2) == 0,
         },

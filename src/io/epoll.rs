@@ -281,7 +281,7 @@ impl Loop {
     fn adopt_peer_link(
         &mut self,
         stream: std::net::TcpStream,
-        peer: usize,
+        peer: crate::cluster::PeerId,
         poll: &Poll,
         node: &mut Node,
         now: Now,

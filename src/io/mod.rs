@@ -23,6 +23,7 @@ pub use session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_outpu
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::cluster::PeerId;
 use crate::engine::Now;
 use crate::node::Node;
 
@@ -102,7 +103,7 @@ pub fn accepted_lifecycle(tls: Option<&LoopTls>, now_ms: u64) -> Result<Lifecycl
 pub fn dialed_lifecycle(
     tls: Option<&LoopTls>,
     node: &Node,
-    peer: usize,
+    peer: PeerId,
     now_ms: u64,
 ) -> Result<Lifecycle, String> {
     match tls {
@@ -129,8 +130,8 @@ pub fn dialed_lifecycle(
 /// the thread (sent with `MSG_NOSIGNAL`), never a `SIGPIPE` for the
 /// process.
 pub struct Dialer {
-    requests: std::sync::mpsc::Sender<(usize, String)>,
-    results: std::sync::mpsc::Receiver<(usize, std::io::Result<std::net::TcpStream>)>,
+    requests: std::sync::mpsc::Sender<(PeerId, String)>,
+    results: std::sync::mpsc::Receiver<(PeerId, std::io::Result<std::net::TcpStream>)>,
     wake: std::os::unix::net::UnixStream,
 }
 
@@ -234,7 +235,7 @@ impl Dialer {
         // pair (and the channels) drop and close as this function returns.
         let (wake, wake_writer) = std::os::unix::net::UnixStream::pair()?;
         wake.set_nonblocking(true)?;
-        let (requests, request_rx) = std::sync::mpsc::channel::<(usize, String)>();
+        let (requests, request_rx) = std::sync::mpsc::channel::<(PeerId, String)>();
         let (result_tx, results) = std::sync::mpsc::channel();
         // The thread's ends (`request_rx`, `result_tx`, `wake_writer`) move
         // into its closure. If the thread cannot be started, `spawn` drops
@@ -244,7 +245,7 @@ impl Dialer {
         std::thread::Builder::new()
             .name("ringlock-dialer".into())
             .spawn(move || {
-                let fail = |peer: usize, why: &str| {
+                let fail = |peer: PeerId, why: &str| {
                     let failed = std::io::Error::other(why.to_string());
                     let sent = result_tx.send((peer, Err(failed))).is_ok();
                     let _ = socket2::SockRef::from(&wake_writer)
@@ -300,12 +301,12 @@ impl Dialer {
         })
     }
 
-    pub fn dial(&self, peer: usize, addr: String) {
+    pub fn dial(&self, peer: PeerId, addr: String) {
         let _ = self.requests.send((peer, addr));
     }
 
     /// The results ready now (after draining the wake socket).
-    pub fn results(&self) -> Vec<(usize, std::io::Result<std::net::TcpStream>)> {
+    pub fn results(&self) -> Vec<(PeerId, std::io::Result<std::net::TcpStream>)> {
         use std::io::Read;
         let mut buf = [0u8; 64];
         while matches!((&self.wake).read(&mut buf), Ok(n) if n > 0) {}

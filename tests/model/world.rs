@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 
 use ringlock::cluster::auth::Secret;
-use ringlock::cluster::{ClusterConfig, Role};
+use ringlock::cluster::{ClusterConfig, PeerId, Role};
 use ringlock::engine::{ConnId, Now};
 use ringlock::io::lifecycle::Phase;
 use ringlock::io::{Lifecycle, Step as LifeStep};
@@ -369,7 +369,7 @@ impl World {
                 advertise: addr(x),
                 cluster: Some(ClusterConfig {
                     peers: (0..self.scope.nodes).map(addr).collect(),
-                    me: x,
+                    me: PeerId(x),
                     heartbeat_ms: HEARTBEAT_MS,
                     peer_timeout_ms: PEER_TIMEOUT_MS,
                     failback_delay_ms: 0,
@@ -701,7 +701,10 @@ impl World {
         };
         for x in (0..self.scope.nodes).filter(|&x| x != a) {
             if let Some(role) = self.role(x)
-                && role != (Role::Standby { following: Some(a) })
+                && role
+                    != (Role::Standby {
+                        following: Some(PeerId(a)),
+                    })
             {
                 return Err(format!("n{x} is {role:?}, not following the active n{a}"));
             }
@@ -886,7 +889,7 @@ impl World {
         self.op(x, "dials", |run, now| run.node.take_dials(now, &mut dials))?;
         let generation = self.slots[x].generation;
         for (peer, _) in dials {
-            self.dials.push((x, generation, peer));
+            self.dials.push((x, generation, peer.0));
         }
         Ok(())
     }
@@ -993,7 +996,9 @@ impl World {
         self.dials.remove(i);
         if !self.up(peer) || !self.reachable(x, peer) {
             self.say(format!("    n{x}'s dial to n{peer} fails"));
-            self.op(x, "dial failed", |run, now| run.node.dial_failed(now, peer))?;
+            self.op(x, "dial failed", |run, now| {
+                run.node.dial_failed(now, PeerId(peer))
+            })?;
             return self.flush(x);
         }
         let ci = self.conns.len();
@@ -1010,7 +1015,7 @@ impl World {
         self.say(format!("    n{x} dialed n{peer}: link #{ci}"));
         self.op(peer, "accept", |run, _| run.node.open(acc))?;
         self.op(x, "dialed", |run, now| {
-            run.node.outbound_open(now, cid, peer)
+            run.node.outbound_open(now, cid, PeerId(peer))
         })?;
         self.flush(x)
     }

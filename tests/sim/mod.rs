@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 
 use ringlock::cluster::auth::Secret;
-use ringlock::cluster::{ClusterConfig, Role, wire};
+use ringlock::cluster::{ClusterConfig, PeerId, Role, wire};
 use ringlock::driver::Driver;
 use ringlock::engine::{ConnId, Now};
 use ringlock::io::lifecycle::Phase;
@@ -562,7 +562,7 @@ pub struct Sim {
     /// node's start (until it hears the active) are tolerated by default.
     pub spin_limit_ms: u64,
     dirty: Vec<ConnId>,
-    dial_buf: Vec<(usize, String)>,
+    dial_buf: Vec<(PeerId, String)>,
     /// How many bytes a socket holds that its reader has not read yet (in
     /// flight or in its receive buffer): a sender with that many outstanding
     /// sends no more until the reader reads.
@@ -804,7 +804,7 @@ impl Sim {
                 advertise: addr(x),
                 cluster: Some(ClusterConfig {
                     peers,
-                    me: x,
+                    me: PeerId(x),
                     heartbeat_ms,
                     peer_timeout_ms,
                     failback_delay_ms: self.cfg.failback_delay_ms,
@@ -2305,6 +2305,7 @@ impl Sim {
             .node
             .take_dials(now, &mut dials);
         for (peer, a) in dials.drain(..) {
+            let peer = peer.0;
             assert_eq!(a, addr(peer));
             let dial = Dial {
                 node: x,
@@ -2403,14 +2404,16 @@ impl Sim {
                 self.dials.push(d);
                 return;
             }
-            self.op(x, "dial failed", |node, now| node.dial_failed(now, d.peer));
+            self.op(x, "dial failed", |node, now| {
+                node.dial_failed(now, PeerId(d.peer))
+            });
             return;
         }
         let sc = self.new_conn([Party::Node(x), Party::Node(d.peer)], true);
         let cid = self.alloc_cid(x, sc);
         self.conns[sc].as_mut().unwrap().cids[0] = Some(cid);
         self.op(x, "dialed", |node, now| {
-            node.outbound_open(now, cid, d.peer)
+            node.outbound_open(now, cid, PeerId(d.peer))
         });
         let at = self.now + self.delay();
         self.nodes[d.peer]
@@ -2527,13 +2530,15 @@ impl Sim {
                     // grant a lock the sender granted).
                     let followed_sender = matches!(
                         role_before,
-                        Some(Role::Standby { following: Some(f) }) if Party::Node(f) == from
+                        Some(Role::Standby { following: Some(PeerId(f)) }) if Party::Node(f) == from
                     );
                     // Having taken it, it steps down at once if it knows of
                     // another active node of higher priority (after a split
                     // brain, whose news may be stale while a fault settles).
                     let other_active = match role {
-                        Role::Standby { following: Some(f) } => {
+                        Role::Standby {
+                            following: Some(PeerId(f)),
+                        } => {
                             Party::Node(f) != from
                                 && (self.role(f) == Some(Role::Active)
                                     || self.windows.iter().any(|w| w.end >= self.now))
@@ -3358,7 +3363,11 @@ impl Sim {
         }
         for x in 1..self.cfg.nodes {
             let role = self.role(x);
-            if role != Some(Role::Standby { following: Some(0) }) {
+            if role
+                != Some(Role::Standby {
+                    following: Some(PeerId(0)),
+                })
+            {
                 self.fail(format!(
                     "final: n{x} is {role:?}, want a standby following n0"
                 ));

@@ -416,7 +416,7 @@ impl Sim {
             self.dials.push(Dial {
                 node: x,
                 generation,
-                peer,
+                peer: peer.0,
                 due: self.now,
                 started: self.now,
                 phase: DialPhase::Attempt,

@@ -163,7 +163,12 @@ impl Driver {
     }
 
     /// The dials the node asks for (none while shutting down).
-    pub fn take_dials(&mut self, node: &mut Node, now: Now, into: &mut Vec<(usize, String)>) {
+    pub fn take_dials(
+        &mut self,
+        node: &mut Node,
+        now: Now,
+        into: &mut Vec<(crate::cluster::PeerId, String)>,
+    ) {
         into.clear();
         if self.shutdown_until.is_none() {
             node.take_dials(now, into);
@@ -314,7 +319,7 @@ mod tests {
         assert!(driver.finished(101, 0));
         assert!(driver.finished(100 + LINGER_MS, 3));
         assert_eq!(driver.timeout_ms(&node, 100), Some(LINGER_MS));
-        let mut dials = vec![(0, "stale".to_string())];
+        let mut dials = vec![(crate::cluster::PeerId(0), "stale".to_string())];
         driver.take_dials(&mut node, at(101), &mut dials);
         assert!(dials.is_empty());
     }

@@ -15,6 +15,10 @@ pub const OUTPUT_PAUSE_BYTES: usize = 64 * 1024;
 /// answers and close its side before the socket is closed anyway.
 pub const LINGER_MS: u64 = 2_000;
 
+/// Why a connection whose line does not fit in [`MAX_LINE`] is broken.
+const TOO_LONG: &str = "line longer than 512 bytes";
+const _: () = assert!(MAX_LINE == 512, "TOO_LONG names the bound");
+
 /// Whether a connection may go on after its input was fed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -81,8 +85,8 @@ impl Session {
                 }
                 None if self.partial.len() + data.len() >= MAX_LINE => {
                     self.lines += 1;
-                    node.protocol_error();
-                    return broken(node, conn, self.lines, "line longer than 512 bytes");
+                    node.line_too_long(now, conn, TOO_LONG);
+                    return broken(node, conn, self.lines, TOO_LONG);
                 }
                 None => {
                     self.partial.extend_from_slice(data);
@@ -157,8 +161,8 @@ impl Session {
                 let Some(nl) = memchr::memchr(b'\n', window) else {
                     if data.len() >= MAX_LINE {
                         self.lines += 1;
-                        node.protocol_error();
-                        return broken(node, conn, self.lines, "line longer than 512 bytes");
+                        node.line_too_long(now, conn, TOO_LONG);
+                        return broken(node, conn, self.lines, TOO_LONG);
                     }
                     self.partial.extend_from_slice(data);
                     return Flow::Open;

@@ -42,7 +42,7 @@
 
 use ringlock::cluster::auth::{self, Fingerprint, Identity, Nonce, Secret, Side};
 use ringlock::cluster::wire::{self, MAX_PEERS, MAX_REMAINING_MS, PeerMsg};
-use ringlock::cluster::{ClusterConfig, Role};
+use ringlock::cluster::{ClusterConfig, PeerId, Role};
 use ringlock::driver::{ACCEPT_RETRY_MS, Driver};
 
 use ringlock::engine::token::MAX_TOKEN;
@@ -392,7 +392,7 @@ impl Harness {
                 max_locks: 64,
                 cluster: Some(ClusterConfig {
                     peers: peers.clone(),
-                    me,
+                    me: PeerId(me),
                     heartbeat_ms: HEARTBEAT_MS,
                     peer_timeout_ms: PEER_TIMEOUT_MS,
                     failback_delay_ms: 0,
@@ -519,7 +519,7 @@ impl Harness {
                     if handoff_from.is_some()
                         && role_before
                             == (Role::Standby {
-                                following: handoff_from,
+                                following: handoff_from.map(PeerId),
                             })
                     {
                         self.stats.handoffs_taken += 1;
@@ -957,7 +957,7 @@ impl Harness {
         };
         match how % 32 {
             28 => {
-                hello.fingerprint ^= 1 << (input.u8() % 64);
+                hello.fingerprint.0 ^= 1 << (input.u8() % 64);
                 genuine = false;
             }
             29 => {
@@ -981,7 +981,7 @@ impl Harness {
             &PeerMsg::Hello {
                 version: wire::VERSION,
                 fingerprint: hello.fingerprint,
-                from: index as usize,
+                from: PeerId(index as usize),
                 addr: &hello.addr,
                 incarnation: hello.incarnation,
                 nonce: hello.nonce,
@@ -1094,7 +1094,7 @@ impl Harness {
                 };
                 PeerMsg::Heartbeat {
                     active: b & 0x80 != 0,
-                    following,
+                    following: following.map(PeerId),
                     highest: self.token(input),
                     synced: b & 0x40 != 0,
                 }
@@ -1160,7 +1160,10 @@ impl Harness {
         let superseded = self.node.cluster().is_some_and(|c| c.is_superseded(id));
         let following_sender = !superseded
             && from.is_some()
-            && self.node.role() == (Role::Standby { following: from });
+            && self.node.role()
+                == (Role::Standby {
+                    following: from.map(PeerId),
+                });
         let fed = self.feed(ci, &line, split);
         let applied = match msg {
             PeerMsg::Grant { token, .. } if following_sender && fed == Fed::Processed => {
@@ -1224,7 +1227,8 @@ impl Harness {
         let now = self.now();
         let mut dials = Vec::new();
         self.driver.take_dials(&mut self.node, now, &mut dials);
-        for (peer, addr) in dials {
+        for (id, addr) in dials {
+            let peer = id.0;
             assert!(peer != self.me && peer < 3, "dials node {peer}");
             assert_eq!(addr, self.peers[peer]);
             assert!(!self.dials.contains(&peer), "dials {peer} twice");
@@ -1240,11 +1244,11 @@ impl Harness {
         let peer = self.dials.swap_remove(usize::from(b) % self.dials.len());
         let now = self.now();
         if b & 0x80 != 0 || self.conns.len() >= MAX_OPEN {
-            self.node.dial_failed(now, peer);
+            self.node.dial_failed(now, PeerId(peer));
         } else {
             let id = self.alloc_id();
             self.conns.push(Conn::new(id, Some(peer)));
-            self.node.outbound_open(now, id, peer);
+            self.node.outbound_open(now, id, PeerId(peer));
         }
     }
 
@@ -1277,7 +1281,7 @@ impl Harness {
             nonce: self.next_nonce(),
         };
         if how % 16 == 12 {
-            me.fingerprint = input.u64();
+            me.fingerprint = Fingerprint(input.u64());
         }
         let right_mac = !matches!(how % 16, 13..=15);
         let genuine = right_mac && index as usize == dialed && me.fingerprint == self.fingerprint;
@@ -1310,7 +1314,7 @@ impl Harness {
             &mut line,
             &PeerMsg::Challenge {
                 fingerprint: me.fingerprint,
-                index: index as usize,
+                index: PeerId(index as usize),
                 addr: &me.addr,
                 nonce: me.nonce,
                 mac,
@@ -1710,11 +1714,11 @@ impl Harness {
                 ..
             } => {
                 assert!(conn.node_hello.is_none(), "a second HELLO on {id}");
-                assert_eq!((fingerprint, from), (self.fingerprint, self.me));
+                assert_eq!((fingerprint, from.0), (self.fingerprint, self.me));
                 assert_eq!(addr, self.peers[self.me].as_bytes());
                 let ident = Ident {
                     fingerprint,
-                    index: from as u64,
+                    index: from.0 as u64,
                     addr: addr.to_vec(),
                     nonce,
                 };
@@ -1780,14 +1784,14 @@ impl Harness {
         else {
             panic!("the node sent {msg:?} on a link it accepted");
         };
-        assert_eq!((fingerprint, index), (self.fingerprint, self.me));
+        assert_eq!((fingerprint, index.0), (self.fingerprint, self.me));
         assert_eq!(addr, self.peers[self.me].as_bytes());
         let Some(hello) = &conn.hello else {
             panic!("CHALLENGE to {id} without a HELLO");
         };
         let challenge = Ident {
             fingerprint,
-            index: index as u64,
+            index: index.0 as u64,
             addr: addr.to_vec(),
             nonce,
         };

@@ -91,11 +91,11 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
     let key = |k: &[u8]| assert!(is_valid_key(k), "key {:?} in {:?}", esc(k), esc(line));
     match *msg {
         PeerMsg::Hello { from, addr, .. } => {
-            index(from);
+            index(from.0);
             key(addr);
         }
         PeerMsg::Challenge { index: i, addr, .. } => {
-            index(i);
+            index(i.0);
             key(addr);
         }
         PeerMsg::Auth { .. }
@@ -107,7 +107,7 @@ pub fn check_bounds(msg: &PeerMsg<'_>, line: &[u8]) {
             following, highest, ..
         } => {
             if let Some(f) = following {
-                index(f);
+                index(f.0);
             }
             token(highest);
         }

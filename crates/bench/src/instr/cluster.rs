@@ -15,7 +15,7 @@
 use std::hint::black_box;
 
 use ringlock::cluster::auth::Secret;
-use ringlock::cluster::{ClusterConfig, Role};
+use ringlock::cluster::{ClusterConfig, PeerId, Role};
 use ringlock::engine::{ConnId, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
@@ -61,7 +61,7 @@ impl Mesh {
             .map(|me| {
                 let cluster = ClusterConfig {
                     peers: peers.clone(),
-                    me,
+                    me: PeerId(me),
                     heartbeat_ms: HEARTBEAT_MS,
                     peer_timeout_ms: 500,
                     failback_delay_ms: 0,
@@ -115,13 +115,14 @@ impl Mesh {
         let mut dials = Vec::new();
         for x in 0..NODES {
             self.nodes[x].take_dials(t, &mut dials);
-            for (peer, _addr) in dials.drain(..) {
+            for (id, _addr) in dials.drain(..) {
+                let peer = id.0;
                 let (dialer, acceptor) = (self.alloc(x), self.alloc(peer));
                 self.nodes[peer].open(acceptor);
                 self.links.push(Link {
                     ends: [(x, dialer), (peer, acceptor)],
                 });
-                self.nodes[x].outbound_open(t, dialer, peer);
+                self.nodes[x].outbound_open(t, dialer, id);
             }
             self.nodes[x].tick(t);
         }
@@ -160,7 +161,10 @@ impl Mesh {
             self.turn();
             let settled = self.nodes[0].role() == Role::Active
                 && (1..NODES).all(|x| {
-                    self.nodes[x].role() == Role::Standby { following: Some(0) }
+                    self.nodes[x].role()
+                        == Role::Standby {
+                            following: Some(PeerId(0)),
+                        }
                         && self.nodes[x].snapshot().ready
                 });
             if settled {

@@ -35,8 +35,27 @@ pub type Nonce = [u8; NONCE_LEN];
 pub(crate) type MacBytes = [u8; MAC_LEN];
 
 /// A digest of the ordered peer list and the peer protocol version: two
-/// nodes with different lists (or order) have different fingerprints.
-pub type Fingerprint = u64;
+/// nodes with different lists (or order) have different fingerprints. The
+/// lower of two serves while they conflict (its order matters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fingerprint(pub u64);
+
+impl Fingerprint {
+    /// Its 8 bytes, big-endian: what MACs cover and the wire shows in hex.
+    pub const fn to_be_bytes(self) -> [u8; 8] {
+        self.0.to_be_bytes()
+    }
+
+    pub const fn from_be_bytes(bytes: [u8; 8]) -> Fingerprint {
+        Fingerprint(u64::from_be_bytes(bytes))
+    }
+}
+
+impl std::fmt::LowerHex for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::LowerHex::fmt(&self.0, f)
+    }
+}
 
 /// The cluster's shared secret. Its `Debug` does not show it.
 #[derive(Clone)]
@@ -140,7 +159,7 @@ pub fn fingerprint(version: u64, peers: &[String]) -> Fingerprint {
     let full = digest.finalize();
     let mut head = [0u8; 8];
     head.copy_from_slice(&full[..8]);
-    u64::from_be_bytes(head)
+    Fingerprint::from_be_bytes(head)
 }
 
 /// Lowercase hex of `bytes`.
@@ -179,14 +198,14 @@ mod tests {
     fn transcript<'a>(d_addr: &'a [u8], a_addr: &'a [u8]) -> Transcript<'a> {
         Transcript {
             dialer: Identity {
-                fingerprint: 1,
+                fingerprint: Fingerprint(1),
                 index: 1,
                 addr: d_addr,
                 nonce: [1; NONCE_LEN],
             },
             dialer_incarnation: 7,
             acceptor: Identity {
-                fingerprint: 1,
+                fingerprint: Fingerprint(1),
                 index: 0,
                 addr: a_addr,
                 nonce: [2; NONCE_LEN],
@@ -213,7 +232,7 @@ mod tests {
         changed.dialer_incarnation += 1;
         assert!(!secret.verify(Side::Dialer, &changed, &mac));
         let mut changed = t;
-        changed.dialer.fingerprint = 2;
+        changed.dialer.fingerprint = Fingerprint(2);
         assert!(!secret.verify(Side::Dialer, &changed, &mac));
         // Address bytes moved between fields.
         let shifted = transcript(b"a:1b", b":2");

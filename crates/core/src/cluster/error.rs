@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::PeerId;
 use super::wire::WireError;
 use crate::engine::GrantRefusal;
 
@@ -48,7 +49,7 @@ pub enum Unexpected {
     HandshakeOnAuthenticatedLink,
     /// A heartbeat naming as the node it follows an index beyond `--peers`.
     FollowsBeyondPeers {
-        following: Option<usize>,
+        following: Option<PeerId>,
     },
     /// `MERGE` inside a merge.
     NestedMerge,
@@ -116,6 +117,7 @@ impl fmt::Display for Unexpected {
                 f.write_str("handshake message on an authenticated link")
             }
             Unexpected::FollowsBeyondPeers { following } => {
+                let following = following.map(|p| p.0);
                 write!(f, "heartbeat follows node {following:?}, beyond --peers")
             }
             Unexpected::NestedMerge => f.write_str("peer MERGE inside a merge"),

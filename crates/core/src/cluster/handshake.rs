@@ -20,7 +20,7 @@ impl Cluster {
         Transcript {
             dialer: Identity {
                 fingerprint: claim.fingerprint,
-                index: claim.from as u64,
+                index: claim.from.0 as u64,
                 addr: &claim.addr,
                 nonce: claim.nonce,
             },
@@ -32,7 +32,7 @@ impl Cluster {
     pub(super) fn my_identity(&self, nonce: Nonce) -> Identity<'_> {
         Identity {
             fingerprint: self.fingerprint,
-            index: self.cfg.me as u64,
+            index: self.cfg.me.0 as u64,
             addr: self.cfg.peers[self.cfg.me].as_bytes(),
             nonce,
         }
@@ -43,13 +43,13 @@ impl Cluster {
     pub(super) fn difference(
         &self,
         fingerprint: Fingerprint,
-        index: usize,
+        index: PeerId,
         addr: &[u8],
     ) -> Option<String> {
         let n = self.peers.len();
         let shown = Quoted(addr);
         let ours = crate::proto::quoted(self.cfg.peers.join(",").as_bytes(), 160);
-        if index >= n {
+        if index.0 >= n {
             return Some(format!(
                 "{shown} says it is node {index} of its --peers, but this node's list has {n} \
                  nodes ({ours}): --peers must be the same list on every node"
@@ -216,7 +216,7 @@ impl Cluster {
         if claim.version > dialing {
             p.dial_version = claim.version;
         }
-        let stale = p.out.filter(|_| p.out_version < claim.version);
+        let stale = p.out.conn().is_some() && p.out_version < claim.version;
         if p.incarnation != claim.incarnation {
             // A new process: what we knew of the old one is void. Only an
             // authenticated link gets here, so no stranger can reset a live
@@ -227,12 +227,10 @@ impl Cluster {
             p.synced = false;
             p.snapshot_sent = false;
         }
-        if let Some(out) = stale {
-            // It speaks a newer version than our link to it: dial again,
-            // so that it gets the grants' holders too.
-            let p = &mut self.peers[from];
-            p.out_authed = false;
-            p.snapshot_sent = false;
+        // It speaks a newer version than our link to it: dial again, so
+        // that it gets the grants' holders too.
+        if stale && let Some(out) = self.peers[from].out.give_up() {
+            self.peers[from].snapshot_sent = false;
             let reason = format!(
                 "{} speaks peer protocol version {}: this link is dialed again with it",
                 self.cfg.peers[from], claim.version
@@ -254,14 +252,21 @@ impl Cluster {
     pub(super) fn on_challenge(
         &mut self,
         now: Now,
-        peer: usize,
+        peer: PeerId,
         conn: ConnId,
         claimed: Identity<'_>,
         mac: &auth::MacBytes,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
+        let Some(nonce) = self.peers[peer].out.handshake_nonce() else {
+            debug_assert!(false, "a CHALLENGE outside our handshake");
+            return Err(Unexpected::OnDialedLink {
+                peer: self.cfg.peers[peer].clone(),
+            }
+            .into());
+        };
         let transcript = Transcript {
-            dialer: self.my_identity(self.peers[peer].out_nonce),
+            dialer: self.my_identity(nonce),
             dialer_incarnation: self.cfg.incarnation,
             acceptor: claimed,
         };
@@ -294,12 +299,12 @@ impl Cluster {
         self.scratch.clear();
         wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
         engine.outbox_mut().write_link(conn, &self.scratch);
-        let index = usize::try_from(claimed.index).unwrap_or(usize::MAX);
+        let index = PeerId(usize::try_from(claimed.index).unwrap_or(usize::MAX));
         if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
             self.conflict(now, claimed.fingerprint, &reason, engine);
             return Err(PeerError::Authentication(reason));
         }
-        self.peers[peer].out_authed = true;
+        self.peers[peer].out.authenticated();
         self.authenticated_any = true;
         tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
         if self.merge_owed == Some(peer) {

@@ -13,7 +13,7 @@ impl Cluster {
             "MSG_MORE without coalescing"
         );
         assert!(self.more.len() < n, "MSG_MORE on links to followers only");
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             // Held bytes were sent at or after their link's last push.
             if let Some(since) = p.held_since_us {
                 assert!(self.cfg.coalesce_us > 0, "held without coalescing");
@@ -28,6 +28,32 @@ impl Cluster {
         }
     }
 
+    /// Our link to each peer.
+    fn check_out_links(&self, now: Now) {
+        for (i, p) in with_ids(&self.peers) {
+            assert!(
+                !p.snapshot_sent || p.out.is_ready(),
+                "snapshot on an unauthenticated link"
+            );
+            if let Some(deadline) = p.out.handshake_deadline_ms() {
+                assert!(
+                    deadline <= now.ms + self.cfg.peer_timeout_ms,
+                    "a handshake of peer {i} waits beyond a peer timeout"
+                );
+            }
+            if let Some(conn) = p.out.conn() {
+                assert!(
+                    self.peers
+                        .iter()
+                        .filter(|q| q.out.conn() == Some(conn))
+                        .count()
+                        == 1,
+                    "connection {conn} is our link to two peers"
+                );
+            }
+        }
+    }
+
     pub fn check_invariants(&self, now: Now, engine: &Engine) {
         let me = self.cfg.me;
         let n = self.peers.len();
@@ -37,7 +63,7 @@ impl Cluster {
             "the engine serves exactly when the node is active"
         );
         if let Role::Standby { following: Some(f) } = self.role {
-            assert!(f < n && f != me, "follows a real other node");
+            assert!(f.0 < n && f != me, "follows a real other node");
         }
         if self.role == Role::Active && !self.leaving {
             assert!(
@@ -46,25 +72,22 @@ impl Cluster {
             );
         }
         let mine = &self.peers[me];
-        assert!(mine.out.is_none() && mine.links_in == 0 && mine.heard_ms.is_none());
+        assert!(
+            matches!(mine.out, OutLink::Idle { .. })
+                && mine.links_in == 0
+                && mine.heard_ms.is_none(),
+            "this node links to itself"
+        );
         self.check_replication_state(now);
-        for (i, p) in self.peers.iter().enumerate() {
+        self.check_out_links(now);
+        for (i, p) in with_ids(&self.peers) {
             let links = self.links_in.iter().filter(|&&(_, peer)| peer == i).count();
             assert_eq!(p.links_in as usize, links, "link count of peer {i}");
-            assert!(
-                !p.out_authed || p.out.is_some(),
-                "authenticated link without a link"
-            );
-            assert!(
-                !p.snapshot_sent || p.out_authed,
-                "snapshot on an unauthenticated link"
-            );
             assert!(
                 !p.claims_active || p.heard_ms.is_some(),
                 "a dead peer claims the role"
             );
-            assert!(p.following.is_none_or(|f| f < n));
-            assert!(!(p.dialing && p.out.is_some()), "dialing a linked peer");
+            assert!(p.following.is_none_or(|f| f.0 < n));
             assert!(
                 !p.in_merge || p.links_in > 0,
                 "a merge open from peer {i} with no link from it"
@@ -74,7 +97,7 @@ impl Cluster {
         // gave way to an active and has not had an active's snapshot
         // since), or following nobody, to the next active it follows.
         if let Some(to) = self.merge_owed {
-            assert!(to < n && to != me, "a merge owed to a real other node");
+            assert!(to.0 < n && to != me, "a merge owed to a real other node");
             assert!(
                 matches!(self.role, Role::Standby { following: f } if f.is_none_or(|f| f == to)),
                 "a merge owed to a node this one does not follow"
@@ -83,18 +106,18 @@ impl Cluster {
         assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
         assert!(self.conflicts.len() <= MAX_CONFLICTS);
         for &(conn, peer) in &self.links_in {
-            assert!(peer < n && peer != me);
+            assert!(peer.0 < n && peer != me);
             assert!(
                 !self.pending.contains_key(&conn),
                 "link both pending and authenticated"
             );
             assert!(
-                self.peers.iter().all(|p| p.out != Some(conn)),
+                self.peers.iter().all(|p| p.out.conn() != Some(conn)),
                 "link both ways"
             );
         }
         for conn in self.pending.keys() {
-            assert!(self.peers.iter().all(|p| p.out != Some(*conn)));
+            assert!(self.peers.iter().all(|p| p.out.conn() != Some(*conn)));
         }
         for &conn in &self.superseded {
             assert!(

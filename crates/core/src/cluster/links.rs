@@ -12,17 +12,17 @@ impl Cluster {
         if let Some(push) = self.push_deadline() {
             next = next.min(push);
         }
-        for (i, p) in self.peers.iter().enumerate() {
+        for (i, p) in with_ids(&self.peers) {
             if i == self.cfg.me {
                 continue;
             }
-            if p.out.is_none() && !p.dialing {
-                next = next.min(p.next_dial_ms);
+            if let Some(dial) = p.out.next_dial_ms() {
+                next = next.min(dial);
             }
             if let Some(heard) = p.heard_ms {
                 next = next.min(heard + self.cfg.peer_timeout_ms);
             }
-            if let (Some(_), false, Some(deadline)) = (p.out, p.out_authed, p.out_deadline_ms) {
+            if let Some(deadline) = p.out.handshake_deadline_ms() {
                 next = next.min(deadline);
             }
         }
@@ -57,34 +57,26 @@ impl Cluster {
 
     /// Peers to dial now: `(index, address)`. Each is dialing until
     /// [`Cluster::outbound_open`] or [`Cluster::dial_failed`].
-    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
-        for (i, p) in self.peers.iter_mut().enumerate() {
-            if i != self.cfg.me && p.out.is_none() && !p.dialing && now.ms >= p.next_dial_ms {
-                p.dialing = true;
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(PeerId, String)>) {
+        for (i, p) in with_ids_mut(&mut self.peers) {
+            if i != self.cfg.me && p.out.start_dial(now.ms) {
                 into.push((i, self.cfg.peers[i].clone()));
             }
         }
     }
 
-    pub fn dial_failed(&mut self, peer: usize, now: Now) {
+    pub fn dial_failed(&mut self, peer: PeerId, now: Now) {
         let retry = self.dial_retry_ms();
-        let p = &mut self.peers[peer];
-        p.dialing = false;
-        p.next_dial_ms = now.ms + retry;
+        self.peers[peer].out.dial_failed(now.ms + retry);
     }
 
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
     /// engine already): introduce ourselves with a fresh nonce. Nothing else
     /// goes on the link until the peer's `CHALLENGE` proves it.
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize, engine: &mut Engine) {
-        debug_assert!(self.peers[peer].out.is_none());
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, engine: &mut Engine) {
         let nonce = self.next_nonce();
         let p = &mut self.peers[peer];
-        p.out = Some(conn);
-        p.out_authed = false;
-        p.out_nonce = nonce;
-        p.out_deadline_ms = Some(now.ms + self.cfg.peer_timeout_ms);
-        p.dialing = false;
+        p.out.opened(conn, nonce, now.ms + self.cfg.peer_timeout_ms);
         p.snapshot_sent = false;
         p.out_version = match p.dial_version {
             0 => wire::VERSION,
@@ -117,15 +109,12 @@ impl Cluster {
         // peer's address may meet anything listening there (the peer is
         // down and something else has its port), at every retry.
         let mut authed = false;
-        if let Some(i) = self.peers.iter().position(|p| p.out == Some(conn)) {
+        if let Some(i) = self.peer_by(|p| p.out.conn() == Some(conn)) {
             let retry = self.dial_retry_ms();
             let p = &mut self.peers[i];
-            authed = p.out_authed;
-            p.out = None;
-            p.out_authed = false;
+            authed = p.out.closed(now.ms + retry);
             p.snapshot_sent = false;
             p.ready_since = None;
-            p.next_dial_ms = now.ms + retry;
             touched = Some(i);
         }
         self.pending.remove(&conn);
@@ -159,7 +148,7 @@ impl Cluster {
         }
         if let Some(i) = touched.filter(|_| given_up.is_none()) {
             let p = &mut self.peers[i];
-            if p.links_in == 0 && p.out.is_none() && p.heard_ms.is_some() {
+            if p.links_in == 0 && p.out.conn().is_none() && p.heard_ms.is_some() {
                 p.heard_ms = None;
                 p.claims_active = false;
                 tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
@@ -197,17 +186,13 @@ impl Cluster {
                 pending.deadline_ms = pending.deadline_ms.max(until);
             }
             for p in &mut self.peers {
-                if let (Some(_), false, Some(deadline)) =
-                    (p.out, p.out_authed, p.out_deadline_ms.as_mut())
-                {
-                    // (A link already given up has none, and keeps none.)
-                    *deadline = (*deadline).max(until);
-                }
+                // (A link already given up has none, and keeps none.)
+                p.out.extend_deadline(until);
             }
             self.step_down_after_stall(now, engine);
         }
         self.last_tick_ms = now.ms;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
             if p.heard_ms
                 .is_some_and(|h| now.ms >= h + self.cfg.peer_timeout_ms)
@@ -225,11 +210,10 @@ impl Cluster {
             self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
             self.scratch.clear();
             self.encode_heartbeat(engine);
-            for i in 0..self.peers.len() {
+            for i in PeerId::all(self.peers.len()) {
                 // A peer that stopped reading (hung) gets no more heartbeats
                 // once a backlog builds: they would only pile up in memory.
-                if let Some(conn) = self.peers[i].out
-                    && self.peers[i].out_authed
+                if let Some(conn) = self.peers[i].out.ready_conn()
                     && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
                 {
                     engine.outbox_mut().write_link(conn, &self.scratch);
@@ -275,18 +259,16 @@ impl Cluster {
     /// as the partition lasted. A new connection is tried every
     /// [`Cluster::dial_retry_ms`] plus the dial timeout, whatever the partition's
     /// length.
-    pub(super) fn drop_silent_links(&mut self, i: usize, engine: &mut Engine) {
+    pub(super) fn drop_silent_links(&mut self, i: PeerId, engine: &mut Engine) {
         let silent = format!(
             "{} silent for {} ms: closing its links, dialing afresh",
             self.cfg.peers[i], self.cfg.peer_timeout_ms
         );
         tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: {silent}", self.cfg.peers[i]);
         let p = &mut self.peers[i];
-        if let Some(conn) = p.out {
+        if let Some(conn) = p.out.give_up() {
             // Nothing more goes on it; `on_close` forgets it.
-            p.out_authed = false;
             p.snapshot_sent = false;
-            p.out_deadline_ms = None;
             self.doom(conn, silent.clone(), engine);
         }
         let inbound: Vec<ConnId> = self
@@ -309,7 +291,7 @@ impl Cluster {
     /// closed and dialed afresh instead.
     pub(super) fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
         let active = self.role == Role::Active;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
             if !rival {
                 self.peers[i].rival_since = None;
@@ -317,14 +299,14 @@ impl Cluster {
             }
             let since = *self.peers[i].rival_since.get_or_insert(now.ms);
             let p = &mut self.peers[i];
-            if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out_authed {
+            if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out.is_ready() {
                 continue;
             }
-            let Some(conn) = p.out else { continue };
+            let Some(conn) = p.out.give_up() else {
+                continue;
+            };
             p.rival_since = Some(now.ms);
-            p.out_authed = false;
             p.snapshot_sent = false;
-            p.out_deadline_ms = None;
             let reason = format!(
                 "{} has claimed the active role for {} ms although this node, active, outranks \
                  it: it does not hear this link; closing it, dialing afresh",
@@ -352,13 +334,9 @@ impl Cluster {
             );
             self.doom(conn, reason, engine);
         }
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
-            if let Some(conn) = p.out
-                && !p.out_authed
-                && p.out_deadline_ms.is_some_and(|deadline| now.ms >= deadline)
-            {
-                p.out_deadline_ms = None; // doomed once
+            if let Some(conn) = p.out.expire(now.ms) {
                 let reason = format!(
                     "{} did not answer this node's HELLO within {} ms",
                     self.cfg.peers[i], self.cfg.peer_timeout_ms

@@ -2,7 +2,7 @@
 //! replication of the active this node follows, merges, hand-offs and lag
 //! probes.
 
-use super::{Cluster, LOG_TARGET, PeerError, Role, Unexpected};
+use super::{Cluster, LOG_TARGET, PeerError, PeerId, Role, Unexpected};
 use crate::cluster::wire::PeerMsg;
 use crate::engine::{Engine, Now};
 
@@ -11,7 +11,7 @@ impl Cluster {
     pub(super) fn on_peer_message(
         &mut self,
         now: Now,
-        from: usize,
+        from: PeerId,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
@@ -100,7 +100,7 @@ impl Cluster {
     fn on_member(
         &mut self,
         now: Now,
-        from: usize,
+        from: PeerId,
         following_sender: bool,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
@@ -136,7 +136,7 @@ impl Cluster {
     /// A heartbeat from peer `from`: what it claims, whom it follows.
     fn on_heartbeat(
         &mut self,
-        from: usize,
+        from: PeerId,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
@@ -150,7 +150,7 @@ impl Cluster {
             debug_assert!(false, "not a heartbeat: {msg:?}");
             return Ok(());
         };
-        if following.is_some_and(|f| f >= self.peers.len()) {
+        if following.is_some_and(|f| f.0 >= self.peers.len()) {
             return Err(Unexpected::FollowsBeyondPeers { following }.into());
         }
         engine.observe_token(highest);
@@ -172,7 +172,7 @@ impl Cluster {
     fn on_grant_or_merge(
         &mut self,
         now: Now,
-        from: usize,
+        from: PeerId,
         following_sender: bool,
         msg: PeerMsg<'_>,
         engine: &mut Engine,

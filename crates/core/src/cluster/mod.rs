@@ -49,6 +49,7 @@ mod handshake;
 mod invariants;
 mod links;
 mod messages;
+mod out_link;
 mod replication;
 mod role;
 pub mod wire;
@@ -61,6 +62,7 @@ use crate::engine::{ConnId, Engine, Now, ReplicationLog};
 use crate::proto::Quoted;
 use crate::stats::{ClusterStats, FollowerStats};
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
+use out_link::OutLink;
 use replication::OLD_VERSIONS;
 use wire::PeerMsg;
 
@@ -109,7 +111,7 @@ pub struct ClusterConfig {
     /// Every node's address in priority order, first highest.
     pub peers: Vec<String>,
     /// This node's index in `peers`.
-    pub me: usize,
+    pub me: PeerId,
     pub heartbeat_ms: u64,
     pub peer_timeout_ms: u64,
     /// How long a returning higher-priority node must have been synced to
@@ -144,33 +146,74 @@ pub const DEFAULT_COALESCE_US: u64 = 0;
 /// before the peers count this node dead and one of them takes over.
 pub const MIN_PEER_TIMEOUT_TO_COALESCE_MS: u64 = 400;
 
+/// A node's index in the `--peers` list: its identity within the cluster
+/// and its priority (0 is the highest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PeerId(pub usize);
+
+impl PeerId {
+    /// The ids of a cluster of `n` nodes, in priority order.
+    pub fn all(n: usize) -> impl DoubleEndedIterator<Item = PeerId> + Clone {
+        (0..n).map(PeerId)
+    }
+}
+
+impl std::fmt::Display for PeerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What we know of each peer, by id.
+impl std::ops::Index<PeerId> for Vec<Peer> {
+    type Output = Peer;
+    fn index(&self, id: PeerId) -> &Peer {
+        &self[id.0]
+    }
+}
+
+impl std::ops::IndexMut<PeerId> for Vec<Peer> {
+    fn index_mut(&mut self, id: PeerId) -> &mut Peer {
+        &mut self[id.0]
+    }
+}
+
+/// A peer's address in `--peers`, by id.
+impl std::ops::Index<PeerId> for Vec<String> {
+    type Output = String;
+    fn index(&self, id: PeerId) -> &String {
+        &self[id.0]
+    }
+}
+
+/// Each of `items` (one per peer) with its peer's id.
+fn with_ids<T>(items: &[T]) -> impl DoubleEndedIterator<Item = (PeerId, &T)> {
+    items.iter().enumerate().map(|(i, x)| (PeerId(i), x))
+}
+
+/// [`with_ids`], mutably.
+fn with_ids_mut<T>(items: &mut [T]) -> impl DoubleEndedIterator<Item = (PeerId, &mut T)> {
+    items.iter_mut().enumerate().map(|(i, x)| (PeerId(i), x))
+}
+
 /// This node's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Active,
     /// Following the active `following` (None: no active known).
     Standby {
-        following: Option<usize>,
+        following: Option<PeerId>,
     },
 }
 
 /// What this node knows of one peer.
 #[derive(Debug, Default, Clone)]
 struct Peer {
-    /// Our link to it (we send on it), once dialed.
-    out: Option<ConnId>,
-    /// Our link has checked the peer's `CHALLENGE`: heartbeats and
-    /// replication may go on it.
-    out_authed: bool,
-    /// Until then: the nonce of our `HELLO`, and when we give up waiting
-    /// (`None` once given up: the link is being closed).
-    out_nonce: Nonce,
-    out_deadline_ms: Option<u64>,
+    /// Our link to it (we send on it).
+    out: OutLink,
     /// The size of the last snapshot queued on our link: what it may have
     /// unread beyond [`REPLICATION_BACKLOG_BYTES`].
     snapshot_bytes: usize,
-    dialing: bool,
-    next_dial_ms: u64,
     /// Our link carries a snapshot from us (sent while we were active).
     snapshot_sent: bool,
     /// The peer protocol version our link speaks (its `HELLO`'s).
@@ -186,7 +229,7 @@ struct Peer {
     heard_ms: Option<u64>,
     /// From its last heartbeat.
     claims_active: bool,
-    following: Option<usize>,
+    following: Option<PeerId>,
     synced: bool,
     /// Since when it has claimed the role while we are active and outrank
     /// it (see [`Cluster::redial_deaf_rivals`]).
@@ -220,7 +263,7 @@ struct Peer {
 struct Claim {
     version: u64,
     fingerprint: Fingerprint,
-    from: usize,
+    from: PeerId,
     addr: Box<[u8]>,
     incarnation: u64,
     nonce: Nonce,
@@ -265,12 +308,12 @@ pub struct Cluster {
     /// As a standby that follows nobody: the active its live peers follow,
     /// which its `M` answers name (hearsay: a hint for clients, not a node
     /// it takes replication from).
-    named: Option<usize>,
+    named: Option<PeerId>,
     /// When `tick` last ran.
     last_tick_ms: u64,
     next_heartbeat_ms: u64,
     /// Authenticated inbound links: connection → peer index.
-    links_in: Vec<(ConnId, usize)>,
+    links_in: Vec<(ConnId, PeerId)>,
     /// Inbound links in their handshake.
     pending: HashMap<ConnId, Pending>,
     conflicts: Vec<Conflict>,
@@ -300,7 +343,7 @@ pub struct Cluster {
     /// link of ours to it that authenticates meanwhile, and to each new
     /// active we follow until one's snapshot comes
     /// ([`Cluster::send_owed_merge`], [`Cluster::follow`]).
-    merge_owed: Option<usize>,
+    merge_owed: Option<PeerId>,
     /// Whether this node has known an active (been one, or followed one):
     /// taking the role after that is a failover, before it the cluster's
     /// first election (which the log tells apart by level).
@@ -323,7 +366,7 @@ pub struct Cluster {
 impl Cluster {
     /// A node that starts as a standby knowing no active; the engine is told.
     pub fn new(cfg: ClusterConfig, now: Now, engine: &mut Engine) -> Cluster {
-        assert!(cfg.me < cfg.peers.len(), "this node is not in --peers");
+        assert!(cfg.me.0 < cfg.peers.len(), "this node is not in --peers");
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
         assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
@@ -376,7 +419,7 @@ impl Cluster {
     pub(crate) fn link_count(&self) -> usize {
         self.links_in.len()
             + self.pending.len()
-            + self.peers.iter().filter(|p| p.out.is_some()).count()
+            + self.peers.iter().filter(|p| p.out.conn().is_some()).count()
     }
 
     /// How many connections beyond `--max-conns` are kept for peers: one
@@ -416,7 +459,7 @@ impl Cluster {
     /// True if `conn` is a peer link: ours, or one from a peer that sent
     /// `HELLO` (authenticated or not).
     pub fn is_peer_link(&self, conn: ConnId) -> bool {
-        self.peers.iter().any(|p| p.out == Some(conn))
+        self.peers.iter().any(|p| p.out.conn() == Some(conn))
             || self.pending.contains_key(&conn)
             || self.links_in.iter().any(|&(c, _)| c == conn)
     }
@@ -494,7 +537,7 @@ impl Cluster {
             Role::Active => None,
             Role::Standby { following } => following,
         };
-        (0..self.peers.len())
+        PeerId::all(self.peers.len())
             .any(|p| self.alive(p) && self.peers[p].claims_active && Some(p) != followed)
             || self.merge_owed.is_some()
     }
@@ -520,7 +563,9 @@ impl Cluster {
 
     /// Peers heard from within the peer timeout.
     pub fn peers_up(&self) -> usize {
-        (0..self.peers.len()).filter(|&p| self.alive(p)).count()
+        PeerId::all(self.peers.len())
+            .filter(|&p| self.alive(p))
+            .count()
     }
 
     /// For each peer that follows this active node over an authenticated
@@ -528,8 +573,8 @@ impl Cluster {
     /// figures.
     pub fn followers(&self) -> impl Iterator<Item = (&str, ConnId, &FollowerStats)> {
         let me = self.cfg.me;
-        self.peers.iter().enumerate().filter_map(move |(i, p)| {
-            let conn = p.out.filter(|_| p.out_authed && p.following == Some(me))?;
+        with_ids(&self.peers).filter_map(move |(i, p)| {
+            let conn = p.out.ready_conn().filter(|_| p.following == Some(me))?;
             (self.role == Role::Active).then_some((
                 self.cfg.peers[i].as_str(),
                 conn,
@@ -538,12 +583,17 @@ impl Cluster {
         })
     }
 
+    /// The first peer for which `f` holds.
+    fn peer_by(&self, f: impl FnMut(&Peer) -> bool) -> Option<PeerId> {
+        self.peers.iter().position(f).map(PeerId)
+    }
+
     /// The address of peer `i` as listed in `--peers`.
-    pub fn peer_addr(&self, i: usize) -> &str {
+    pub fn peer_addr(&self, i: PeerId) -> &str {
         &self.cfg.peers[i]
     }
 
-    fn alive(&self, p: usize) -> bool {
+    fn alive(&self, p: PeerId) -> bool {
         p != self.cfg.me && self.peers[p].heard_ms.is_some()
     }
 
@@ -556,8 +606,9 @@ impl Cluster {
         msg: PeerMsg<'_>,
         engine: &mut Engine,
     ) -> Result<(), PeerError> {
-        if let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) {
+        if let Some(peer) = self.peer_by(|p| p.out.conn() == Some(conn)) {
             // Our own link: the peer only ever answers our HELLO.
+            let out = self.peers[peer].out;
             return match msg {
                 PeerMsg::Challenge {
                     fingerprint,
@@ -565,15 +616,18 @@ impl Cluster {
                     addr,
                     nonce,
                     mac,
-                } if !self.peers[peer].out_authed => {
+                } if matches!(out, OutLink::Handshaking { .. }) => {
                     let claimed = Identity {
                         fingerprint,
-                        index: index as u64,
+                        index: index.0 as u64,
                         addr,
                         nonce,
                     };
                     self.on_challenge(now, peer, conn, claimed, &mac, engine)
                 }
+                // An answer to a HELLO on a link given up (its close
+                // follows): nothing it says is believed.
+                PeerMsg::Challenge { .. } if matches!(out, OutLink::Closing { .. }) => Ok(()),
                 _ => Err(Unexpected::OnDialedLink {
                     peer: self.cfg.peers[peer].clone(),
                 }
@@ -634,7 +688,7 @@ impl Cluster {
         why: &str,
         engine: &mut Engine,
     ) {
-        let Some(peer) = self.peers.iter().position(|p| p.out == Some(conn)) else {
+        let Some(peer) = self.peer_by(|p| p.out.conn() == Some(conn)) else {
             return;
         };
         let reason = format!(
@@ -652,10 +706,7 @@ impl Cluster {
         line: &[u8],
     ) -> Result<(), PeerError> {
         let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
-        let out = self
-            .peers
-            .iter()
-            .position(|p| p.out == Some(conn) && p.out_authed);
+        let out = self.peer_by(|p| p.out.ready_conn() == Some(conn));
         let inbound = self
             .links_in
             .iter()
@@ -666,7 +717,7 @@ impl Cluster {
             self.given_up.push(conn);
         }
         self.downgrade_if_refused(conn, line);
-        let who = match self.peers.iter().position(|p| p.out == Some(conn)) {
+        let who = match self.peer_by(|p| p.out.conn() == Some(conn)) {
             Some(p) => self.cfg.peers[p].as_str(),
             None => "a peer",
         };
@@ -681,11 +732,7 @@ impl Cluster {
     /// [`wire::MIN_VERSION`]; its own `HELLO` sets the version again
     /// ([`Cluster::on_auth`]).
     fn downgrade_if_refused(&mut self, conn: ConnId, line: &[u8]) {
-        let Some(i) = self
-            .peers
-            .iter()
-            .position(|p| p.out == Some(conn) && !p.out_authed)
-        else {
+        let Some(i) = self.peer_by(|p| p.out.conn() == Some(conn) && !p.out.is_ready()) else {
             return;
         };
         let p = &mut self.peers[i];

@@ -28,12 +28,12 @@ impl Cluster {
         let mut deltas_encoded = [false; 1 + OLD_VERSIONS];
         // A follower that cannot learn shared grants and permits.
         let mut too_old = false;
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             let p = &self.peers[i];
-            let Some(conn) = p.out else { continue };
-            if i == me || !p.out_authed || p.heard_ms.is_none() || p.following != Some(me) {
+            let follows = i != me && p.heard_ms.is_some() && p.following == Some(me);
+            let Some(conn) = p.out.ready_conn().filter(|_| follows) else {
                 continue;
-            }
+            };
             let version = p.out_version;
             too_old |= version < wire::SHARED_VERSION;
             debug_assert!((wire::MIN_VERSION..=wire::VERSION).contains(&version));
@@ -80,7 +80,7 @@ impl Cluster {
             if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
                 // It does not keep up: stop queueing for it. It resyncs from
                 // a snapshot on the next link.
-                p.out_authed = false;
+                p.out.give_up();
                 p.snapshot_sent = false;
                 let reason = format!(
                     "follower {} has {unsent} bytes of replication unread; closing the link \
@@ -95,10 +95,9 @@ impl Cluster {
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
         // is being closed.
-        debug_assert!(self.peers.iter().enumerate().all(|(i, p)| {
+        debug_assert!(with_ids(&self.peers).all(|(i, p)| {
             i == me
-                || p.out.is_none()
-                || !p.out_authed
+                || !p.out.is_ready()
                 || p.heard_ms.is_none()
                 || p.following != Some(me)
                 || p.snapshot_sent
@@ -113,7 +112,7 @@ impl Cluster {
     /// long, or on a link quiet for longer (a lone grant goes at once).
     /// The bytes are in the kernel either way before any answer of the
     /// turn is, so a stop of this process loses nothing.
-    fn hold_or_push(&mut self, now: Now, i: usize, conn: ConnId) {
+    fn hold_or_push(&mut self, now: Now, i: PeerId, conn: ConnId) {
         let coalesce_us = self.cfg.coalesce_us;
         let p = &mut self.peers[i];
         let due = p
@@ -146,13 +145,13 @@ impl Cluster {
         let due = |p: &Peer| {
             p.held_since_us
                 .is_some_and(|since| now.us >= since.saturating_add(coalesce_us))
-                && !p.out.is_some_and(|conn| more.contains(&conn))
+                && !p.out.conn().is_some_and(|conn| more.contains(&conn))
         };
         if self.peers.iter().any(due) {
             self.scratch.clear();
             self.encode_heartbeat(engine);
         }
-        for i in 0..self.peers.len() {
+        for i in PeerId::all(self.peers.len()) {
             if !due(&self.peers[i]) {
                 continue;
             }
@@ -161,7 +160,7 @@ impl Cluster {
             p.pushed_us = now.us;
             // Behind a backlog the link's bytes are not even in the kernel
             // yet; they go without `MSG_MORE` when they do.
-            if let Some(conn) = p.out.filter(|_| p.out_authed)
+            if let Some(conn) = p.out.ready_conn()
                 && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
             {
                 engine.outbox_mut().write_link(conn, &self.scratch);
@@ -184,7 +183,7 @@ impl Cluster {
     /// [`PROBE_EVERY_MS`] ago, or its link speaks a version before
     /// [`wire::PROBE_VERSION`]. A probe unanswered within the peer timeout
     /// is given up (counted), so that a lost answer stops no measurement.
-    fn probe(&mut self, now: Now, i: usize, conn: ConnId, engine: &mut Engine) {
+    fn probe(&mut self, now: Now, i: PeerId, conn: ConnId, engine: &mut Engine) {
         let timeout_ms = self.cfg.peer_timeout_ms;
         let p = &mut self.peers[i];
         if p.out_version < wire::PROBE_VERSION || now.ms < p.next_probe_ms {
@@ -209,11 +208,12 @@ impl Cluster {
     /// applied, so we answer on our own link to it (a link before
     /// [`wire::PROBE_VERSION`], or none: no answer, and the active gives
     /// the probe up).
-    pub(super) fn answer_probe(&mut self, from: usize, seq: u64, engine: &mut Engine) {
+    pub(super) fn answer_probe(&mut self, from: PeerId, seq: u64, engine: &mut Engine) {
         let p = &self.peers[from];
         let Some(conn) = p
             .out
-            .filter(|_| p.out_authed && p.out_version >= wire::PROBE_VERSION)
+            .ready_conn()
+            .filter(|_| p.out_version >= wire::PROBE_VERSION)
         else {
             return;
         };
@@ -225,7 +225,7 @@ impl Cluster {
     /// Follower `from` answered probe `seq`: its lag is the time since the
     /// probe went. An answer to any other probe (given up, or from an
     /// earlier link) is ignored.
-    pub(super) fn probe_answered(&mut self, now: Now, from: usize, seq: u64) {
+    pub(super) fn probe_answered(&mut self, now: Now, from: PeerId, seq: u64) {
         let p = &mut self.peers[from];
         if let Some((_, sent_us)) = p.probe.filter(|&(sent, _)| sent == seq) {
             p.replication.lag_us.record(now.us.saturating_sub(sent_us));

@@ -9,7 +9,7 @@ impl Cluster {
     /// SIGINT/SIGTERM: an active node hands over to the highest-priority
     /// alive peer it has a link to. Returns that peer, if any. Either way no
     /// role changes happen after this.
-    pub fn leave(&mut self, now: Now, engine: &mut Engine) -> Option<usize> {
+    pub fn leave(&mut self, now: Now, engine: &mut Engine) -> Option<PeerId> {
         self.leaving = true;
         if self.role != Role::Active {
             return None;
@@ -20,20 +20,17 @@ impl Cluster {
         // from its active) and take over with whatever state it had: no
         // hand-off then, the peers fail over as if we had crashed.
         let me = self.cfg.me;
-        let linked = |p: usize| {
-            self.alive(p)
-                && self.peers[p].out.is_some()
-                && self.peers[p].out_authed
-                && self.peers[p].following == Some(me)
+        let linked = |p: PeerId| {
+            self.alive(p) && self.peers[p].out.is_ready() && self.peers[p].following == Some(me)
         };
-        let synced = |p: usize| {
+        let synced = |p: PeerId| {
             let peer = &self.peers[p];
             linked(p) && peer.synced && peer.snapshot_sent
         };
         let n = self.peers.len();
-        let successor = (0..n)
+        let successor = PeerId::all(n)
             .find(|&p| synced(p))
-            .or_else(|| (0..n).find(|&p| linked(p)));
+            .or_else(|| PeerId::all(n).find(|&p| linked(p)));
         let Some(successor) = successor else {
             // Nobody to hand over to: this node stops serving all the same
             // (the caller steps the engine down), and the peers fail over
@@ -47,7 +44,7 @@ impl Cluster {
             );
             return None;
         };
-        self.hand_off(now, successor, engine);
+        self.hand_over_role(now, successor, engine);
         Some(successor)
     }
 
@@ -90,7 +87,7 @@ impl Cluster {
                 );
             }
             Role::Standby { following } => {
-                assert!(following.is_none_or(|f| f != me && f < self.peers.len()));
+                assert!(following.is_none_or(|f| f != me && f.0 < self.peers.len()));
             }
         }
     }
@@ -102,14 +99,14 @@ impl Cluster {
     pub(super) fn evaluate_active(
         &mut self,
         now: Now,
-        active_peer: Option<usize>,
+        active_peer: Option<PeerId>,
         engine: &mut Engine,
     ) {
         debug_assert_eq!(self.role, Role::Active);
         let me = self.cfg.me;
         let n = self.peers.len();
         if !self.synced
-            && (0..n).any(|p| {
+            && PeerId::all(n).any(|p| {
                 let peer = &self.peers[p];
                 self.alive(p) && peer.following == Some(me) && peer.synced && peer.snapshot_sent
             })
@@ -143,14 +140,14 @@ impl Cluster {
         // held our snapshot, on a link that has not broken since, for the
         // failback delay (so that clients have a connection to it by
         // then). Any break starts the delay again.
-        let first_alive = (0..me).find(|&p| self.alive(p));
-        for p in 0..n {
+        let first_alive = PeerId::all(me.0).find(|&p| self.alive(p));
+        for p in PeerId::all(n) {
             let peer = &self.peers[p];
             let ready = Some(p) == first_alive
                 && peer.following == Some(me)
                 && peer.synced
                 && peer.snapshot_sent
-                && peer.out_authed;
+                && peer.out.is_ready();
             if !ready {
                 self.peers[p].ready_since = None;
             } else if peer.ready_since.is_none() {
@@ -170,7 +167,7 @@ impl Cluster {
                 self.cfg.peers[p],
                 self.cfg.failback_delay_ms
             );
-            self.hand_off(now, p, engine);
+            self.hand_over_role(now, p, engine);
         }
     }
 
@@ -180,8 +177,8 @@ impl Cluster {
     pub(super) fn evaluate_standby(
         &mut self,
         now: Now,
-        following: Option<usize>,
-        active_peer: Option<usize>,
+        following: Option<PeerId>,
+        active_peer: Option<PeerId>,
         eligible: bool,
         engine: &mut Engine,
     ) {
@@ -214,9 +211,9 @@ impl Cluster {
                 let empty = |p: &Peer| !p.synced && p.following.is_none() && !p.claims_active;
                 let me_empty = !self.synced && following.is_none();
                 let any_state =
-                    !me_empty || (0..n).any(|p| self.alive(p) && !empty(&self.peers[p]));
-                let blocks = |p: usize| self.alive(p) && (!any_state || !empty(&self.peers[p]));
-                let higher_alive = (0..me).any(blocks);
+                    !me_empty || PeerId::all(n).any(|p| self.alive(p) && !empty(&self.peers[p]));
+                let blocks = |p: PeerId| self.alive(p) && (!any_state || !empty(&self.peers[p]));
+                let higher_alive = PeerId::all(me.0).any(blocks);
                 // A live peer still follows an active we do not hear:
                 // that active is alive and serving, and only our path
                 // from it is broken (its packets to us are lost, or a
@@ -250,15 +247,15 @@ impl Cluster {
     /// other's heartbeats; a stale heartbeat can only understate a peer's
     /// state (an active gains it, never loses it), so two actives may
     /// both stay for a heartbeat, never both step down.
-    pub(super) fn outranks(&self, p: usize) -> bool {
+    pub(super) fn outranks(&self, p: PeerId) -> bool {
         let theirs = self.peers[p].synced;
         theirs && !self.synced || (theirs == self.synced && p < self.cfg.me)
     }
 
     /// The alive peer claiming the role that outranks every other such
     /// peer (the same order as [`Cluster::outranks`]).
-    pub(super) fn best_active_peer(&self) -> Option<usize> {
-        (0..self.peers.len())
+    pub(super) fn best_active_peer(&self) -> Option<PeerId> {
+        PeerId::all(self.peers.len())
             .filter(|&p| self.alive(p) && self.peers[p].claims_active)
             .min_by_key(|&p| (!self.peers[p].synced, p))
     }
@@ -281,9 +278,9 @@ impl Cluster {
     /// out: were it active we would follow it, and a peer that still
     /// follows it while it is not (it stepped down, or a hand-off is on its
     /// way) says nothing of an active elsewhere.
-    pub(super) fn hearsay_active(&self) -> Option<usize> {
+    pub(super) fn hearsay_active(&self) -> Option<PeerId> {
         let me = self.cfg.me;
-        (0..self.peers.len())
+        PeerId::all(self.peers.len())
             .filter(|&p| self.alive(p))
             .filter_map(|p| self.peers[p].following)
             .filter(|&a| a != me && !self.alive(a))
@@ -302,7 +299,7 @@ impl Cluster {
     pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine) {
         let Some(to) = self.merge_owed else { return };
         let p = &self.peers[to];
-        let Some(conn) = p.out.filter(|_| p.out_authed) else {
+        let Some(conn) = p.out.ready_conn() else {
             return;
         };
         if p.out_version < wire::MERGE_VERSION {
@@ -336,12 +333,12 @@ impl Cluster {
     pub(super) fn follow(
         &mut self,
         now: Now,
-        active: Option<usize>,
+        active: Option<PeerId>,
         engine: &mut Engine,
         why: &str,
     ) {
         assert!(
-            active.is_none_or(|a| a != self.cfg.me && a < self.peers.len()),
+            active.is_none_or(|a| a != self.cfg.me && a.0 < self.peers.len()),
             "follows a real other node"
         );
         self.named = None;
@@ -441,15 +438,15 @@ impl Cluster {
     /// Hands the role to `to`: this turn's deltas first, then our waiters
     /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
     /// has everything before it starts serving.
-    pub(super) fn hand_off(&mut self, now: Now, to: usize, engine: &mut Engine) {
+    pub(super) fn hand_over_role(&mut self, now: Now, to: PeerId, engine: &mut Engine) {
         assert_eq!(
             self.role,
             Role::Active,
             "only the active hands the role off"
         );
-        assert!(to != self.cfg.me && to < self.peers.len());
+        assert!(to != self.cfg.me && to.0 < self.peers.len());
         self.flush_replication(now, engine);
-        let Some(conn) = self.peers[to].out.filter(|_| self.peers[to].out_authed) else {
+        let Some(conn) = self.peers[to].out.ready_conn() else {
             return;
         };
         if !self.peers[to].snapshot_sent {

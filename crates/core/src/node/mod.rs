@@ -19,12 +19,14 @@ mod addresses;
 mod admission;
 mod logs;
 mod metrics;
+#[cfg(test)]
+mod tests;
 
 pub use admission::Admission;
 
 use std::net::SocketAddr;
 
-use crate::cluster::{Cluster, ClusterConfig, PeerError, Role, Unexpected, wire};
+use crate::cluster::{Cluster, ClusterConfig, PeerError, PeerId, Role, Unexpected, wire};
 use crate::engine::{ConnId, Engine, Now, Refusal};
 use crate::outbox::Outbox;
 use crate::proto::Request;
@@ -377,6 +379,20 @@ impl Node {
         result
     }
 
+    /// A line on `conn` longer than any line may be: it broke the protocol
+    /// before it could be read (`reason` says so). Counted like any
+    /// protocol error; on a peer link also logged, rate-limited, as a peer
+    /// line's error is, since the link's close alone would not say why.
+    pub(crate) fn line_too_long(&mut self, now: Now, conn: ConnId, reason: &str) {
+        self.protocol_error();
+        if self.is_peer_link(conn) {
+            let remote = self.remote(conn);
+            self.peer_log.log(now, "peer link errors", || {
+                format!("peer link with {remote} broken: {reason}")
+            });
+        }
+    }
+
     /// Collects the connections with output: peer links first, then
     /// clients in the order they were answered; returns how many are
     /// links. With peers, this turn's replication is written first, so
@@ -437,20 +453,20 @@ impl Node {
     }
 
     /// Peers to dial now, `(index, address)`.
-    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(usize, String)>) {
+    pub fn take_dials(&mut self, now: Now, into: &mut Vec<(PeerId, String)>) {
         if let Some(cluster) = &mut self.cluster {
             cluster.take_dials(now, into);
         }
     }
 
-    pub fn dial_failed(&mut self, now: Now, peer: usize) {
+    pub fn dial_failed(&mut self, now: Now, peer: PeerId) {
         if let Some(cluster) = &mut self.cluster {
             cluster.dial_failed(peer, now);
         }
     }
 
     /// A dial to `peer` succeeded as connection `conn` (not yet opened).
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: usize) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId) {
         self.engine.open(conn);
         self.stats.conns_opened += 1;
         if let Some(cluster) = &mut self.cluster {

@@ -72,7 +72,12 @@ fn a_second_hello_never_resets_a_live_peer() {
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 5, 0);
     heartbeat(&mut c, &mut e, at(2), 5, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     let hello = hello_as_node0(&c, 12345, 3);
     // On the authenticated link itself.
     assert!(c.on_message(at(3), 5, hello, &mut e).is_err());
@@ -81,7 +86,12 @@ fn a_second_hello_never_resets_a_live_peer() {
     c.on_message(at(3), 6, hello, &mut e).unwrap();
     assert!(c.peers[0].claims_active, "still the active");
     assert_eq!(c.peers[0].incarnation, 1);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     c.check_invariants(at(3), &e);
 }
 
@@ -93,7 +103,7 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     c.on_message(at(1), 5, hello, &mut e).unwrap();
     // Our own dial to node 1 gets no CHALLENGE.
     e.open(6);
-    c.outbound_open(at(1), 6, 1, &mut e);
+    c.outbound_open(at(1), 6, PeerId(1), &mut e);
     assert!(c.next_deadline() <= 1 + TIMEOUT_MS);
     let mut doomed = Vec::new();
     // Ticks as the loop does, at least once per heartbeat (a longer gap
@@ -124,7 +134,7 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     // And the node kept no state for them once the loop closes them.
     c.on_close(at(TIMEOUT_MS + 1), 5, &mut e);
     c.on_close(at(TIMEOUT_MS + 1), 6, &mut e);
-    assert!(c.pending.is_empty() && c.peers[1].out.is_none());
+    assert!(c.pending.is_empty() && c.peers[1].out.conn().is_none());
     c.check_invariants(at(TIMEOUT_MS + 1), &e);
 }
 
@@ -169,7 +179,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
             next_conn += 1;
             e.open(conn);
             c.outbound_open(at(ms), conn, peer, &mut e);
-            let mut answer = Remote::new(peer);
+            let mut answer = Remote::new(peer.0);
             answer.secret = odd.clone();
             assert!(answer.accept(&mut c, &mut e, at(ms), conn).is_err());
             c.on_close(at(ms), conn, &mut e);
@@ -200,7 +210,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
     let (mut c, mut e) = active_node0();
     e.open(40);
     c.on_close(at(600), 21, &mut e);
-    c.outbound_open(at(600), 40, 2, &mut e);
+    c.outbound_open(at(600), 40, PeerId(2), &mut e);
     let mut bad = Remote::new(2);
     bad.secret = Secret::from_bytes(b"a third secret, for the odd node only");
     assert!(bad.accept(&mut c, &mut e, at(601), 40).is_err());
@@ -211,7 +221,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
 fn our_link_sends_nothing_before_the_peer_proves_itself() {
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, 1, &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), &mut e);
     // Heartbeat time: only the HELLO is queued on the unproven link.
     c.tick(at(60), &mut e);
     let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
@@ -226,12 +236,12 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
         .to_string();
     assert!(err.contains("authentication failed"), "{err}");
     assert!(e.output_mut(20).is_empty(), "no AUTH for an impostor");
-    assert!(!c.peers[1].out_authed);
+    assert!(!c.peers[1].out.is_ready());
 
     // The genuine peer: AUTH, then our heartbeat at once.
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, 1, &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), &mut e);
     let answer = Remote::new(1).accept(&mut c, &mut e, at(1), 20).unwrap();
     assert!(answer[0].starts_with("P AUTH "), "{answer:?}");
     assert!(answer[1].starts_with("P HB "), "{answer:?}");
@@ -272,7 +282,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     // The dialer side: our link to a node that answers with another list.
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, 1, &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), &mut e);
     let mut b = Remote::new(1);
     b.peers = theirs;
     b.index = 0; // "b" is node 0 in its list
@@ -280,7 +290,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     assert!(err.contains("is node 0 of its --peers"), "{err}");
     // It got our AUTH, so it learns of the conflict as surely as we did.
     assert!(e.output_mut(20).starts_with(b"P AUTH "));
-    assert!(!c.peers[1].out_authed);
+    assert!(!c.peers[1].out.is_ready());
     assert!(c.problem(at(1)).is_some());
 }
 
@@ -293,7 +303,7 @@ fn a_relayed_challenge_gets_no_auth_and_is_no_conflict() {
     c.on_close(at(600), 20, &mut e);
     e.close(20);
     e.open(40);
-    c.outbound_open(at(600), 40, 1, &mut e);
+    c.outbound_open(at(600), 40, PeerId(1), &mut e);
     let relay = Remote::new(2);
     let err = relay
         .accept(&mut c, &mut e, at(601), 40)
@@ -331,7 +341,7 @@ fn a_silent_peer_s_links_are_closed_and_dialed_afresh() {
     }
     let mut dials = Vec::new();
     c.take_dials(at(now.ms + DIAL_RETRY_MS), &mut dials);
-    assert_eq!(dials.iter().map(|d| d.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(dials.iter().map(|d| d.0).collect::<Vec<_>>(), [PeerId(1)]);
     c.check_invariants(now, &e);
 }
 
@@ -343,10 +353,15 @@ fn a_link_the_peer_gave_up_is_no_crash() {
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 10, 0);
     e.open(20);
-    c.outbound_open(at(1), 20, 0, &mut e);
+    c.outbound_open(at(1), 20, PeerId(0), &mut e);
     Remote::new(0).accept(&mut c, &mut e, at(1), 20).unwrap();
     heartbeat(&mut c, &mut e, at(2), 10, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     for ms in (50..=TIMEOUT_MS).step_by(50) {
         heartbeat(&mut c, &mut e, at(ms), 10, true, None);
         c.tick(at(ms), &mut e);
@@ -362,7 +377,12 @@ fn a_link_the_peer_gave_up_is_no_crash() {
         e.close(conn);
     }
     assert!(c.peers[0].heard_ms.is_some(), "alive: it just spoke");
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     c.check_invariants(now, &e);
 }
 
@@ -372,11 +392,14 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     // longer than the handshake timeout (SIGSTOP, a VM stall). The peer's
     // AUTH waits unread meanwhile: it must be taken, as heartbeats are
     // after a stall, not refused as a line out of place.
+    // So must the CHALLENGE that answers our own HELLO.
     let (mut c, mut e) = node(2);
     c.tick(at(1), &mut e);
     e.open(5);
     let peer = Remote::new(0);
     let (_, mac) = hello_and_auth(&peer, &mut c, &mut e, at(1), 5);
+    e.open(6);
+    c.outbound_open(at(1), 6, PeerId(1), &mut e);
     // The process resumes 3 timeouts later: its first turn ticks, then
     // reads what waited.
     let resumed = at(1 + 3 * TIMEOUT_MS);
@@ -387,6 +410,8 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     c.on_message(resumed, 5, PeerMsg::Auth { mac }, &mut e)
         .unwrap();
     assert!(c.is_authenticated_in(5));
+    Remote::new(1).accept(&mut c, &mut e, resumed, 6).unwrap();
+    assert!(c.peers[1].out.is_ready());
     c.check_invariants(resumed, &e);
 }
 
@@ -398,7 +423,12 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 10, 0);
     heartbeat(&mut c, &mut e, at(1), 10, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     link_in(&mut c, &mut e, at(2), 12, 0);
     let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
@@ -408,11 +438,44 @@ fn an_older_link_of_a_peer_that_linked_again_is_not_believed() {
     heartbeat(&mut c, &mut e, at(3), 10, false, Some(1));
     assert!(c.peers[0].claims_active);
     assert_eq!(c.peers[0].following, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     c.check_invariants(at(3), &e);
     // Its close leaves the peer alive: the new link is open.
     c.on_close(at(4), 10, &mut e);
-    assert!(c.alive(0) && c.superseded.is_empty());
+    assert!(c.alive(PeerId(0)) && c.superseded.is_empty());
     heartbeat(&mut c, &mut e, at(5), 12, true, None);
     c.check_invariants(at(5), &e);
+}
+
+#[test]
+fn a_challenge_on_a_link_given_up_is_not_believed() {
+    // Our HELLO goes unanswered past the peer timeout: the link is given
+    // up. A CHALLENGE read before it closes gets no AUTH and does not
+    // make it a link our state goes on.
+    let (mut c, mut e) = node(0);
+    e.open(6);
+    c.tick(at(1), &mut e);
+    c.outbound_open(at(1), 6, PeerId(1), &mut e);
+    // Ticks as a running loop's (a longer gap would be a stall).
+    for ms in (11..=1 + TIMEOUT_MS).step_by(10) {
+        c.tick(at(ms), &mut e);
+    }
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert_eq!(doomed.len(), 1, "{doomed:?}");
+    assert_eq!(doomed[0].0, 6);
+    let answer = Remote::new(1)
+        .accept(&mut c, &mut e, at(1 + TIMEOUT_MS), 6)
+        .unwrap();
+    assert!(answer.is_empty(), "{answer:?}");
+    assert!(!c.peers[1].out.is_ready());
+    c.check_invariants(at(1 + TIMEOUT_MS), &e);
+    c.on_close(at(1 + TIMEOUT_MS), 6, &mut e);
+    assert!(c.peers[1].out.conn().is_none());
+    c.check_invariants(at(1 + TIMEOUT_MS), &e);
 }

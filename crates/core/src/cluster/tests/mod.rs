@@ -44,7 +44,7 @@ fn node_coalescing(
     let mut engine = Engine::new(at(0), &peers[me]);
     let cfg = ClusterConfig {
         peers,
-        me,
+        me: PeerId(me),
         heartbeat_ms: 50,
         peer_timeout_ms: TIMEOUT_MS,
         failback_delay_ms: 0,
@@ -112,7 +112,7 @@ impl Remote {
         let hello = PeerMsg::Hello {
             version: self.version,
             fingerprint: me.fingerprint,
-            from: self.index,
+            from: PeerId(self.index),
             addr: me.addr,
             incarnation: self.incarnation,
             nonce,
@@ -135,7 +135,7 @@ impl Remote {
             dialer_incarnation: self.incarnation,
             acceptor: Identity {
                 fingerprint,
-                index: index as u64,
+                index: index.0 as u64,
                 addr,
                 nonce: their_nonce,
             },
@@ -172,7 +172,7 @@ impl Remote {
         let transcript = Transcript {
             dialer: Identity {
                 fingerprint,
-                index: from as u64,
+                index: from.0 as u64,
                 addr,
                 nonce,
             },
@@ -183,7 +183,7 @@ impl Remote {
         let me = self.identity(their_nonce);
         let challenge = PeerMsg::Challenge {
             fingerprint: me.fingerprint,
-            index: self.index,
+            index: PeerId(self.index),
             addr: me.addr,
             nonce: their_nonce,
             mac,
@@ -208,7 +208,7 @@ fn hello_and_auth<'a>(
     let hello = PeerMsg::Hello {
         version: wire::VERSION,
         fingerprint: me.fingerprint,
-        from: peer.index,
+        from: PeerId(peer.index),
         addr: me.addr,
         incarnation: 1,
         nonce,
@@ -230,7 +230,7 @@ fn hello_and_auth<'a>(
         dialer_incarnation: 1,
         acceptor: Identity {
             fingerprint,
-            index: index as u64,
+            index: index.0 as u64,
             addr,
             nonce: n,
         },
@@ -245,7 +245,7 @@ fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'sta
     PeerMsg::Hello {
         version: wire::VERSION,
         fingerprint: c.fingerprint(),
-        from: 0,
+        from: PeerId(0),
         addr: b"127.0.0.1:7000",
         incarnation,
         nonce: [nonce_byte; auth::NONCE_LEN],
@@ -267,7 +267,7 @@ fn heartbeat(
 ) {
     let msg = PeerMsg::Heartbeat {
         active,
-        following,
+        following: following.map(PeerId),
         highest: 0,
         synced: following.is_some(),
     };
@@ -285,7 +285,7 @@ fn heartbeat_synced(
 ) {
     let msg = PeerMsg::Heartbeat {
         active,
-        following,
+        following: following.map(PeerId),
         highest: 0,
         synced,
     };
@@ -302,7 +302,7 @@ fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine) {
     let (mut c, mut e) = node_coalescing(0, peers(), SECRET, coalesce_us);
     for (conn, peer) in [(20, 1), (21, 2)] {
         e.open(conn);
-        c.outbound_open(at(0), conn, peer, &mut e);
+        c.outbound_open(at(0), conn, PeerId(peer), &mut e);
         Remote::new(peer)
             .accept(&mut c, &mut e, at(0), conn)
             .unwrap();

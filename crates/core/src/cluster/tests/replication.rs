@@ -8,7 +8,12 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 11, 1);
     heartbeat(&mut c, &mut e, at(2), 11, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     let member = |key: &'static [u8], token, permit| PeerMsg::Member {
         key,
         token,
@@ -63,7 +68,7 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     }
     assert_eq!(doomed[0].0, 20);
     assert!(doomed[0].1.contains("resyncs"), "{}", doomed[0].1);
-    assert!(!c.peers[1].snapshot_sent && !c.peers[1].out_authed);
+    assert!(!c.peers[1].snapshot_sent && !c.peers[1].out.is_ready());
     c.check_invariants(now, &e);
 }
 
@@ -236,7 +241,7 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
     let (mut c, mut e) = node(2);
     for (conn, peer) in [(20, 0), (21, 1)] {
         e.open(conn);
-        c.outbound_open(at(0), conn, peer, &mut e);
+        c.outbound_open(at(0), conn, PeerId(peer), &mut e);
         Remote::new(peer)
             .accept(&mut c, &mut e, at(0), conn)
             .unwrap();
@@ -245,7 +250,12 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
     link_in(&mut c, &mut e, at(1), 11, 1);
     heartbeat(&mut c, &mut e, at(2), 11, true, None);
     heartbeat(&mut c, &mut e, at(2), 10, false, Some(1));
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     for conn in [20, 21] {
         e.output_mut(conn).clear();
     }

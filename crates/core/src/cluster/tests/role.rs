@@ -21,7 +21,12 @@ fn handoff_is_taken_only_from_the_followed_node() {
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 11, 1);
     heartbeat(&mut c, &mut e, at(2), 11, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     let handoff = PeerMsg::Handoff { highest: 6 };
     c.on_message(at(3), 11, handoff, &mut e).unwrap();
     assert_eq!(c.role(), Role::Active);
@@ -42,7 +47,7 @@ fn a_leaving_active_hands_off_only_to_a_follower() {
     let (mut c, mut e) = active_node0();
     heartbeat(&mut c, &mut e, now, 10, false, None);
     heartbeat(&mut c, &mut e, now, 11, false, Some(0));
-    assert_eq!(c.leave(now, &mut e), Some(2));
+    assert_eq!(c.leave(now, &mut e), Some(PeerId(2)));
 }
 
 #[test]
@@ -52,7 +57,12 @@ fn ready_means_active_or_following_with_the_whole_snapshot() {
     assert!(!c.is_ready());
     link_in(&mut c, &mut e, at(1), 11, 1);
     heartbeat(&mut c, &mut e, at(2), 11, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     // Following node 1, but its snapshot is not in yet: not ready.
     assert!(!c.is_ready());
     c.on_message(at(3), 11, PeerMsg::Snapshot { highest: 7 }, &mut e)
@@ -80,7 +90,12 @@ fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
     let (mut c, mut e) = fresh_active(0);
     link_in(&mut c, &mut e, now, 10, 1);
     heartbeat_synced(&mut c, &mut e, now, 10, true, None, true);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     assert!(!e.is_active());
     c.check_invariants(now, &e);
 
@@ -97,10 +112,20 @@ fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
     link_in(&mut c, &mut e, at(1), 11, 1);
     heartbeat_synced(&mut c, &mut e, at(2), 10, true, None, false);
     heartbeat_synced(&mut c, &mut e, at(2), 11, true, None, true);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     // Should node 0 come to hold the state too, the priority decides.
     heartbeat_synced(&mut c, &mut e, at(3), 10, true, None, true);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
 }
 
 #[test]
@@ -110,7 +135,12 @@ fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
     let (mut c, mut e) = node(1);
     link_in(&mut c, &mut e, at(1), 10, 0);
     heartbeat(&mut c, &mut e, at(1), 10, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     c.on_message(at(2), 10, PeerMsg::Snapshot { highest: 7 }, &mut e)
         .unwrap();
     c.on_message(at(2), 10, PeerMsg::Synced, &mut e).unwrap();
@@ -133,7 +163,7 @@ fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
     c.check_invariants(at(ms), &e);
     // Its heartbeats say it holds the state.
     e.open(20);
-    c.outbound_open(at(ms), 20, 0, &mut e);
+    c.outbound_open(at(ms), 20, PeerId(0), &mut e);
     let lines = restarted.accept(&mut c, &mut e, at(ms), 20).unwrap();
     let hb = lines.iter().find(|l| l.starts_with("P HB ")).unwrap();
     assert!(hb.starts_with("P HB A - ") && hb.ends_with(" 1"), "{hb}");
@@ -182,7 +212,12 @@ fn a_standby_that_hears_no_active_names_the_one_its_peers_follow() {
     // Hearing the active itself, it follows it.
     link_in(&mut c, &mut e, at(ms), 10, 0);
     heartbeat(&mut c, &mut e, at(ms), 10, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(0) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        }
+    );
     client(&mut e, at(ms), 0, "A k 10 0");
     assert_eq!(lines_of(&mut e, 0), ["M k 127.0.0.1:7000"]);
     c.check_invariants(at(ms), &e);
@@ -224,7 +259,12 @@ fn a_peer_still_following_a_node_we_hear_as_a_standby_does_not_hold_us_back() {
     link_in(&mut c, &mut e, at(1), 11, 1);
     link_in(&mut c, &mut e, at(1), 12, 2);
     heartbeat(&mut c, &mut e, at(1), 11, true, None);
-    assert_eq!(c.role(), Role::Standby { following: Some(1) });
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
     c.on_message(at(1), 11, PeerMsg::Snapshot { highest: 7 }, &mut e)
         .unwrap();
     c.on_message(at(1), 11, PeerMsg::Synced, &mut e).unwrap();
@@ -274,10 +314,10 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     );
     assert_eq!(c.role(), Role::Active);
     c.on_close(at(ms), 20, &mut e);
-    assert!(c.alive(1), "we still hear it");
+    assert!(c.alive(PeerId(1)), "we still hear it");
     let mut dials = Vec::new();
     c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);
     assert_eq!(dials.len(), 1);
-    assert_eq!(dials[0].0, 1);
+    assert_eq!(dials[0].0, PeerId(1));
     c.check_invariants(at(ms), &e);
 }

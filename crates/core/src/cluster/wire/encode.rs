@@ -23,7 +23,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             out.push(b' ');
             out.extend_from_slice(auth::hex(&fingerprint.to_be_bytes()).as_bytes());
             out.push(b' ');
-            write_u64(out, from as u64);
+            write_u64(out, from.0 as u64);
             out.push(b' ');
             out.extend_from_slice(addr);
             out.push(b' ');
@@ -41,7 +41,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
             out.extend_from_slice(b"P CHALLENGE ");
             out.extend_from_slice(auth::hex(&fingerprint.to_be_bytes()).as_bytes());
             out.push(b' ');
-            write_u64(out, index as u64);
+            write_u64(out, index.0 as u64);
             out.push(b' ');
             out.extend_from_slice(addr);
             out.push(b' ');
@@ -61,7 +61,7 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
         } => {
             out.extend_from_slice(if active { b"P HB A " } else { b"P HB S " });
             match following {
-                Some(i) => write_u64(out, i as u64),
+                Some(i) => write_u64(out, i.0 as u64),
                 None => out.push(b'-'),
             }
             out.push(b' ');

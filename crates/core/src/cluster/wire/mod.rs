@@ -66,6 +66,7 @@ pub use encode::encode;
 pub(crate) use encode::encode_replication;
 pub use parse::parse;
 
+use super::PeerId;
 use super::auth::{Fingerprint, MacBytes, Nonce};
 use crate::access::MAX_IDENTITY;
 use crate::proto::{Holder, MAX_HOLDER_ADDR, MAX_KEY, MAX_LINE, MAX_OWNER};
@@ -126,14 +127,14 @@ pub enum PeerMsg<'a> {
         /// The version this link speaks, [`MIN_VERSION`] to [`VERSION`].
         version: u64,
         fingerprint: Fingerprint,
-        from: usize,
+        from: PeerId,
         addr: &'a [u8],
         incarnation: u64,
         nonce: Nonce,
     },
     Challenge {
         fingerprint: Fingerprint,
-        index: usize,
+        index: PeerId,
         addr: &'a [u8],
         nonce: Nonce,
         mac: MacBytes,
@@ -143,7 +144,7 @@ pub enum PeerMsg<'a> {
     },
     Heartbeat {
         active: bool,
-        following: Option<usize>,
+        following: Option<PeerId>,
         highest: u64,
         synced: bool,
     },

@@ -1,8 +1,8 @@
 //! Parsing a peer line: every field checked against its bound.
 
-use super::{MAX_PEERS, MAX_REMAINING_MS, MIN_VERSION, PeerMsg, VERSION, WireError};
+use super::{MAX_PEERS, MAX_REMAINING_MS, MIN_VERSION, PeerId, PeerMsg, VERSION, WireError};
 use crate::access::is_valid_identity;
-use crate::cluster::auth::{self, MAC_LEN, NONCE_LEN};
+use crate::cluster::auth::{self, Fingerprint, MAC_LEN, NONCE_LEN};
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::{
     Holder, MAX_HOLDER_ADDR, MAX_PERMITS, Quoted, is_valid_key, is_valid_owner, parse_u64,
@@ -48,7 +48,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let index = |v: &[u8]| {
         parse_u64(v)
             .filter(|&i| i < MAX_PEERS as u64)
-            .map(|i| i as usize)
+            .map(|i| PeerId(i as usize))
             .ok_or_else(|| bad("peer index out of range"))
     };
     let key = |v: &'_ [u8]| {
@@ -60,7 +60,7 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     };
     let fingerprint = |v: &[u8]| {
         auth::unhex::<8>(v)
-            .map(u64::from_be_bytes)
+            .map(Fingerprint::from_be_bytes)
             .ok_or_else(|| bad("bad fingerprint"))
     };
     let nonce = |v: &[u8]| auth::unhex::<NONCE_LEN>(v).ok_or_else(|| bad("bad nonce"));

@@ -2,7 +2,7 @@
 
 use super::encode::encode_member;
 use super::*;
-use crate::cluster::auth::{MAC_LEN, NONCE_LEN};
+use crate::cluster::auth::{Fingerprint, MAC_LEN, NONCE_LEN};
 use crate::engine::Replication;
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::MAX_PERMITS;
@@ -11,15 +11,15 @@ fn all_kinds() -> Vec<PeerMsg<'static>> {
     vec![
         PeerMsg::Hello {
             version: VERSION,
-            fingerprint: 0x0123_4567_89ab_cdef,
-            from: 2,
+            fingerprint: Fingerprint(0x0123_4567_89ab_cdef),
+            from: PeerId(2),
             addr: b"127.0.0.1:7173",
             incarnation: u64::MAX,
             nonce: [0xa5; NONCE_LEN],
         },
         PeerMsg::Challenge {
-            fingerprint: 0,
-            index: MAX_PEERS - 1,
+            fingerprint: Fingerprint(0),
+            index: PeerId(MAX_PEERS - 1),
             addr: b"db1.example:7171",
             nonce: [0; NONCE_LEN],
             mac: [0xff; MAC_LEN],
@@ -33,7 +33,7 @@ fn all_kinds() -> Vec<PeerMsg<'static>> {
         },
         PeerMsg::Heartbeat {
             active: false,
-            following: Some(0),
+            following: Some(PeerId(0)),
             highest: 5,
             synced: true,
         },

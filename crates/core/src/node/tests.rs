@@ -1,0 +1,164 @@
+//! The node driven directly, as a loop drives it: what its log says of a
+//! peer link that breaks the protocol.
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::cluster::auth::{self, Identity, Secret, Side, Transcript};
+use crate::session::{Flow, Session};
+
+const SECRET: &[u8] = b"a secret of at least thirty-two bytes";
+
+fn at(ms: u64) -> Now {
+    Now {
+        ms,
+        us: ms * 1000,
+        unix_ns: 1_700_000_000_000_000_000 + ms * 1_000_000,
+    }
+}
+
+fn peers() -> Vec<String> {
+    (1..=3).map(|i| format!("127.0.0.1:700{i}")).collect()
+}
+
+/// Node 0 of three.
+fn node0() -> Node {
+    let cfg = ClusterConfig {
+        peers: peers(),
+        me: PeerId(0),
+        heartbeat_ms: 100,
+        peer_timeout_ms: 500,
+        failback_delay_ms: 0,
+        incarnation: 1,
+        secret: Secret::from_bytes(SECRET),
+        coalesce_us: 0,
+    };
+    Node::new(
+        at(0),
+        NodeConfig {
+            advertise: peers()[0].clone(),
+            cluster: Some(cfg),
+            max_locks: crate::engine::DEFAULT_MAX_LOCKS,
+        },
+    )
+}
+
+/// Peer 1 links to the node as connection `conn` and proves itself:
+/// `HELLO`, the node's `CHALLENGE`, `AUTH`.
+fn link_in(node: &mut Node, session: &mut Session, now: Now, conn: ConnId) {
+    let peers = peers();
+    let fingerprint = auth::fingerprint(wire::FINGERPRINT_VERSION, &peers);
+    let nonce = [9; auth::NONCE_LEN];
+    let mut line = Vec::new();
+    wire::encode(
+        &mut line,
+        &wire::PeerMsg::Hello {
+            version: wire::VERSION,
+            fingerprint,
+            from: PeerId(1),
+            addr: peers[1].as_bytes(),
+            incarnation: 1,
+            nonce,
+        },
+    );
+    assert_eq!(session.feed(node, now, conn, &line), Flow::Open);
+    let out = std::mem::take(node.output_mut(conn));
+    let challenge = out.strip_suffix(b"\n").unwrap();
+    let Ok(wire::PeerMsg::Challenge {
+        fingerprint: theirs,
+        index,
+        addr,
+        nonce: their_nonce,
+        ..
+    }) = wire::parse(challenge)
+    else {
+        panic!("not a CHALLENGE: {}", String::from_utf8_lossy(&out));
+    };
+    let transcript = Transcript {
+        dialer: Identity {
+            fingerprint,
+            index: 1,
+            addr: peers[1].as_bytes(),
+            nonce,
+        },
+        dialer_incarnation: 1,
+        acceptor: Identity {
+            fingerprint: theirs,
+            index: index.0 as u64,
+            addr,
+            nonce: their_nonce,
+        },
+    };
+    let mac = Secret::from_bytes(SECRET).sign(Side::Dialer, &transcript);
+    line.clear();
+    wire::encode(&mut line, &wire::PeerMsg::Auth { mac });
+    assert_eq!(session.feed(node, now, conn, &line), Flow::Open);
+    assert!(node.cluster().unwrap().is_authenticated_in(conn));
+}
+
+/// The messages of the log events of this thread while it is installed.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        self.0.lock().unwrap().push(message);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn an_over_long_line_on_a_peer_link_is_logged_with_its_reason() {
+    // In one read, and cut across two (the first part kept as a partial
+    // line).
+    for split in [None, Some(300)] {
+        let mut node = node0();
+        let mut session = Session::new();
+        node.open(5);
+        node.set_remote(5, "127.0.0.1:40001".parse().unwrap());
+        link_in(&mut node, &mut session, at(1), 5);
+        // A grant line of 600 bytes: past any line's 512.
+        let mut line = b"P G ".to_vec();
+        line.resize(600, b'k');
+        line.push(b'\n');
+        let log = Capture::default();
+        let flow = tracing::subscriber::with_default(log.clone(), || match split {
+            None => session.feed(&mut node, at(2), 5, &line),
+            Some(cut) => {
+                let first = session.feed(&mut node, at(2), 5, &line[..cut]);
+                assert_eq!(first, Flow::Open);
+                session.feed(&mut node, at(2), 5, &line[cut..])
+            }
+        });
+        assert_eq!(flow, Flow::Broken, "{split:?}");
+        let out = String::from_utf8(std::mem::take(node.output_mut(5))).unwrap();
+        assert_eq!(out, "E line longer than 512 bytes in line 3\n");
+        let lines = log.0.lock().unwrap().clone();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("127.0.0.1:40001") && l.contains("line longer than 512 bytes")),
+            "{split:?}: {lines:?}"
+        );
+        node.check_invariants(at(2));
+    }
+}
