@@ -62,6 +62,14 @@ impl DeadlineQueue {
     }
 }
 
+/// What the shutdown [`Driver::shut_down`] began did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leaving {
+    /// The peer the node handed the active role over to ([`Node::leave`]):
+    /// only an active names one.
+    pub successor: Option<String>,
+}
+
 /// One loop's per-turn policy (see the module documentation).
 #[derive(Debug)]
 pub struct Driver {
@@ -170,13 +178,15 @@ impl Driver {
         }
     }
 
-    /// SIGINT or SIGTERM. The first begins the shutdown and returns true:
-    /// the node leaves (an active hands its role over), and the loop stops
-    /// accepting and finishes every connection ([`crate::lifecycle::Lifecycle::finish`]);
-    /// the loop stops once they are closed, or [`LINGER_MS`] from now.
-    pub fn shut_down(&mut self, node: &mut Node, now: Now) -> bool {
+    /// SIGINT or SIGTERM. The first begins the shutdown and returns what
+    /// the node's leave did ([`Node::leave`]): the node leaves (an active
+    /// hands its role over), and the loop stops accepting and finishes
+    /// every connection ([`crate::lifecycle::Lifecycle::finish`]); the loop
+    /// stops once they are closed, or [`LINGER_MS`] from now. Any later
+    /// one returns `None`.
+    pub fn shut_down(&mut self, node: &mut Node, now: Now) -> Option<Leaving> {
         if self.shutdown_until.is_some() {
-            return false;
+            return None;
         }
         tracing::info!(
             target: "ringlock::io",
@@ -184,10 +194,11 @@ impl Driver {
         );
         self.shutdown_until = Some(now.ms + LINGER_MS);
         self.accept_retry_at = None;
-        if let Some(to) = node.leave(now) {
+        let successor = node.leave(now);
+        if let Some(to) = &successor {
             tracing::info!(target: "ringlock::io", "handed the active role over to {to}");
         }
-        true
+        Some(Leaving { successor })
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -254,9 +265,14 @@ mod tests {
         assert_eq!(driver.admit(&mut node, 1), Admission::Client);
         assert_eq!(driver.admit(&mut node, 2), Admission::Refuse);
         assert_eq!(node.stats().conns_refused, 1);
-        assert!(driver.shut_down(&mut node, at(5)));
-        assert!(
-            !driver.shut_down(&mut node, at(6)),
+        assert_eq!(
+            driver.shut_down(&mut node, at(5)),
+            Some(Leaving { successor: None }),
+            "a node without peers names no successor"
+        );
+        assert_eq!(
+            driver.shut_down(&mut node, at(6)),
+            None,
             "only the first begins it"
         );
         assert_eq!(driver.admit(&mut node, 0), Admission::Refuse);
