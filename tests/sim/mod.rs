@@ -54,6 +54,9 @@ pub use rng::Rng;
 
 pub const HEARTBEAT_MS: u64 = 50;
 pub const PEER_TIMEOUT_MS: u64 = 500;
+/// Every node's `--tls-handshake-timeout-ms`: a connection that starts
+/// with a TLS handshake must be done with it by then.
+pub const HANDSHAKE_MS: u64 = 1_000;
 /// One-way delay of a segment: uniform in `0..=MAX_DELAY_MS`.
 pub const MAX_DELAY_MS: u64 = 20;
 /// Wall clocks are off by at most this much either way. Two nodes differ by
@@ -492,6 +495,8 @@ pub struct Stats {
     /// Longest a node's loop would have spun (deadline in the past), ms.
     pub spin_ms_max: u64,
     pub sim_ms: u64,
+    /// TLS handshakes not done by their deadline ([`Driver::due_handshake`]).
+    pub handshakes_expired: u64,
 }
 
 impl Stats {
@@ -510,6 +515,7 @@ impl Stats {
         self.lost_excused += o.lost_excused;
         self.spin_ms_max = self.spin_ms_max.max(o.spin_ms_max);
         self.sim_ms += o.sim_ms;
+        self.handshakes_expired += o.handshakes_expired;
     }
 }
 
@@ -835,7 +841,7 @@ impl Sim {
             wake_at: Some(self.now),
             last_turn: 0,
             spinning_since: None,
-            driver: Driver::new(self.max_conns, None),
+            driver: Driver::new(self.max_conns, Some(HANDSHAKE_MS)),
         });
         self.nodes[x].hung_until = None;
         self.log(format!(
@@ -851,7 +857,16 @@ impl Sim {
         self.up(x) && self.nodes[x].hung_until.is_none()
     }
 
+    /// A connection id of node `x` for `sc`, with a plain lifecycle.
     fn alloc_cid(&mut self, x: usize, sc: usize) -> ConnId {
+        self.alloc_cid_with(x, sc, Lifecycle::new())
+    }
+
+    /// A connection id of node `x` for `sc`, which takes a slot as the
+    /// loops' connections do: [`Driver::opened`] (a TLS lifecycle starts
+    /// its handshake deadline there).
+    fn alloc_cid_with(&mut self, x: usize, sc: usize, life: Lifecycle) -> ConnId {
+        let now_ms = self.node_now(x).ms;
         let inc = self.nodes[x].inc.as_mut().unwrap();
         // (A replay numbers connections as the model does: no reuse.)
         let reuse = self.replaying.is_none();
@@ -862,8 +877,9 @@ impl Sim {
                 inc.next_cid - 1
             }
         };
+        inc.driver.opened(now_ms, cid, life.is_tls());
         inc.conns.insert(cid, sc);
-        inc.lives.insert(cid, Lifecycle::new());
+        inc.lives.insert(cid, life);
         inc.scan_pos.insert(cid, 0);
         cid
     }
@@ -1278,8 +1294,14 @@ impl Sim {
                 if other_open {
                     self.send(sc, e, Seg::Fin);
                 }
-                if linger_until.is_none() {
-                    self.node_end_closed(x, sc, e, "closed after its last answers");
+                match linger_until {
+                    // The driver closes it at its deadline (or the
+                    // lifecycle once the other side closes).
+                    Some(until) => {
+                        let inc = self.nodes[x].inc.as_mut().unwrap();
+                        inc.driver.linger(until, cid);
+                    }
+                    None => self.node_end_closed(x, sc, e, "closed after its last answers"),
                 }
             }
             Step::Close => self.node_end_closed(x, sc, e, "closed"),
@@ -1847,7 +1869,7 @@ impl Sim {
         if slot.hung_until.is_some() {
             return None;
         }
-        let mut next = Self::loop_deadline(inc);
+        let mut next = Self::loop_deadline(inc, self.now);
         if inc.spinning_since.is_some() {
             // Do not spin the simulation: one turn per millisecond.
             next = next.map(|d| d.max(inc.last_turn + 1));
@@ -1857,16 +1879,14 @@ impl Sim {
         [next, wake, accept].into_iter().flatten().min()
     }
 
-    /// The deadline a loop would sleep until, in sim time: the node's next
-    /// timer or a lingering connection's deadline, whichever comes first.
-    fn loop_deadline(inc: &Inc) -> Option<u64> {
-        let linger = inc.lives.values().filter_map(Lifecycle::linger_until);
-        inc.node
-            .next_deadline()
-            .into_iter()
-            .chain(linger)
-            .min()
-            .map(|d| d.saturating_sub(inc.ms_offset))
+    /// The deadline a loop would sleep until, in sim time (`now`): as long
+    /// as [`Driver::timeout_ms`] says (the node's next timer, a lingering
+    /// connection's or a handshake's deadline, the accept retry, the end of
+    /// a shutdown).
+    fn loop_deadline(inc: &Inc, now: u64) -> Option<u64> {
+        inc.driver
+            .timeout_ms(&inc.node, now + inc.ms_offset)
+            .map(|wait| now + wait)
     }
 
     fn next_event(&self) -> u64 {
@@ -2184,20 +2204,6 @@ impl Sim {
                 self.node_fail(x, sc, e, "broken by the network");
             }
         }
-        // Lingering connections whose deadline passed.
-        let now_ms = self.node_now(x).ms;
-        let due: Vec<(ConnId, usize)> = {
-            let inc = self.nodes[x].inc.as_ref().unwrap();
-            inc.lives
-                .iter()
-                .filter(|(_, l)| l.linger_until().is_some_and(|u| u <= now_ms))
-                .map(|(&cid, _)| (cid, inc.conns[&cid]))
-                .collect()
-        };
-        for (cid, sc) in due {
-            let e = self.end_of(sc, x);
-            self.settle(x, sc, e, cid);
-        }
         // Connections broken before they were accepted.
         let pending: Vec<usize> = self.nodes[x]
             .inc
@@ -2293,17 +2299,13 @@ impl Sim {
             return;
         }
         self.flush_node(x);
+        self.driver_deadlines(x);
         self.refresh_reading(x);
         // Dials.
         let mut dials = std::mem::take(&mut self.dial_buf);
-        dials.clear();
         let now = self.node_now(x);
-        self.nodes[x]
-            .inc
-            .as_mut()
-            .unwrap()
-            .node
-            .take_dials(now, &mut dials);
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        inc.driver.take_dials(&mut inc.node, now, &mut dials);
         for (peer, a) in dials.drain(..) {
             assert_eq!(a, addr(peer));
             let dial = Dial {
@@ -2319,9 +2321,10 @@ impl Sim {
             self.dials.push(dial);
         }
         self.dial_buf = dials;
-        // A loop whose deadline is already past spins.
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let past = Self::loop_deadline(inc).is_some_and(|d| d <= t);
+        inc.driver.end_turn(&mut inc.node, now);
+        // A loop whose deadline is already past spins.
+        let past = Self::loop_deadline(inc, t).is_some_and(|d| d <= t);
         let role = inc.role;
         match (past, inc.spinning_since) {
             (true, None) => {
@@ -2339,6 +2342,42 @@ impl Sim {
                 ));
             }
             _ => {}
+        }
+    }
+
+    /// The driver's deadlines, as the loops act on them after a turn's
+    /// output: the lingering connections due are closed (a stale entry, its
+    /// connection gone or its id reused, is harmless: the lifecycle acts on
+    /// its own deadline), and so are the handshakes not done by theirs.
+    fn driver_deadlines(&mut self, x: usize) {
+        let now_ms = self.node_now(x).ms;
+        loop {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(cid) = inc.driver.due_lingering(now_ms) else {
+                break;
+            };
+            let Some(&sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            let e = self.end_of(sc, x);
+            self.settle(x, sc, e, cid);
+        }
+        loop {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(cid) = inc.driver.due_handshake(now_ms) else {
+                break;
+            };
+            let Some(&sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            let expired = self.with_life(x, cid, "handshake deadline", |life, node, now| {
+                life.handshake_expired(node, now, cid)
+            });
+            if expired == Some(true) {
+                self.stats.handshakes_expired += 1;
+                let e = self.end_of(sc, x);
+                self.settle(x, sc, e, cid);
+            }
         }
     }
 
@@ -3539,13 +3578,12 @@ impl Sim {
         self.socket_buf = bytes;
     }
 
-    /// Sets `--max-conns` of every node, those running included (their
-    /// admission starts afresh).
+    /// Sets `--max-conns` of every node, those running included.
     pub fn set_max_conns(&mut self, max_conns: usize) {
         self.max_conns = max_conns;
         for slot in &mut self.nodes {
             if let Some(inc) = &mut slot.inc {
-                inc.driver = Driver::new(max_conns, None);
+                inc.driver.set_max_conns(max_conns);
             }
         }
     }

@@ -410,7 +410,7 @@ impl Sim {
         let mut dials = Vec::new();
         let now = self.node_now(x);
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        inc.node.take_dials(now, &mut dials);
+        inc.driver.take_dials(&mut inc.node, now, &mut dials);
         let generation = inc.generation;
         for (peer, _) in dials {
             self.dials.push(Dial {
