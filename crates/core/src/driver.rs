@@ -170,11 +170,15 @@ impl Driver {
         self.handshakes.pop_due(now_ms)
     }
 
-    /// The dials the node asks for (none while shutting down).
+    /// The dials the node asks for (none while shutting down: the node's
+    /// are taken and dropped all the same, so that they count as under way
+    /// and their deadline does not stay in the past, which would spin the
+    /// loop until it stops).
     pub fn take_dials(&mut self, node: &mut Node, now: Now, into: &mut Vec<(usize, String)>) {
         into.clear();
-        if self.shutdown_until.is_none() {
-            node.take_dials(now, into);
+        node.take_dials(now, into);
+        if self.shutdown_until.is_some() {
+            into.clear();
         }
     }
 
@@ -317,6 +321,41 @@ mod tests {
         let mut plain = Driver::new(8, None);
         plain.opened(10, 3, true);
         assert_eq!(plain.due_handshake(u64::MAX), None);
+    }
+
+    #[test]
+    fn no_dials_while_shutting_down_and_no_dial_deadline_left_in_the_past() {
+        let mut node = Node::new(
+            at(0),
+            NodeConfig {
+                advertise: "a:1".into(),
+                cluster: Some(crate::cluster::ClusterConfig {
+                    peers: vec!["a:1".into(), "b:1".into()],
+                    me: 0,
+                    heartbeat_ms: 50,
+                    peer_timeout_ms: 500,
+                    failback_delay_ms: 0,
+                    incarnation: 1,
+                    secret: crate::cluster::auth::Secret::from_bytes(
+                        b"a secret of the unit tests, 32+ bytes",
+                    ),
+                    coalesce_us: 0,
+                }),
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
+            },
+        );
+        let mut driver = Driver::new(8, None);
+        node.tick(at(1));
+        assert_eq!(driver.timeout_ms(&node, 1), Some(0), "a dial to b is due");
+        driver.shut_down(&mut node, at(1));
+        let mut dials = Vec::new();
+        driver.take_dials(&mut node, at(1), &mut dials);
+        assert!(dials.is_empty(), "dialed while shutting down: {dials:?}");
+        assert_ne!(
+            driver.timeout_ms(&node, 1),
+            Some(0),
+            "the dial's deadline stays in the past: the loop spins"
+        );
     }
 
     #[test]
