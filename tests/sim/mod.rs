@@ -893,7 +893,8 @@ impl Sim {
         ));
     }
 
-    fn up(&self, x: usize) -> bool {
+    /// Node `x`'s process runs (shutting down, too).
+    pub fn up(&self, x: usize) -> bool {
         self.nodes[x].inc.is_some()
     }
 
