@@ -49,12 +49,13 @@
 //!    what it answered) to the network before any client's answer.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
-//! (a deadline left in the past).
+//! (a deadline left in the past: the loops' timeout is the `Driver`'s, as
+//! the simulator's).
 //!
 //! # Running
 //!
 //! - `cargo test --test cluster_sim`: the scripted scenarios and
-//!   `random_seeds` (seeds 0..300, about 15 s in a debug build);
+//!   `random_seeds` (seeds 0..300, about a minute in a debug build);
 //!   `RINGLOCK_SIM_SEEDS=<n>` or `=<a>..<b>` for other seeds.
 //! - `cargo test --release --test cluster_sim -- --ignored`: seeds
 //!   300..5300 (`many_random_seeds`; about 6 min in a debug build).

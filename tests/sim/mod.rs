@@ -1,12 +1,17 @@
 //! A deterministic simulation of a ringlock cluster (TigerBeetle's VOPR
 //! idea): several [`Node`]s, each driven exactly as the I/O loops drive it
 //! (tick, each connection's bytes, end of stream and sends through the same
-//! [`Lifecycle`] the loops use, take the dirty output, start dials), over a
-//! fake network and a fake clock, with clients that speak the wire protocol.
-//! Socket buffers are finite (`Sim::set_socket_buffer`), so a client that
-//! stops reading makes the node pause that connection as a loop would, and
-//! a connection the node ends lingers until the peer closes or the
-//! deadline. One seeded PRNG decides everything (delays,
+//! [`Lifecycle`] the loops use, take the dirty output), with the loops'
+//! per-turn policy, the same [`Driver`] they own: its timeout is the
+//! node's deadline, accepted sockets go through its admission, a failed
+//! accept waits for its retry, lingering connections and handshakes are
+//! closed at its deadlines, dials are the ones it takes, SIGTERM is its
+//! shutdown, and a turn ends with its invariant walkers. All that over a
+//! fake network and a fake clock, with clients that speak the wire
+//! protocol. Socket buffers are finite (`Sim::set_socket_buffer`), so a
+//! client that stops reading makes the node pause that connection as a
+//! loop would, and a connection the node ends lingers until the peer
+//! closes or the deadline. One seeded PRNG decides everything (delays,
 //! faults, client requests, the order nodes run in), so a seed replays the
 //! same run.
 //!
@@ -22,9 +27,15 @@
 //! (the kernel closes the dead process's sockets: FIN after the bytes in
 //! flight, or RST), hangs (SIGSTOP: the kernel still accepts and buffers,
 //! the process runs nothing, then resumes with its old state and a clock
-//! that jumped), restarts (a new process: new incarnation, empty state) and
-//! graceful leaves (SIGTERM: `Node::leave`, then every connection closed
-//! with its last output).
+//! that jumped), restarts (a new process: new incarnation, empty state),
+//! graceful leaves (SIGTERM through [`Driver::shut_down`]: the node leaves,
+//! its listener closes, every connection is finished with its last output,
+//! and the process exits once [`Driver::finished`]), strangers (a socket
+//! that connects and never speaks: its connection starts a TLS handshake,
+//! a real rustls server connection that is never fed a byte, and the
+//! driver closes it at the handshake deadline; the simulated clients and
+//! peers speak plain text) and failed accepts (the kernel's EMFILE: what
+//! arrives waits in the backlog until [`Driver::accept_retry_due`]).
 //!
 //! The checks (listed in tests/cluster_sim.rs) run after every call into a
 //! node (`Sim::op`: roles, grants kept on promotion, tokens, `E` lines),
@@ -1458,14 +1469,14 @@ impl Sim {
         self.nodes[x].hung_until = None;
         let generation = inc.generation;
         drop(inc);
-        self.kernel_closes(x, generation, true);
+        self.kernel_closes(x, generation);
     }
 
-    /// The process of node `x` (its `generation`) is gone: the kernel
+    /// The process of node `x` (its `generation`) crashed: the kernel
     /// closes its sockets. A peer reading from it gets the bytes in flight
     /// and then a FIN; a connection with unread input at `x` is reset (and
-    /// with `crash`, now and then one without).
-    fn kernel_closes(&mut self, x: usize, generation: u64, crash: bool) {
+    /// now and then one without).
+    fn kernel_closes(&mut self, x: usize, generation: u64) {
         self.dials.retain(|d| d.node != x);
         for sc in 0..self.conns.len() {
             let Some(conn) = self.conns[sc].as_ref() else {
@@ -1481,7 +1492,7 @@ impl Sim {
             }
             let unread = !conn.pipes[1 - e].segs.is_empty();
             // (A replay closes as the model does: a FIN after the bytes.)
-            let rst = self.replaying.is_none() && (unread || (crash && self.rng.chance(20)));
+            let rst = self.replaying.is_none() && (unread || self.rng.chance(20));
             let conn = self.conns[sc].as_mut().unwrap();
             conn.open[e] = false;
             conn.close_at[e] = None;
@@ -1633,14 +1644,35 @@ impl Sim {
     /// After a SIGTERM, once [`Driver::finished`]: the process exits, and
     /// the kernel closes what is still open (a FIN after the bytes in
     /// flight, a reset if input was left unread).
-    fn exit(&mut self, x: usize) {
+    pub fn exit(&mut self, x: usize) {
         let Some(inc) = self.nodes[x].inc.take() else {
             return;
         };
         let open = inc.conns.len();
         self.log(format!("n{x} exits ({open} connections still open)"));
         self.nodes[x].hung_until = None;
-        self.kernel_closes(x, inc.generation, false);
+        self.dials.retain(|d| d.node != x);
+        for (cid, &sc) in &inc.conns {
+            let Some(conn) = self.conns[sc].as_mut() else {
+                continue;
+            };
+            let e =
+                usize::from(conn.parties[1] == Party::Node(x) && conn.gens[1] == inc.generation);
+            // A lingering connection has sent its FIN already.
+            let shut = inc.lives[cid].linger_until().is_some();
+            let unread = !conn.pipes[1 - e].segs.is_empty();
+            conn.open[e] = false;
+            conn.close_at[e] = None;
+            conn.pipes[1 - e].segs.clear();
+            if conn.open[1 - e] {
+                if unread && self.replaying.is_none() {
+                    self.send(sc, e, Seg::Rst);
+                } else if !shut {
+                    self.send(sc, e, Seg::Fin);
+                }
+            }
+            self.drop_if_done(sc);
+        }
     }
 
     /// Symmetric partition: `side[i]` for each node; clients are put on a

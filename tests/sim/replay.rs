@@ -364,7 +364,10 @@ impl Sim {
             }
             Act::Leave(x) => {
                 want_runs(self, x)?;
+                // As the model's leave: the process is gone after it (no
+                // turns until the driver says it is finished).
                 self.leave(x);
+                self.exit(x);
             }
             Act::Hang(x, ms) => {
                 want_runs(self, x)?;

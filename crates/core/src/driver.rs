@@ -18,6 +18,14 @@
 //!    dials what [`Driver::take_dials`] asks for;
 //! 5. ends with [`Driver::end_turn`] (the invariant walkers of a debug
 //!    build), and stops once [`Driver::finished`].
+//!
+//! Three drive it: the io_uring and epoll loops (`src/io/`), the whole-node
+//! fuzz harness (`fuzz/fuzz_targets/harness/node.rs`: one node, its input
+//! decides what the kernel reports) and the cluster simulator
+//! (`tests/sim/`: every node of a cluster, over a simulated network, with
+//! failed accepts, sockets that never finish a handshake, lingering
+//! connections and SIGTERM among its faults). Each rule is here once, so
+//! what those two check of it holds for the loops.
 
 use std::collections::VecDeque;
 
