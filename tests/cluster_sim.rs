@@ -49,12 +49,13 @@
 //!    what it answered) to the network before any client's answer.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
-//! (a deadline left in the past).
+//! (a deadline left in the past: the loops' timeout is the `Driver`'s, as
+//! the simulator's).
 //!
 //! # Running
 //!
 //! - `cargo test --test cluster_sim`: the scripted scenarios and
-//!   `random_seeds` (seeds 0..300, about 15 s in a debug build);
+//!   `random_seeds` (seeds 0..300, about a minute in a debug build);
 //!   `RINGLOCK_SIM_SEEDS=<n>` or `=<a>..<b>` for other seeds.
 //! - `cargo test --release --test cluster_sim -- --ignored`: seeds
 //!   300..5300 (`many_random_seeds`; about 6 min in a debug build).
@@ -72,9 +73,12 @@ mod sim;
 use std::ops::Range;
 
 use ringlock::cluster::{PeerId, Role};
+use ringlock::driver::ACCEPT_RETRY_MS;
 use ringlock::io::LINGER_MS;
 use ringlock::io::lifecycle::Phase;
-use sim::{ConnView, HEARTBEAT_MS, MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig};
+use sim::{
+    ConnView, HANDSHAKE_MS, HEARTBEAT_MS, MAX_DELAY_MS, PEER_TIMEOUT_MS, Rng, Sim, SimConfig,
+};
 
 /// The seeds to run: `RINGLOCK_SIM_SEED=<n>` (one), `RINGLOCK_SIM_SEEDS=<n>`
 /// (`0..n`) or `RINGLOCK_SIM_SEEDS=<a>..<b>`, else `default`.
@@ -101,8 +105,8 @@ fn run_seed(seed: u64) -> Result<sim::Stats, String> {
 }
 
 /// Runs the seeds; prints the whole report of the first few failures and
-/// the reason of every one.
-fn run_seeds(default: Range<u64>) {
+/// the reason of every one. Returns the seeds' stats added up.
+fn run_seeds(default: Range<u64>) -> sim::Stats {
     let seeds = seeds_from_env(default);
     let started = std::time::Instant::now();
     let mut failures = Vec::new();
@@ -130,12 +134,34 @@ fn run_seeds(default: Range<u64>) {
         "{} failing seeds: {failures:?} (replay one with RINGLOCK_SIM_SEED=<seed>)",
         failures.len()
     );
+    total
 }
 
-/// A few hundred seeds: well under a minute in a debug build.
+/// A few hundred seeds: about a minute in a debug build. Across them, the
+/// loops' policy (the `Driver`) is exercised on every path the random
+/// faults reach, many times: handshakes closed at their deadline
+/// (strangers), failed accepts retried, lingering connections closed at
+/// theirs, SIGTERMs whose loop ends once finished. (Refusals past
+/// `--max-conns` need a crowd: the scripted tests have it.)
 #[test]
 fn random_seeds() {
-    run_seeds(0..300);
+    let total = run_seeds(0..300);
+    if std::env::var_os("RINGLOCK_SIM_SEED").is_some()
+        || std::env::var_os("RINGLOCK_SIM_SEEDS").is_some()
+    {
+        return;
+    }
+    let reached = [
+        ("handshakes_expired", total.handshakes_expired),
+        ("accepts_failed", total.accepts_failed),
+        ("accepts_retried", total.accepts_retried),
+        ("lingered", total.lingered),
+        ("shutdowns", total.shutdowns),
+        ("finished", total.finished),
+    ];
+    for (what, n) in reached {
+        assert!(n >= 50, "{what}: only {n} in {total:?}");
+    }
 }
 
 /// Thousands more: `cargo test --release --test cluster_sim -- --ignored`
@@ -946,6 +972,134 @@ fn a_connection_beyond_max_conns_that_never_completes_a_handshake_is_closed() {
         "{refused} refusals, one per node at least:\n{}",
         sim.report()
     );
+    ok(&sim);
+}
+
+// ---------------------------------------------------------------------------
+// The loops' per-turn policy (`ringlock::driver::Driver`), as the simulator
+// drives it.
+
+/// Runs 1 ms at a time until `done`; returns how long it took, failing past
+/// `within` ms.
+fn run_while_not(sim: &mut Sim, within: u64, done: impl Fn(&Sim) -> bool) -> u64 {
+    let start = sim.now;
+    while !done(sim) {
+        assert!(sim.run_for(1), "{}", sim.report());
+        assert!(
+            sim.now - start <= within,
+            "not within {within} ms: {}",
+            sim.report()
+        );
+    }
+    sim.now - start
+}
+
+/// A socket that connects and never speaks (its TLS handshake never
+/// starts) is taken as a client, holds its slot until the handshake
+/// deadline (`Driver::due_handshake`), and is closed then, not before.
+#[test]
+fn a_socket_that_never_speaks_is_closed_at_its_handshake_deadline() {
+    let mut sim = cluster(3);
+    let sc = sim.stranger_connects(1).expect("n1 listens");
+    run_until(&mut sim, sc, MAX_DELAY_MS + 1, |v| {
+        v.is_some_and(|v| v.node_phase == Some(Phase::Open))
+    });
+    let took = run_until(&mut sim, sc, HANDSHAKE_MS + 10, node_closed);
+    assert_eq!(took, HANDSHAKE_MS, "closed before or after its deadline");
+    assert_eq!(sim.stats.handshakes_expired, 1);
+    assert_eq!(sim.conn_view(sc), None, "the stranger closed its end too");
+    // The cluster did not notice.
+    assert!(sim.run_for(PEER_TIMEOUT_MS), "{}", sim.report());
+    assert_eq!(sim.actives(), [0]);
+    ok(&sim);
+}
+
+/// The kernel fails an accept (out of descriptors): the connection waits
+/// in the backlog, and the node takes it once `Driver::accept_retry_due`
+/// (`ACCEPT_RETRY_MS` later; twice that after two failures), not before.
+#[test]
+fn a_failed_accept_leaves_the_connection_in_the_backlog_until_the_retry() {
+    for failures in [1, 2] {
+        let mut sim = cluster(3);
+        sim.fail_accepts(0, failures);
+        let sc = sim.stranger_connects(0).expect("n0 listens");
+        run_while_not(&mut sim, MAX_DELAY_MS + 1, |s| s.stats.accepts_failed == 1);
+        let took = run_until(&mut sim, sc, 3 * ACCEPT_RETRY_MS, |v| {
+            v.is_some_and(|v| v.node_phase.is_some())
+        });
+        assert_eq!(
+            took,
+            u64::from(failures) * ACCEPT_RETRY_MS,
+            "accepted after {took} ms, {failures} failed accepts"
+        );
+        assert_eq!(sim.stats.accepts_failed, u64::from(failures));
+        assert_eq!(sim.stats.accepts_retried, u64::from(failures));
+        // The node serves on: a client's request is answered.
+        sim.set_target(0, 0);
+        sim.acquire(0, "after-the-retry", 1_000).expect("granted");
+        ok(&sim);
+    }
+}
+
+/// With `--max-conns 1`, the sockets past the limit and the peers'
+/// reserve are refused (`Driver::admit`): closed at once, while those
+/// within the reserve are kept for a peer's handshake; the cluster and
+/// its clients go on.
+#[test]
+fn sockets_beyond_max_conns_and_the_peers_reserve_are_refused_at_once() {
+    const STRANGERS: usize = 100;
+    let mut sim = cluster(3);
+    sim.set_max_conns(1);
+    let strangers: Vec<usize> = (0..STRANGERS)
+        .map(|_| sim.stranger_connects(0).expect("n0 listens"))
+        .collect();
+    assert!(sim.run_for(MAX_DELAY_MS + 1), "{}", sim.report());
+    let closed = |sim: &Sim| {
+        strangers
+            .iter()
+            .filter(|&&sc| node_closed(sim.conn_view(sc).as_ref()))
+            .count()
+    };
+    let refused = sim.stats.refused as usize;
+    assert!(
+        refused > 0 && refused < STRANGERS,
+        "{refused} of {STRANGERS} refused: {:?}",
+        sim.stats
+    );
+    assert_eq!(closed(&sim), refused, "a refused socket is closed at once");
+    assert_eq!(sim.stats.peer_only as usize, STRANGERS - refused);
+    // The rest are closed at the peer handshake's deadline.
+    assert!(sim.run_for(PEER_TIMEOUT_MS + 10), "{}", sim.report());
+    assert_eq!(closed(&sim), STRANGERS);
+    assert_eq!(sim.actives(), [0]);
+    sim.set_target(0, 0);
+    sim.acquire(0, "after-the-crowd", 1_000).expect("granted");
+    ok(&sim);
+}
+
+/// SIGTERM (`Driver::shut_down`): the node hands over, finishes every
+/// connection and its loop ends once they are closed (`Driver::finished`):
+/// within round trips; with a client that does not read (it never sees
+/// the end), at the shutdown's deadline.
+#[test]
+fn a_sigterm_ends_the_loop_once_its_connections_are_closed_or_at_the_deadline() {
+    let mut sim = cluster(3);
+    assert_eq!(sim.leave(0), Some(1));
+    assert!(sim.up(0), "the loop ends after its connections");
+    let took = run_while_not(&mut sim, LINGER_MS, |s| !s.up(0));
+    assert!(took <= 4 * MAX_DELAY_MS + 5, "ended after {took} ms");
+    assert_eq!((sim.stats.shutdowns, sim.stats.finished), (1, 1));
+    assert_eq!(sim.actives(), [1]);
+    ok(&sim);
+
+    let mut sim = cluster(3);
+    sim.set_reading(1, false);
+    assert_eq!(sim.leave(0), Some(1));
+    let took = run_while_not(&mut sim, LINGER_MS + 10, |s| !s.up(0));
+    // (Seen a millisecond later: `run_for` stops before what happens at
+    // its end.)
+    assert_eq!(took, LINGER_MS + 1, "ended before or after the deadline");
+    assert_eq!(sim.stats.finished, 1);
     ok(&sim);
 }
 

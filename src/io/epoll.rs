@@ -120,7 +120,7 @@ pub fn run(
                 SIGNALS => {
                     let mut byte = [0u8; 16];
                     while matches!(signals.read(&mut byte), Ok(n) if n > 0) {}
-                    if state.driver.shut_down(&mut node, now) {
+                    if state.driver.shut_down(&mut node, now).is_some() {
                         // Closed at once: new clients are refused rather than
                         // queued on a socket nobody will accept from.
                         if let Some(mut l) = listener.take() {

@@ -666,7 +666,7 @@ impl Uring {
     }
 
     fn signalled(&mut self, node: &mut Node, now: Now, res: i32) {
-        if res <= 0 || !self.driver.shut_down(node, now) {
+        if res <= 0 || self.driver.shut_down(node, now).is_none() {
             if !self.driver.is_shutting_down() {
                 self.arm_signal();
             }

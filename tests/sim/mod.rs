@@ -1,12 +1,17 @@
 //! A deterministic simulation of a ringlock cluster (TigerBeetle's VOPR
 //! idea): several [`Node`]s, each driven exactly as the I/O loops drive it
 //! (tick, each connection's bytes, end of stream and sends through the same
-//! [`Lifecycle`] the loops use, take the dirty output, start dials), over a
-//! fake network and a fake clock, with clients that speak the wire protocol.
-//! Socket buffers are finite (`Sim::set_socket_buffer`), so a client that
-//! stops reading makes the node pause that connection as a loop would, and
-//! a connection the node ends lingers until the peer closes or the
-//! deadline. One seeded PRNG decides everything (delays,
+//! [`Lifecycle`] the loops use, take the dirty output), with the loops'
+//! per-turn policy, the same [`Driver`] they own: its timeout is the
+//! node's deadline, accepted sockets go through its admission, a failed
+//! accept waits for its retry, lingering connections and handshakes are
+//! closed at its deadlines, dials are the ones it takes, SIGTERM is its
+//! shutdown, and a turn ends with its invariant walkers. All that over a
+//! fake network and a fake clock, with clients that speak the wire
+//! protocol. Socket buffers are finite (`Sim::set_socket_buffer`), so a
+//! client that stops reading makes the node pause that connection as a
+//! loop would, and a connection the node ends lingers until the peer
+//! closes or the deadline. One seeded PRNG decides everything (delays,
 //! faults, client requests, the order nodes run in), so a seed replays the
 //! same run.
 //!
@@ -22,9 +27,15 @@
 //! (the kernel closes the dead process's sockets: FIN after the bytes in
 //! flight, or RST), hangs (SIGSTOP: the kernel still accepts and buffers,
 //! the process runs nothing, then resumes with its old state and a clock
-//! that jumped), restarts (a new process: new incarnation, empty state) and
-//! graceful leaves (SIGTERM: `Node::leave`, then every connection closed
-//! with its last output).
+//! that jumped), restarts (a new process: new incarnation, empty state),
+//! graceful leaves (SIGTERM through [`Driver::shut_down`]: the node leaves,
+//! its listener closes, every connection is finished with its last output,
+//! and the process exits once [`Driver::finished`]), strangers (a socket
+//! that connects and never speaks: its connection starts a TLS handshake,
+//! a real rustls server connection that is never fed a byte, and the
+//! driver closes it at the handshake deadline; the simulated clients and
+//! peers speak plain text) and failed accepts (the kernel's EMFILE: what
+//! arrives waits in the backlog until [`Driver::accept_retry_due`]).
 //!
 //! The checks (listed in tests/cluster_sim.rs) run after every call into a
 //! node (`Sim::op`: roles, grants kept on promotion, tokens, `E` lines),
@@ -54,6 +65,9 @@ pub use rng::Rng;
 
 pub const HEARTBEAT_MS: u64 = 50;
 pub const PEER_TIMEOUT_MS: u64 = 500;
+/// Every node's `--tls-handshake-timeout-ms`: a connection that starts
+/// with a TLS handshake must be done with it by then.
+pub const HANDSHAKE_MS: u64 = 1_000;
 /// One-way delay of a segment: uniform in `0..=MAX_DELAY_MS`.
 pub const MAX_DELAY_MS: u64 = 20;
 /// Wall clocks are off by at most this much either way. Two nodes differ by
@@ -110,7 +124,7 @@ pub struct SimConfig {
     pub coalesce_us: u64,
 }
 
-pub const FAULT_KINDS: usize = 9;
+pub const FAULT_KINDS: usize = 11;
 
 /// The kinds of fault the random scenario picks from, in `weights` order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +138,11 @@ pub enum Fault {
     OneWay,
     Flap,
     Outage,
+    /// A socket connects to a node and never speaks.
+    Stranger,
+    /// A node's next accepts fail (out of descriptors), with a connection
+    /// waiting in its backlog.
+    AcceptFails,
 }
 
 const FAULTS: [Fault; FAULT_KINDS] = [
@@ -136,6 +155,8 @@ const FAULTS: [Fault; FAULT_KINDS] = [
     Fault::OneWay,
     Fault::Flap,
     Fault::Outage,
+    Fault::Stranger,
+    Fault::AcceptFails,
 ];
 
 impl SimConfig {
@@ -150,7 +171,7 @@ impl SimConfig {
             chaos_ms: 0,
             settle_ms: 0,
             drift_ms: 0,
-            weights: [1, 0, 0, 0, 0, 0, 0, 0, 0],
+            weights: [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             max_steps: 5_000_000,
             failback_delay_ms: 0,
             coalesce_us: 0,
@@ -170,7 +191,8 @@ impl SimConfig {
             settle_ms: 3_000,
             drift_ms: if rng.chance(70) { MAX_DRIFT_MS } else { 0 },
             //        steady crashA crash leave hang part oneway flap outage
-            weights: [20, 14, 6, 12, 12, 12, 6, 12, 2],
+            //        stranger acceptfails
+            weights: [20, 14, 6, 12, 12, 12, 6, 12, 2, 8, 8],
             max_steps: 2_000_000,
             failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
             // The value the docs measure: the pushes are simulated.
@@ -186,6 +208,9 @@ impl SimConfig {
 pub enum Party {
     Node(usize),
     Client(usize),
+    /// A socket that connects to a node and never speaks (see
+    /// [`Sim::stranger_connects`]).
+    Stranger(usize),
 }
 
 #[derive(Debug)]
@@ -245,6 +270,9 @@ struct SimConn {
     rto_ms: u64,
     /// Broken by the network: nothing written from now on gets through.
     dead: bool,
+    /// Dialed by a stranger: the node's end starts with a TLS handshake
+    /// that never completes.
+    silent: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -275,9 +303,15 @@ struct Inc {
     /// Its deadline was in the past after its last turn: a real loop would
     /// spin (poll with timeout 0) until it changes.
     spinning_since: Option<u64>,
-    /// The loops' per-turn policy: here, the admission of accepted
-    /// connections.
+    /// The loops' per-turn policy: admission, the accept retry, the linger
+    /// and handshake deadlines, dials, shutdown.
     driver: Driver,
+    /// An accept failed: the loop does not read its listener until the
+    /// driver's retry is due; what arrives waits in the backlog.
+    accept_paused: bool,
+    /// The kernel fails this many of the next accepts (out of descriptors:
+    /// EMFILE).
+    fail_accepts: u32,
 }
 
 struct NodeSlot {
@@ -492,6 +526,20 @@ pub struct Stats {
     /// Longest a node's loop would have spun (deadline in the past), ms.
     pub spin_ms_max: u64,
     pub sim_ms: u64,
+    /// TLS handshakes not done by their deadline ([`Driver::due_handshake`]).
+    pub handshakes_expired: u64,
+    /// Accepts the kernel failed, and retries once the driver said so.
+    pub accepts_failed: u64,
+    pub accepts_retried: u64,
+    /// Sockets [`Driver::admit`] refused, and took only for a peer.
+    pub refused: u64,
+    pub peer_only: u64,
+    /// Lingering connections the driver closed at their deadline.
+    pub lingered: u64,
+    /// SIGTERMs through [`Driver::shut_down`], and the loops that then
+    /// ended once [`Driver::finished`].
+    pub shutdowns: u64,
+    pub finished: u64,
 }
 
 impl Stats {
@@ -510,6 +558,14 @@ impl Stats {
         self.lost_excused += o.lost_excused;
         self.spin_ms_max = self.spin_ms_max.max(o.spin_ms_max);
         self.sim_ms += o.sim_ms;
+        self.handshakes_expired += o.handshakes_expired;
+        self.accepts_failed += o.accepts_failed;
+        self.accepts_retried += o.accepts_retried;
+        self.refused += o.refused;
+        self.peer_only += o.peer_only;
+        self.lingered += o.lingered;
+        self.shutdowns += o.shutdowns;
+        self.finished += o.finished;
     }
 }
 
@@ -569,6 +625,8 @@ pub struct Sim {
     socket_buf: usize,
     /// `--max-conns` of every node started from now on.
     max_conns: usize,
+    /// How many strangers have connected.
+    strangers: usize,
     /// Replaying a model checker's trace (see [`replay`]): no random
     /// delays, resets or clocks, the model's timers and incarnations.
     replaying: Option<Box<replay::State>>,
@@ -661,6 +719,7 @@ impl Sim {
             dial_buf: Vec::new(),
             socket_buf: SOCKET_BUF_BYTES,
             max_conns: MAX_CONNS,
+            strangers: 0,
             replaying: None,
             cfg,
         };
@@ -835,7 +894,9 @@ impl Sim {
             wake_at: Some(self.now),
             last_turn: 0,
             spinning_since: None,
-            driver: Driver::new(self.max_conns, None),
+            driver: Driver::new(self.max_conns, Some(HANDSHAKE_MS)),
+            accept_paused: false,
+            fail_accepts: 0,
         });
         self.nodes[x].hung_until = None;
         self.log(format!(
@@ -843,7 +904,8 @@ impl Sim {
         ));
     }
 
-    fn up(&self, x: usize) -> bool {
+    /// Node `x`'s process runs (shutting down, too).
+    pub fn up(&self, x: usize) -> bool {
         self.nodes[x].inc.is_some()
     }
 
@@ -851,7 +913,16 @@ impl Sim {
         self.up(x) && self.nodes[x].hung_until.is_none()
     }
 
+    /// A connection id of node `x` for `sc`, with a plain lifecycle.
     fn alloc_cid(&mut self, x: usize, sc: usize) -> ConnId {
+        self.alloc_cid_with(x, sc, Lifecycle::new())
+    }
+
+    /// A connection id of node `x` for `sc`, which takes a slot as the
+    /// loops' connections do: [`Driver::opened`] (a TLS lifecycle starts
+    /// its handshake deadline there).
+    fn alloc_cid_with(&mut self, x: usize, sc: usize, life: Lifecycle) -> ConnId {
+        let now_ms = self.node_now(x).ms;
         let inc = self.nodes[x].inc.as_mut().unwrap();
         // (A replay numbers connections as the model does: no reuse.)
         let reuse = self.replaying.is_none();
@@ -862,8 +933,9 @@ impl Sim {
                 inc.next_cid - 1
             }
         };
+        inc.driver.opened(now_ms, cid, life.is_tls());
         inc.conns.insert(cid, sc);
-        inc.lives.insert(cid, Lifecycle::new());
+        inc.lives.insert(cid, life);
         inc.scan_pos.insert(cid, 0);
         cid
     }
@@ -969,6 +1041,8 @@ impl Sim {
                 let peer = self.conns[sc].as_ref().is_some_and(|c| c.peer_link);
                 let expected = match self.conns[sc].as_ref().map(|c| c.parties[0]) {
                     Some(Party::Client(c)) => self.clients[c].expects_error,
+                    // Not a client of ours: what it is told is not checked.
+                    Some(Party::Stranger(_)) => true,
                     _ => false,
                 };
                 for line in out[pos..pos + last_nl].split(|&b| b == b'\n') {
@@ -1067,7 +1141,7 @@ impl Sim {
     fn new_conn(&mut self, parties: [Party; 2], peer_link: bool) -> usize {
         let gen_of = |p: Party, nodes: &[NodeSlot]| match p {
             Party::Node(x) => nodes[x].generation,
-            Party::Client(_) => 0,
+            Party::Client(_) | Party::Stranger(_) => 0,
         };
         let gens = [
             gen_of(parties[0], &self.nodes),
@@ -1084,6 +1158,7 @@ impl Sim {
             peer_link,
             rto_ms,
             dead: false,
+            silent: matches!(parties[0], Party::Stranger(_)),
         }));
         self.conns.len() - 1
     }
@@ -1123,6 +1198,7 @@ impl Sim {
         let side = |q: Party| match q {
             Party::Node(x) => p.node_side.get(x).copied().unwrap_or(0),
             Party::Client(c) => p.client_side.get(c).copied().unwrap_or(0),
+            Party::Stranger(_) => 0,
         };
         if side(from) != side(to) {
             return true;
@@ -1147,6 +1223,7 @@ impl Sim {
         }
         match conn.parties[r] {
             Party::Client(c) => self.clients[c].reading,
+            Party::Stranger(_) => true,
             Party::Node(y) => {
                 conn.cids[r].is_some_and(|cid| {
                     self.nodes[y].inc.as_ref().is_some_and(|i| {
@@ -1278,8 +1355,14 @@ impl Sim {
                 if other_open {
                     self.send(sc, e, Seg::Fin);
                 }
-                if linger_until.is_none() {
-                    self.node_end_closed(x, sc, e, "closed after its last answers");
+                match linger_until {
+                    // The driver closes it at its deadline (or the
+                    // lifecycle once the other side closes).
+                    Some(until) => {
+                        let inc = self.nodes[x].inc.as_mut().unwrap();
+                        inc.driver.linger(until, cid);
+                    }
+                    None => self.node_end_closed(x, sc, e, "closed after its last answers"),
                 }
             }
             Step::Close => self.node_end_closed(x, sc, e, "closed"),
@@ -1300,6 +1383,12 @@ impl Sim {
         if peer_link {
             self.log(format!("n{x} closes link #{sc} with {other:?} ({why})"));
         }
+        if let Party::Stranger(id) = other {
+            // It reads the end of stream and closes too.
+            self.log(format!("n{x} closes #{sc} of stranger {id} ({why})"));
+            self.stranger_close(sc);
+            return;
+        }
         self.drop_if_done(sc);
     }
 
@@ -1310,21 +1399,6 @@ impl Sim {
             life.failed(node, now, cid)
         });
         self.node_end_closed(x, sc, e, why);
-    }
-
-    /// Node `x`'s process exits (SIGTERM) with end `e` of `sc` open: it
-    /// ends the connection, and everything written goes out (the loops'
-    /// shutdown waits for that), then a FIN unless the side was already
-    /// shut; then the socket is closed.
-    fn node_exit_close(&mut self, x: usize, sc: usize, e: usize, why: &str) {
-        let cid = self.conns[sc].as_ref().unwrap().cids[e].expect("open at the node");
-        self.with_life(x, cid, "close", |life, node, now| {
-            life.finish(node, now, cid)
-        });
-        self.settle_within(x, sc, e, cid, usize::MAX);
-        if self.conns[sc].as_ref().is_some_and(|c| c.open[e]) {
-            self.node_end_closed(x, sc, e, why);
-        }
     }
 
     /// Recomputes which of node `x`'s connections it would not read now.
@@ -1395,6 +1469,14 @@ impl Sim {
         self.nodes[x].hung_until = None;
         let generation = inc.generation;
         drop(inc);
+        self.kernel_closes(x, generation);
+    }
+
+    /// The process of node `x` (its `generation`) crashed: the kernel
+    /// closes its sockets. A peer reading from it gets the bytes in flight
+    /// and then a FIN; a connection with unread input at `x` is reset (and
+    /// now and then one without).
+    fn kernel_closes(&mut self, x: usize, generation: u64) {
         self.dials.retain(|d| d.node != x);
         for sc in 0..self.conns.len() {
             let Some(conn) = self.conns[sc].as_ref() else {
@@ -1443,7 +1525,11 @@ impl Sim {
 
     pub fn restart(&mut self, x: usize) {
         if self.up(x) {
-            return;
+            if self.listens(x) {
+                return;
+            }
+            // Still shutting down: its supervisor kills it.
+            self.exit(x);
         }
         self.disturb();
         self.log(format!("RESTART n{x}"));
@@ -1481,15 +1567,31 @@ impl Sim {
         }
     }
 
-    /// SIGTERM on node `x`: it leaves (hand-off), closes every connection
-    /// with its last output, and exits. Returns the successor.
+    /// SIGTERM on node `x`, as the loops take it ([`Driver::shut_down`]):
+    /// it leaves (hand-off), closes its listener (the connections not
+    /// accepted yet are reset), finishes every connection with its last
+    /// output, and turns until [`Driver::finished`]; then the process
+    /// exits. Returns the successor.
     pub fn leave(&mut self, x: usize) -> Option<usize> {
-        if !self.runs(x) {
+        if !self.runs(x) || !self.listens(x) {
             return None;
         }
         self.stats.handoffs += 1;
+        self.stats.shutdowns += 1;
         let was = self.nodes[x].inc.as_ref().unwrap().role;
-        let to = self.op(x, "leave", |node, now| node.leave(now));
+        let leaving = self.op_inc(x, "leave", |inc, now| {
+            inc.driver.shut_down(&mut inc.node, now)
+        });
+        let Some(leaving) = leaving else {
+            self.fail(format!("n{x}: the first SIGTERM began no shutdown"));
+            return None;
+        };
+        let to = leaving.successor;
+        if let Some(a) = &to
+            && was != Role::Active
+        {
+            self.fail(format!("n{x} was {was:?} and named a successor {a}"));
+        }
         let succ = to.as_deref().and_then(|a| node_of_addr(a.as_bytes()));
         self.log(format!("LEAVE n{x} (was {was:?}): successor {to:?}"));
         self.disturb();
@@ -1501,6 +1603,23 @@ impl Sim {
             // running node has go with it.
             self.crash_window(x, "leave-alone");
         }
+        // The listener is closed at once: connections not accepted yet
+        // are reset; the dialer's results are dropped.
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        let backlog = std::mem::take(&mut inc.accepts);
+        inc.accept_paused = false;
+        inc.wake_at = Some(self.now);
+        self.dials.retain(|d| d.node != x);
+        for (_, sc) in backlog {
+            if let Some(conn) = self.conns[sc].as_mut() {
+                conn.open[1] = false;
+                conn.pipes[0].segs.clear();
+                if conn.open[0] {
+                    self.send(sc, 1, Seg::Rst);
+                }
+                self.drop_if_done(sc);
+            }
+        }
         let conns: Vec<(ConnId, usize)> = self.nodes[x]
             .inc
             .as_ref()
@@ -1509,26 +1628,51 @@ impl Sim {
             .iter()
             .map(|(&c, &s)| (c, s))
             .collect();
-        for (_, sc) in conns {
+        for (cid, sc) in conns {
             let e = self.end_of(sc, x);
-            self.node_exit_close(x, sc, e, "leaving");
-        }
-        // Connections not accepted yet are reset when the process exits.
-        let inc = self.nodes[x].inc.take().unwrap();
-        self.dials.retain(|d| d.node != x);
-        for (_, sc) in inc.accepts {
-            if let Some(conn) = self.conns[sc].as_mut() {
-                conn.open[1] = false;
-                conn.pipes[0].segs.clear();
-                if conn.open[0] {
-                    self.send(sc, 1, Seg::Rst);
-                }
-            }
+            self.with_life(x, cid, "close", |life, node, now| {
+                life.finish(node, now, cid)
+            });
+            self.settle(x, sc, e, cid);
         }
         if let (Some(s), Role::Active) = (succ, was) {
             self.leave_check = Some((s, self.now + 2 * MAX_DELAY_MS + 5, x));
         }
         succ
+    }
+
+    /// After a SIGTERM, once [`Driver::finished`]: the process exits, and
+    /// the kernel closes what is still open (a FIN after the bytes in
+    /// flight, a reset if input was left unread).
+    pub fn exit(&mut self, x: usize) {
+        let Some(inc) = self.nodes[x].inc.take() else {
+            return;
+        };
+        let open = inc.conns.len();
+        self.log(format!("n{x} exits ({open} connections still open)"));
+        self.nodes[x].hung_until = None;
+        self.dials.retain(|d| d.node != x);
+        for (cid, &sc) in &inc.conns {
+            let Some(conn) = self.conns[sc].as_mut() else {
+                continue;
+            };
+            let e =
+                usize::from(conn.parties[1] == Party::Node(x) && conn.gens[1] == inc.generation);
+            // A lingering connection has sent its FIN already.
+            let shut = inc.lives[cid].linger_until().is_some();
+            let unread = !conn.pipes[1 - e].segs.is_empty();
+            conn.open[e] = false;
+            conn.close_at[e] = None;
+            conn.pipes[1 - e].segs.clear();
+            if conn.open[1 - e] {
+                if unread && self.replaying.is_none() {
+                    self.send(sc, e, Seg::Rst);
+                } else if !shut {
+                    self.send(sc, e, Seg::Fin);
+                }
+            }
+            self.drop_if_done(sc);
+        }
     }
 
     /// Symmetric partition: `side[i]` for each node; clients are put on a
@@ -1783,6 +1927,17 @@ impl Sim {
                     self.flaps.push(self.now + i * self.rng.range(0, 150));
                 }
             }
+            Fault::Stranger if !up.is_empty() => {
+                let x = self.rng.pick(&up);
+                self.stranger_connects(x);
+            }
+            Fault::AcceptFails if !up.is_empty() => {
+                let x = self.rng.pick(&up);
+                let count = self.rng.range(1, 3) as u32;
+                self.fail_accepts(x, count);
+                self.stranger_connects(x);
+            }
+            Fault::Stranger | Fault::AcceptFails => {}
             Fault::Outage => {
                 self.log("OUTAGE: every node crashes".into());
                 self.open_window("outage");
@@ -1833,7 +1988,7 @@ impl Sim {
         }
         self.restarts.clear();
         for x in 0..self.cfg.nodes {
-            if !self.up(x) {
+            if !self.listens(x) {
                 self.restart(x);
             }
         }
@@ -1847,26 +2002,29 @@ impl Sim {
         if slot.hung_until.is_some() {
             return None;
         }
-        let mut next = Self::loop_deadline(inc);
+        let mut next = Self::loop_deadline(inc, self.now);
         if inc.spinning_since.is_some() {
             // Do not spin the simulation: one turn per millisecond.
             next = next.map(|d| d.max(inc.last_turn + 1));
         }
         let wake = inc.wake_at;
-        let accept = inc.accepts.iter().map(|&(at, _)| at).min();
+        let accept = inc
+            .accepts
+            .iter()
+            .map(|&(at, _)| at)
+            .min()
+            .filter(|_| !inc.accept_paused);
         [next, wake, accept].into_iter().flatten().min()
     }
 
-    /// The deadline a loop would sleep until, in sim time: the node's next
-    /// timer or a lingering connection's deadline, whichever comes first.
-    fn loop_deadline(inc: &Inc) -> Option<u64> {
-        let linger = inc.lives.values().filter_map(Lifecycle::linger_until);
-        inc.node
-            .next_deadline()
-            .into_iter()
-            .chain(linger)
-            .min()
-            .map(|d| d.saturating_sub(inc.ms_offset))
+    /// The deadline a loop would sleep until, in sim time (`now`): as long
+    /// as [`Driver::timeout_ms`] says (the node's next timer, a lingering
+    /// connection's or a handshake's deadline, the accept retry, the end of
+    /// a shutdown).
+    fn loop_deadline(inc: &Inc, now: u64) -> Option<u64> {
+        inc.driver
+            .timeout_ms(&inc.node, now + inc.ms_offset)
+            .map(|wait| now + wait)
     }
 
     fn next_event(&self) -> u64 {
@@ -1899,7 +2057,7 @@ impl Sim {
                 // (A node end not accepted yet closes when it would be.)
                 let runs = match conn.parties[e] {
                     Party::Node(x) => self.runs(x) && conn.cids[e].is_some(),
-                    Party::Client(_) => true,
+                    Party::Client(_) | Party::Stranger(_) => true,
                 };
                 if let Some(at) = conn.close_at[e].filter(|_| runs) {
                     consider(at, &|| format!("close {conn:?} end {e}"));
@@ -2130,6 +2288,7 @@ impl Sim {
                 self.client_close(c, sc);
             }
         }
+        self.stranger_events();
     }
 
     fn has_input(&self, x: usize) -> bool {
@@ -2184,20 +2343,6 @@ impl Sim {
                 self.node_fail(x, sc, e, "broken by the network");
             }
         }
-        // Lingering connections whose deadline passed.
-        let now_ms = self.node_now(x).ms;
-        let due: Vec<(ConnId, usize)> = {
-            let inc = self.nodes[x].inc.as_ref().unwrap();
-            inc.lives
-                .iter()
-                .filter(|(_, l)| l.linger_until().is_some_and(|u| u <= now_ms))
-                .map(|(&cid, _)| (cid, inc.conns[&cid]))
-                .collect()
-        };
-        for (cid, sc) in due {
-            let e = self.end_of(sc, x);
-            self.settle(x, sc, e, cid);
-        }
         // Connections broken before they were accepted.
         let pending: Vec<usize> = self.nodes[x]
             .inc
@@ -2222,31 +2367,7 @@ impl Sim {
                 self.drop_if_done(sc);
             }
         }
-        // Accepts.
-        let accepts: Vec<usize> = {
-            let inc = self.nodes[x].inc.as_mut().unwrap();
-            let (due, later): (Vec<_>, Vec<_>) =
-                inc.accepts.drain(..).partition(|&(at, _)| at <= t);
-            inc.accepts = later;
-            due.into_iter().map(|(_, sc)| sc).collect()
-        };
-        for sc in accepts {
-            if self.conns[sc].as_ref().is_none_or(|c| !c.open[1]) {
-                continue;
-            }
-            let open = self.nodes[x].inc.as_ref().unwrap().conns.len();
-            let admission = self.op_inc(x, "admit", |inc, _| inc.driver.admit(&mut inc.node, open));
-            let cid = self.alloc_cid(x, sc);
-            self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
-            match admission {
-                // Closed at once, as the loops close a refused socket.
-                Admission::Refuse => self.node_end_closed(x, sc, 1, "refused (--max-conns)"),
-                Admission::PeerOnly => {
-                    self.op(x, "accept", |node, now| node.open_peer_only(now, cid));
-                }
-                Admission::Client => self.op(x, "accept", |node, _| node.open(cid)),
-            }
-        }
+        self.accept_backlog(x);
         // Dial results.
         let generation = self.nodes[x].generation;
         let (due, rest): (Vec<Dial>, Vec<Dial>) = self
@@ -2293,17 +2414,13 @@ impl Sim {
             return;
         }
         self.flush_node(x);
+        self.driver_deadlines(x);
         self.refresh_reading(x);
         // Dials.
         let mut dials = std::mem::take(&mut self.dial_buf);
-        dials.clear();
         let now = self.node_now(x);
-        self.nodes[x]
-            .inc
-            .as_mut()
-            .unwrap()
-            .node
-            .take_dials(now, &mut dials);
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        inc.driver.take_dials(&mut inc.node, now, &mut dials);
         for (peer, a) in dials.drain(..) {
             let peer = peer.0;
             assert_eq!(a, addr(peer));
@@ -2320,9 +2437,15 @@ impl Sim {
             self.dials.push(dial);
         }
         self.dial_buf = dials;
-        // A loop whose deadline is already past spins.
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        let past = Self::loop_deadline(inc).is_some_and(|d| d <= t);
+        inc.driver.end_turn(&mut inc.node, now);
+        if inc.driver.finished(now.ms, inc.conns.len()) {
+            self.stats.finished += 1;
+            self.exit(x);
+            return;
+        }
+        // A loop whose deadline is already past spins.
+        let past = Self::loop_deadline(inc, t).is_some_and(|d| d <= t);
         let role = inc.role;
         match (past, inc.spinning_since) {
             (true, None) => {
@@ -2343,6 +2466,203 @@ impl Sim {
         }
     }
 
+    /// Node `x` reads its listener: the connections that arrived, in
+    /// order, unless an accept fails (then the rest wait in the backlog
+    /// until [`Driver::accept_retry_due`]).
+    fn accept_backlog(&mut self, x: usize) {
+        let t = self.now;
+        let now = self.node_now(x);
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        if inc.driver.accept_retry_due(now.ms) {
+            inc.accept_paused = false;
+            self.stats.accepts_retried += 1;
+            self.log(format!("n{x}: accepts again"));
+        }
+        loop {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            if inc.accept_paused {
+                return;
+            }
+            let Some(i) = inc.accepts.iter().position(|&(at, _)| at <= t) else {
+                return;
+            };
+            if inc.fail_accepts > 0 {
+                inc.fail_accepts -= 1;
+                inc.accept_paused = true;
+                let emfile = std::io::Error::from_raw_os_error(libc_emfile());
+                inc.driver.accept_failed(&mut inc.node, now, &emfile);
+                self.stats.accepts_failed += 1;
+                let waiting = inc.accepts.len();
+                self.log(format!(
+                    "n{x}: accept failed (EMFILE), {waiting} waiting in the backlog"
+                ));
+                return;
+            }
+            let (_, sc) = inc.accepts.remove(i);
+            if self.conns[sc].as_ref().is_some_and(|c| c.open[1]) {
+                self.accept_conn(x, sc);
+            }
+        }
+    }
+
+    /// Node `x` accepts `sc` as the loops do: [`Driver::admit`] says what
+    /// it is; a stranger's connection starts with a TLS handshake.
+    fn accept_conn(&mut self, x: usize, sc: usize) {
+        let open = self.nodes[x].inc.as_ref().unwrap().conns.len();
+        let admission = self.op_inc(x, "admit", |inc, _| inc.driver.admit(&mut inc.node, open));
+        if admission == Admission::Refuse {
+            // Closed at once, as the loops close a refused socket: it never
+            // takes a slot. The kernel resets it if it had sent something.
+            self.stats.refused += 1;
+            let conn = self.conns[sc].as_mut().unwrap();
+            let unread = !conn.pipes[0].segs.is_empty();
+            conn.open[1] = false;
+            conn.close_at[1] = None;
+            conn.pipes[0].segs.clear();
+            let parties = conn.parties;
+            if conn.open[0] {
+                self.send(sc, 1, if unread { Seg::Rst } else { Seg::Fin });
+            }
+            self.log(format!(
+                "n{x} refuses #{sc} from {:?} (--max-conns)",
+                parties[0]
+            ));
+            self.drop_if_done(sc);
+            return;
+        }
+        let silent = self.conns[sc].as_ref().unwrap().silent;
+        let life = if silent {
+            let until = self.node_now(x).ms + HANDSHAKE_MS;
+            let conn = rustls::ServerConnection::new(stranger_tls()).expect("a TLS server");
+            Lifecycle::with_tls(rustls::Connection::Server(conn), until, None, None)
+        } else {
+            Lifecycle::new()
+        };
+        let cid = self.alloc_cid_with(x, sc, life);
+        self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
+        match admission {
+            Admission::PeerOnly => {
+                self.stats.peer_only += 1;
+                self.op(x, "accept", |node, now| node.open_peer_only(now, cid));
+            }
+            Admission::Client | Admission::Refuse => {
+                self.op(x, "accept", |node, _| node.open(cid));
+            }
+        }
+    }
+
+    /// A socket connects to node `x` and never speaks: its TLS handshake
+    /// never completes, and the node closes it at the deadline
+    /// ([`Driver::due_handshake`]). Returns the connection.
+    pub fn stranger_connects(&mut self, x: usize) -> Option<usize> {
+        if !self.listens(x) {
+            return None;
+        }
+        let id = self.strangers;
+        self.strangers += 1;
+        let sc = self.new_conn([Party::Stranger(id), Party::Node(x)], false);
+        let at = self.now + self.delay();
+        self.nodes[x].inc.as_mut().unwrap().accepts.push((at, sc));
+        self.log(format!("stranger {id} connects to n{x} (#{sc})"));
+        Some(sc)
+    }
+
+    /// The kernel fails node `x`'s next `count` accepts with EMFILE.
+    pub fn fail_accepts(&mut self, x: usize, count: u32) {
+        if let Some(inc) = self.nodes[x].inc.as_mut() {
+            inc.fail_accepts += count;
+            self.log(format!("n{x}: the next {count} accepts fail (EMFILE)"));
+        }
+    }
+
+    /// Node `x` runs and has its listener (not shutting down).
+    fn listens(&self, x: usize) -> bool {
+        self.nodes[x]
+            .inc
+            .as_ref()
+            .is_some_and(|i| !i.driver.is_shutting_down())
+    }
+
+    /// Strangers read nothing: what arrives is dropped; a close closes
+    /// their end.
+    fn stranger_events(&mut self) {
+        let t = self.now;
+        for sc in 0..self.conns.len() {
+            let Some(conn) = self.conns[sc].as_mut() else {
+                continue;
+            };
+            if !conn.silent || !conn.open[0] {
+                continue;
+            }
+            let mut closed = conn.close_at[0].is_some_and(|at| at <= t);
+            while let Some(&(at, _)) = conn.pipes[1].segs.front()
+                && at <= t
+            {
+                if let Some((_, Seg::Fin | Seg::Rst)) = conn.pipes[1].segs.pop_front() {
+                    closed = true;
+                }
+            }
+            if closed {
+                self.stranger_close(sc);
+            }
+        }
+    }
+
+    fn stranger_close(&mut self, sc: usize) {
+        let Some(conn) = self.conns[sc].as_mut() else {
+            return;
+        };
+        conn.open[0] = false;
+        conn.close_at[0] = None;
+        conn.pipes[1].segs.clear();
+        if conn.open[1] {
+            self.send(sc, 0, Seg::Fin);
+        }
+        self.drop_if_done(sc);
+    }
+
+    /// The driver's deadlines, as the loops act on them after a turn's
+    /// output: the lingering connections due are closed (a stale entry, its
+    /// connection gone or its id reused, is harmless: the lifecycle acts on
+    /// its own deadline), and so are the handshakes not done by theirs.
+    fn driver_deadlines(&mut self, x: usize) {
+        let now_ms = self.node_now(x).ms;
+        loop {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(cid) = inc.driver.due_lingering(now_ms) else {
+                break;
+            };
+            let Some(&sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            let lingered = inc.lives[&cid]
+                .linger_until()
+                .is_some_and(|until| until <= now_ms);
+            let e = self.end_of(sc, x);
+            self.settle(x, sc, e, cid);
+            if lingered && self.conns[sc].as_ref().is_none_or(|c| !c.open[e]) {
+                self.stats.lingered += 1;
+            }
+        }
+        loop {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            let Some(cid) = inc.driver.due_handshake(now_ms) else {
+                break;
+            };
+            let Some(&sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            let expired = self.with_life(x, cid, "handshake deadline", |life, node, now| {
+                life.handshake_expired(node, now, cid)
+            });
+            if expired == Some(true) {
+                self.stats.handshakes_expired += 1;
+                let e = self.end_of(sc, x);
+                self.settle(x, sc, e, cid);
+            }
+        }
+    }
+
     /// Both ways open between node `x` and `peer`: a SYN and its answer
     /// get through (whether anything listens is another matter).
     fn path_open(&self, x: usize, peer: usize) -> bool {
@@ -2354,7 +2674,7 @@ impl Sim {
     fn dial_attempt(&mut self, mut d: Dial) -> Dial {
         debug_assert_eq!(d.phase, DialPhase::Attempt);
         if self.path_open(d.node, d.peer) {
-            d.phase = if self.up(d.peer) {
+            d.phase = if self.listens(d.peer) {
                 DialPhase::Connecting
             } else {
                 DialPhase::Refused
@@ -2388,7 +2708,7 @@ impl Sim {
             }
             // The answer got back: the peer still listens, the path is
             // still open.
-            DialPhase::Connecting => self.up(d.peer) && self.path_open(x, d.peer),
+            DialPhase::Connecting => self.listens(d.peer) && self.path_open(x, d.peer),
             DialPhase::Refused | DialPhase::TimedOut => false,
         };
         if !connects {
@@ -2636,7 +2956,7 @@ impl Sim {
             for n in 0..self.cfg.nodes {
                 if self.clients[c].reconnect_at[n].is_some_and(|at| at <= t) {
                     self.clients[c].reconnect_at[n] = None;
-                    if self.up(n) && !self.blocked(Party::Client(c), Party::Node(n)) {
+                    if self.listens(n) && !self.blocked(Party::Client(c), Party::Node(n)) {
                         let sc = self.new_conn([Party::Client(c), Party::Node(n)], false);
                         let at = t + self.delay();
                         self.nodes[n].inc.as_mut().unwrap().accepts.push((at, sc));
@@ -2812,7 +3132,7 @@ impl Sim {
         };
         let n = match self.conns[sc].as_ref().unwrap().parties[1] {
             Party::Node(n) => n,
-            Party::Client(_) => unreachable!(),
+            Party::Client(_) | Party::Stranger(_) => unreachable!(),
         };
         let line = req.line();
         self.log(format!(
@@ -2842,7 +3162,7 @@ impl Sim {
         let node_end_open = conn.open[1];
         let n = match conn.parties[1] {
             Party::Node(n) => n,
-            Party::Client(_) => unreachable!(),
+            Party::Client(_) | Party::Stranger(_) => unreachable!(),
         };
         if node_end_open {
             self.send(sc, 0, Seg::Fin);
@@ -2882,7 +3202,7 @@ impl Sim {
     fn client_input(&mut self, c: usize, sc: usize, bytes: &[u8], sent: u64) {
         let n = match self.conns[sc].as_ref().unwrap().parties[1] {
             Party::Node(n) => n,
-            Party::Client(_) => unreachable!(),
+            Party::Client(_) | Party::Stranger(_) => unreachable!(),
         };
         for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             self.clients[c].answers.push((n, show(line)));
@@ -3548,13 +3868,12 @@ impl Sim {
         self.socket_buf = bytes;
     }
 
-    /// Sets `--max-conns` of every node, those running included (their
-    /// admission starts afresh).
+    /// Sets `--max-conns` of every node, those running included.
     pub fn set_max_conns(&mut self, max_conns: usize) {
         self.max_conns = max_conns;
         for slot in &mut self.nodes {
             if let Some(inc) = &mut slot.inc {
-                inc.driver = Driver::new(max_conns, None);
+                inc.driver.set_max_conns(max_conns);
             }
         }
     }
@@ -3693,4 +4012,31 @@ fn memchr_first(b: &[u8]) -> Option<usize> {
 
 fn memchr_last(b: &[u8]) -> Option<usize> {
     b.iter().rposition(|&c| c == b'\n')
+}
+
+/// EMFILE: the process is out of file descriptors.
+const fn libc_emfile() -> i32 {
+    24
+}
+
+/// The TLS server configuration of the strangers' connections (made once:
+/// no handshake ever reads a byte, so the certificate is never used).
+fn stranger_tls() -> std::sync::Arc<rustls::ServerConfig> {
+    static CONFIG: std::sync::OnceLock<std::sync::Arc<rustls::ServerConfig>> =
+        std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let rcgen::CertifiedKey { cert, key_pair } =
+                rcgen::generate_simple_self_signed(vec!["n0".to_string()]).expect("a certificate");
+            let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key_pair.serialize_der().into());
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.der().clone()], key)
+                .expect("a server configuration");
+            std::sync::Arc::new(config)
+        })
+        .clone()
 }

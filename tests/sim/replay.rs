@@ -34,7 +34,6 @@ use std::fmt;
 use std::net::SocketAddr;
 
 use super::{Dial, DialPhase, Party, Req, Seg, Sim, SimConfig};
-use ringlock::node::Admission;
 
 /// The model's timers and the sizes of its requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +107,7 @@ fn party(p: Party) -> String {
     match p {
         Party::Node(x) => format!("n{x}"),
         Party::Client(c) => format!("c{c}"),
+        Party::Stranger(s) => format!("s{s}"),
     }
 }
 
@@ -157,7 +157,7 @@ fn parse_party(s: &str) -> Result<Party, String> {
 fn node(s: &str) -> Result<usize, String> {
     match parse_party(s)? {
         Party::Node(x) => Ok(x),
-        Party::Client(_) => Err(format!("{s:?} is not a node")),
+        Party::Client(_) | Party::Stranger(_) => Err(format!("{s:?} is not a node")),
     }
 }
 
@@ -232,7 +232,7 @@ pub fn parse_act(item: &str) -> Result<Act, String> {
 fn client(s: &str) -> Result<usize, String> {
     match parse_party(s)? {
         Party::Client(c) => Ok(c),
-        Party::Node(_) => Err(format!("{s:?} is not a client")),
+        Party::Node(_) | Party::Stranger(_) => Err(format!("{s:?} is not a client")),
     }
 }
 
@@ -364,7 +364,10 @@ impl Sim {
             }
             Act::Leave(x) => {
                 want_runs(self, x)?;
+                // As the model's leave: the process is gone after it (no
+                // turns until the driver says it is finished).
                 self.leave(x);
+                self.exit(x);
             }
             Act::Hang(x, ms) => {
                 want_runs(self, x)?;
@@ -410,7 +413,7 @@ impl Sim {
         let mut dials = Vec::new();
         let now = self.node_now(x);
         let inc = self.nodes[x].inc.as_mut().unwrap();
-        inc.node.take_dials(now, &mut dials);
+        inc.driver.take_dials(&mut inc.node, now, &mut dials);
         let generation = inc.generation;
         for (peer, _) in dials {
             self.dials.push(Dial {
@@ -454,17 +457,7 @@ impl Sim {
     fn replay_accept(&mut self, x: usize) {
         let accepts = std::mem::take(&mut self.nodes[x].inc.as_mut().unwrap().accepts);
         for (_, sc) in accepts {
-            let open = self.nodes[x].inc.as_ref().unwrap().conns.len();
-            let admission = self.op_inc(x, "admit", |inc, _| inc.driver.admit(&mut inc.node, open));
-            let cid = self.alloc_cid(x, sc);
-            self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
-            match admission {
-                Admission::Refuse => self.node_end_closed(x, sc, 1, "refused (--max-conns)"),
-                Admission::PeerOnly => {
-                    self.op(x, "accept", |node, now| node.open_peer_only(now, cid));
-                }
-                Admission::Client => self.op(x, "accept", |node, _| node.open(cid)),
-            }
+            self.accept_conn(x, sc);
         }
     }
 
@@ -497,6 +490,7 @@ impl Sim {
                 }
                 Seg::Fin | Seg::Rst => self.client_close(c, sc),
             },
+            Party::Stranger(_) => return Err("a model has no strangers".into()),
             Party::Node(x) => {
                 if !self.runs(x)
                     || self.conns[sc].as_ref().unwrap().gens[1 - e] != self.nodes[x].generation

@@ -18,6 +18,14 @@
 //!    dials what [`Driver::take_dials`] asks for;
 //! 5. ends with [`Driver::end_turn`] (the invariant walkers of a debug
 //!    build), and stops once [`Driver::finished`].
+//!
+//! Three drive it: the io_uring and epoll loops (`src/io/`), the whole-node
+//! fuzz harness (`fuzz/fuzz_targets/harness/node.rs`: one node, its input
+//! decides what the kernel reports) and the cluster simulator
+//! (`tests/sim/`: every node of a cluster, over a simulated network, with
+//! failed accepts, sockets that never finish a handshake, lingering
+//! connections and SIGTERM among its faults). Each rule is here once, so
+//! what those two check of it holds for the loops.
 
 use std::collections::VecDeque;
 
@@ -60,6 +68,14 @@ impl DeadlineQueue {
             None
         }
     }
+}
+
+/// What the shutdown [`Driver::shut_down`] began did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leaving {
+    /// The peer the node handed the active role over to ([`Node::leave`]):
+    /// only an active names one.
+    pub successor: Option<String>,
 }
 
 /// One loop's per-turn policy (see the module documentation).
@@ -162,7 +178,10 @@ impl Driver {
         self.handshakes.pop_due(now_ms)
     }
 
-    /// The dials the node asks for (none while shutting down).
+    /// The dials the node asks for (none while shutting down: the node's
+    /// are taken and dropped all the same, so that they count as under way
+    /// and their deadline does not stay in the past, which would spin the
+    /// loop until it stops).
     pub fn take_dials(
         &mut self,
         node: &mut Node,
@@ -170,18 +189,21 @@ impl Driver {
         into: &mut Vec<(crate::cluster::PeerId, String)>,
     ) {
         into.clear();
-        if self.shutdown_until.is_none() {
-            node.take_dials(now, into);
+        node.take_dials(now, into);
+        if self.shutdown_until.is_some() {
+            into.clear();
         }
     }
 
-    /// SIGINT or SIGTERM. The first begins the shutdown and returns true:
-    /// the node leaves (an active hands its role over), and the loop stops
-    /// accepting and finishes every connection ([`crate::lifecycle::Lifecycle::finish`]);
-    /// the loop stops once they are closed, or [`LINGER_MS`] from now.
-    pub fn shut_down(&mut self, node: &mut Node, now: Now) -> bool {
+    /// SIGINT or SIGTERM. The first begins the shutdown and returns what
+    /// the node's leave did ([`Node::leave`]): the node leaves (an active
+    /// hands its role over), and the loop stops accepting and finishes
+    /// every connection ([`crate::lifecycle::Lifecycle::finish`]); the loop
+    /// stops once they are closed, or [`LINGER_MS`] from now. Any later
+    /// one returns `None`.
+    pub fn shut_down(&mut self, node: &mut Node, now: Now) -> Option<Leaving> {
         if self.shutdown_until.is_some() {
-            return false;
+            return None;
         }
         tracing::info!(
             target: "ringlock::io",
@@ -189,10 +211,11 @@ impl Driver {
         );
         self.shutdown_until = Some(now.ms + LINGER_MS);
         self.accept_retry_at = None;
-        if let Some(to) = node.leave(now) {
+        let successor = node.leave(now);
+        if let Some(to) = &successor {
             tracing::info!(target: "ringlock::io", "handed the active role over to {to}");
         }
-        true
+        Some(Leaving { successor })
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -259,9 +282,14 @@ mod tests {
         assert_eq!(driver.admit(&mut node, 1), Admission::Client);
         assert_eq!(driver.admit(&mut node, 2), Admission::Refuse);
         assert_eq!(node.stats().conns_refused, 1);
-        assert!(driver.shut_down(&mut node, at(5)));
-        assert!(
-            !driver.shut_down(&mut node, at(6)),
+        assert_eq!(
+            driver.shut_down(&mut node, at(5)),
+            Some(Leaving { successor: None }),
+            "a node without peers names no successor"
+        );
+        assert_eq!(
+            driver.shut_down(&mut node, at(6)),
+            None,
             "only the first begins it"
         );
         assert_eq!(driver.admit(&mut node, 0), Admission::Refuse);
@@ -306,6 +334,41 @@ mod tests {
         let mut plain = Driver::new(8, None);
         plain.opened(10, 3, true);
         assert_eq!(plain.due_handshake(u64::MAX), None);
+    }
+
+    #[test]
+    fn no_dials_while_shutting_down_and_no_dial_deadline_left_in_the_past() {
+        let mut node = Node::new(
+            at(0),
+            NodeConfig {
+                advertise: "a:1".into(),
+                cluster: Some(crate::cluster::ClusterConfig {
+                    peers: vec!["a:1".into(), "b:1".into()],
+                    me: crate::cluster::PeerId(0),
+                    heartbeat_ms: 50,
+                    peer_timeout_ms: 500,
+                    failback_delay_ms: 0,
+                    incarnation: 1,
+                    secret: crate::cluster::auth::Secret::from_bytes(
+                        b"a secret of the unit tests, 32+ bytes",
+                    ),
+                    coalesce_us: 0,
+                }),
+                max_locks: crate::engine::DEFAULT_MAX_LOCKS,
+            },
+        );
+        let mut driver = Driver::new(8, None);
+        node.tick(at(1));
+        assert_eq!(driver.timeout_ms(&node, 1), Some(0), "a dial to b is due");
+        driver.shut_down(&mut node, at(1));
+        let mut dials = Vec::new();
+        driver.take_dials(&mut node, at(1), &mut dials);
+        assert!(dials.is_empty(), "dialed while shutting down: {dials:?}");
+        assert_ne!(
+            driver.timeout_ms(&node, 1),
+            Some(0),
+            "the dial's deadline stays in the past: the loop spins"
+        );
     }
 
     #[test]

@@ -185,6 +185,8 @@ pub struct Stats {
     pub peer_only: u64,
     pub conflicts: u64,
     pub left: u64,
+    /// Leaves that handed the active role over to a successor.
+    pub handed_over: u64,
     pub accept_failed: u64,
     pub accept_retried: u64,
     pub handshakes_expired: u64,
@@ -208,6 +210,7 @@ impl Stats {
         self.peer_only += o.peer_only;
         self.conflicts += o.conflicts;
         self.left += o.left;
+        self.handed_over += o.handed_over;
         self.accept_failed += o.accept_failed;
         self.accept_retried += o.accept_retried;
         self.handshakes_expired += o.handshakes_expired;
@@ -1499,9 +1502,20 @@ impl Harness {
     /// the shutdown's deadline.
     fn leave(&mut self) {
         let now = self.now();
-        assert!(self.driver.shut_down(&mut self.node, now), "first SIGTERM");
-        assert!(
-            !self.driver.shut_down(&mut self.node, now),
+        let before = self.node.role();
+        let leaving = self.driver.shut_down(&mut self.node, now);
+        let Some(leaving) = leaving else {
+            panic!("the first SIGTERM began no shutdown");
+        };
+        // Only an active hands its role over, and only to one of its peers.
+        if let Some(addr) = &leaving.successor {
+            assert_eq!(before, Role::Active, "a standby handed off to {addr}");
+            assert!(self.peers.contains(addr) && *addr != self.peers[self.me]);
+            self.stats.handed_over += 1;
+        }
+        assert_eq!(
+            self.driver.shut_down(&mut self.node, now),
+            None,
             "only the first"
         );
         assert!(!self.node.engine().is_active(), "serves after leaving");
