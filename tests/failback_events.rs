@@ -18,6 +18,18 @@
 //! doing acquire/release cycles on a key of their own, never take over
 //! 1.5 s for a cycle (a hung active costs an acquire at most about 1 s,
 //! docs/client.md; a crash or a hand-off less).
+//!
+//! Save one cycle of each client at each kill -9 and each SIGSTOP: the one
+//! in flight when the signal landed. The active may have replicated its
+//! request and not yet written the answer (its loop writes the peer links
+//! first, then the clients), and that answer is then never read: a grant
+//! holds the key for its lease (5 s) with no client knowing its token, and
+//! the client's retry at the node that took over waits for it (granted or
+//! timed out); a release has landed, and its retry is answered false
+//! (docs/client.md). That cycle may take up to the lease and 1.5 s more, and
+//! end either way; every cycle that began after the signal is held to the
+//! bound, so a line the followers never got still fails the test (a grant
+//! or release answered before the signal is the next cycle's business).
 
 #[macro_use]
 mod common;
@@ -32,6 +44,7 @@ use common::harness::Test;
 use common::{Cluster, python};
 
 fn main() -> std::process::ExitCode {
+    let rule = Test::new("lost_answer_rule", lost_answer_rule);
     let variants = [("uring", true), ("epoll", false)].map(|(io, uring)| {
         let test = Test::new(
             format!("clients_live_through_failback_events_{io}"),
@@ -44,7 +57,7 @@ fn main() -> std::process::ExitCode {
             test
         }
     });
-    common::harness::run(file!(), [Vec::from(variants)])
+    common::harness::run(file!(), [vec![rule], Vec::from(variants)])
 }
 
 /// Bound for the waits that only need to end eventually (the hand-back
@@ -53,6 +66,10 @@ const SETTLE: Duration = Duration::from_secs(20);
 
 /// The longest acquire/release cycle a long-lived client may take.
 const CYCLE_BOUND: Duration = Duration::from_millis(1_500);
+
+/// The lease (and the wait) of the long-lived clients' acquires, Rust and
+/// Python.
+const CYCLE_LEASE: Duration = Duration::from_secs(5);
 
 /// The server's default `--failback-delay-ms`.
 const DEFAULT_DELAY_MS: u64 = 5_000;
@@ -193,9 +210,8 @@ fn rust_cycles(addrs: Vec<String>, stop: Arc<AtomicBool>) -> Vec<Cycle> {
     while !stop.load(Ordering::Relaxed) && Instant::now() < limit {
         let (start, t0) = (wall(), Instant::now());
         let outcome = rt.block_on(async {
-            let lease = Duration::from_secs(5);
             match client
-                .acquire("ev/cycle-rs", lease, Some(Duration::from_secs(5)))
+                .acquire("ev/cycle-rs", CYCLE_LEASE, Some(CYCLE_LEASE))
                 .await
             {
                 Ok(ringlock_client::Acquired::Granted(g)) => match client.release_grant(&g).await {
@@ -339,9 +355,12 @@ fn crash_and_restart(
     clients: &mut Clients,
     held: &[(&str, u64)],
     after: Duration,
+    faults: &mut Vec<Fault>,
 ) {
     let killed = Instant::now();
+    let from = wall();
     c.kill9(0);
+    faults.push(Fault { from, to: wall() });
     c.wait_settled(1, SETTLE);
     check_held(c, 1, clients, held, "after the kill -9");
     sleep_until(killed + after);
@@ -362,9 +381,19 @@ fn stop_for(
     held: &[(&str, u64)],
     stop: Duration,
     meanwhile: &str,
+    faults: &mut Vec<Fault>,
 ) -> u64 {
     let stopped = Instant::now();
+    let from = wall();
     c.node(0).signal(libc::SIGSTOP);
+    let pid = c.node(0).pid().expect("node 0 runs");
+    common::poll_until(
+        "node 0 stopped",
+        SETTLE,
+        || process_state(pid),
+        |state| *state == Some('T'),
+    );
+    faults.push(Fault { from, to: wall() });
     common::poll_until(
         "node 1 active while node 0 is stopped",
         SETTLE,
@@ -410,6 +439,72 @@ fn terminate_and_restart(c: &mut Cluster, clients: &mut Clients, held: &[(&str, 
     check_held(c, 0, clients, held, "after the failback");
 }
 
+/// The state letter of process `pid` in /proc (`T`: stopped by a signal).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The field after the command name, which is in parentheses.
+    stat.get(stat.rfind(')')? + 2..)?.chars().next()
+}
+
+/// When a kill -9 or a SIGSTOP of the active landed: between `from` (wall
+/// clock seconds, just before the signal was sent) and `to` (once the
+/// process was gone, or stopped).
+#[derive(Debug, Clone, Copy)]
+struct Fault {
+    from: f64,
+    to: f64,
+}
+
+/// Whether `cycle` may have lost its answer with the active (the module
+/// docs): it was in flight at one of `faults` (began before the signal
+/// took effect, ended after it was sent), took at most the lease and
+/// [`CYCLE_BOUND`], and ended granted, timed out or with its release
+/// answered false. An error, or any cycle that began after the process was
+/// gone or stopped, is not excused.
+fn lost_answer(cycle: &Cycle, faults: &[Fault]) -> bool {
+    let end = cycle.start + cycle.took.as_secs_f64();
+    let in_flight = faults.iter().any(|f| cycle.start <= f.to && end >= f.from);
+    in_flight
+        && cycle.took <= CYCLE_LEASE + CYCLE_BOUND
+        && matches!(
+            cycle.outcome.as_str(),
+            "ok" | "timed-out" | "release-refused"
+        )
+}
+
+/// [`lost_answer`] on made-up cycles around one kill -9: the cycles the
+/// captured failures of this test had are excused, the same cycles begun
+/// after the kill (what a replication line lost at the kill makes) are not,
+/// nor a longer wait or an error.
+fn lost_answer_rule() {
+    let faults = [Fault {
+        from: 100.000,
+        to: 100.002,
+    }];
+    let cycle = |start: f64, took_ms: u64, outcome: &str| Cycle {
+        start,
+        took: Duration::from_millis(took_ms),
+        outcome: outcome.to_string(),
+    };
+    // Granted by the killed node, its answer lost: the retry waits the lease.
+    assert!(lost_answer(&cycle(99.998, 5_002, "ok"), &faults));
+    assert!(lost_answer(&cycle(99.998, 5_002, "timed-out"), &faults));
+    // Released by the killed node, its answer lost: the retry says false.
+    assert!(lost_answer(&cycle(99.990, 219, "release-refused"), &faults));
+    // Begun after the kill: a line the new active lacks, not an answer.
+    assert!(!lost_answer(&cycle(100.003, 5_002, "ok"), &faults));
+    assert!(!lost_answer(
+        &cycle(100.010, 219, "release-refused"),
+        &faults
+    ));
+    // Ended before the kill.
+    assert!(!lost_answer(&cycle(94.0, 5_002, "ok"), &faults));
+    // Longer than the lease allows, or failed.
+    assert!(!lost_answer(&cycle(99.998, 6_600, "ok"), &faults));
+    assert!(!lost_answer(&cycle(99.998, 300, "error:cut_off"), &faults));
+    assert!(!lost_answer(&cycle(99.998, 5_002, "ok"), &[]));
+}
+
 /// The lines of `DIR/py-cycles`.
 fn python_cycles(dir: &Path) -> Vec<Cycle> {
     let text = std::fs::read_to_string(dir.join("py-cycles")).unwrap_or_default();
@@ -428,7 +523,7 @@ fn python_cycles(dir: &Path) -> Vec<Cycle> {
 
 /// Ends the clients and checks what they saw: the holders never lost their
 /// locks, and no cycle failed or took longer than [`CYCLE_BOUND`].
-fn finish(mut clients: Clients, events: &[(f64, &str)], io: &str) {
+fn finish(mut clients: Clients, events: &[(f64, &str)], faults: &[Fault], io: &str) {
     std::fs::write(clients.dir.join("go"), b"").unwrap();
     clients.rust_stop.store(true, Ordering::Relaxed);
     let run = common::wait_output(clients.run.take().unwrap(), Duration::from_secs(30));
@@ -458,6 +553,14 @@ fn finish(mut clients: Clients, events: &[(f64, &str)], io: &str) {
     for (who, cycles) in [("Rust", &rust), ("Python", &py_cycles)] {
         assert!(cycles.len() >= 50, "{who}: only {} cycles", cycles.len());
         for cycle in cycles.iter() {
+            if !(cycle.outcome == "ok" && cycle.took <= CYCLE_BOUND) && lost_answer(cycle, faults) {
+                eprintln!(
+                    "{io}: {who} client: a cycle in flight at a kill -9 or SIGSTOP, its answer \
+                     lost with the active ({:.3} s after the first event began): {cycle:?}",
+                    cycle.start - events[0].0
+                );
+                continue;
+            }
             assert!(
                 cycle.outcome == "ok" && cycle.took <= CYCLE_BOUND,
                 "{who} client: a cycle {:.3} s after the first event began, during {:?}: {cycle:?}",
@@ -506,25 +609,28 @@ fn clients_live_through_failback_events(io: &str) {
     ];
     check_held(&c, 0, &mut clients, &held, "before the events");
     let mut all = held.to_vec();
+    let mut faults = Vec::new();
     let mut events = vec![(wall(), "kill -9 and restart after 1 s")];
-    crash_and_restart(&mut c, &mut clients, &all, Duration::from_secs(1));
+    let after = Duration::from_secs(1);
+    crash_and_restart(&mut c, &mut clients, &all, after, &mut faults);
     events.push((wall(), "kill -9 and restart after 2.6 s"));
-    crash_and_restart(&mut c, &mut clients, &all, Duration::from_millis(2_600));
+    let after = Duration::from_millis(2_600);
+    crash_and_restart(&mut c, &mut clients, &all, after, &mut faults);
     events.push((wall(), "SIGSTOP for 2.5 s"));
-    let stop = Duration::from_millis(2_500);
+    let (stop, key) = (Duration::from_millis(2_500), "ev/meanwhile-2.5");
     all.push((
-        "ev/meanwhile-2.5",
-        stop_for(&mut c, &mut clients, &all, stop, "ev/meanwhile-2.5"),
+        key,
+        stop_for(&mut c, &mut clients, &all, stop, key, &mut faults),
     ));
     events.push((wall(), "SIGSTOP for 4 s"));
-    let stop = Duration::from_secs(4);
+    let (stop, key) = (Duration::from_secs(4), "ev/meanwhile-4");
     all.push((
-        "ev/meanwhile-4",
-        stop_for(&mut c, &mut clients, &all, stop, "ev/meanwhile-4"),
+        key,
+        stop_for(&mut c, &mut clients, &all, stop, key, &mut faults),
     ));
     events.push((wall(), "SIGTERM and restart"));
     terminate_and_restart(&mut c, &mut clients, &all);
     events.push((wall(), "after the events"));
-    finish(clients, &events, io);
+    finish(clients, &events, &faults, io);
     let _ = std::fs::remove_dir_all(dir);
 }
