@@ -524,6 +524,11 @@ pub fn encode(s: &Snapshot) -> String {
             "Times this node stopped being the active one",
             ConstCounter::new(s.cluster.stepped_down),
         );
+        r.register(
+            "ringlock_permits_over_limit",
+            "Semaphore permits applied from the active beyond the semaphore's limit (after a healed split brain); no new permit is granted until back under",
+            ConstCounter::new(s.engine.permits_over_limit),
+        );
         register_followers(&mut r, &s.followers);
     }
     let mut out = String::new();

@@ -450,6 +450,8 @@ fn ready_follows_the_role_through_a_failover() {
     assert_eq!(value(&s1, "ringlock_became_active_total"), 1.0);
     let s0 = scrape(m0);
     assert!(value(&s0, "ringlock_snapshots_sent_total") >= 1.0);
+    // Only a healed split brain puts permits over a limit.
+    assert_eq!(value(&s1, "ringlock_permits_over_limit_total"), 0.0);
     let follower = format!(
         "ringlock_replication_queued_bytes{{follower=\"{}\"}}",
         c.addr(1)
