@@ -1324,6 +1324,14 @@ impl Sim {
             self.with_life(x, cid, "sent", |life, node, now| {
                 life.sent(node, now, cid, n)
             });
+            // As the loops do: output written after the turn's collection
+            // (a resumed stash) may answer grants whose replication is not
+            // sent yet; the rest waits for the next flush, links first.
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            if inc.node.outbox().has_uncollected() {
+                inc.unsent.insert(cid);
+                return;
+            }
         }
     }
 
@@ -2910,7 +2918,17 @@ impl Sim {
             if !seen.insert(cid) {
                 continue;
             }
-            let Some(&sc) = self.nodes[x].inc.as_ref().unwrap().conns.get(&cid) else {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            if inc.node.outbox().has_uncollected() {
+                // Work of this flush (a resumed stash, a close that granted
+                // a waiter) wrote output not collected yet: the rest waits
+                // for the next flush, which sends the links first.
+                if inc.conns.contains_key(&cid) {
+                    inc.unsent.insert(cid);
+                }
+                continue;
+            }
+            let Some(&sc) = inc.conns.get(&cid) else {
                 continue;
             };
             let e = self.end_of(sc, x);
