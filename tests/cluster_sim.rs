@@ -1175,7 +1175,8 @@ fn grants_resumed_from_a_paused_clients_stash_are_replicated_before_answered() {
         .filter(|(_, a)| a.starts_with("A g"))
         .count();
     assert_eq!(granted, 200, "every acquire granted");
-    // Check 9 held throughout: no grant answered before its replication.
+    // And check 9 held throughout (`ok`): no grant answered while the
+    // active's table had changes not yet collected for its links.
     ok(&sim);
 }
 
