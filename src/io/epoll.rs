@@ -412,17 +412,37 @@ impl Loop {
                 dirty.push(id);
             }
         }
-        for id in dirty.drain(..) {
+        // Work done while this turn's output goes out (input kept back by a
+        // pause and resumed as its answers leave, a close that grants a
+        // waiter) can answer with grants whose replication the node has
+        // not collected yet: the rest waits for the next turn, which sends
+        // the links first. `next_deadline` turns again at once.
+        let mut held = Vec::new();
+        for (i, &id) in dirty.iter().enumerate() {
+            if node.outbox().has_uncollected() {
+                held.extend_from_slice(dirty.get(i..).unwrap_or_default());
+                break;
+            }
             let Some(conn) = self.conns.get_mut(id as usize) else {
                 continue;
             };
-            if write_out(conn, node, now, id).is_err() {
-                conn.life.failed(node, now, id);
-            } else if conn.readable && conn.life.wants_read(node.outbox(), id) {
-                self.mark_ready(id); // the client caught up
+            match write_out(conn, node, now, id) {
+                Err(_) => conn.life.failed(node, now, id),
+                Ok(Written::Held) => {
+                    held.push(id);
+                    continue;
+                }
+                Ok(Written::Done) => {
+                    if conn.readable && conn.life.wants_read(node.outbox(), id) {
+                        self.mark_ready(id); // the client caught up
+                    }
+                }
             }
             self.settle(now.ms, id);
         }
+        dirty.clear();
+        dirty.append(&mut held);
+        dirty.append(&mut self.dirty);
         self.dirty = dirty;
     }
 
@@ -485,13 +505,27 @@ impl Loop {
     }
 }
 
+/// How [`write_out`] ended.
+enum Written {
+    /// The socket took all it could.
+    Done,
+    /// A send resumed work that wrote output the node has not collected
+    /// (`Outbox::has_uncollected`): it may answer grants whose replication
+    /// is not with the kernel yet, so the connection waits for the next
+    /// turn, whose links go first.
+    Held,
+}
+
 /// Writes as much of the connection's pending answers as the socket takes.
 /// `Err` means the connection is dead.
-fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Result<()> {
+fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Result<Written> {
     loop {
+        if node.outbox().has_uncollected() {
+            return Ok(Written::Held);
+        }
         let out = conn.life.pending(node, id);
         if out.is_empty() {
-            return Ok(());
+            return Ok(Written::Done);
         }
         let written = if node.sends_more(id) {
             // Replication held back to coalesce (`Node::sends_more`): in
@@ -504,7 +538,7 @@ fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Resu
         match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => conn.life.sent(node, now, id, n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Written::Done),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }

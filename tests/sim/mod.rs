@@ -1318,12 +1318,42 @@ impl Sim {
             if n == 0 {
                 return;
             }
+            self.check_grants_replicated(x, sc, &bytes);
             if other_open {
                 self.send(sc, e, Seg::Data(bytes, self.now));
             }
             self.with_life(x, cid, "sent", |life, node, now| {
                 life.sent(node, now, cid, n)
             });
+            // As the loops do: output written after the turn's collection
+            // (a resumed stash) may answer grants whose replication is not
+            // sent yet; the rest waits for the next flush, links first.
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            if inc.node.outbox().has_uncollected() {
+                inc.unsent.insert(cid);
+                return;
+            }
+        }
+    }
+
+    /// Check 9: the active hands a grant's answer to a client only after
+    /// the grant's replication went to its links (the table changed since
+    /// the last collection: what changed is not on the links yet), so a
+    /// node stopped between two sends leaves no answered grant unknown to
+    /// its followers.
+    fn check_grants_replicated(&mut self, x: usize, sc: usize, bytes: &[u8]) {
+        let to_client = self.conns[sc]
+            .as_ref()
+            .is_some_and(|c| c.parties.iter().any(|p| matches!(p, Party::Client(_))));
+        let grants = bytes.starts_with(b"A ") || memchr_grant(bytes);
+        if !to_client || !grants || self.role(x) != Some(Role::Active) {
+            return;
+        }
+        let inc = self.nodes[x].inc.as_ref().unwrap();
+        if inc.node.engine().replication_waits() {
+            self.fail(format!(
+                "check 9: n{x} answers a grant on #{sc} before its replication goes to the links"
+            ));
         }
     }
 
@@ -2910,7 +2940,17 @@ impl Sim {
             if !seen.insert(cid) {
                 continue;
             }
-            let Some(&sc) = self.nodes[x].inc.as_ref().unwrap().conns.get(&cid) else {
+            let inc = self.nodes[x].inc.as_mut().unwrap();
+            if inc.node.outbox().has_uncollected() {
+                // Work of this flush (a resumed stash, a close that granted
+                // a waiter) wrote output not collected yet: the rest waits
+                // for the next flush, which sends the links first.
+                if inc.conns.contains_key(&cid) {
+                    inc.unsent.insert(cid);
+                }
+                continue;
+            }
+            let Some(&sc) = inc.conns.get(&cid) else {
                 continue;
             };
             let e = self.end_of(sc, x);
@@ -3919,6 +3959,43 @@ impl Sim {
         self.send(sc, 0, Seg::Data(bytes, self.now));
     }
 
+    /// [`Sim::send_releases`] with an acquire of `key` (no wait) at the end
+    /// of the same segment: a node that pauses the client in the middle of
+    /// the segment keeps the acquire in its stash.
+    pub fn send_releases_then_acquire(
+        &mut self,
+        c: usize,
+        node: usize,
+        keys: &[String],
+        key: &str,
+        lease_ms: u64,
+    ) {
+        let sc = self.clients[c].conns[node].expect("connected");
+        let mut bytes = Vec::new();
+        let releases = keys.iter().map(|k| (b'R', k.as_str(), 1, 0, 100));
+        for (op, k, token, lease_ms, redirects) in releases.chain([(b'A', key, 0, lease_ms, 0)]) {
+            let req = Req {
+                limit: 0,
+                op,
+                key: k.as_bytes().to_vec(),
+                token,
+                lease_ms,
+                wait_ms: 0,
+                redirects,
+                retry_until: 0,
+                sent_ms: self.now,
+            };
+            bytes.extend_from_slice(&req.line());
+            self.clients[c].busy.insert(req.key.clone());
+            self.clients[c]
+                .outstanding
+                .entry(sc)
+                .or_default()
+                .push_back((req, node));
+        }
+        self.send(sc, 0, Seg::Data(bytes, self.now));
+    }
+
     /// Sends raw bytes from client `c` to `node`, expecting no answer.
     pub fn send_raw(&mut self, c: usize, node: usize, bytes: &[u8]) {
         let sc = self.clients[c].conns[node].expect("connected");
@@ -4039,4 +4116,10 @@ fn stranger_tls() -> std::sync::Arc<rustls::ServerConfig> {
             std::sync::Arc::new(config)
         })
         .clone()
+}
+
+/// True if `bytes` hold a grant's answer line (`A <key> <token>`) after the
+/// first line.
+fn memchr_grant(bytes: &[u8]) -> bool {
+    bytes.windows(3).any(|w| w == b"\nA ")
 }

@@ -172,7 +172,10 @@ impl Outbox {
     /// [`Outbox::take_dirty`] would return: written after the loop took
     /// this turn's (a grant made by a release handled while another
     /// connection's answers went out, a step-down when a link closed).
-    pub(crate) fn has_uncollected(&self) -> bool {
+    /// Such output may answer what the next collection's replication
+    /// carries: a loop sends no client output after it until it collects
+    /// again.
+    pub fn has_uncollected(&self) -> bool {
         self.dirty.iter().chain(&self.dirty_links).any(|&c| {
             let slot = &self.slots[c as usize];
             slot.open && !slot.out.is_empty()

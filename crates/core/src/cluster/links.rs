@@ -134,6 +134,9 @@ impl Cluster {
         // process's sockets all close); one broken link is not a crash, and
         // neither is a link the peer gave up with an `E` line.
         self.superseded.retain(|&c| c != conn);
+        // A link doomed and then closed before the loop took it: the loop
+        // may give its id to a new connection, which is no doomed link.
+        self.doomed.retain(|&(c, _)| c != conn);
         let given_up = self.given_up.iter().position(|&c| c == conn);
         if let Some(k) = given_up {
             self.given_up.swap_remove(k);

@@ -73,6 +73,33 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
 }
 
 #[test]
+fn a_doomed_link_that_closes_is_no_longer_doomed() {
+    let (mut c, mut e) = active_node0();
+    let now = at(TIMEOUT_MS + 60);
+    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, now, 11, false, None);
+    c.flush_replication(now, &mut e);
+    // The link to node 1 is doomed (it does not read), then closes (its
+    // socket failed) before the loop takes the doomed links: the loop may
+    // give its id to a new, unrelated connection, which must not be
+    // closed for the old link's fault.
+    let line = format!("P G {} 5 1000\n", "k".repeat(200));
+    let mut written = 0;
+    while c.doomed.is_empty() {
+        assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
+        e.outbox_mut().write_link(20, line.as_bytes());
+        written += line.len();
+        c.flush_replication(now, &mut e);
+    }
+    e.close(20);
+    c.on_close(now, 20, &mut e);
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert!(doomed.is_empty(), "{doomed:?}");
+    c.check_invariants(now, &e);
+}
+
+#[test]
 fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
     let (mut c, mut e) = active_node0();
     let now = at(TIMEOUT_MS + 60);
