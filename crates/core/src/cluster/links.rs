@@ -269,7 +269,7 @@ impl Cluster {
         if let Some(conn) = p.out.give_up() {
             // Nothing more goes on it; `on_close` forgets it.
             p.snapshot_sent = false;
-            self.doom(conn, silent.clone(), engine);
+            self.doom(conn, silent.clone(), engine.outbox_mut());
         }
         let inbound: Vec<ConnId> = self
             .links_in
@@ -278,7 +278,7 @@ impl Cluster {
             .map(|&(c, _)| c)
             .collect();
         for conn in inbound {
-            self.doom(conn, silent.clone(), engine);
+            self.doom(conn, silent.clone(), engine.outbox_mut());
         }
     }
 
@@ -313,7 +313,7 @@ impl Cluster {
                 self.cfg.peers[i],
                 now.ms - since
             );
-            self.doom(conn, reason, engine);
+            self.doom(conn, reason, engine.outbox_mut());
         }
     }
 
@@ -332,7 +332,7 @@ impl Cluster {
                 "peer handshake not finished within {} ms",
                 self.cfg.peer_timeout_ms
             );
-            self.doom(conn, reason, engine);
+            self.doom(conn, reason, engine.outbox_mut());
         }
         for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
@@ -341,7 +341,7 @@ impl Cluster {
                     "{} did not answer this node's HELLO within {} ms",
                     self.cfg.peers[i], self.cfg.peer_timeout_ms
                 );
-                self.doom(conn, reason, engine);
+                self.doom(conn, reason, engine.outbox_mut());
             }
         }
     }
