@@ -113,7 +113,7 @@ impl Cluster {
         now: Now,
         conn: ConnId,
         claim: Claim,
-        engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         if self.pending.len() >= MAX_PENDING_HANDSHAKES {
             // Full: the oldest handshake gives way. A real peer answers in
@@ -130,7 +130,7 @@ impl Cluster {
                     "more than {MAX_PENDING_HANDSHAKES} peer handshakes in progress; the oldest \
                      gives way"
                 );
-                self.doom(oldest, reason, engine.outbox_mut());
+                self.doom(oldest, reason, out);
             }
         }
         let nonce = self.next_nonce();
@@ -147,7 +147,7 @@ impl Cluster {
                 mac,
             },
         );
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
         self.pending.insert(
             conn,
             Pending {

@@ -73,7 +73,7 @@ impl Cluster {
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
     /// engine already): introduce ourselves with a fresh nonce. Nothing else
     /// goes on the link until the peer's `CHALLENGE` proves it.
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, engine: &mut Engine) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, out: &mut Outbox) {
         let nonce = self.next_nonce();
         let p = &mut self.peers[peer];
         p.out.opened(conn, nonce, now.ms + self.cfg.peer_timeout_ms);
@@ -95,7 +95,7 @@ impl Cluster {
                 nonce,
             },
         );
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
     }
 
     /// A connection closed: if it was a peer link, forget it. A peer whose

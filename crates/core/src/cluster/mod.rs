@@ -658,7 +658,7 @@ impl Cluster {
                     incarnation,
                     nonce,
                 };
-                self.on_hello(now, conn, claim, engine)
+                self.on_hello(now, conn, claim, engine.outbox_mut())
             }
             PeerMsg::Auth { mac } => match self.pending.remove(&conn) {
                 Some(pending) => self.on_auth(now, conn, pending, &mac, engine),
