@@ -113,7 +113,7 @@ impl Cluster {
         now: Now,
         conn: ConnId,
         claim: Claim,
-        engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         if self.pending.len() >= MAX_PENDING_HANDSHAKES {
             // Full: the oldest handshake gives way. A real peer answers in
@@ -130,7 +130,7 @@ impl Cluster {
                     "more than {MAX_PENDING_HANDSHAKES} peer handshakes in progress; the oldest \
                      gives way"
                 );
-                self.doom(oldest, reason, engine);
+                self.doom(oldest, reason, out);
             }
         }
         let nonce = self.next_nonce();
@@ -147,7 +147,7 @@ impl Cluster {
                 mac,
             },
         );
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
         self.pending.insert(
             conn,
             Pending {
@@ -196,7 +196,7 @@ impl Cluster {
                 "{} linked to this node again: its older link is closed",
                 self.cfg.peers[from]
             );
-            self.doom(old, reason, engine);
+            self.doom(old, reason, engine.outbox_mut());
         }
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
@@ -235,7 +235,7 @@ impl Cluster {
                 "{} speaks peer protocol version {}: this link is dialed again with it",
                 self.cfg.peers[from], claim.version
             );
-            self.doom(out, reason, engine);
+            self.doom(out, reason, engine.outbox_mut());
         }
         if self.peers[from].heard_ms.is_none() {
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);

@@ -73,7 +73,7 @@ impl Cluster {
     /// Our dial to `peer` succeeded as connection `conn` (opened in the
     /// engine already): introduce ourselves with a fresh nonce. Nothing else
     /// goes on the link until the peer's `CHALLENGE` proves it.
-    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, engine: &mut Engine) {
+    pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId, out: &mut Outbox) {
         let nonce = self.next_nonce();
         let p = &mut self.peers[peer];
         p.out.opened(conn, nonce, now.ms + self.cfg.peer_timeout_ms);
@@ -95,7 +95,7 @@ impl Cluster {
                 nonce,
             },
         );
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
     }
 
     /// A connection closed: if it was a peer link, forget it. A peer whose
@@ -272,7 +272,7 @@ impl Cluster {
         if let Some(conn) = p.out.give_up() {
             // Nothing more goes on it; `on_close` forgets it.
             p.snapshot_sent = false;
-            self.doom(conn, silent.clone(), engine);
+            self.doom(conn, silent.clone(), engine.outbox_mut());
         }
         let inbound: Vec<ConnId> = self
             .links_in
@@ -281,7 +281,7 @@ impl Cluster {
             .map(|&(c, _)| c)
             .collect();
         for conn in inbound {
-            self.doom(conn, silent.clone(), engine);
+            self.doom(conn, silent.clone(), engine.outbox_mut());
         }
     }
 
@@ -316,7 +316,7 @@ impl Cluster {
                 self.cfg.peers[i],
                 now.ms - since
             );
-            self.doom(conn, reason, engine);
+            self.doom(conn, reason, engine.outbox_mut());
         }
     }
 
@@ -335,7 +335,7 @@ impl Cluster {
                 "peer handshake not finished within {} ms",
                 self.cfg.peer_timeout_ms
             );
-            self.doom(conn, reason, engine);
+            self.doom(conn, reason, engine.outbox_mut());
         }
         for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
@@ -344,7 +344,7 @@ impl Cluster {
                     "{} did not answer this node's HELLO within {} ms",
                     self.cfg.peers[i], self.cfg.peer_timeout_ms
                 );
-                self.doom(conn, reason, engine);
+                self.doom(conn, reason, engine.outbox_mut());
             }
         }
     }

@@ -49,7 +49,9 @@ impl Cluster {
             PeerMsg::Release { key, token } if following_sender => {
                 engine.apply_release(now, key, token);
             }
-            PeerMsg::Probe { seq } if following_sender => self.answer_probe(from, seq, engine),
+            PeerMsg::Probe { seq } if following_sender => {
+                self.answer_probe(from, seq, engine.outbox_mut())
+            }
             PeerMsg::Probed { seq } => self.probe_answered(now, from, seq),
             PeerMsg::Synced if following_sender => {
                 if !self.synced {

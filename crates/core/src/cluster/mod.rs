@@ -59,6 +59,7 @@ pub use error::{PeerError, Unexpected};
 use std::collections::HashMap;
 
 use crate::engine::{ConnId, Engine, Now, ReplicationLog};
+use crate::outbox::Outbox;
 use crate::proto::Quoted;
 use crate::stats::{ClusterStats, FollowerStats};
 use auth::{Fingerprint, Identity, Nonce, Secret, Side, Transcript};
@@ -512,14 +513,14 @@ impl Cluster {
     }
 
     /// Closes `conn` with `reason` (an `E` line, then the loop closes it).
-    fn doom(&mut self, conn: ConnId, reason: String, engine: &mut Engine) {
+    fn doom(&mut self, conn: ConnId, reason: String, out: &mut Outbox) {
         let reason = shorten(reason);
         let mut line = Vec::with_capacity(reason.len() + 3);
         crate::proto::Answer::Error {
             reason: reason.as_bytes(),
         }
         .encode(&mut line);
-        engine.outbox_mut().write_link(conn, &line);
+        out.write_link(conn, &line);
         self.doomed.push((conn, reason));
     }
 
@@ -657,7 +658,7 @@ impl Cluster {
                     incarnation,
                     nonce,
                 };
-                self.on_hello(now, conn, claim, engine)
+                self.on_hello(now, conn, claim, engine.outbox_mut())
             }
             PeerMsg::Auth { mac } => match self.pending.remove(&conn) {
                 Some(pending) => self.on_auth(now, conn, pending, &mac, engine),

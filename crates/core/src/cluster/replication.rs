@@ -58,7 +58,7 @@ impl Cluster {
                     p.replication.events += self.events.len() as u64;
                     p.replication.bytes += scratch.len() as u64;
                     p.replication.writes += 1;
-                    self.probe(now, i, conn, engine);
+                    self.probe(now, i, conn, engine.outbox_mut());
                     self.hold_or_push(now, i, conn);
                 }
             } else {
@@ -87,7 +87,7 @@ impl Cluster {
                      (it resyncs from a snapshot)",
                     self.cfg.peers[i]
                 );
-                self.doom(conn, reason, engine);
+                self.doom(conn, reason, engine.outbox_mut());
             }
         }
         engine.set_follower_too_old(too_old);
@@ -183,7 +183,7 @@ impl Cluster {
     /// [`PROBE_EVERY_MS`] ago, or its link speaks a version before
     /// [`wire::PROBE_VERSION`]. A probe unanswered within the peer timeout
     /// is given up (counted), so that a lost answer stops no measurement.
-    fn probe(&mut self, now: Now, i: PeerId, conn: ConnId, engine: &mut Engine) {
+    fn probe(&mut self, now: Now, i: PeerId, conn: ConnId, out: &mut Outbox) {
         let timeout_ms = self.cfg.peer_timeout_ms;
         let p = &mut self.peers[i];
         if p.out_version < wire::PROBE_VERSION || now.ms < p.next_probe_ms {
@@ -201,14 +201,14 @@ impl Cluster {
         p.next_probe_ms = now.ms + PROBE_EVERY_MS;
         let mut line = Vec::with_capacity(32);
         wire::encode(&mut line, &PeerMsg::Probe { seq });
-        engine.outbox_mut().write_link(conn, &line);
+        out.write_link(conn, &line);
     }
 
     /// The active we follow probes our lag: every line before `seq` is
     /// applied, so we answer on our own link to it (a link before
     /// [`wire::PROBE_VERSION`], or none: no answer, and the active gives
     /// the probe up).
-    pub(super) fn answer_probe(&mut self, from: PeerId, seq: u64, engine: &mut Engine) {
+    pub(super) fn answer_probe(&mut self, from: PeerId, seq: u64, out: &mut Outbox) {
         let p = &self.peers[from];
         let Some(conn) = p
             .out
@@ -219,7 +219,7 @@ impl Cluster {
         };
         let mut line = Vec::with_capacity(32);
         wire::encode(&mut line, &PeerMsg::Probed { seq });
-        engine.outbox_mut().write_link(conn, &line);
+        out.write_link(conn, &line);
     }
 
     /// Follower `from` answered probe `seq`: its lag is the time since the

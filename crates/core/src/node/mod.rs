@@ -470,7 +470,7 @@ impl Node {
         self.engine.open(conn);
         self.stats.conns_opened += 1;
         if let Some(cluster) = &mut self.cluster {
-            cluster.outbound_open(now, conn, peer, &mut self.engine);
+            cluster.outbound_open(now, conn, peer, self.engine.outbox_mut());
         }
     }
 

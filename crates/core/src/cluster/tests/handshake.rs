@@ -103,7 +103,7 @@ fn unfinished_handshakes_are_closed_after_the_peer_timeout() {
     c.on_message(at(1), 5, hello, &mut e).unwrap();
     // Our own dial to node 1 gets no CHALLENGE.
     e.open(6);
-    c.outbound_open(at(1), 6, PeerId(1), &mut e);
+    c.outbound_open(at(1), 6, PeerId(1), e.outbox_mut());
     assert!(c.next_deadline() <= 1 + TIMEOUT_MS);
     let mut doomed = Vec::new();
     // Ticks as the loop does, at least once per heartbeat (a longer gap
@@ -178,7 +178,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
             let conn = next_conn;
             next_conn += 1;
             e.open(conn);
-            c.outbound_open(at(ms), conn, peer, &mut e);
+            c.outbound_open(at(ms), conn, peer, e.outbox_mut());
             let mut answer = Remote::new(peer.0);
             answer.secret = odd.clone();
             assert!(answer.accept(&mut c, &mut e, at(ms), conn).is_err());
@@ -210,7 +210,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
     let (mut c, mut e) = active_node0();
     e.open(40);
     c.on_close(at(600), 21, &mut e);
-    c.outbound_open(at(600), 40, PeerId(2), &mut e);
+    c.outbound_open(at(600), 40, PeerId(2), e.outbox_mut());
     let mut bad = Remote::new(2);
     bad.secret = Secret::from_bytes(b"a third secret, for the odd node only");
     assert!(bad.accept(&mut c, &mut e, at(601), 40).is_err());
@@ -221,7 +221,7 @@ fn a_node_that_meets_only_wrong_macs_does_not_serve() {
 fn our_link_sends_nothing_before_the_peer_proves_itself() {
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
     // Heartbeat time: only the HELLO is queued on the unproven link.
     c.tick(at(60), &mut e);
     let out = String::from_utf8(e.output_mut(20).clone()).unwrap();
@@ -241,7 +241,7 @@ fn our_link_sends_nothing_before_the_peer_proves_itself() {
     // The genuine peer: AUTH, then our heartbeat at once.
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
     let answer = Remote::new(1).accept(&mut c, &mut e, at(1), 20).unwrap();
     assert!(answer[0].starts_with("P AUTH "), "{answer:?}");
     assert!(answer[1].starts_with("P HB "), "{answer:?}");
@@ -282,7 +282,7 @@ fn a_peer_with_another_list_is_refused_and_only_one_configuration_serves() {
     // The dialer side: our link to a node that answers with another list.
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
     let mut b = Remote::new(1);
     b.peers = theirs;
     b.index = 0; // "b" is node 0 in its list
@@ -303,7 +303,7 @@ fn a_relayed_challenge_gets_no_auth_and_is_no_conflict() {
     c.on_close(at(600), 20, &mut e);
     e.close(20);
     e.open(40);
-    c.outbound_open(at(600), 40, PeerId(1), &mut e);
+    c.outbound_open(at(600), 40, PeerId(1), e.outbox_mut());
     let relay = Remote::new(2);
     let err = relay
         .accept(&mut c, &mut e, at(601), 40)
@@ -353,7 +353,7 @@ fn a_link_the_peer_gave_up_is_no_crash() {
     let (mut c, mut e) = node(2);
     link_in(&mut c, &mut e, at(1), 10, 0);
     e.open(20);
-    c.outbound_open(at(1), 20, PeerId(0), &mut e);
+    c.outbound_open(at(1), 20, PeerId(0), e.outbox_mut());
     Remote::new(0).accept(&mut c, &mut e, at(1), 20).unwrap();
     heartbeat(&mut c, &mut e, at(2), 10, true, None);
     assert_eq!(
@@ -399,7 +399,7 @@ fn a_stall_of_this_process_does_not_fail_handshakes_in_progress() {
     let peer = Remote::new(0);
     let (_, mac) = hello_and_auth(&peer, &mut c, &mut e, at(1), 5);
     e.open(6);
-    c.outbound_open(at(1), 6, PeerId(1), &mut e);
+    c.outbound_open(at(1), 6, PeerId(1), e.outbox_mut());
     // The process resumes 3 timeouts later: its first turn ticks, then
     // reads what waited.
     let resumed = at(1 + 3 * TIMEOUT_MS);
@@ -460,7 +460,7 @@ fn a_challenge_on_a_link_given_up_is_not_believed() {
     let (mut c, mut e) = node(0);
     e.open(6);
     c.tick(at(1), &mut e);
-    c.outbound_open(at(1), 6, PeerId(1), &mut e);
+    c.outbound_open(at(1), 6, PeerId(1), e.outbox_mut());
     // Ticks as a running loop's (a longer gap would be a stall).
     for ms in (11..=1 + TIMEOUT_MS).step_by(10) {
         c.tick(at(ms), &mut e);

@@ -302,7 +302,7 @@ fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine) {
     let (mut c, mut e) = node_coalescing(0, peers(), SECRET, coalesce_us);
     for (conn, peer) in [(20, 1), (21, 2)] {
         e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), &mut e);
+        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
         Remote::new(peer)
             .accept(&mut c, &mut e, at(0), conn)
             .unwrap();

@@ -268,7 +268,7 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
     let (mut c, mut e) = node(2);
     for (conn, peer) in [(20, 0), (21, 1)] {
         e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), &mut e);
+        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
         Remote::new(peer)
             .accept(&mut c, &mut e, at(0), conn)
             .unwrap();

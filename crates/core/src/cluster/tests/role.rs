@@ -163,7 +163,7 @@ fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
     c.check_invariants(at(ms), &e);
     // Its heartbeats say it holds the state.
     e.open(20);
-    c.outbound_open(at(ms), 20, PeerId(0), &mut e);
+    c.outbound_open(at(ms), 20, PeerId(0), e.outbox_mut());
     let lines = restarted.accept(&mut c, &mut e, at(ms), 20).unwrap();
     let hb = lines.iter().find(|l| l.starts_with("P HB ")).unwrap();
     assert!(hb.starts_with("P HB A - ") && hb.ends_with(" 1"), "{hb}");

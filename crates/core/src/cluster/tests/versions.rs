@@ -9,7 +9,7 @@ use super::*;
 fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_conn: ConnId) {
     for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
         e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), e);
+        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
         let hello = lines_of(e, conn);
         assert!(
             hello[0].starts_with(&format!("P HELLO {refused} ")),
@@ -35,11 +35,11 @@ fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_con
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
     Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
     refuse_newer_versions(&mut c, &mut e, 2, 30);
     e.open(22);
-    c.outbound_open(at(200), 22, PeerId(2), &mut e);
+    c.outbound_open(at(200), 22, PeerId(2), e.outbox_mut());
     let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
     assert!(hello.starts_with("P HELLO 2 "), "{hello}");
     let mut old = Remote::new(2);
@@ -109,7 +109,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     c.take_dials(at(now.ms + 200), &mut dials);
     assert!(dials.iter().any(|&(p, _)| p == PeerId(2)), "{dials:?}");
     e.open(23);
-    c.outbound_open(at(now.ms + 200), 23, PeerId(2), &mut e);
+    c.outbound_open(at(now.ms + 200), 23, PeerId(2), e.outbox_mut());
     let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
     assert!(
         hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
@@ -135,7 +135,7 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     peer.version = 2;
     peer.dial(&mut c, &mut e, at(0), 10).unwrap();
     e.open(20);
-    c.outbound_open(at(1), 20, PeerId(1), &mut e);
+    c.outbound_open(at(1), 20, PeerId(1), e.outbox_mut());
     let hello = lines_of(&mut e, 20);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
@@ -156,7 +156,7 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     old.incarnation = 2;
     old.dial(&mut c, &mut e, at(3), 11).unwrap();
     e.open(21);
-    c.outbound_open(at(300), 21, PeerId(1), &mut e);
+    c.outbound_open(at(300), 21, PeerId(1), e.outbox_mut());
     let hello = lines_of(&mut e, 21);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
@@ -172,7 +172,7 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
 fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     let (mut c, mut e) = node(0);
     e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), &mut e);
+    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
     Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
     let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
     let msg = wire::parse(hello).unwrap();
@@ -182,7 +182,7 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     c.on_close(at(1), 20, &mut e);
     e.close(20);
     e.open(21);
-    c.outbound_open(at(300), 21, PeerId(1), &mut e);
+    c.outbound_open(at(300), 21, PeerId(1), e.outbox_mut());
     let hello = lines_of(&mut e, 21);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
