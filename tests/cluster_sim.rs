@@ -100,7 +100,14 @@ fn seeds_from_env(default: Range<u64>) -> Range<u64> {
 fn run_seed(seed: u64) -> Result<sim::Stats, String> {
     let mut rng = Rng::new(seed);
     let cfg = SimConfig::random(&mut rng);
+    let clients = cfg.clients;
     let mut sim = Sim::new(seed, cfg);
+    // Some runs take no more connections than the clients open: a client
+    // reconnecting while its old connection lingers, or while a stranger
+    // holds a slot, is taken into the peers' reserve and refused.
+    if rng.chance(30) {
+        sim.set_max_conns(clients);
+    }
     sim.run()
 }
 
@@ -141,8 +148,10 @@ fn run_seeds(default: Range<u64>) -> sim::Stats {
 /// loops' policy (the `Driver`) is exercised on every path the random
 /// faults reach, many times: handshakes closed at their deadline
 /// (strangers), failed accepts retried, lingering connections closed at
-/// theirs, SIGTERMs whose loop ends once finished. (Refusals past
-/// `--max-conns` need a crowd: the scripted tests have it.)
+/// theirs, SIGTERMs whose loop ends once finished, client connections
+/// refused past a low `--max-conns` (taken into the peers' reserve and
+/// told so with the documented `E` line). Sockets refused past the
+/// reserve too need a crowd: the scripted tests have it.
 #[test]
 fn random_seeds() {
     let total = run_seeds(0..300);
@@ -158,6 +167,7 @@ fn random_seeds() {
         ("lingered", total.lingered),
         ("shutdowns", total.shutdowns),
         ("finished", total.finished),
+        ("clients_refused", total.clients_refused),
     ];
     for (what, n) in reached {
         assert!(n >= 50, "{what}: only {n} in {total:?}");

@@ -216,10 +216,25 @@ fn node_harness_over_generated_inputs() {
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut total = node::Stats::default();
     let mut data = Vec::new();
-    for _ in 0..2_000 {
+    for i in 0..2_000 {
         data.clear();
-        let len = 64 + rng.below(1_000);
+        // One input in eight starts with node 0 active and followed over
+        // links both ways, and ends (after a few random steps) with a
+        // leave: random bytes seldom line those up, and only such a leave
+        // names a successor.
+        let followed = i % 8 == 0;
+        if followed {
+            data.extend(FOLLOWED_ACTIVE.concat());
+        }
+        let len = if followed {
+            rng.below(64)
+        } else {
+            64 + rng.below(1_000)
+        };
         data.extend((0..len).map(|_| rng.next() as u8));
+        if followed {
+            data.extend([HEARTBEAT_FOLLOWING_0, LEAVE].concat());
+        }
         let stats = node::run(&data);
         total.add(&stats);
     }
@@ -240,6 +255,7 @@ fn node_harness_over_generated_inputs() {
         ("peer_only", total.peer_only),
         ("conflicts", total.conflicts),
         ("left", total.left),
+        ("handed_over", total.handed_over),
         ("accept_failed", total.accept_failed),
         ("accept_retried", total.accept_retried),
         ("handshakes_expired", total.handshakes_expired),
@@ -261,6 +277,17 @@ fn node_harness_shuts_down_past_a_stalled_handshake() {
     assert_eq!(stats.left, 1, "{stats:?}");
     // 1 s of handshake deadline in turns of 50 ms.
     assert!((19..=21).contains(&stats.shutdown_turns), "{stats:?}");
+}
+
+/// Node 0, active, with node 1 following it over links both ways, leaves:
+/// `Driver::shut_down` names node 1 its successor (the harness checks it is
+/// a peer, and that only an active names one).
+#[test]
+fn node_harness_leaves_naming_its_follower() {
+    let stats = node::run(&[FOLLOWED_ACTIVE.concat(), LEAVE.to_vec()].concat());
+    assert_eq!(stats.became_active, 1, "{stats:?}");
+    assert_eq!((stats.authed_in, stats.authed_out), (1, 1), "{stats:?}");
+    assert_eq!((stats.left, stats.handed_over), (1, 1), "{stats:?}");
 }
 
 /// The kernel fails an accept; a client then waits in the backlog; the
@@ -306,6 +333,32 @@ const ACCEPT_FAILS: &[u8] = &[31, 3];
 const QUIET_60MS: &[u8] = &[30, 60];
 /// SIGTERM.
 const LEAVE: &[u8] = &[31, 0xc3, 0];
+/// A heartbeat from node 1, a standby without state (following nobody).
+const HEARTBEAT_EMPTY: &[u8] = &[13, 0, 0, 0, 3, 0];
+/// A heartbeat from node 1, a synced standby following node 0.
+const HEARTBEAT_FOLLOWING_0: &[u8] = &[13, 0, 0, 0, 0x40, 0];
+/// A tick of 200 ms.
+const TICK: &[u8] = &[21, 120];
+/// Take the dials, open the first, take its HELLO, answer it with the
+/// right CHALLENGE, take the AUTH.
+const DIAL_1: &[u8] = &[24, 25, 0, 27, 0, 26, 0, 0, 0, 27, 0];
+/// Node 0 with a link from node 1, a standby without state: node 0 turns
+/// active once its grace is over, dials node 1, and node 1 follows it.
+const FOLLOWED_ACTIVE: &[&[u8]] = &[
+    NODE0,
+    &[0],
+    LINK_AS_1,
+    HEARTBEAT_EMPTY,
+    TICK,
+    HEARTBEAT_EMPTY,
+    TICK,
+    HEARTBEAT_EMPTY,
+    TICK,
+    DIAL_1,
+    HEARTBEAT_FOLLOWING_0,
+    TICK,
+    HEARTBEAT_FOLLOWING_0,
+];
 
 /// Node 1 says its highest token is `MAX_TOKEN`; node 0, active, grants
 /// `A k0 9223372036854775808`, and its heartbeats then carry a token every
