@@ -375,7 +375,7 @@ impl Lifecycle {
     }
 
     /// What to send next: the rest of the answers being sent or, once they
-    /// are all sent, the next ones (swapped out of the engine's buffer, not
+    /// are all sent, the next ones (swapped out of the node's outbox, not
     /// copied). Empty if there is nothing to send. See the type's
     /// documentation for how long these bytes stay put.
     pub fn pending(&mut self, node: &mut Node, conn: ConnId) -> &[u8] {

@@ -1,10 +1,11 @@
 //! The outbox: every connection's unsent output, and which connections have
 //! some.
 //!
-//! One owner for the bytes that leave the node: the engine writes its
-//! answers here ([`Outbox::answer`]), the cluster its peer lines
-//! ([`Outbox::write_link`]), the node an `E` line before it closes a
-//! connection. The I/O loop asks which connections have output
+//! One owner for the bytes that leave the node: the node holds the outbox
+//! and lends it to the engine, which writes its answers here
+//! ([`Outbox::answer`]), and to the cluster, which writes its peer lines
+//! ([`Outbox::write_link`]); the node itself writes an `E` line before it
+//! closes a connection. The I/O loop asks which connections have output
 //! ([`Outbox::take_dirty`]: peer links first) and sends each one's buffer,
 //! taking bytes from the front or swapping the buffer out
 //! ([`Outbox::output_mut`]) so that a send copies nothing.
@@ -185,6 +186,12 @@ impl Outbox {
     /// Whether `conn`'s output is open.
     pub(crate) fn is_open(&self, conn: ConnId) -> bool {
         self.slots.get(conn as usize).is_some_and(|s| s.open)
+    }
+
+    /// How many connection ids have a slot: none at or above it was ever
+    /// opened.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
     }
 
     /// Checks that a closed connection keeps no output.

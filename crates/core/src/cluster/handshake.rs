@@ -90,6 +90,7 @@ impl Cluster {
         fingerprint: Fingerprint,
         reason: &str,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) {
         let until_ms = now.ms + 2 * self.cfg.peer_timeout_ms;
         self.conflicts
@@ -102,7 +103,7 @@ impl Cluster {
             until_ms,
             reason: reason.to_string(),
         });
-        self.evaluate(now, engine);
+        self.evaluate(now, engine, out);
     }
 
     /// A stranger or a peer dialed us and said who it is: answer with our
@@ -168,6 +169,7 @@ impl Cluster {
         pending: Pending,
         mac: &auth::MacBytes,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         let claim = &pending.claim;
         let transcript = self.inbound_transcript(claim, pending.nonce);
@@ -179,7 +181,7 @@ impl Cluster {
             )));
         }
         if let Some(reason) = self.difference(claim.fingerprint, claim.from, &claim.addr) {
-            self.conflict(now, claim.fingerprint, &reason, engine);
+            self.conflict(now, claim.fingerprint, &reason, engine, out);
             return Err(PeerError::Authentication(reason));
         }
         let from = claim.from;
@@ -196,7 +198,7 @@ impl Cluster {
                 "{} linked to this node again: its older link is closed",
                 self.cfg.peers[from]
             );
-            self.doom(old, reason, engine.outbox_mut());
+            self.doom(old, reason, out);
         }
         self.links_in.push((conn, from));
         let p = &mut self.peers[from];
@@ -229,13 +231,13 @@ impl Cluster {
         }
         // It speaks a newer version than our link to it: dial again, so
         // that it gets the grants' holders too.
-        if stale && let Some(out) = self.peers[from].out.give_up() {
+        if stale && let Some(dialed) = self.peers[from].out.give_up() {
             self.peers[from].snapshot_sent = false;
             let reason = format!(
                 "{} speaks peer protocol version {}: this link is dialed again with it",
                 self.cfg.peers[from], claim.version
             );
-            self.doom(out, reason, engine.outbox_mut());
+            self.doom(dialed, reason, out);
         }
         if self.peers[from].heard_ms.is_none() {
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "peer {} is up: its link to this node authenticated", self.cfg.peers[from]);
@@ -243,12 +245,13 @@ impl Cluster {
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[from], "link from {} up (authenticated)", self.cfg.peers[from]);
         }
         self.peers[from].heard_ms = Some(now.ms);
-        self.evaluate(now, engine);
+        self.evaluate(now, engine, out);
         Ok(())
     }
 
     /// The peer we dialed answered our `HELLO`: check its MAC, prove
     /// ourselves with `AUTH`, and start sending if its configuration is ours.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_challenge(
         &mut self,
         now: Now,
@@ -257,6 +260,7 @@ impl Cluster {
         claimed: Identity<'_>,
         mac: &auth::MacBytes,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         let Some(nonce) = self.peers[peer].out.handshake_nonce() else {
             debug_assert!(false, "a CHALLENGE outside our handshake");
@@ -277,7 +281,7 @@ impl Cluster {
                 self.cfg.peers[peer]
             );
             self.auth_failure = Some((now.ms + 2 * self.cfg.peer_timeout_ms, reason.clone()));
-            self.evaluate(now, engine);
+            self.evaluate(now, engine, out);
             return Err(PeerError::Authentication(reason));
         }
         // It holds the secret. But is it the node we dialed? A node that
@@ -298,10 +302,10 @@ impl Cluster {
         let mac = self.cfg.secret.sign(Side::Dialer, &transcript);
         self.scratch.clear();
         wire::encode(&mut self.scratch, &PeerMsg::Auth { mac });
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
         let index = PeerId(usize::try_from(claimed.index).unwrap_or(usize::MAX));
         if let Some(reason) = self.difference(claimed.fingerprint, index, claimed.addr) {
-            self.conflict(now, claimed.fingerprint, &reason, engine);
+            self.conflict(now, claimed.fingerprint, &reason, engine, out);
             return Err(PeerError::Authentication(reason));
         }
         self.peers[peer].out.authenticated();
@@ -309,12 +313,12 @@ impl Cluster {
         tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[peer], "link to {} up (authenticated)", self.cfg.peers[peer]);
         if self.merge_owed == Some(peer) {
             // The grants we owe it go before our heartbeat says we follow it.
-            self.send_owed_merge(now, engine);
+            self.send_owed_merge(now, engine, out);
         }
         // Our state, at once: the peer learns our role and token now.
         self.scratch.clear();
         self.encode_heartbeat(engine);
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
         Ok(())
     }
 }

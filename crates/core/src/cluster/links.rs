@@ -103,7 +103,13 @@ impl Cluster {
     /// closes all its sockets); one broken link alone is not a crash, and
     /// leaves liveness to the heartbeats. A closed link of ours is dialed
     /// again.
-    pub(crate) fn on_close(&mut self, now: Now, conn: ConnId, engine: &mut Engine) {
+    pub(crate) fn on_close(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        engine: &mut Engine,
+        out: &mut Outbox,
+    ) {
         let mut touched = None;
         // Only the close of an authenticated link is news: our dial to a
         // peer's address may meet anything listening there (the peer is
@@ -155,13 +161,13 @@ impl Cluster {
                 p.heard_ms = None;
                 p.claims_active = false;
                 tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[i], "peer {} is down: all its links closed", self.cfg.peers[i]);
-                self.evaluate(now, engine);
+                self.evaluate(now, engine, out);
             }
         }
     }
 
     /// Liveness, role decisions and heartbeats due at `now`.
-    pub fn tick(&mut self, now: Now, engine: &mut Engine) {
+    pub fn tick(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         // The loop ticks at least once per heartbeat (`next_deadline`). A
         // longer gap means this process did not run (SIGSTOP, a VM or swap
         // stall): its peers' silence is its own, and what they sent waits
@@ -192,7 +198,7 @@ impl Cluster {
                 // (A link already given up has none, and keeps none.)
                 p.out.extend_deadline(until);
             }
-            self.step_down_after_stall(now, engine);
+            self.step_down_after_stall(now, engine, out);
         }
         self.last_tick_ms = now.ms;
         for i in PeerId::all(self.peers.len()) {
@@ -202,13 +208,13 @@ impl Cluster {
             {
                 p.heard_ms = None;
                 p.claims_active = false;
-                self.drop_silent_links(i, engine);
+                self.drop_silent_links(i, out);
             }
         }
-        self.expire_handshakes(now, engine);
-        self.redial_deaf_rivals(now, engine);
+        self.expire_handshakes(now, out);
+        self.redial_deaf_rivals(now, out);
         self.conflicts.retain(|c| c.until_ms > now.ms);
-        self.evaluate(now, engine);
+        self.evaluate(now, engine, out);
         if now.ms >= self.next_heartbeat_ms {
             self.next_heartbeat_ms = now.ms + self.cfg.heartbeat_ms;
             self.scratch.clear();
@@ -217,9 +223,9 @@ impl Cluster {
                 // A peer that stopped reading (hung) gets no more heartbeats
                 // once a backlog builds: they would only pile up in memory.
                 if let Some(conn) = self.peers[i].out.ready_conn()
-                    && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
+                    && out.len(conn) < HEARTBEAT_BACKLOG_BYTES
                 {
-                    engine.outbox_mut().write_link(conn, &self.scratch);
+                    out.write_link(conn, &self.scratch);
                 }
             }
         }
@@ -236,7 +242,7 @@ impl Cluster {
     /// follows that node and takes its snapshot (and gets the role back by
     /// the delayed failback if it has the higher priority); if nobody took
     /// over, it takes the role again with its table.
-    fn step_down_after_stall(&mut self, now: Now, engine: &mut Engine) {
+    fn step_down_after_stall(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         let gap = now.ms.saturating_sub(self.last_tick_ms);
         let may_be_replaced = gap + self.cfg.heartbeat_ms >= self.cfg.peer_timeout_ms;
         if self.role != Role::Active || self.leaving || self.peers.len() < 2 || !may_be_replaced {
@@ -250,7 +256,7 @@ impl Cluster {
         }
         self.started_ms = now.ms;
         let why = format!("this process did not run for {gap} ms: a peer may have taken over");
-        self.follow(now, None, engine, &why);
+        self.follow(now, None, engine, out, &why);
         debug_assert!(!engine.is_active());
     }
 
@@ -262,7 +268,7 @@ impl Cluster {
     /// as the partition lasted. A new connection is tried every
     /// [`Cluster::dial_retry_ms`] plus the dial timeout, whatever the partition's
     /// length.
-    pub(super) fn drop_silent_links(&mut self, i: PeerId, engine: &mut Engine) {
+    pub(super) fn drop_silent_links(&mut self, i: PeerId, out: &mut Outbox) {
         let silent = format!(
             "{} silent for {} ms: closing its links, dialing afresh",
             self.cfg.peers[i], self.cfg.peer_timeout_ms
@@ -272,7 +278,7 @@ impl Cluster {
         if let Some(conn) = p.out.give_up() {
             // Nothing more goes on it; `on_close` forgets it.
             p.snapshot_sent = false;
-            self.doom(conn, silent.clone(), engine.outbox_mut());
+            self.doom(conn, silent.clone(), out);
         }
         let inbound: Vec<ConnId> = self
             .links_in
@@ -281,7 +287,7 @@ impl Cluster {
             .map(|&(c, _)| c)
             .collect();
         for conn in inbound {
-            self.doom(conn, silent.clone(), engine.outbox_mut());
+            self.doom(conn, silent.clone(), out);
         }
     }
 
@@ -292,7 +298,7 @@ impl Cluster {
     /// in TCP's back-off) while its new link to us works. Waiting for TCP
     /// would keep two actives for as long as that back-off; our link is
     /// closed and dialed afresh instead.
-    pub(super) fn redial_deaf_rivals(&mut self, now: Now, engine: &mut Engine) {
+    pub(super) fn redial_deaf_rivals(&mut self, now: Now, out: &mut Outbox) {
         let active = self.role == Role::Active;
         for i in PeerId::all(self.peers.len()) {
             let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
@@ -316,12 +322,12 @@ impl Cluster {
                 self.cfg.peers[i],
                 now.ms - since
             );
-            self.doom(conn, reason, engine.outbox_mut());
+            self.doom(conn, reason, out);
         }
     }
 
     /// Closes the links whose handshake did not finish in time.
-    pub(super) fn expire_handshakes(&mut self, now: Now, engine: &mut Engine) {
+    pub(super) fn expire_handshakes(&mut self, now: Now, out: &mut Outbox) {
         let mut expired: Vec<ConnId> = self
             .pending
             .iter()
@@ -335,7 +341,7 @@ impl Cluster {
                 "peer handshake not finished within {} ms",
                 self.cfg.peer_timeout_ms
             );
-            self.doom(conn, reason, engine.outbox_mut());
+            self.doom(conn, reason, out);
         }
         for i in PeerId::all(self.peers.len()) {
             let p = &mut self.peers[i];
@@ -344,7 +350,7 @@ impl Cluster {
                     "{} did not answer this node's HELLO within {} ms",
                     self.cfg.peers[i], self.cfg.peer_timeout_ms
                 );
-                self.doom(conn, reason, engine.outbox_mut());
+                self.doom(conn, reason, out);
             }
         }
     }

@@ -5,6 +5,7 @@
 use super::{Cluster, LOG_TARGET, PeerError, PeerId, Role, Unexpected};
 use crate::cluster::wire::PeerMsg;
 use crate::engine::{Engine, Now};
+use crate::outbox::Outbox;
 
 impl Cluster {
     /// A message on an authenticated link from peer `from`.
@@ -14,6 +15,7 @@ impl Cluster {
         from: PeerId,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         let was_alive = self.peers[from].heard_ms.is_some();
         if !was_alive {
@@ -42,16 +44,16 @@ impl Cluster {
                 self.merge_owed = None;
             }
             PeerMsg::Grant { .. } | PeerMsg::Merge { .. } | PeerMsg::Merged => {
-                self.on_grant_or_merge(now, from, following_sender, msg, engine)?;
+                self.on_grant_or_merge(now, from, following_sender, msg, engine, out)?;
             }
             PeerMsg::Limit { limit } => self.peers[from].next_limit = Some(limit),
-            PeerMsg::Member { .. } => self.on_member(now, from, following_sender, msg, engine)?,
+            PeerMsg::Member { .. } => {
+                self.on_member(now, from, following_sender, msg, engine, out)?
+            }
             PeerMsg::Release { key, token } if following_sender => {
-                engine.apply_release(now, key, token);
+                engine.apply_release(now, key, token, out);
             }
-            PeerMsg::Probe { seq } if following_sender => {
-                self.answer_probe(from, seq, engine.outbox_mut())
-            }
+            PeerMsg::Probe { seq } if following_sender => self.answer_probe(from, seq, out),
             PeerMsg::Probed { seq } => self.probe_answered(now, from, seq),
             PeerMsg::Synced if following_sender => {
                 if !self.synced {
@@ -87,7 +89,7 @@ impl Cluster {
             | PeerMsg::Probe { .. } => {}
         }
         if !rule_inputs_unchanged {
-            self.evaluate(now, engine);
+            self.evaluate(now, engine, out);
         }
         Ok(())
     }
@@ -106,6 +108,7 @@ impl Cluster {
         following_sender: bool,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         let PeerMsg::Member {
             key,
@@ -127,7 +130,7 @@ impl Cluster {
         engine.observe_token(token);
         if self.peers[from].in_merge {
             if self.role == Role::Active || following_sender {
-                engine.merge_member(now, key, token, remaining_ms, limit, holder)?;
+                engine.merge_member(now, key, token, remaining_ms, limit, holder, out)?;
             }
         } else if following_sender {
             engine.apply_member(now, key, token, remaining_ms, limit, holder)?;
@@ -178,6 +181,7 @@ impl Cluster {
         following_sender: bool,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         match msg {
             PeerMsg::Grant {
@@ -189,7 +193,7 @@ impl Cluster {
                 engine.observe_token(token);
                 if self.peers[from].in_merge {
                     if self.role == Role::Active || following_sender {
-                        engine.merge_grant(now, key, token, remaining_ms, holder)?;
+                        engine.merge_grant(now, key, token, remaining_ms, holder, out)?;
                     }
                 } else if following_sender {
                     engine.apply_grant(now, key, token, remaining_ms, holder)?;

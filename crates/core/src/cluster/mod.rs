@@ -287,8 +287,8 @@ struct Conflict {
 }
 
 /// The cluster state machine of one node. It acts on the engine (roles,
-/// replicated grants, tokens) and writes peer lines into the engine's
-/// per-connection output.
+/// replicated grants, tokens) and writes peer lines into the node's
+/// [`Outbox`], which the node lends it beside the engine.
 pub struct Cluster {
     cfg: ClusterConfig,
     /// Of our ordered peer list: what every peer's must equal.
@@ -366,7 +366,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// A node that starts as a standby knowing no active; the engine is told.
-    pub fn new(cfg: ClusterConfig, now: Now, engine: &mut Engine) -> Cluster {
+    pub fn new(cfg: ClusterConfig, now: Now, engine: &mut Engine, out: &mut Outbox) -> Cluster {
         assert!(cfg.me.0 < cfg.peers.len(), "this node is not in --peers");
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
@@ -377,7 +377,7 @@ impl Cluster {
             "coalescing with a peer timeout the kernel's hold may outlast"
         );
         engine.enable_replication();
-        engine.step_down(None);
+        engine.step_down(None, out);
         let peers = vec![Peer::default(); cfg.peers.len()];
         Cluster {
             fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &cfg.peers),
@@ -606,10 +606,11 @@ impl Cluster {
         conn: ConnId,
         msg: PeerMsg<'_>,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) -> Result<(), PeerError> {
         if let Some(peer) = self.peer_by(|p| p.out.conn() == Some(conn)) {
             // Our own link: the peer only ever answers our HELLO.
-            let out = self.peers[peer].out;
+            let link = self.peers[peer].out;
             return match msg {
                 PeerMsg::Challenge {
                     fingerprint,
@@ -617,18 +618,18 @@ impl Cluster {
                     addr,
                     nonce,
                     mac,
-                } if matches!(out, OutLink::Handshaking { .. }) => {
+                } if matches!(link, OutLink::Handshaking { .. }) => {
                     let claimed = Identity {
                         fingerprint,
                         index: index.0 as u64,
                         addr,
                         nonce,
                     };
-                    self.on_challenge(now, peer, conn, claimed, &mac, engine)
+                    self.on_challenge(now, peer, conn, claimed, &mac, engine, out)
                 }
                 // An answer to a HELLO on a link given up (its close
                 // follows): nothing it says is believed.
-                PeerMsg::Challenge { .. } if matches!(out, OutLink::Closing { .. }) => Ok(()),
+                PeerMsg::Challenge { .. } if matches!(link, OutLink::Closing { .. }) => Ok(()),
                 _ => Err(Unexpected::OnDialedLink {
                     peer: self.cfg.peers[peer].clone(),
                 }
@@ -639,7 +640,7 @@ impl Cluster {
             if self.superseded.contains(&conn) {
                 return Ok(()); // stale: the peer's newer link speaks for it
             }
-            return self.on_peer_message(now, from, msg, engine);
+            return self.on_peer_message(now, from, msg, engine, out);
         }
         match msg {
             PeerMsg::Hello {
@@ -658,10 +659,10 @@ impl Cluster {
                     incarnation,
                     nonce,
                 };
-                self.on_hello(now, conn, claim, engine.outbox_mut())
+                self.on_hello(now, conn, claim, out)
             }
             PeerMsg::Auth { mac } => match self.pending.remove(&conn) {
-                Some(pending) => self.on_auth(now, conn, pending, &mac, engine),
+                Some(pending) => self.on_auth(now, conn, pending, &mac, engine, out),
                 None => Err(Unexpected::AuthBeforeHello.into()),
             },
             PeerMsg::Hello { .. } => Err(Unexpected::SecondHello.into()),
@@ -688,6 +689,7 @@ impl Cluster {
         conn: ConnId,
         why: &str,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) {
         let Some(peer) = self.peer_by(|p| p.out.conn() == Some(conn)) else {
             return;
@@ -697,7 +699,7 @@ impl Cluster {
             self.cfg.peers[peer]
         );
         self.auth_failure = Some((now.ms + 2 * self.cfg.peer_timeout_ms, reason));
-        self.evaluate(now, engine);
+        self.evaluate(now, engine, out);
     }
 
     pub(crate) fn on_refusal(
@@ -707,13 +709,13 @@ impl Cluster {
         line: &[u8],
     ) -> Result<(), PeerError> {
         let shown = crate::proto::quoted(line.strip_prefix(b"E ").unwrap_or(line), 300);
-        let out = self.peer_by(|p| p.out.ready_conn() == Some(conn));
+        let dialed = self.peer_by(|p| p.out.ready_conn() == Some(conn));
         let inbound = self
             .links_in
             .iter()
             .find(|&&(c, _)| c == conn)
             .map(|&(_, p)| p);
-        if let Some(peer) = out.or(inbound) {
+        if let Some(peer) = dialed.or(inbound) {
             self.peers[peer].heard_ms = Some(now.ms);
             self.given_up.push(conn);
         }

@@ -11,11 +11,11 @@ impl Cluster {
     /// Sends this turn's replication: a snapshot to each follower whose link
     /// has none yet, the turn's deltas to the others. Called once per loop
     /// turn, before the answers are collected.
-    pub(crate) fn flush_replication(&mut self, now: Now, engine: &mut Engine) {
+    pub(crate) fn flush_replication(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         engine.take_replication(&mut self.events);
         self.more.clear();
         if self.role != Role::Active {
-            self.push_held(now, engine);
+            self.push_held(now, engine, out);
             return;
         }
         debug_assert!(engine.is_active(), "the active's engine serves");
@@ -53,12 +53,12 @@ impl Cluster {
                         }
                         deltas_encoded[v] = true;
                     }
-                    engine.outbox_mut().write_link(conn, scratch);
+                    out.write_link(conn, scratch);
                     let p = &mut self.peers[i];
                     p.replication.events += self.events.len() as u64;
                     p.replication.bytes += scratch.len() as u64;
                     p.replication.writes += 1;
-                    self.probe(now, i, conn, engine.outbox_mut());
+                    self.probe(now, i, conn, out);
                     self.hold_or_push(now, i, conn);
                 }
             } else {
@@ -68,7 +68,7 @@ impl Cluster {
                 let body =
                     snapshots[v].get_or_insert_with(|| encode_snapshot(now, engine, version));
                 self.stats.snapshots_sent += 1;
-                engine.outbox_mut().write_link(conn, body);
+                out.write_link(conn, body);
                 let p = &mut self.peers[i];
                 p.snapshot_sent = true;
                 p.snapshot_bytes = body.len();
@@ -76,7 +76,7 @@ impl Cluster {
                 p.probe = None;
             }
             let p = &mut self.peers[i];
-            let unsent = engine.outbox().len(conn);
+            let unsent = out.len(conn);
             if unsent > REPLICATION_BACKLOG_BYTES + p.snapshot_bytes {
                 // It does not keep up: stop queueing for it. It resyncs from
                 // a snapshot on the next link.
@@ -87,11 +87,11 @@ impl Cluster {
                      (it resyncs from a snapshot)",
                     self.cfg.peers[i]
                 );
-                self.doom(conn, reason, engine.outbox_mut());
+                self.doom(conn, reason, out);
             }
         }
         engine.set_follower_too_old(too_old);
-        self.push_held(now, engine);
+        self.push_held(now, engine, out);
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
         // is being closed.
@@ -139,7 +139,7 @@ impl Cluster {
     /// gets a heartbeat, sent without `MSG_MORE`: the kernel sends it and
     /// everything before it. [`Cluster::next_deadline`] wakes the loop for
     /// it; it runs at every flush, whatever the role.
-    fn push_held(&mut self, now: Now, engine: &mut Engine) {
+    fn push_held(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         let coalesce_us = self.cfg.coalesce_us;
         let more = std::mem::take(&mut self.more);
         let due = |p: &Peer| {
@@ -161,9 +161,9 @@ impl Cluster {
             // Behind a backlog the link's bytes are not even in the kernel
             // yet; they go without `MSG_MORE` when they do.
             if let Some(conn) = p.out.ready_conn()
-                && engine.outbox().len(conn) < HEARTBEAT_BACKLOG_BYTES
+                && out.len(conn) < HEARTBEAT_BACKLOG_BYTES
             {
-                engine.outbox_mut().write_link(conn, &self.scratch);
+                out.write_link(conn, &self.scratch);
             }
         }
         self.more = more;

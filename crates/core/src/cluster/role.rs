@@ -9,7 +9,7 @@ impl Cluster {
     /// SIGINT/SIGTERM: an active node hands over to the highest-priority
     /// alive peer it has a link to. Returns that peer, if any. Either way no
     /// role changes happen after this.
-    pub fn leave(&mut self, now: Now, engine: &mut Engine) -> Option<PeerId> {
+    pub fn leave(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) -> Option<PeerId> {
         self.leaving = true;
         if self.role != Role::Active {
             return None;
@@ -44,12 +44,12 @@ impl Cluster {
             );
             return None;
         };
-        self.hand_over_role(now, successor, engine);
+        self.hand_over_role(now, successor, engine, out);
         Some(successor)
     }
 
     /// The role rule (module docs), applied to what we know now.
-    pub(super) fn evaluate(&mut self, now: Now, engine: &mut Engine) {
+    pub(super) fn evaluate(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         if self.leaving {
             return;
         }
@@ -64,11 +64,11 @@ impl Cluster {
                 // A peer with another configuration may be active: of two
                 // configurations only the lower fingerprint serves.
                 let why = self.problem(now).unwrap_or("not eligible").to_string();
-                self.follow(now, active_peer, engine, &why);
+                self.follow(now, active_peer, engine, out, &why);
             }
-            Role::Active => self.evaluate_active(now, active_peer, engine),
+            Role::Active => self.evaluate_active(now, active_peer, engine, out),
             Role::Standby { following } => {
-                self.evaluate_standby(now, following, active_peer, eligible, engine);
+                self.evaluate_standby(now, following, active_peer, eligible, engine, out);
             }
         }
         // After: still in step with the engine; active only when eligible
@@ -101,6 +101,7 @@ impl Cluster {
         now: Now,
         active_peer: Option<PeerId>,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) {
         debug_assert_eq!(self.role, Role::Active);
         let me = self.cfg.me;
@@ -132,8 +133,8 @@ impl Cluster {
             // What we granted goes to the one that stays, before our
             // heartbeat says we follow it (same link, in order).
             self.merge_owed = Some(better);
-            self.send_owed_merge(now, engine);
-            self.follow(now, Some(better), engine, &why);
+            self.send_owed_merge(now, engine, out);
+            self.follow(now, Some(better), engine, out, &why);
             return;
         }
         // Failback: to the first live node of higher priority, once it has
@@ -167,7 +168,7 @@ impl Cluster {
                 self.cfg.peers[p],
                 self.cfg.failback_delay_ms
             );
-            self.hand_over_role(now, p, engine);
+            self.hand_over_role(now, p, engine, out);
         }
     }
 
@@ -181,6 +182,7 @@ impl Cluster {
         active_peer: Option<PeerId>,
         eligible: bool,
         engine: &mut Engine,
+        out: &mut Outbox,
     ) {
         debug_assert_eq!(self.role, Role::Standby { following });
         let me = self.cfg.me;
@@ -188,7 +190,7 @@ impl Cluster {
         match active_peer {
             Some(a) if following != Some(a) => {
                 let why = format!("{} is active", self.cfg.peers[a]);
-                self.follow(now, Some(a), engine, &why);
+                self.follow(now, Some(a), engine, out, &why);
             }
             Some(_) => {}
             None => {
@@ -201,7 +203,7 @@ impl Cluster {
                     } else {
                         format!("{} is down", self.cfg.peers[f])
                     };
-                    self.follow(now, None, engine, &why);
+                    self.follow(now, None, engine, out, &why);
                 }
                 let grace_over = now.ms >= self.started_ms + self.cfg.peer_timeout_ms;
                 // A node without state (started, never synced, follows
@@ -234,7 +236,7 @@ impl Cluster {
                         false,
                     );
                 } else if self.role == (Role::Standby { following: None }) {
-                    self.name_hearsay_active(engine);
+                    self.name_hearsay_active(engine, out);
                 }
             }
         }
@@ -265,11 +267,11 @@ impl Cluster {
     /// answers: clients that asked it go there rather than wait and retry
     /// here (`M key -`) for as long as the fault lasts. It does not follow
     /// it: it has no link from it to take replication on.
-    pub(super) fn name_hearsay_active(&mut self, engine: &mut Engine) {
+    pub(super) fn name_hearsay_active(&mut self, engine: &mut Engine, out: &mut Outbox) {
         let named = self.hearsay_active();
         if named != self.named {
             self.named = named;
-            engine.step_down(named.map(|a| self.cfg.peers[a].as_str()));
+            engine.step_down(named.map(|a| self.cfg.peers[a].as_str()), out);
         }
     }
 
@@ -296,7 +298,7 @@ impl Cluster {
     /// behind the merge on the same link): a new link sends it again, so
     /// does following another active, and the other side takes a grant it
     /// already has as known. See docs/cluster.md, "Which active stays".
-    pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine) {
+    pub(super) fn send_owed_merge(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         let Some(to) = self.merge_owed else { return };
         let p = &self.peers[to];
         let Some(conn) = p.out.ready_conn() else {
@@ -307,9 +309,9 @@ impl Cluster {
             tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "gave way to {}, which speaks peer protocol version {} and cannot merge: the grants this node made alone are lost", self.cfg.peers[to], p.out_version);
             return;
         }
-        let mut out = Vec::new();
+        let mut lines = Vec::new();
         wire::encode(
-            &mut out,
+            &mut lines,
             &PeerMsg::Merge {
                 highest: engine.highest_token(),
             },
@@ -318,11 +320,11 @@ impl Cluster {
         let mut count = 0usize;
         let grants = engine.snapshot(now).chain(engine.believed(now));
         for grant in grants.chain(engine.member_snapshot(now)) {
-            wire::encode_replication(&mut out, grant, version);
+            wire::encode_replication(&mut lines, grant, version);
             count += 1;
         }
-        wire::encode(&mut out, &PeerMsg::Merged);
-        engine.outbox_mut().write_link(conn, &out);
+        wire::encode(&mut lines, &PeerMsg::Merged);
+        out.write_link(conn, &lines);
         tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "sent {count} grants to {} to merge (it stays active)", self.cfg.peers[to]);
     }
 
@@ -335,6 +337,7 @@ impl Cluster {
         now: Now,
         active: Option<PeerId>,
         engine: &mut Engine,
+        out: &mut Outbox,
         why: &str,
     ) {
         assert!(
@@ -396,9 +399,9 @@ impl Cluster {
         if active.is_some() {
             self.synced = false;
         }
-        engine.step_down(active.map(|a| self.cfg.peers[a].as_str()));
+        engine.step_down(active.map(|a| self.cfg.peers[a].as_str()), out);
         if resend {
-            self.send_owed_merge(now, engine);
+            self.send_owed_merge(now, engine, out);
         }
         debug_assert!(!engine.is_active());
         debug_assert_eq!(self.role, Role::Standby { following: active });
@@ -438,14 +441,20 @@ impl Cluster {
     /// Hands the role to `to`: this turn's deltas first, then our waiters
     /// are answered `M to`, then `HANDOFF` on the same link, so that `to`
     /// has everything before it starts serving.
-    pub(super) fn hand_over_role(&mut self, now: Now, to: PeerId, engine: &mut Engine) {
+    pub(super) fn hand_over_role(
+        &mut self,
+        now: Now,
+        to: PeerId,
+        engine: &mut Engine,
+        out: &mut Outbox,
+    ) {
         assert_eq!(
             self.role,
             Role::Active,
             "only the active hands the role off"
         );
         assert!(to != self.cfg.me && to.0 < self.peers.len());
-        self.flush_replication(now, engine);
+        self.flush_replication(now, engine, out);
         let Some(conn) = self.peers[to].out.ready_conn() else {
             return;
         };
@@ -453,17 +462,17 @@ impl Cluster {
             // It has not got our state on this link yet: send it first, so
             // that it has everything before HANDOFF.
             let snapshot = encode_snapshot(now, engine, self.peers[to].out_version);
-            engine.outbox_mut().write_link(conn, &snapshot);
+            out.write_link(conn, &snapshot);
             self.stats.snapshots_sent += 1;
             self.peers[to].snapshot_sent = true;
         }
         let why = format!("{HAND_OFF} {}", self.cfg.peers[to]);
         self.stats.handoffs += 1;
-        self.follow(now, Some(to), engine, &why);
+        self.follow(now, Some(to), engine, out, &why);
         self.scratch.clear();
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });
-        engine.outbox_mut().write_link(conn, &self.scratch);
+        out.write_link(conn, &self.scratch);
         // After: this node follows `to` and no longer serves, and `to` has
         // our whole state on the link before the HANDOFF.
         assert_eq!(

@@ -1,13 +1,14 @@
-//! Connections as the engine knows them: open and close, and the way to
-//! their output ([`crate::outbox`]).
+//! Connections as the engine knows them: open and close, with their output
+//! in the node's [`Outbox`].
 
 use super::table::NIL;
 use super::{Conn, ConnId, Engine, Now};
 use crate::outbox::Outbox;
 
 impl Engine {
-    /// Registers a new connection. `conn` must not be open.
-    pub fn open(&mut self, conn: ConnId) {
+    /// Registers a new connection and opens its output in `out`. `conn`
+    /// must not be open.
+    pub fn open(&mut self, conn: ConnId, out: &mut Outbox) {
         let i = conn as usize;
         if self.conns.len() <= i {
             self.conns.resize_with(i + 1, Conn::default);
@@ -16,12 +17,13 @@ impl Engine {
         assert!(!c.open, "connection {conn} opened twice");
         debug_assert_eq!(self.table.conn_len(conn), 0);
         c.open = true;
-        self.outbox.open(conn);
+        out.open(conn);
     }
 
     /// Forgets a connection: its waiting acquires leave their queues (their
-    /// answers are never sent), its grants stay, its unsent output is dropped.
-    pub fn close(&mut self, conn: ConnId) {
+    /// answers are never sent), its grants stay, its unsent output in `out`
+    /// is dropped.
+    pub fn close(&mut self, conn: ConnId, out: &mut Outbox) {
         let c = &mut self.conns[conn as usize];
         assert!(c.open, "connection {conn} closed twice");
         c.open = false;
@@ -33,7 +35,7 @@ impl Engine {
         if let Some(access) = self.access.get_mut(conn as usize) {
             *access = None;
         }
-        self.outbox.close(conn);
+        out.close(conn);
         loop {
             let w = self.table.conn_first(conn);
             if w == NIL {
@@ -67,32 +69,21 @@ impl Engine {
     /// Grants what the connections closed since the last turn let be
     /// granted (see [`Engine::close`]); the node calls it right after
     /// closing.
-    pub fn settle(&mut self, now: Now) {
+    pub fn settle(&mut self, now: Now, out: &mut Outbox) {
         if !self.pass_pending.is_empty() {
-            self.settle_pending(now);
+            self.settle_pending(now, out);
         }
     }
 
-    /// The outbox the engine writes its answers into: the way for the
-    /// node and the cluster to every connection's output.
-    pub fn outbox(&self) -> &Outbox {
-        &self.outbox
+    /// Whether `conn` is open here (false for an id never opened). The node
+    /// checks that its outbox agrees.
+    pub fn is_open(&self, conn: ConnId) -> bool {
+        self.conns.get(conn as usize).is_some_and(|c| c.open)
     }
 
-    /// Same, to write peer lines and `E` lines, and for the loop to take
-    /// what it sends.
-    pub fn outbox_mut(&mut self) -> &mut Outbox {
-        &mut self.outbox
-    }
-
-    /// The answers waiting for `conn` ([`Outbox::output_mut`]).
-    pub fn output_mut(&mut self, conn: ConnId) -> &mut Vec<u8> {
-        self.outbox.output_mut(conn)
-    }
-
-    /// The connections with output since the last call, peer links first
-    /// ([`Outbox::take_dirty`]).
-    pub fn take_dirty(&mut self, into: &mut Vec<ConnId>) -> usize {
-        self.outbox.take_dirty(into)
+    /// How many connection ids the engine has slots for: none at or above
+    /// it was ever opened.
+    pub(crate) fn conn_slots(&self) -> usize {
+        self.conns.len()
     }
 }

@@ -4,13 +4,14 @@
 
 use super::table::{self, NIL, WaiterState};
 use super::{ConnId, Engine, LIST_TURN_SCAN, Now, Timer, deadline};
+use crate::outbox::Outbox;
 use crate::proto::Answer;
 
 impl Engine {
     /// Ends the leases and waits that ran out by `now`.
-    pub fn tick(&mut self, now: Now) {
+    pub fn tick(&mut self, now: Now, out: &mut Outbox) {
         self.list_budget = LIST_TURN_SCAN;
-        self.settle(now);
+        self.settle(now, out);
         while let Some(timer) = self.wheel.poll(now.ms) {
             match timer {
                 Timer::Lease(lock) => {
@@ -22,21 +23,29 @@ impl Engine {
                         self.replicate_release(lock, grant.token);
                     }
                     if self.merged.is_empty() || !self.promote_believed(now, lock) {
-                        self.hand_off(now, lock);
+                        self.hand_off(now, lock, out);
                     }
                 }
                 Timer::Wait(w) => {
                     self.table.waiter_mut(w).timer = None;
-                    self.wait_ran_out(now, w);
+                    self.wait_ran_out(now, w, out);
                 }
-                Timer::Member(m) => self.member_expired(now, m),
+                Timer::Member(m) => self.member_expired(now, m, out),
             }
         }
     }
 
     /// Grants the free `lock` to `conn` with `token` (just issued), and
     /// answers it.
-    pub(super) fn grant(&mut self, now: Now, lock: u32, conn: ConnId, lease_ms: u64, token: u64) {
+    pub(super) fn grant(
+        &mut self,
+        now: Now,
+        lock: u32,
+        conn: ConnId,
+        lease_ms: u64,
+        token: u64,
+        out: &mut Outbox,
+    ) {
         debug_assert!(self.table.lock(lock).holder.is_none());
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Lease(lock));
@@ -52,7 +61,7 @@ impl Engine {
             key: l.key(),
             token,
         };
-        self.outbox.answer(conn, answer);
+        out.answer(conn, answer);
         self.replicate_grant(now, lock);
     }
 
@@ -69,7 +78,7 @@ impl Engine {
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
     #[inline]
-    pub(super) fn hand_off(&mut self, now: Now, lock: u32) {
+    pub(super) fn hand_off(&mut self, now: Now, lock: u32, out: &mut Outbox) {
         debug_assert!(
             self.table.lock(lock).holder.is_none(),
             "hand-off of a held lock"
@@ -80,7 +89,7 @@ impl Engine {
         };
         debug_assert_eq!(self.table.waiter(w).state, WaiterState::Queued);
         if self.table.waiter(w).kind.is_some() {
-            return self.pass_on(now, lock);
+            return self.pass_on(now, lock, out);
         }
         let waiter = self.table.waiter_mut(w);
         let (conn, lease_ms, queued_ms) =
@@ -90,9 +99,9 @@ impl Engine {
         }
         match self.tokens.next(now.unix_ns) {
             Some(token) => {
-                self.grant(now, lock, conn, lease_ms, token);
+                self.grant(now, lock, conn, lease_ms, token, out);
                 self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
-                self.answered(w);
+                self.answered(w, out);
                 // After: the head waiter holds the lock, with the newest
                 // token, and has left the queue.
                 debug_assert!(
@@ -103,7 +112,7 @@ impl Engine {
                 );
                 debug_assert!(self.table.head(lock) != Some(w));
             }
-            None => self.time_out_all(lock, w),
+            None => self.time_out_all(lock, w, out),
         }
     }
 
@@ -112,9 +121,9 @@ impl Engine {
     /// `T`; the lock leaves the table.
     #[cold]
     #[inline(never)]
-    pub(super) fn time_out_all(&mut self, lock: u32, mut w: u32) {
+    pub(super) fn time_out_all(&mut self, lock: u32, mut w: u32, out: &mut Outbox) {
         loop {
-            self.time_out(w);
+            self.time_out(w, out);
             let Some(next) = self.table.head(lock) else {
                 break;
             };
@@ -128,13 +137,13 @@ impl Engine {
 
     /// A queued waiter's wait ran out: [`Engine::time_out`], and the lock
     /// leaves the table if that was the last thing keeping it.
-    pub(super) fn wait_ran_out(&mut self, now: Now, w: u32) {
+    pub(super) fn wait_ran_out(&mut self, now: Now, w: u32, out: &mut Outbox) {
         let lock = self.table.waiter(w).lock;
-        self.time_out(w);
+        self.time_out(w, out);
         if self.table.lock(lock).members > 0 {
             // Those behind it may be granted now (shared ones behind an
             // exclusive one that gave up).
-            return self.pass_on(now, lock);
+            return self.pass_on(now, lock, out);
         }
         self.table.remove_if_idle(lock);
     }
@@ -144,7 +153,7 @@ impl Engine {
     /// (rule 3): then it is held back until that one is answered. Either way
     /// it has left the queue and will never be granted. The lock stays in
     /// the table even if nothing keeps it any more: the caller removes it.
-    pub(super) fn time_out(&mut self, w: u32) {
+    pub(super) fn time_out(&mut self, w: u32, out: &mut Outbox) {
         self.stats.timed_out += 1;
         let (conn, lock, kind) = {
             let waiter = self.table.waiter(w);
@@ -164,16 +173,15 @@ impl Engine {
             earlier = self.table.conn_prev(earlier);
         }
         let key = self.table.lock(lock).key();
-        self.outbox
-            .answer(conn, Engine::timed_out_answer(kind, key));
-        self.answered(w);
+        out.answer(conn, Engine::timed_out_answer(kind, key));
+        self.answered(w, out);
     }
 
     /// `w` has been answered: send the `T`s it was holding back, then forget
     /// it. Those are the held-back acquires of the same key that follow it on
     /// its connection, up to the next one still queued (which holds back any
     /// after it).
-    pub(super) fn answered(&mut self, w: u32) {
+    pub(super) fn answered(&mut self, w: u32, out: &mut Outbox) {
         let waiter = self.table.waiter(w);
         if waiter.holds_back {
             let (conn, lock) = (waiter.conn, waiter.lock);
@@ -187,7 +195,7 @@ impl Engine {
                     }
                     let key = self.table.lock(lock).key();
                     let answer = Engine::timed_out_answer(l.kind, key);
-                    self.outbox.answer(conn, answer);
+                    out.answer(conn, answer);
                     self.table.finish(later);
                 }
                 later = next;

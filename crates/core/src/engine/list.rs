@@ -5,6 +5,7 @@ use super::table::{self, Holders, Table};
 use super::{
     ConnId, Engine, LIST_ANSWER_BYTES, LIST_MIN_SCAN, LIST_SCAN, LIST_WAITERS_CAP, Now, Serving,
 };
+use crate::outbox::Outbox;
 use crate::proto::{Answer, Held, Request, Role};
 
 impl Engine {
@@ -19,14 +20,14 @@ impl Engine {
     /// `Q <key> <waiters>`.
     #[cold]
     #[inline(never)]
-    pub(super) fn queue(&mut self, now: Now, conn: ConnId, key: &[u8]) {
-        let mut out = std::mem::take(self.outbox.output_mut(conn));
+    pub(super) fn queue(&mut self, now: Now, conn: ConnId, key: &[u8], out: &mut Outbox) {
+        let mut buf = std::mem::take(out.output_mut(conn));
         let mut waiters = 0;
         let hidden = self.access_of(conn).is_some_and(|a| !a.may_lock(key));
         if let Some(lock) = self.table.find(key).filter(|_| !hidden) {
             let shown = self.shown_grant(lock);
             let l = self.table.lock(lock);
-            lock_who(&self.table, &self.holders, now, l, shown).encode(&mut out);
+            lock_who(&self.table, &self.holders, now, l, shown).encode(&mut buf);
             waiters = self.table.queue_len(l, LIST_WAITERS_CAP);
             let mut w = self.table.head(lock);
             for _ in 0..crate::proto::MAX_QUEUE_LISTED {
@@ -41,19 +42,19 @@ impl Engine {
                         identity: None,
                     },
                 }
-                .encode(&mut out);
+                .encode(&mut buf);
                 w = self.table.queue_next(i);
             }
         }
-        Answer::QueueEnd { key, waiters }.encode(&mut out);
-        *self.outbox.output_mut(conn) = out;
-        self.outbox.wrote_answers(conn);
+        Answer::QueueEnd { key, waiters }.encode(&mut buf);
+        *out.output_mut(conn) = buf;
+        out.wrote_answers(conn);
     }
 
     /// `S` and `H`: rare, kept out of the request path's way.
     #[cold]
     #[inline(never)]
-    pub(super) fn status(&mut self, conn: ConnId, request: Request<'_>) {
+    pub(super) fn status(&mut self, conn: ConnId, request: Request<'_>, out: &mut Outbox) {
         self.stats.status += 1;
         let answer = if request == Request::Health {
             Answer::Health {
@@ -67,7 +68,7 @@ impl Engine {
             let token = self.tokens.highest();
             Answer::Status { role, addr, token }
         };
-        self.outbox.answer(conn, answer);
+        out.answer(conn, answer);
     }
 
     /// `L`: up to `limit` locks whose key starts with `prefix`, about
@@ -81,6 +82,7 @@ impl Engine {
     /// kind ([`ListForm`]).
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn list(
         &mut self,
         now: Now,
@@ -89,6 +91,7 @@ impl Engine {
         limit: u32,
         prefix: &[u8],
         form: ListForm,
+        out: &mut Outbox,
     ) {
         let bound = self.table.slot_bound();
         let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(bound);
@@ -97,7 +100,7 @@ impl Engine {
         self.list_budget = self.list_budget.saturating_sub(end - start);
         let mut listed = 0;
         let mut next = end;
-        let out_start = self.outbox.len(conn);
+        let out_start = out.len(conn);
         // With identities, only keys the connection may lock (an admin: all).
         let access = self.access.get(conn as usize).cloned().flatten();
         let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
@@ -108,7 +111,7 @@ impl Engine {
             if !lock.key().starts_with(prefix) || hidden(lock.key()) {
                 continue;
             }
-            let written = self.outbox.len(conn) - out_start;
+            let written = out.len(conn) - out_start;
             if listed == limit || written >= LIST_ANSWER_BYTES {
                 next = i;
                 break;
@@ -135,7 +138,7 @@ impl Engine {
                     }
                 }
             };
-            self.outbox.answer(conn, answer);
+            out.answer(conn, answer);
         }
         let cursor = if next >= bound { 0 } else { next as u64 };
         let end = match form {
@@ -143,7 +146,7 @@ impl Engine {
             ListForm::Who => Answer::WhoEnd { cursor },
             ListForm::Kinds => Answer::KindsEnd { cursor },
         };
-        self.outbox.answer(conn, end);
+        out.answer(conn, end);
     }
 
     /// What `H` answers from now on: a problem (one line of printable

@@ -20,6 +20,7 @@
 //! merged keeps this map empty, and the request path only checks that.
 
 use super::*;
+use crate::outbox::Outbox;
 
 /// The most grants kept beside one key's grant. One split brain leaves at
 /// most one per side; more come only from merges piling up (or a broken
@@ -60,6 +61,7 @@ impl Engine {
         token: u64,
         remaining_ms: u64,
         holder: crate::proto::Holder<'_>,
+        out: &mut Outbox,
     ) -> Result<Merged, GrantRefusal> {
         if token > token::MAX_TOKEN {
             return Err(GrantRefusal::TokenOutOfRange(token));
@@ -83,7 +85,7 @@ impl Engine {
                     // That very token is a member here: nothing to add.
                     return Ok(Merged::Known);
                 }
-                self.merge_over_members(now, lock, token, expires_ms, holder);
+                self.merge_over_members(now, lock, token, expires_ms, holder, out);
                 Merged::Beside
             }
             None => {

@@ -8,16 +8,15 @@
 //!    turn, so that leases and waits that ran out are handled before the
 //!    requests read in that turn.
 //! 3. [`Engine::handle`] for each request, in the order read.
-//! 4. [`Engine::take_dirty`] to learn which connections have answers waiting
-//!    in [`Engine::output_mut`]; the loop sends them and clears what it sent.
-//! 5. [`Engine::next_deadline`] to know how long it may sleep.
+//! 4. [`Engine::next_deadline`] to know how long it may sleep.
 //!
-//! Answers go straight into per-connection output buffers, those of the
-//! [`Outbox`] the engine holds (a release hands the lock to a waiter on
-//! another connection, so one request can answer several connections); the
-//! cluster writes its peer lines into the same outbox
-//! ([`Engine::outbox_mut`]). The same engine runs under io_uring, under
-//! epoll and inside tests with a fake clock.
+//! The engine holds no output either. Every method that may answer a
+//! connection takes the [`Outbox`](crate::outbox::Outbox) it writes into: the node owns it and
+//! lends it to the engine and to the cluster in turn (a release hands the
+//! lock to a waiter on another connection, so one request can answer
+//! several connections). The loop learns from the outbox which connections
+//! have answers waiting and sends them. The same engine runs under
+//! io_uring, under epoll and inside tests with a fake clock.
 
 mod conns;
 mod handoff;
@@ -37,7 +36,6 @@ pub mod wheel;
 use std::sync::Arc;
 
 use crate::access::Access;
-use crate::outbox::Outbox;
 pub use merge::Merged;
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
@@ -294,9 +292,6 @@ pub struct Engine {
     wheel: Wheel<Timer>,
     tokens: TokenClock,
     conns: Vec<Conn>,
-    /// Every connection's unsent answers, and which have some
-    /// ([`crate::outbox`]).
-    outbox: Outbox,
     serving: Serving,
     /// This node's address as clients should name it.
     advertise: Box<[u8]>,
@@ -362,7 +357,6 @@ impl Engine {
             wheel: Wheel::with_capacity(now.ms, locks + table::RESERVED_WAITERS),
             tokens: TokenClock::new(),
             conns: Vec::new(),
-            outbox: Outbox::new(),
             serving: Serving::Active,
             advertise: advertise.as_bytes().into(),
             problem: None,

@@ -30,6 +30,7 @@
 use super::{
     ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, table, wheel::TimerId,
 };
+use crate::outbox::Outbox;
 use crate::proto::{Answer, Kind};
 
 mod replication;
@@ -137,6 +138,7 @@ impl Engine {
         now: Now,
         conn: ConnId,
         request: crate::proto::Request<'_>,
+        out: &mut Outbox,
     ) -> Result<(), Refusal> {
         use crate::proto::Request;
         match request {
@@ -144,13 +146,13 @@ impl Engine {
                 key,
                 lease_ms,
                 wait_ms,
-            } => self.acquire_kind(now, conn, Kind::Shared, key, 0, lease_ms, wait_ms),
+            } => self.acquire_kind(now, conn, Kind::Shared, key, 0, lease_ms, wait_ms, out),
             Request::Permit {
                 key,
                 limit,
                 lease_ms,
                 wait_ms,
-            } => self.acquire_kind(now, conn, Kind::Permit, key, limit, lease_ms, wait_ms),
+            } => self.acquire_kind(now, conn, Kind::Permit, key, limit, lease_ms, wait_ms, out),
             _ => unreachable!("not a G or C request"),
         }
     }
@@ -168,6 +170,7 @@ impl Engine {
         limit: u32,
         lease_ms: u64,
         wait_ms: u64,
+        out: &mut Outbox,
     ) -> Result<(), Refusal> {
         debug_assert_eq!(limit == 0, kind == Kind::Shared);
         if self.follower_too_old {
@@ -200,7 +203,7 @@ impl Engine {
                 key,
                 limit: live_limit,
             };
-            self.outbox.answer(conn, answer);
+            out.answer(conn, answer);
             self.table.remove_if_idle(lock);
             return Ok(());
         }
@@ -221,7 +224,7 @@ impl Engine {
                 return Err(Refusal::TokensExhausted);
             };
             self.table.lock_mut(lock).limit = limit;
-            self.grant_member(now, lock, conn, kind, lease_ms, token);
+            self.grant_member(now, lock, conn, kind, lease_ms, token, out);
             self.stats.of_kind(kind).granted_at_once += 1;
             return Ok(());
         }
@@ -240,6 +243,7 @@ impl Engine {
 
     /// Grants `lock` to `conn` as a member of `kind` with `token` (just
     /// issued), and answers it.
+    #[allow(clippy::too_many_arguments)]
     fn grant_member(
         &mut self,
         now: Now,
@@ -248,6 +252,7 @@ impl Engine {
         kind: Kind,
         lease_ms: u64,
         token: u64,
+        out: &mut Outbox,
     ) {
         debug_assert!(self.table.lock(lock).holder.is_none());
         let expires_ms = deadline(now, lease_ms);
@@ -277,7 +282,7 @@ impl Engine {
             key: self.table.lock(lock).key(),
             token,
         };
-        self.outbox.answer(conn, answer);
+        out.answer(conn, answer);
     }
 
     /// `R` of a member's token: its grant ends, and the key passes on.
@@ -285,14 +290,20 @@ impl Engine {
     /// another identity before this.)
     #[cold]
     #[inline(never)]
-    pub(super) fn release_member(&mut self, now: Now, lock: u32, token: u64) -> bool {
+    pub(super) fn release_member(
+        &mut self,
+        now: Now,
+        lock: u32,
+        token: u64,
+        out: &mut Outbox,
+    ) -> bool {
         let Some(m) = self.members.find(lock, token) else {
             return false;
         };
         self.stats
             .hold
             .record(now.unix_ns.saturating_sub(token) >> super::stats::HOLD_SHIFT);
-        self.end_member(now, m);
+        self.end_member(now, m, out);
         true
     }
 
@@ -317,29 +328,29 @@ impl Engine {
     /// A member's lease ran out (its timer fired).
     #[cold]
     #[inline(never)]
-    pub(super) fn member_expired(&mut self, now: Now, m: u32) {
+    pub(super) fn member_expired(&mut self, now: Now, m: u32, out: &mut Outbox) {
         self.stats.lease_expiries += 1;
         // The timer fired: cancelling it again would be wrong.
         let member = self.members.remove(m);
-        self.after_member(now, member);
+        self.after_member(now, member, out);
     }
 
     /// Ends member `m` (released): its timer, its holder reference, its
     /// count; then the key passes on.
-    fn end_member(&mut self, now: Now, m: u32) {
+    fn end_member(&mut self, now: Now, m: u32, out: &mut Outbox) {
         let member = self.members.remove(m);
         self.wheel.cancel(member.timer);
-        self.after_member(now, member);
+        self.after_member(now, member, out);
     }
 
     #[inline]
-    fn after_member(&mut self, now: Now, member: Member) {
+    fn after_member(&mut self, now: Now, member: Member, out: &mut Outbox) {
         self.replicate_release(member.lock, member.token);
         self.holders.unref(member.holder);
         let l = self.table.lock_mut(member.lock);
         debug_assert!(l.members > 0);
         l.members -= 1;
-        self.pass_on(now, member.lock);
+        self.pass_on(now, member.lock, out);
     }
 
     /// Grants, from the head of `lock`'s queue, every acquire that can be
@@ -352,7 +363,7 @@ impl Engine {
     /// [`Engine::hand_off`].
     #[cold]
     #[inline(never)]
-    pub(super) fn pass_on(&mut self, now: Now, lock: u32) {
+    pub(super) fn pass_on(&mut self, now: Now, lock: u32, out: &mut Outbox) {
         while let Some(w) = self.table.head(lock) {
             let waiter = self.table.waiter(w);
             let (conn, kind, lease_ms, queued_ms) = (
@@ -374,18 +385,18 @@ impl Engine {
                 self.wheel.cancel(timer);
             }
             let Some(token) = self.tokens.next(now.unix_ns) else {
-                self.time_out_all(lock, w);
+                self.time_out_all(lock, w, out);
                 return;
             };
             match kind {
-                None => self.grant(now, lock, conn, lease_ms, token),
+                None => self.grant(now, lock, conn, lease_ms, token, out),
                 Some(kind) => {
-                    self.grant_member(now, lock, conn, kind, lease_ms, token);
+                    self.grant_member(now, lock, conn, kind, lease_ms, token, out);
                     self.stats.of_kind(kind).granted_after_wait += 1;
                 }
             }
             self.stats.wait_ms.record(now.ms.saturating_sub(queued_ms));
-            self.answered(w);
+            self.answered(w, out);
             if kind.is_none() {
                 break;
             }
@@ -399,12 +410,12 @@ impl Engine {
 
     /// Locks whose queue lost a waiter while they had members
     /// ([`Engine::close`] has no time): passed on now.
-    pub(super) fn settle_pending(&mut self, now: Now) {
+    pub(super) fn settle_pending(&mut self, now: Now, out: &mut Outbox) {
         while let Some(lock) = self.pass_pending.pop() {
             // It may have gone meanwhile (its members released before the
             // settle, on an engine driven without one after each close).
             if self.table.is_live(lock) {
-                self.pass_on(now, lock);
+                self.pass_on(now, lock, out);
             }
         }
     }

@@ -7,6 +7,7 @@ use super::{
     ConnId, Engine, GrantRefusal, MAX_LEASE_MS, Now, Replication, ReplicationLog, Serving, Timer,
     token,
 };
+use crate::outbox::Outbox;
 use crate::proto::Answer;
 
 impl Engine {
@@ -109,7 +110,7 @@ impl Engine {
 
     /// A standby takes a replicated release (or expiry) of `key`'s grant
     /// with `token`; a grant with another token is left alone.
-    pub(crate) fn apply_release(&mut self, now: Now, key: &[u8], token: u64) {
+    pub(crate) fn apply_release(&mut self, now: Now, key: &[u8], token: u64, out: &mut Outbox) {
         let Some(lock) = self.table.find(key) else {
             return;
         };
@@ -122,7 +123,7 @@ impl Engine {
                 self.table.remove_if_idle(lock);
             }
         } else if self.table.lock(lock).members > 0 {
-            self.release_member(now, lock, token);
+            self.release_member(now, lock, token, out);
         } else if !self.merged.is_empty() {
             self.forget_believed(lock, token);
         }
@@ -174,7 +175,7 @@ impl Engine {
     /// or `T` for one whose wait already ran out and was held back), oldest
     /// first on each connection, and later requests get `M`. Grants stay in
     /// the table (a successor may have them replicated).
-    pub(crate) fn step_down(&mut self, active: Option<&str>) {
+    pub(crate) fn step_down(&mut self, active: Option<&str>, out: &mut Outbox) {
         let active: Option<Box<[u8]>> = active.map(|a| a.as_bytes().into());
         for conn in 0..self.conns.len() as ConnId {
             loop {
@@ -194,7 +195,7 @@ impl Engine {
                     }
                     WaiterState::HeldBack => Engine::timed_out_answer(waiter.kind, key),
                 };
-                self.outbox.answer(conn, answer);
+                out.answer(conn, answer);
                 if let Some(timer) = self.table.waiter_mut(w).timer.take() {
                     self.wheel.cancel(timer);
                 }

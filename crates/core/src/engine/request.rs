@@ -9,20 +9,27 @@ use super::stats::HOLD_SHIFT;
 use super::table::{self, Holders};
 use super::{ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Serving, Timer, deadline};
 use crate::access::Access;
+use crate::outbox::Outbox;
 use crate::proto::{Answer, Request};
 
 impl Engine {
     /// Handles one request from `conn`. `Err` means the request breaks the
     /// connection: the caller sends `E` and closes it. Answers to earlier
     /// requests are already in the output.
-    pub fn handle(&mut self, now: Now, conn: ConnId, request: Request<'_>) -> Result<(), Refusal> {
+    pub fn handle(
+        &mut self,
+        now: Now,
+        conn: ConnId,
+        request: Request<'_>,
+        out: &mut Outbox,
+    ) -> Result<(), Refusal> {
         debug_assert!(self.conns[conn as usize].open);
         debug_assert_eq!(
             self.checked,
             self.identities || self.serving != Serving::Active
         );
         if self.checked
-            && let Some(result) = self.handle_checked(now, conn, request)
+            && let Some(result) = self.handle_checked(now, conn, request, out)
         {
             return result;
         }
@@ -31,13 +38,13 @@ impl Engine {
                 key,
                 lease_ms,
                 wait_ms,
-            } => return self.acquire(now, conn, key, lease_ms, wait_ms),
+            } => return self.acquire(now, conn, key, lease_ms, wait_ms, out),
             Request::Release { key, token } => {
-                let ok = self.release(now, key, token);
+                let ok = self.release(now, key, token, out);
                 if !ok {
                     self.stats.release_stale += 1;
                 }
-                self.outbox.answer(conn, Answer::Released { key, ok });
+                out.answer(conn, Answer::Released { key, ok });
             }
             Request::Renew {
                 key,
@@ -50,28 +57,28 @@ impl Engine {
                 } else {
                     self.stats.renew_stale += 1;
                 }
-                self.outbox.answer(conn, Answer::Renewed { key, ok });
+                out.answer(conn, Answer::Renewed { key, ok });
             }
-            Request::Status | Request::Health => self.status(conn, request),
+            Request::Status | Request::Health => self.status(conn, request, out),
             Request::List {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix, ListForm::Plain),
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Plain, out),
             Request::Who {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix, ListForm::Who),
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Who, out),
             Request::Kinds {
                 cursor,
                 limit,
                 prefix,
-            } => self.list(now, conn, cursor, limit, prefix, ListForm::Kinds),
-            Request::Owner { owner } => self.set_owner(conn, owner),
-            Request::Queue { key } => self.queue(now, conn, key),
+            } => self.list(now, conn, cursor, limit, prefix, ListForm::Kinds, out),
+            Request::Owner { owner } => self.set_owner(conn, owner, out),
+            Request::Queue { key } => self.queue(now, conn, key, out),
             Request::Shared { .. } | Request::Permit { .. } => {
-                return self.handle_kind(now, conn, request);
+                return self.handle_kind(now, conn, request, out);
             }
         }
         Ok(())
@@ -81,13 +88,13 @@ impl Engine {
     /// keep theirs).
     #[cold]
     #[inline(never)]
-    pub(super) fn set_owner(&mut self, conn: ConnId, owner: &[u8]) {
+    pub(super) fn set_owner(&mut self, conn: ConnId, owner: &[u8], out: &mut Outbox) {
         let c = &mut self.conns[conn as usize];
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
         c.owner = Some(owner.into());
-        self.outbox.answer(conn, Answer::Owner { owner });
+        out.answer(conn, Answer::Owner { owner });
     }
 
     /// The holder entry for a grant to `conn`, with the grant's reference.
@@ -130,6 +137,7 @@ impl Engine {
         key: &[u8],
         lease_ms: u64,
         wait_ms: u64,
+        out: &mut Outbox,
     ) -> Result<(), Refusal> {
         let Some(lock) = self
             .table
@@ -146,7 +154,7 @@ impl Engine {
                 self.table.remove_if_idle(lock);
                 return Err(Refusal::TokensExhausted);
             };
-            self.grant(now, lock, conn, lease_ms, token);
+            self.grant(now, lock, conn, lease_ms, token, out);
             self.stats.granted_now += 1;
             return Ok(());
         }
@@ -178,7 +186,7 @@ impl Engine {
         Refusal::Semaphore
     }
 
-    pub(super) fn release(&mut self, now: Now, key: &[u8], token: u64) -> bool {
+    pub(super) fn release(&mut self, now: Now, key: &[u8], token: u64, out: &mut Outbox) -> bool {
         let Some(lock) = self.table.find(key) else {
             return false;
         };
@@ -195,11 +203,11 @@ impl Engine {
                     .record(now.unix_ns.saturating_sub(token) >> HOLD_SHIFT);
                 self.replicate_release(lock, token);
                 if self.merged.is_empty() || !self.promote_believed(now, lock) {
-                    self.hand_off(now, lock);
+                    self.hand_off(now, lock, out);
                 }
                 true
             }
-            _ => self.release_other(now, lock, token),
+            _ => self.release_other(now, lock, token, out),
         }
     }
 
@@ -207,9 +215,15 @@ impl Engine {
     /// grant's or permit's, a believed grant's after a heal, or stale.
     #[cold]
     #[inline(never)]
-    pub(super) fn release_other(&mut self, now: Now, lock: u32, token: u64) -> bool {
+    pub(super) fn release_other(
+        &mut self,
+        now: Now,
+        lock: u32,
+        token: u64,
+        out: &mut Outbox,
+    ) -> bool {
         if self.table.lock(lock).members > 0 {
-            self.release_member(now, lock, token)
+            self.release_member(now, lock, token, out)
         } else if self.merged.is_empty() {
             false
         } else {
@@ -256,13 +270,14 @@ impl Engine {
         now: Now,
         conn: ConnId,
         request: Request<'_>,
+        out: &mut Outbox,
     ) -> Option<Result<(), Refusal>> {
         if let (Serving::Standby { active }, Some(key)) = (&self.serving, request.key()) {
             let answer = Answer::Moved {
                 key,
                 addr: active.as_deref(),
             };
-            self.outbox.answer(conn, answer);
+            out.answer(conn, answer);
             self.stats.redirected += 1;
             return Some(Ok(()));
         }
@@ -281,7 +296,7 @@ impl Engine {
             }
             _ => return None,
         };
-        self.outbox.answer(conn, answer);
+        out.answer(conn, answer);
         Some(Ok(()))
     }
 

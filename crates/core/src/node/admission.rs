@@ -40,7 +40,7 @@ impl Node {
     /// unless it is an authenticated peer link within a peer timeout, it is
     /// closed, and a client request on it is refused.
     pub fn open_peer_only(&mut self, now: Now, conn: ConnId) {
-        self.engine.open(conn);
+        self.engine.open(conn, &mut self.outbox);
         self.stats.conns_opened += 1;
         let timeout = self
             .cluster
@@ -75,7 +75,7 @@ impl Node {
         crate::proto::Answer::Error {
             reason: reason.as_bytes(),
         }
-        .encode(self.engine.output_mut(conn));
+        .encode(self.outbox.output_mut(conn));
         self.doomed.push((conn, reason.into()));
     }
 
@@ -101,7 +101,7 @@ impl Node {
         if self.engine.requires_identities() {
             return self.handle_identified(now, conn, request);
         }
-        let result = self.engine.handle(now, conn, request);
+        let result = self.engine.handle(now, conn, request, &mut self.outbox);
         if result.is_err() {
             self.stats.requests_refused += 1;
         }
@@ -126,7 +126,7 @@ impl Node {
             e.release_not_holder.wrapping_add(e.renew_not_holder)
         };
         let before = not_holder(self.engine.stats());
-        let result = self.engine.handle(now, conn, request);
+        let result = self.engine.handle(now, conn, request, &mut self.outbox);
         let refused_not_holder = not_holder(self.engine.stats()) != before;
         if refused_not_holder || result == Err(Refusal::NotAllowed) {
             let remote = self.remote(conn);

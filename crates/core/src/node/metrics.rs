@@ -75,7 +75,7 @@ impl Node {
                 c.followers()
                     .map(|(addr, conn, stats)| Follower {
                         addr: addr.to_string(),
-                        queued_bytes: engine.outbox().len(conn) as u64,
+                        queued_bytes: self.outbox.len(conn) as u64,
                         stats: *stats,
                     })
                     .collect()

@@ -1,5 +1,7 @@
-//! A node: the engine plus, with peers, the cluster state machine. This is
-//! what the I/O loops drive; it is sans-I/O like both of its parts.
+//! A node: the engine plus, with peers, the cluster state machine, and the
+//! [`Outbox`] of every connection's unsent output, which the node owns and
+//! lends to both (the engine writes its answers there, the cluster its peer
+//! lines). This is what the I/O loops drive; it is sans-I/O like its parts.
 //!
 //! Driving order, once per loop turn: [`Node::tick`]; then for each
 //! connection's input [`crate::session::Session::feed`] (which calls
@@ -56,6 +58,10 @@ pub struct NodeConfig {
 
 pub struct Node {
     engine: Engine,
+    /// Every connection's unsent output, and which have some: the node's,
+    /// lent to the engine for its answers and to the cluster for its peer
+    /// lines ([`crate::outbox`]).
+    outbox: Outbox,
     cluster: Option<Cluster>,
     /// Remote addresses of connections, when the loop told us (for logs).
     remotes: Vec<Option<SocketAddr>>,
@@ -105,11 +111,13 @@ pub const TABLE_CHECK_ENTRIES_PER_MS: usize = 64;
 impl Node {
     pub fn new(now: Now, config: NodeConfig) -> Node {
         let mut engine = Engine::with_max_locks(now, &config.advertise, config.max_locks);
+        let mut outbox = Outbox::new();
         let cluster = config
             .cluster
-            .map(|cfg| Cluster::new(cfg, now, &mut engine));
+            .map(|cfg| Cluster::new(cfg, now, &mut engine, &mut outbox));
         Node {
             engine,
+            outbox,
             cluster,
             remotes: Vec::new(),
             peer_only: Vec::new(),
@@ -173,6 +181,7 @@ impl Node {
         self.check_peer_only();
         if now.ms >= self.next_table_check_ms {
             self.engine.check_invariants();
+            check_outbox(&self.engine, &self.outbox);
             let entries = self.engine.walk_len();
             self.next_table_check_ms = now.ms + 1 + (entries / TABLE_CHECK_ENTRIES_PER_MS) as u64;
         }
@@ -205,6 +214,7 @@ impl Node {
     /// Asserts the engine's and the cluster's invariants, all of them.
     pub fn check_invariants(&self, now: Now) {
         self.engine.check_invariants();
+        check_outbox(&self.engine, &self.outbox);
         if let Some(cluster) = &self.cluster {
             cluster.check_invariants(now, &self.engine);
         }
@@ -231,7 +241,7 @@ impl Node {
     /// wrong MAC from that peer ([`Cluster::dial_tls_failed`]).
     pub(crate) fn peer_tls_failed(&mut self, now: Now, conn: ConnId, why: &str) {
         if let Some(cluster) = &mut self.cluster {
-            cluster.dial_tls_failed(now, conn, why, &mut self.engine);
+            cluster.dial_tls_failed(now, conn, why, &mut self.engine, &mut self.outbox);
         }
     }
 
@@ -267,14 +277,14 @@ impl Node {
     }
 
     pub fn open(&mut self, conn: ConnId) {
-        self.engine.open(conn);
+        self.engine.open(conn, &mut self.outbox);
         self.stats.conns_opened += 1;
     }
 
     /// Forgets a connection (client or peer link).
     pub fn close(&mut self, now: Now, conn: ConnId) {
-        self.engine.close(conn);
-        self.engine.settle(now);
+        self.engine.close(conn, &mut self.outbox);
+        self.engine.settle(now, &mut self.outbox);
         self.stats.conns_closed += 1;
         if let Some(remote) = self.remotes.get_mut(conn as usize) {
             *remote = None;
@@ -284,15 +294,15 @@ impl Node {
             self.update_checked_requests();
         }
         if let Some(cluster) = &mut self.cluster {
-            cluster.on_close(now, conn, &mut self.engine);
+            cluster.on_close(now, conn, &mut self.engine, &mut self.outbox);
         }
     }
 
     pub fn tick(&mut self, now: Now) {
         self.summary.last_ms = now.ms;
-        self.engine.tick(now);
+        self.engine.tick(now, &mut self.outbox);
         if let Some(cluster) = &mut self.cluster {
-            cluster.tick(now, &mut self.engine);
+            cluster.tick(now, &mut self.engine, &mut self.outbox);
             // What `H` answers until the next turn: one short line of
             // printable text whatever the problem says (addresses may hold
             // any byte a key may).
@@ -336,7 +346,7 @@ impl Node {
         if self.checked_requests {
             return self.handle_checked(now, conn, request);
         }
-        let result = self.engine.handle(now, conn, request);
+        let result = self.engine.handle(now, conn, request, &mut self.outbox);
         if result.is_err() {
             self.stats.requests_refused += 1;
         }
@@ -364,9 +374,9 @@ impl Node {
         let result = if line.starts_with(b"E ") {
             cluster.on_refusal(now, conn, line)
         } else {
-            wire::parse(line)
-                .map_err(PeerError::from)
-                .and_then(|msg| cluster.on_message(now, conn, msg, &mut self.engine))
+            wire::parse(line).map_err(PeerError::from).and_then(|msg| {
+                cluster.on_message(now, conn, msg, &mut self.engine, &mut self.outbox)
+            })
         };
         if let Err(error) = &result {
             // Loud: between nodes this means a misconfigured cluster or a
@@ -401,20 +411,22 @@ impl Node {
     /// the kernel before the replication of what it answers.
     pub fn take_dirty(&mut self, now: Now, into: &mut Vec<ConnId>) -> usize {
         if let Some(cluster) = &mut self.cluster {
-            cluster.flush_replication(now, &mut self.engine);
+            cluster.flush_replication(now, &mut self.engine, &mut self.outbox);
         }
-        self.engine.take_dirty(into)
+        self.outbox.take_dirty(into)
     }
 
+    /// The output waiting for `conn` ([`Outbox::output_mut`]): the loop
+    /// takes what it sends from the front, or swaps the buffer out.
     pub fn output_mut(&mut self, conn: ConnId) -> &mut Vec<u8> {
-        self.engine.output_mut(conn)
+        self.outbox.output_mut(conn)
     }
 
     /// Every connection's unsent output: how much waits for `conn`
     /// ([`Outbox::len`]), as [`crate::lifecycle::Lifecycle::wants_read`]
     /// asks.
     pub fn outbox(&self) -> &Outbox {
-        self.engine.outbox()
+        &self.outbox
     }
 
     /// True if the loop sends this turn's output of `conn` with
@@ -434,7 +446,7 @@ impl Node {
     /// would sleep and those answers would wait for an unrelated event, a
     /// grant perhaps until after its lease.
     pub fn next_deadline(&self) -> Option<u64> {
-        if self.engine.outbox().has_uncollected() {
+        if self.outbox.has_uncollected() {
             return Some(0);
         }
         let engine = self.engine.next_deadline();
@@ -467,10 +479,10 @@ impl Node {
 
     /// A dial to `peer` succeeded as connection `conn` (not yet opened).
     pub fn outbound_open(&mut self, now: Now, conn: ConnId, peer: PeerId) {
-        self.engine.open(conn);
+        self.engine.open(conn, &mut self.outbox);
         self.stats.conns_opened += 1;
         if let Some(cluster) = &mut self.cluster {
-            cluster.outbound_open(now, conn, peer, self.engine.outbox_mut());
+            cluster.outbound_open(now, conn, peer, &mut self.outbox);
         }
     }
 
@@ -479,13 +491,14 @@ impl Node {
     /// without one). Returns the successor's address, if any.
     pub fn leave(&mut self, now: Now) -> Option<String> {
         let successor = self.cluster.as_mut().and_then(|c| {
-            let to = c.leave(now, &mut self.engine)?;
+            let to = c.leave(now, &mut self.engine, &mut self.outbox)?;
             Some(c.peer_addr(to).to_string())
         });
-        self.engine.step_down(successor.as_deref());
+        self.engine
+            .step_down(successor.as_deref(), &mut self.outbox);
         if let Some(cluster) = &mut self.cluster {
             // The hand-off and the last deltas go out with this turn's sends.
-            cluster.flush_replication(now, &mut self.engine);
+            cluster.flush_replication(now, &mut self.engine, &mut self.outbox);
         }
         match &successor {
             Some(to) => {
@@ -503,5 +516,21 @@ impl Node {
             self.publish(now);
         }
         successor
+    }
+}
+
+/// Checks that the outbox and the engine agree on which connections are
+/// open (both open and close them in [`Engine::open`] and [`Engine::close`]),
+/// and that a closed connection keeps no output: the node's walkers, and
+/// the engine's tests with their own outbox.
+pub(crate) fn check_outbox(engine: &Engine, outbox: &Outbox) {
+    outbox.check_invariants();
+    for c in 0..engine.conn_slots().max(outbox.slots()) {
+        let c = c as ConnId;
+        assert_eq!(
+            engine.is_open(c),
+            outbox.is_open(c),
+            "connection {c} and its output"
+        );
     }
 }

@@ -26,12 +26,12 @@ fn peers() -> Vec<String> {
     (0..3).map(|i| format!("127.0.0.1:{}", 7000 + i)).collect()
 }
 
-/// Node `me` of three, with an engine.
-fn node(me: usize) -> (Cluster, Engine) {
+/// Node `me` of three, with an engine and the outbox both write into.
+fn node(me: usize) -> (Cluster, Engine, Outbox) {
     node_with(me, peers(), SECRET)
 }
 
-fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine) {
+fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine, Outbox) {
     node_coalescing(me, peers, secret, 0)
 }
 
@@ -40,8 +40,9 @@ fn node_coalescing(
     peers: Vec<String>,
     secret: &[u8],
     coalesce_us: u64,
-) -> (Cluster, Engine) {
+) -> (Cluster, Engine, Outbox) {
     let mut engine = Engine::new(at(0), &peers[me]);
+    let mut out = Outbox::new();
     let cfg = ClusterConfig {
         peers,
         me: PeerId(me),
@@ -52,13 +53,13 @@ fn node_coalescing(
         secret: Secret::from_bytes(secret),
         coalesce_us,
     };
-    let cluster = Cluster::new(cfg, at(0), &mut engine);
-    (cluster, engine)
+    let cluster = Cluster::new(cfg, at(0), &mut engine, &mut out);
+    (cluster, engine, out)
 }
 
 /// Takes the output of `conn` as text lines.
-fn lines_of(e: &mut Engine, conn: ConnId) -> Vec<String> {
-    let out = std::mem::take(e.output_mut(conn));
+fn lines_of(o: &mut Outbox, conn: ConnId) -> Vec<String> {
+    let out = std::mem::take(o.output_mut(conn));
     String::from_utf8(out)
         .unwrap()
         .lines()
@@ -103,10 +104,11 @@ impl Remote {
         &self,
         c: &mut Cluster,
         e: &mut Engine,
+        o: &mut Outbox,
         now: Now,
         conn: ConnId,
     ) -> Result<(), PeerError> {
-        e.open(conn);
+        e.open(conn, o);
         let nonce = [9u8; auth::NONCE_LEN];
         let me = self.identity(nonce);
         let hello = PeerMsg::Hello {
@@ -117,8 +119,8 @@ impl Remote {
             incarnation: self.incarnation,
             nonce,
         };
-        c.on_message(now, conn, hello, e)?;
-        let out = lines_of(e, conn);
+        c.on_message(now, conn, hello, e, o)?;
+        let out = lines_of(o, conn);
         assert_eq!(out.len(), 1, "only the CHALLENGE: {out:?}");
         let PeerMsg::Challenge {
             fingerprint,
@@ -144,7 +146,7 @@ impl Remote {
         // `our_link_sends_nothing_before_the_peer_proves_itself`.)
         let _ = mac;
         let mac = self.secret.sign(Side::Dialer, &transcript);
-        c.on_message(now, conn, PeerMsg::Auth { mac }, e)
+        c.on_message(now, conn, PeerMsg::Auth { mac }, e, o)
     }
 
     /// Answers the node's HELLO on its outbound link `conn` with a valid
@@ -153,10 +155,11 @@ impl Remote {
         &self,
         c: &mut Cluster,
         e: &mut Engine,
+        o: &mut Outbox,
         now: Now,
         conn: ConnId,
     ) -> Result<Vec<String>, PeerError> {
-        let out = lines_of(e, conn);
+        let out = lines_of(o, conn);
         let PeerMsg::Hello {
             fingerprint,
             from,
@@ -188,8 +191,8 @@ impl Remote {
             nonce: their_nonce,
             mac,
         };
-        c.on_message(now, conn, challenge, e)?;
-        Ok(lines_of(e, conn))
+        c.on_message(now, conn, challenge, e, o)?;
+        Ok(lines_of(o, conn))
     }
 }
 
@@ -200,6 +203,7 @@ fn hello_and_auth<'a>(
     peer: &'a Remote,
     c: &mut Cluster,
     e: &mut Engine,
+    o: &mut Outbox,
     now: Now,
     conn: ConnId,
 ) -> (PeerMsg<'a>, auth::MacBytes) {
@@ -213,8 +217,8 @@ fn hello_and_auth<'a>(
         incarnation: 1,
         nonce,
     };
-    c.on_message(now, conn, hello, e).unwrap();
-    let challenge = lines_of(e, conn).remove(0);
+    c.on_message(now, conn, hello, e, o).unwrap();
+    let challenge = lines_of(o, conn).remove(0);
     let Ok(PeerMsg::Challenge {
         fingerprint,
         index,
@@ -252,14 +256,22 @@ fn hello_as_node0(c: &Cluster, incarnation: u64, nonce_byte: u8) -> PeerMsg<'sta
     }
 }
 
+/// The node's dial to `peer` succeeded as connection `conn`: opened, and
+/// its HELLO written (as [`crate::node::Node::outbound_open`] does).
+fn dial_out(c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, conn: ConnId, peer: usize) {
+    e.open(conn, o);
+    c.outbound_open(now, conn, PeerId(peer), o);
+}
+
 /// Peer `from` links to the node (inbound conn `conn`) and proves who it is.
-fn link_in(c: &mut Cluster, e: &mut Engine, now: Now, conn: ConnId, from: usize) {
-    Remote::new(from).dial(c, e, now, conn).unwrap();
+fn link_in(c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, conn: ConnId, from: usize) {
+    Remote::new(from).dial(c, e, o, now, conn).unwrap();
 }
 
 fn heartbeat(
     c: &mut Cluster,
     e: &mut Engine,
+    o: &mut Outbox,
     now: Now,
     conn: ConnId,
     active: bool,
@@ -271,12 +283,14 @@ fn heartbeat(
         highest: 0,
         synced: following.is_some(),
     };
-    c.on_message(now, conn, msg, e).unwrap();
+    c.on_message(now, conn, msg, e, o).unwrap();
 }
 
+#[allow(clippy::too_many_arguments)]
 fn heartbeat_synced(
     c: &mut Cluster,
     e: &mut Engine,
+    o: &mut Outbox,
     now: Now,
     conn: ConnId,
     active: bool,
@@ -289,72 +303,77 @@ fn heartbeat_synced(
         highest: 0,
         synced,
     };
-    c.on_message(now, conn, msg, e).unwrap();
+    c.on_message(now, conn, msg, e, o).unwrap();
 }
 
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
 /// and inbound links from both.
-fn active_node0() -> (Cluster, Engine) {
+fn active_node0() -> (Cluster, Engine, Outbox) {
     active_node0_coalescing(0)
 }
 
-fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine) {
-    let (mut c, mut e) = node_coalescing(0, peers(), SECRET, coalesce_us);
+fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine, Outbox) {
+    let (mut c, mut e, mut o) = node_coalescing(0, peers(), SECRET, coalesce_us);
     for (conn, peer) in [(20, 1), (21, 2)] {
-        e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
+        dial_out(&mut c, &mut e, &mut o, at(0), conn, peer);
         Remote::new(peer)
-            .accept(&mut c, &mut e, at(0), conn)
+            .accept(&mut c, &mut e, &mut o, at(0), conn)
             .unwrap();
     }
-    link_in(&mut c, &mut e, at(1), 10, 1);
-    link_in(&mut c, &mut e, at(1), 11, 2);
+    link_in(&mut c, &mut e, &mut o, at(1), 10, 1);
+    link_in(&mut c, &mut e, &mut o, at(1), 11, 2);
     // Ticks as the loop does (a long gap would read as a stall of this
     // process and restart the start-up grace), peers heard throughout.
     for ms in (2..=TIMEOUT_MS + 50).step_by(50) {
-        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
-        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
-        c.tick(at(ms), &mut e);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);
-    (c, e)
+    (c, e, o)
 }
 
 /// Node `me`, started with no peer in reach: active alone after its
 /// start-up wait, with an empty table and no claim to the cluster's state.
-fn fresh_active(me: usize) -> (Cluster, Engine) {
-    let (mut c, mut e) = node(me);
+fn fresh_active(me: usize) -> (Cluster, Engine, Outbox) {
+    let (mut c, mut e, mut o) = node(me);
     for ms in (0..=TIMEOUT_MS + 50).step_by(50) {
-        c.tick(at(ms), &mut e);
+        c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);
     assert!(!c.synced, "took the role with no state anywhere in reach");
-    (c, e)
+    (c, e, o)
 }
 
 /// Sends a client request line on `conn` to the engine.
-fn client(e: &mut Engine, now: Now, conn: ConnId, line: &str) {
+fn client(e: &mut Engine, o: &mut Outbox, now: Now, conn: ConnId, line: &str) {
     let wire = format!("{line}\n");
     let (request, _) = crate::proto::parse_request(wire.as_bytes())
         .unwrap()
         .unwrap();
-    e.handle(now, conn, request).unwrap();
+    e.handle(now, conn, request, o).unwrap();
 }
 
 /// [`lines_of`] without the lag probes (which go behind a turn's deltas).
-fn replication_lines(e: &mut Engine, conn: ConnId) -> Vec<String> {
-    let mut lines = lines_of(e, conn);
+fn replication_lines(o: &mut Outbox, conn: ConnId) -> Vec<String> {
+    let mut lines = lines_of(o, conn);
     lines.retain(|l| !l.starts_with("P PROBE "));
     lines
 }
 
 /// Like [`client`], returning what the engine returned.
-fn try_client(e: &mut Engine, now: Now, conn: ConnId, line: &str) -> Result<(), Refusal> {
+fn try_client(
+    e: &mut Engine,
+    o: &mut Outbox,
+    now: Now,
+    conn: ConnId,
+    line: &str,
+) -> Result<(), Refusal> {
     let wire = format!("{line}\n");
     let (request, _) = crate::proto::parse_request(wire.as_bytes())
         .unwrap()
         .unwrap();
-    e.handle(now, conn, request)
+    e.handle(now, conn, request, o)
 }
 
 /// `us` microseconds past `ms`.

@@ -5,9 +5,9 @@ use super::*;
 
 #[test]
 fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_limit() {
-    let (mut c, mut e) = node(2);
-    link_in(&mut c, &mut e, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, at(2), 11, true, None);
+    let (mut c, mut e, mut o) = node(2);
+    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -21,11 +21,11 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
         holder: crate::proto::Holder::default(),
         permit,
     };
-    c.on_message(at(3), 11, member(b"r", 5, false), &mut e)
+    c.on_message(at(3), 11, member(b"r", 5, false), &mut e, &mut o)
         .unwrap();
-    c.on_message(at(3), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+    c.on_message(at(3), 11, PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
         .unwrap();
-    c.on_message(at(3), 11, member(b"s", 6, true), &mut e)
+    c.on_message(at(3), 11, member(b"s", 6, true), &mut e, &mut o)
         .unwrap();
     assert_eq!(e.members_of(b"r").len(), 1);
     assert_eq!(e.semaphore_limit(b"s"), Some(2));
@@ -34,13 +34,13 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
     // A permit without a limit, and a shared grant while a limit waits
     // for its permit, break the link.
     let err = c
-        .on_message(at(4), 11, member(b"s", 7, true), &mut e)
+        .on_message(at(4), 11, member(b"s", 7, true), &mut e, &mut o)
         .unwrap_err();
     assert!(err.to_string().contains("without its L line"), "{err}");
-    c.on_message(at(4), 11, PeerMsg::Limit { limit: 2 }, &mut e)
+    c.on_message(at(4), 11, PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
         .unwrap();
     let err = c
-        .on_message(at(4), 11, member(b"r", 8, false), &mut e)
+        .on_message(at(4), 11, member(b"r", 8, false), &mut e, &mut o)
         .unwrap_err();
     assert!(err.to_string().contains("after an L line"), "{err}");
     assert_eq!(e.member_count(), 2, "nothing applied from a broken pair");
@@ -48,11 +48,11 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
 
 #[test]
 fn a_follower_that_does_not_read_is_dropped_and_resynced() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, now, 11, false, None);
-    c.flush_replication(now, &mut e);
+    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, 11, false, None);
+    c.flush_replication(now, &mut e, &mut o);
     assert!(c.peers[1].snapshot_sent);
     // Deltas pile up unread on the link to node 1 (the loop never takes
     // its output): past the bound the link is given up.
@@ -61,9 +61,9 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     let mut written = 0;
     while doomed.is_empty() {
         assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
-        e.outbox_mut().write_link(20, line.as_bytes());
+        o.write_link(20, line.as_bytes());
         written += line.len();
-        c.flush_replication(now, &mut e);
+        c.flush_replication(now, &mut e, &mut o);
         c.take_doomed(&mut doomed);
     }
     assert_eq!(doomed[0].0, 20);
@@ -74,11 +74,11 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
 
 #[test]
 fn a_doomed_link_that_closes_is_no_longer_doomed() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, now, 11, false, None);
-    c.flush_replication(now, &mut e);
+    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, 11, false, None);
+    c.flush_replication(now, &mut e, &mut o);
     // The link to node 1 is doomed (it does not read), then closes (its
     // socket failed) before the loop takes the doomed links: the loop may
     // give its id to a new, unrelated connection, which must not be
@@ -87,12 +87,12 @@ fn a_doomed_link_that_closes_is_no_longer_doomed() {
     let mut written = 0;
     while c.doomed.is_empty() {
         assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
-        e.outbox_mut().write_link(20, line.as_bytes());
+        o.write_link(20, line.as_bytes());
         written += line.len();
-        c.flush_replication(now, &mut e);
+        c.flush_replication(now, &mut e, &mut o);
     }
-    e.close(20);
-    c.on_close(now, 20, &mut e);
+    e.close(20, &mut o);
+    c.on_close(now, 20, &mut e, &mut o);
     let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
     assert!(doomed.is_empty(), "{doomed:?}");
@@ -101,31 +101,31 @@ fn a_doomed_link_that_closes_is_no_longer_doomed() {
 
 #[test]
 fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    e.open(0);
+    e.open(0, &mut o);
     e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, now, 0, "G s 10 0");
+    client(&mut e, &mut o, now, 0, "G s 10 0");
     let t0 = e.members_of(b"s")[0].0;
-    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
-    e.output_mut(20).clear();
-    c.flush_replication(now, &mut e);
+    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
+    o.output_mut(20).clear();
+    c.flush_replication(now, &mut e, &mut o);
     assert_eq!(
-        replication_lines(&mut e, 20),
+        replication_lines(&mut o, 20),
         [
             format!("P SNAP {t0}"),
             format!("P S s {t0} 10001 10.0.0.5:4242 - -"),
             "P SYNCED".into()
         ]
     );
-    client(&mut e, now, 0, "C p 2 5 0");
+    client(&mut e, &mut o, now, 0, "C p 2 5 0");
     let t1 = e.members_of(b"p")[0].0;
-    client(&mut e, now, 0, &format!("N p {t1} 2"));
-    client(&mut e, now, 0, &format!("R s {t0}"));
-    c.flush_replication(now, &mut e);
+    client(&mut e, &mut o, now, 0, &format!("N p {t1} 2"));
+    client(&mut e, &mut o, now, 0, &format!("R s {t0}"));
+    c.flush_replication(now, &mut e, &mut o);
     let h = "10.0.0.5:4242 - -";
     assert_eq!(
-        replication_lines(&mut e, 20),
+        replication_lines(&mut o, 20),
         [
             "P L 2".to_string(),
             format!("P C p {t1} 5001 {h}"),
@@ -135,30 +135,30 @@ fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
         ]
     );
     // An expiry is a release too.
-    e.tick(at(now.ms + 2_100));
-    c.flush_replication(at(now.ms + 2_100), &mut e);
-    assert_eq!(replication_lines(&mut e, 20), [format!("P X p {t1}")]);
+    e.tick(at(now.ms + 2_100), &mut o);
+    c.flush_replication(at(now.ms + 2_100), &mut e, &mut o);
+    assert_eq!(replication_lines(&mut o, 20), [format!("P X p {t1}")]);
     c.check_invariants(at(now.ms + 2_100), &e);
 }
 
 #[test]
 fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    e.open(0);
+    e.open(0, &mut o);
     e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, now, 0, "O host-a/job-42");
-    client(&mut e, now, 0, "A before 10 0");
-    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, now, 11, false, Some(0));
+    client(&mut e, &mut o, now, 0, "O host-a/job-42");
+    client(&mut e, &mut o, now, 0, "A before 10 0");
+    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, 11, false, Some(0));
     for conn in [20, 21] {
-        e.output_mut(conn).clear();
+        o.output_mut(conn).clear();
     }
-    c.flush_replication(now, &mut e);
+    c.flush_replication(now, &mut e, &mut o);
     let t0 = e.holder(b"before").unwrap().0;
     for conn in [20, 21] {
         assert_eq!(
-            lines_of(&mut e, conn),
+            lines_of(&mut o, conn),
             [
                 format!("P SNAP {t0}"),
                 format!("P G before {t0} 10001 10.0.0.5:4242 host-a/job-42"),
@@ -167,66 +167,84 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
         );
     }
     // One turn's changes, in order, in the same bytes on both links.
-    client(&mut e, now, 0, "A k 5 0");
+    client(&mut e, &mut o, now, 0, "A k 5 0");
     let t1 = e.holder(b"k").unwrap().0;
-    client(&mut e, now, 0, &format!("N k {t1} 2"));
-    client(&mut e, now, 0, &format!("R k {t1}"));
-    client(&mut e, now, 0, &format!("R before {t0}"));
-    c.flush_replication(now, &mut e);
+    client(&mut e, &mut o, now, 0, &format!("N k {t1} 2"));
+    client(&mut e, &mut o, now, 0, &format!("R k {t1}"));
+    client(&mut e, &mut o, now, 0, &format!("R before {t0}"));
+    c.flush_replication(now, &mut e, &mut o);
     let h = "10.0.0.5:4242 host-a/job-42";
     let expected =
         format!("P G k {t1} 5001 {h}\nP G k {t1} 2001 {h}\nP X k {t1}\nP X before {t0}\n");
     // Behind the deltas, each follower's first lag probe.
     for (conn, probe) in [(20, 1), (21, 2)] {
-        let out = String::from_utf8(std::mem::take(e.output_mut(conn))).unwrap();
+        let out = String::from_utf8(std::mem::take(o.output_mut(conn))).unwrap();
         assert_eq!(out, format!("{expected}P PROBE {probe}\n"));
     }
     // An expiry is a release too; a turn without changes writes nothing.
-    client(&mut e, now, 0, "A short 0.1 0");
+    client(&mut e, &mut o, now, 0, "A short 0.1 0");
     let t2 = e.holder(b"short").unwrap().0;
-    c.flush_replication(now, &mut e);
-    e.tick(at(now.ms + 200));
-    c.flush_replication(now, &mut e);
-    c.flush_replication(now, &mut e);
+    c.flush_replication(now, &mut e, &mut o);
+    e.tick(at(now.ms + 200), &mut o);
+    c.flush_replication(now, &mut e, &mut o);
+    c.flush_replication(now, &mut e, &mut o);
     for conn in [20, 21] {
         assert_eq!(
-            lines_of(&mut e, conn),
+            lines_of(&mut o, conn),
             [format!("P G short {t2} 101 {h}"), format!("P X short {t2}")]
         );
-        assert!(lines_of(&mut e, conn).is_empty());
+        assert!(lines_of(&mut o, conn).is_empty());
     }
     c.check_invariants(now, &e);
 }
 
 #[test]
 fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let ms = TIMEOUT_MS + 60;
-    e.open(0);
-    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
-    c.flush_replication(at(ms), &mut e);
+    e.open(0, &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e, &mut o);
     // A snapshot alone carries no probe.
     for conn in [20, 21] {
         assert!(
-            !lines_of(&mut e, conn)
+            !lines_of(&mut o, conn)
                 .iter()
                 .any(|l| l.starts_with("P PROBE"))
         );
     }
-    client(&mut e, at(ms), 0, "A k 5 0");
-    c.flush_replication(at_us(ms, 100), &mut e);
-    let probe_1 = lines_of(&mut e, 20).pop().unwrap();
+    client(&mut e, &mut o, at(ms), 0, "A k 5 0");
+    c.flush_replication(at_us(ms, 100), &mut e, &mut o);
+    let probe_1 = lines_of(&mut o, 20).pop().unwrap();
     assert_eq!(probe_1, "P PROBE 1");
-    assert_eq!(lines_of(&mut e, 21).pop().unwrap(), "P PROBE 2");
+    assert_eq!(lines_of(&mut o, 21).pop().unwrap(), "P PROBE 2");
     // Node 1 answers 2.35 ms later (on its own link to us, conn 10); an
     // answer to a probe that is not in flight counts nothing.
-    c.on_message(at_us(ms + 2, 450), 10, PeerMsg::Probed { seq: 2 }, &mut e)
-        .unwrap();
-    c.on_message(at_us(ms + 2, 450), 10, PeerMsg::Probed { seq: 1 }, &mut e)
-        .unwrap();
-    c.on_message(at_us(ms + 2, 500), 10, PeerMsg::Probed { seq: 1 }, &mut e)
-        .unwrap();
+    c.on_message(
+        at_us(ms + 2, 450),
+        10,
+        PeerMsg::Probed { seq: 2 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
+    c.on_message(
+        at_us(ms + 2, 450),
+        10,
+        PeerMsg::Probed { seq: 1 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
+    c.on_message(
+        at_us(ms + 2, 500),
+        10,
+        PeerMsg::Probed { seq: 1 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
     let one = lag_of(&c, "127.0.0.1:7001");
     assert_eq!(one.lag_us.count(), 1);
     assert_eq!(one.lag_us.sum, 2350);
@@ -236,14 +254,14 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     // Within PROBE_EVERY_MS no new probe goes, whatever flows; after it
     // one goes to node 1, none to node 2 while its probe is in flight.
     let token = e.holder(b"k").unwrap().0;
-    client(&mut e, at(ms + 3), 0, &format!("R k {token}"));
-    c.flush_replication(at(ms + 3), &mut e);
-    assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
-    client(&mut e, at(ms + PROBE_EVERY_MS), 0, "A k 5 0");
-    c.flush_replication(at(ms + PROBE_EVERY_MS), &mut e);
-    assert_eq!(lines_of(&mut e, 20).pop().unwrap(), "P PROBE 3");
+    client(&mut e, &mut o, at(ms + 3), 0, &format!("R k {token}"));
+    c.flush_replication(at(ms + 3), &mut e, &mut o);
+    assert_eq!(lines_of(&mut o, 20), [format!("P X k {token}")]);
+    client(&mut e, &mut o, at(ms + PROBE_EVERY_MS), 0, "A k 5 0");
+    c.flush_replication(at(ms + PROBE_EVERY_MS), &mut e, &mut o);
+    assert_eq!(lines_of(&mut o, 20).pop().unwrap(), "P PROBE 3");
     assert!(
-        !lines_of(&mut e, 21)
+        !lines_of(&mut o, 21)
             .iter()
             .any(|l| l.starts_with("P PROBE"))
     );
@@ -251,13 +269,13 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     // the next deltas carry a new one (node 1's, sent later, is still in
     // flight).
     let later = ms + TIMEOUT_MS + 1;
-    heartbeat(&mut c, &mut e, at(later), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, at(later), 11, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(later), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(later), 11, false, Some(0));
     let token = e.holder(b"k").unwrap().0;
-    client(&mut e, at(later), 0, &format!("R k {token}"));
-    c.flush_replication(at_us(later, 50), &mut e);
-    assert_eq!(lines_of(&mut e, 21).pop().unwrap(), "P PROBE 4");
-    assert_eq!(lines_of(&mut e, 20), [format!("P X k {token}")]);
+    client(&mut e, &mut o, at(later), 0, &format!("R k {token}"));
+    c.flush_replication(at_us(later, 50), &mut e, &mut o);
+    assert_eq!(lines_of(&mut o, 21).pop().unwrap(), "P PROBE 4");
+    assert_eq!(lines_of(&mut o, 20), [format!("P X k {token}")]);
     let two = lag_of(&c, "127.0.0.1:7002");
     assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
     c.check_invariants(at_us(later, 50), &e);
@@ -265,18 +283,17 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
 
 #[test]
 fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
-    let (mut c, mut e) = node(2);
+    let (mut c, mut e, mut o) = node(2);
     for (conn, peer) in [(20, 0), (21, 1)] {
-        e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
+        dial_out(&mut c, &mut e, &mut o, at(0), conn, peer);
         Remote::new(peer)
-            .accept(&mut c, &mut e, at(0), conn)
+            .accept(&mut c, &mut e, &mut o, at(0), conn)
             .unwrap();
     }
-    link_in(&mut c, &mut e, at(1), 10, 0);
-    link_in(&mut c, &mut e, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, at(2), 11, true, None);
-    heartbeat(&mut c, &mut e, at(2), 10, false, Some(1));
+    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
+    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
+    heartbeat(&mut c, &mut e, &mut o, at(2), 10, false, Some(1));
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -284,50 +301,50 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
         }
     );
     for conn in [20, 21] {
-        e.output_mut(conn).clear();
+        o.output_mut(conn).clear();
     }
-    c.on_message(at(3), 11, PeerMsg::Probe { seq: 7 }, &mut e)
+    c.on_message(at(3), 11, PeerMsg::Probe { seq: 7 }, &mut e, &mut o)
         .unwrap();
-    assert_eq!(lines_of(&mut e, 21), ["P PROBED 7"]);
+    assert_eq!(lines_of(&mut o, 21), ["P PROBED 7"]);
     // A node it does not follow gets no answer: we do not apply its
     // replication.
-    c.on_message(at(3), 10, PeerMsg::Probe { seq: 8 }, &mut e)
+    c.on_message(at(3), 10, PeerMsg::Probe { seq: 8 }, &mut e, &mut o)
         .unwrap();
-    assert!(lines_of(&mut e, 20).is_empty());
-    assert!(lines_of(&mut e, 21).is_empty());
+    assert!(lines_of(&mut o, 20).is_empty());
+    assert!(lines_of(&mut o, 21).is_empty());
     c.check_invariants(at(3), &e);
 }
 
 #[test]
 fn an_active_coalesces_replication_for_at_most_its_bound() {
-    let (mut c, mut e) = active_node0_coalescing(500);
+    let (mut c, mut e, mut o) = active_node0_coalescing(500);
     let ms = TIMEOUT_MS + 60;
-    e.open(0);
-    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
-    c.flush_replication(at(ms), &mut e);
+    e.open(0, &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e, &mut o);
     for conn in [20, 21] {
-        e.output_mut(conn).clear();
+        o.output_mut(conn).clear();
     }
-    let turn = |c: &mut Cluster, e: &mut Engine, now: Now, line: &str| {
+    let turn = |c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, line: &str| {
         if !line.is_empty() {
-            client(e, now, 0, line);
+            client(e, o, now, 0, line);
         }
-        c.flush_replication(now, e);
+        c.flush_replication(now, e, o);
         let sent: Vec<bool> = [20, 21].iter().map(|&l| c.sends_more(l)).collect();
         assert_eq!(sent[0], sent[1], "both followers alike");
-        let lines = lines_of(e, 20);
-        e.output_mut(21).clear();
+        let lines = lines_of(o, 20);
+        o.output_mut(21).clear();
         (sent[0], lines)
     };
     // A link quiet for longer than the bound: the first deltas go at once.
-    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 10, 0), "A a 5 0");
+    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 0), "A a 5 0");
     assert!(!more && lines[0].starts_with("P G a "), "{lines:?}");
     // Within the bound of that send: held (MSG_MORE), turn after turn,
     // until the oldest held bytes have waited 500 µs.
-    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 100), "A b 5 0");
+    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 100), "A b 5 0");
     assert!(more);
-    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 550), "A c 5 0");
+    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 550), "A c 5 0");
     assert!(more, "held since 100 µs: due at 600");
     assert_eq!(
         c.push_deadline(),
@@ -335,19 +352,19 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
         "the loop wakes for the push"
     );
     assert!(c.next_deadline() <= ms + 11);
-    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 10, 600), "A d 5 0");
+    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 600), "A d 5 0");
     assert!(!more && lines[0].starts_with("P G d "), "{lines:?}");
     // Held again, then nothing more to send: the flush at the deadline
     // pushes it with a heartbeat of its own.
-    let (more, _) = turn(&mut c, &mut e, at_us(ms + 10, 700), "A e 5 0");
+    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 700), "A e 5 0");
     assert!(more);
     assert_eq!(c.push_deadline(), Some(ms + 12));
-    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 11, 100), "");
+    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 11, 100), "");
     assert!(
         !more && lines.is_empty(),
         "not due before 1200 µs: {lines:?}"
     );
-    let (more, lines) = turn(&mut c, &mut e, at_us(ms + 11, 200), "");
+    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 11, 200), "");
     assert!(!more, "pushed");
     assert_eq!(lines.len(), 1);
     assert!(lines[0].starts_with("P HB A "), "{lines:?}");
@@ -357,15 +374,21 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
 
 #[test]
 fn without_coalescing_every_turn_s_replication_goes_at_once() {
-    let (mut c, mut e) = active_node0();
+    let (mut c, mut e, mut o) = active_node0();
     let ms = TIMEOUT_MS + 60;
-    e.open(0);
-    heartbeat(&mut c, &mut e, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, at(ms), 11, false, Some(0));
-    c.flush_replication(at(ms), &mut e);
+    e.open(0, &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    c.flush_replication(at(ms), &mut e, &mut o);
     for (i, key) in ["a", "b", "c"].iter().enumerate() {
-        client(&mut e, at_us(ms, i as u64 * 10), 0, &format!("A {key} 5 0"));
-        c.flush_replication(at_us(ms, i as u64 * 10), &mut e);
+        client(
+            &mut e,
+            &mut o,
+            at_us(ms, i as u64 * 10),
+            0,
+            &format!("A {key} 5 0"),
+        );
+        c.flush_replication(at_us(ms, i as u64 * 10), &mut e, &mut o);
         assert!(!c.sends_more(20) && !c.sends_more(21));
     }
 }

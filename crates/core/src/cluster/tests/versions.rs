@@ -6,11 +6,16 @@ use super::*;
 /// Peer `peer` refuses each `HELLO` newer than [`wire::MIN_VERSION`] as a
 /// node of the oldest release does, on links `first_conn` on: each refusal
 /// lowers the version this node dials it with by one.
-fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_conn: ConnId) {
+fn refuse_newer_versions(
+    c: &mut Cluster,
+    e: &mut Engine,
+    o: &mut Outbox,
+    peer: usize,
+    first_conn: ConnId,
+) {
     for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
-        e.open(conn);
-        c.outbound_open(at(0), conn, PeerId(peer), e.outbox_mut());
-        let hello = lines_of(e, conn);
+        dial_out(c, e, o, at(0), conn, peer);
+        let hello = lines_of(o, conn);
         assert!(
             hello[0].starts_with(&format!("P HELLO {refused} ")),
             "{hello:?}"
@@ -20,8 +25,8 @@ fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_con
              the same ringlock release on every node in line 1"
         );
         assert!(c.on_refusal(at(0), conn, refusal.as_bytes()).is_err());
-        c.on_close(at(0), conn, e);
-        e.close(conn);
+        c.on_close(at(0), conn, e, o);
+        e.close(conn, o);
     }
 }
 
@@ -33,60 +38,60 @@ fn refuse_newer_versions(c: &mut Cluster, e: &mut Engine, peer: usize, first_con
 /// with that.
 #[test]
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
-    let (mut c, mut e) = node(0);
-    e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
-    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
-    refuse_newer_versions(&mut c, &mut e, 2, 30);
-    e.open(22);
-    c.outbound_open(at(200), 22, PeerId(2), e.outbox_mut());
-    let hello = String::from_utf8(e.output_mut(22).clone()).unwrap();
+    let (mut c, mut e, mut o) = node(0);
+    dial_out(&mut c, &mut e, &mut o, at(0), 20, 1);
+    Remote::new(1)
+        .accept(&mut c, &mut e, &mut o, at(0), 20)
+        .unwrap();
+    refuse_newer_versions(&mut c, &mut e, &mut o, 2, 30);
+    dial_out(&mut c, &mut e, &mut o, at(200), 22, 2);
+    let hello = String::from_utf8(o.output_mut(22).clone()).unwrap();
     assert!(hello.starts_with("P HELLO 2 "), "{hello}");
     let mut old = Remote::new(2);
     old.version = 2;
-    old.accept(&mut c, &mut e, at(200), 22).unwrap();
-    link_in(&mut c, &mut e, at(201), 10, 1);
-    old.dial(&mut c, &mut e, at(201), 11).unwrap();
+    old.accept(&mut c, &mut e, &mut o, at(200), 22).unwrap();
+    link_in(&mut c, &mut e, &mut o, at(201), 10, 1);
+    old.dial(&mut c, &mut e, &mut o, at(201), 11).unwrap();
     for ms in (202..=TIMEOUT_MS + 250).step_by(50) {
-        heartbeat(&mut c, &mut e, at(ms), 10, false, None);
-        heartbeat(&mut c, &mut e, at(ms), 11, false, None);
-        c.tick(at(ms), &mut e);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
+        c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);
     let now = at(TIMEOUT_MS + 300);
-    e.open(0);
+    e.open(0, &mut o);
     e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, now, 0, "O job-1");
-    client(&mut e, now, 0, "A k 10 0");
+    client(&mut e, &mut o, now, 0, "O job-1");
+    client(&mut e, &mut o, now, 0, "A k 10 0");
     let t = e.holder(b"k").unwrap().0;
-    heartbeat(&mut c, &mut e, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, now, 11, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, 11, false, Some(0));
     for conn in [20, 22] {
-        e.output_mut(conn).clear();
+        o.output_mut(conn).clear();
     }
-    c.flush_replication(now, &mut e);
+    c.flush_replication(now, &mut e, &mut o);
     assert_eq!(
-        lines_of(&mut e, 20)[1],
+        lines_of(&mut o, 20)[1],
         format!("P G k {t} 10001 10.0.0.5:4242 job-1")
     );
-    assert_eq!(lines_of(&mut e, 22)[1], format!("P G k {t} 10001"));
-    client(&mut e, now, 0, &format!("N k {t} 5"));
-    c.flush_replication(now, &mut e);
+    assert_eq!(lines_of(&mut o, 22)[1], format!("P G k {t} 10001"));
+    client(&mut e, &mut o, now, 0, &format!("N k {t} 5"));
+    c.flush_replication(now, &mut e, &mut o);
     // A lag probe behind the deltas on the newest link only.
     assert_eq!(
-        lines_of(&mut e, 20),
+        lines_of(&mut o, 20),
         [
             format!("P G k {t} 5001 10.0.0.5:4242 job-1"),
             "P PROBE 1".into()
         ]
     );
-    assert_eq!(lines_of(&mut e, 22), [format!("P G k {t} 5001")]);
+    assert_eq!(lines_of(&mut o, 22), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
     // Node 2 cannot learn shared grants and permits: while it follows,
     // G and C are refused.
     for line in ["G s 10 0", "C p 2 10 0"] {
         assert_eq!(
-            try_client(&mut e, now, 0, line),
+            try_client(&mut e, &mut o, now, 0, line),
             Err(Refusal::FollowerTooOld)
         );
     }
@@ -94,7 +99,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     // and ours to it is given up to be dialed again with it.
     let mut new = Remote::new(2);
     new.incarnation = 2;
-    new.dial(&mut c, &mut e, now, 12).unwrap();
+    new.dial(&mut c, &mut e, &mut o, now, 12).unwrap();
     let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
     assert!(
@@ -103,21 +108,20 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
             .any(|(conn, why)| *conn == 22 && why.contains(&format!("version {}", wire::VERSION))),
         "{doomed:?}"
     );
-    c.on_close(now, 22, &mut e);
-    e.close(22);
+    c.on_close(now, 22, &mut e, &mut o);
+    e.close(22, &mut o);
     let mut dials = Vec::new();
     c.take_dials(at(now.ms + 200), &mut dials);
     assert!(dials.iter().any(|&(p, _)| p == PeerId(2)), "{dials:?}");
-    e.open(23);
-    c.outbound_open(at(now.ms + 200), 23, PeerId(2), e.outbox_mut());
-    let hello = String::from_utf8(e.output_mut(23).clone()).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(now.ms + 200), 23, 2);
+    let hello = String::from_utf8(o.output_mut(23).clone()).unwrap();
     assert!(
         hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello}"
     );
     // With no follower below version 5 left, G is served again.
-    c.flush_replication(at(now.ms + 200), &mut e);
-    client(&mut e, at(now.ms + 200), 0, "G s 10 0");
+    c.flush_replication(at(now.ms + 200), &mut e, &mut o);
+    client(&mut e, &mut o, at(now.ms + 200), 0, "G s 10 0");
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to
@@ -130,13 +134,12 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
 fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     // Node 1 (this release) dials first, with 2: this node restarted
     // upgraded, and node 1 still dials it as it dialed the release before.
-    let (mut c, mut e) = node(0);
+    let (mut c, mut e, mut o) = node(0);
     let mut peer = Remote::new(1);
     peer.version = 2;
-    peer.dial(&mut c, &mut e, at(0), 10).unwrap();
-    e.open(20);
-    c.outbound_open(at(1), 20, PeerId(1), e.outbox_mut());
-    let hello = lines_of(&mut e, 20);
+    peer.dial(&mut c, &mut e, &mut o, at(0), 10).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(1), 20, 1);
+    let hello = lines_of(&mut o, 20);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"
@@ -149,15 +152,14 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
         wire::VERSION
     );
     assert!(c.on_refusal(at(2), 20, refusal.as_bytes()).is_err());
-    c.on_close(at(2), 20, &mut e);
-    e.close(20);
+    c.on_close(at(2), 20, &mut e, &mut o);
+    e.close(20, &mut o);
     let mut old = Remote::new(1);
     old.version = 2;
     old.incarnation = 2;
-    old.dial(&mut c, &mut e, at(3), 11).unwrap();
-    e.open(21);
-    c.outbound_open(at(300), 21, PeerId(1), e.outbox_mut());
-    let hello = lines_of(&mut e, 21);
+    old.dial(&mut c, &mut e, &mut o, at(3), 11).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(300), 21, 1);
+    let hello = lines_of(&mut o, 21);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
         "{hello:?}"
@@ -170,20 +172,20 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
 /// dials with.
 #[test]
 fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
-    let (mut c, mut e) = node(0);
-    e.open(20);
-    c.outbound_open(at(0), 20, PeerId(1), e.outbox_mut());
-    Remote::new(1).accept(&mut c, &mut e, at(0), 20).unwrap();
+    let (mut c, mut e, mut o) = node(0);
+    dial_out(&mut c, &mut e, &mut o, at(0), 20, 1);
+    Remote::new(1)
+        .accept(&mut c, &mut e, &mut o, at(0), 20)
+        .unwrap();
     let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
     let msg = wire::parse(hello).unwrap();
-    assert!(c.on_message(at(1), 20, msg, &mut e).is_err());
+    assert!(c.on_message(at(1), 20, msg, &mut e, &mut o).is_err());
     let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3) in line 1";
     assert!(c.on_refusal(at(1), 20, refusal).is_err());
-    c.on_close(at(1), 20, &mut e);
-    e.close(20);
-    e.open(21);
-    c.outbound_open(at(300), 21, PeerId(1), e.outbox_mut());
-    let hello = lines_of(&mut e, 21);
+    c.on_close(at(1), 20, &mut e, &mut o);
+    e.close(20, &mut o);
+    dial_out(&mut c, &mut e, &mut o, at(300), 21, 1);
+    let hello = lines_of(&mut o, 21);
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"

@@ -7,6 +7,7 @@ use crate::engine::table;
 use crate::engine::{
     Engine, GrantRefusal, MAX_LEASE_MS, Merged, Now, Replication, Timer, merge, token,
 };
+use crate::outbox::Outbox;
 
 impl Engine {
     /// Whether a follower's link is too old to carry members: then `G` and
@@ -233,6 +234,7 @@ impl Engine {
     /// back under it); a key held exclusively here keeps it beside its
     /// grant, as a believed grant ([`merge`]). Values no node of
     /// ours sends are refused.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn merge_member(
         &mut self,
         now: Now,
@@ -241,6 +243,7 @@ impl Engine {
         remaining_ms: u64,
         limit: u32,
         holder: crate::proto::Holder<'_>,
+        out: &mut Outbox,
     ) -> Result<Merged, GrantRefusal> {
         Engine::check_member_fields(remaining_ms, token, limit)?;
         if self
@@ -249,7 +252,7 @@ impl Engine {
             .is_some_and(|lock| self.table.lock(lock).holder.is_some())
         {
             // Beside an exclusive grant: as a merged exclusive grant.
-            return self.merge_grant(now, key, token, remaining_ms, holder);
+            return self.merge_grant(now, key, token, remaining_ms, holder, out);
         }
         let (lock, known) = self.member_lock(key, token)?;
         self.tokens.observe(token);
@@ -290,6 +293,7 @@ impl Engine {
         token: u64,
         expires_ms: u64,
         holder: crate::proto::Holder<'_>,
+        out: &mut Outbox,
     ) {
         debug_assert!(self.table.lock(lock).holder.is_none());
         if self.table.lock(lock).limit > 0 {
@@ -297,7 +301,7 @@ impl Engine {
                 if let Some(timer) = self.table.waiter_mut(w).timer.take() {
                     self.wheel.cancel(timer);
                 }
-                self.time_out(w);
+                self.time_out(w, out);
             }
         }
         let slots: Vec<u32> = self

@@ -128,10 +128,10 @@ fn closing_a_connection_withdraws_its_waiters_but_not_its_grants() {
     h.send(1, "A k 10 0").unwrap();
     h.send(1, "A k 10 0.1").unwrap();
     h.send(2, "A k 10 0").unwrap();
-    h.engine.close(1);
-    h.engine.check_invariants();
-    h.engine.close(0);
-    h.engine.open(0);
+    h.engine.close(1, &mut h.out);
+    h.check();
+    h.engine.close(0, &mut h.out);
+    h.engine.open(0, &mut h.out);
     h.send(0, &format!("R k {t}")).unwrap();
     assert_eq!(h.answers(0), ["R k 1"]);
     assert_eq!(h.answers(2).len(), 1, "the withdrawn waiter was skipped");
@@ -166,13 +166,13 @@ fn requests_at_the_bounds_of_the_parser_set_timers_without_trouble() {
         lease_ms: u64::MAX,
         wait_ms: u64::MAX,
     };
-    h.engine.handle(h.now, 1, far).unwrap();
+    h.engine.handle(h.now, 1, far, &mut h.out).unwrap();
     assert_eq!(token_of(&h.answers(1)[0], "far"), t + 1);
     h.advance(MAX_LEASE_MS);
     assert_eq!(h.answers(1), ["T k"], "the wait ran out before the lease");
     assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(t));
     assert!(h.engine.holder(b"far").is_some(), "a lease of u64::MAX ms");
-    h.engine.check_invariants();
+    h.check();
 }
 
 #[test]
@@ -194,8 +194,8 @@ fn stepping_down_answers_every_waiter_then_redirects() {
     h.send(1, "A j 10 0").unwrap();
     h.advance(200);
     let j = token_of(&h.answers(1)[0], "j");
-    h.engine.step_down(Some("10.0.0.2:7171"));
-    h.engine.check_invariants();
+    h.engine.step_down(Some("10.0.0.2:7171"), &mut h.out);
+    h.check();
     assert_eq!(h.answers(1), ["M k 10.0.0.2:7171", "T k"]);
     h.send(0, &format!("R k {t}")).unwrap();
     h.send(0, "A x 1 0").unwrap();
@@ -248,9 +248,9 @@ fn random_operations_keep_the_invariants() {
             7..=8 => h.advance(next() % 20),
             _ => {
                 if step % 7 == 0 {
-                    h.engine.close(conn);
-                    h.engine.open(conn);
-                    h.engine.check_invariants();
+                    h.engine.close(conn, &mut h.out);
+                    h.engine.open(conn, &mut h.out);
+                    h.check();
                 }
             }
         }

@@ -51,17 +51,17 @@ fn who_holds_and_who_waits_is_listed_with_addresses_and_owners() {
     h.send(0, "W 0 10 k").unwrap();
     assert!(h.answers(0)[0].ends_with(" host-a/job-42"));
     // The holder outlives its connection; its entry goes with its grants.
-    h.engine.close(0);
-    h.engine.check_invariants();
+    h.engine.close(0, &mut h.out);
+    h.check();
     h.send(2, "W 0 1 k").unwrap();
     assert!(h.answers(2)[0].ends_with(" 10.0.0.1:5000 host-a/job-42"));
     h.send(2, &format!("R k {t}")).unwrap();
     h.send(2, &format!("R k2 {t2}")).unwrap();
     let answers = h.answers(1);
     assert_eq!(answers.len(), 1, "the head waiter got k: {answers:?}");
-    h.engine.close(1);
-    h.engine.close(2);
-    h.engine.check_invariants();
+    h.engine.close(1, &mut h.out);
+    h.engine.close(2, &mut h.out);
+    h.check();
     // Waiter 2 was withdrawn with its connection; the grant to connection
     // 1 stays, and names its holder: the only entry left.
     assert_eq!(h.engine.holder_count(), 1);
@@ -83,7 +83,7 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut e = Engine::new(now, "127.0.0.1:7171");
-    e.step_down(Some("127.0.0.1:7172"));
+    e.step_down(Some("127.0.0.1:7172"), &mut Outbox::new());
     let holder = Holder {
         addr: Some(b"10.0.0.1:5000"),
         owner: Some(b"job"),
@@ -101,8 +101,8 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
     e.apply_grant(now, b"d", 20, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder_of(b"d"), Some(Holder::default()));
-    e.apply_release(now, b"a", 10);
-    e.apply_release(now, b"b", 11);
+    e.apply_release(now, b"a", 10, &mut Outbox::new());
+    e.apply_release(now, b"b", 11, &mut Outbox::new());
     e.check_invariants();
     assert_eq!(e.holder_count(), 1);
     e.clear_grants();
@@ -127,29 +127,29 @@ fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
         tokens.push(h.grant(0, &format!("k{i}"), "1"));
     }
     h.answers(0);
-    h.engine.check_invariants();
+    h.check();
     assert_eq!(h.engine.holder_count(), 200);
     // Half released, the other half expire.
     for (i, t) in tokens.iter().enumerate().take(100) {
         h.send(1, &format!("R k{i} {t}")).unwrap();
     }
-    h.engine.check_invariants();
+    h.check();
     assert_eq!(h.engine.holder_count(), 100);
     h.advance(1_100);
-    h.engine.check_invariants();
+    h.check();
     // The connection's own entry: its label stays for its next grant.
     assert_eq!(h.engine.holder_count(), 1);
-    h.engine.close(0);
+    h.engine.close(0, &mut h.out);
     assert_eq!(h.engine.holder_count(), 0);
     for _ in 0..100 {
-        h.engine.open(0);
+        h.engine.open(0, &mut h.out);
         h.send(0, "O x").unwrap();
         h.answers(0);
         let t = h.grant(0, "k", "10");
         h.send(0, &format!("R k {t}")).unwrap();
-        h.engine.close(0);
+        h.engine.close(0, &mut h.out);
     }
-    h.engine.check_invariants();
+    h.check();
     assert_eq!(h.engine.holder_count(), 0);
 }
 

@@ -102,7 +102,7 @@ fn an_acquire_outside_the_rules_is_refused_and_l_lists_only_allowed_keys() {
 #[test]
 fn a_replicated_grant_keeps_its_identity_and_one_without_is_an_admins_only() {
     let mut h = identified(&["alice", "bob", "ops"], RULES);
-    h.engine.step_down(Some("10.0.0.1:7171"));
+    h.engine.step_down(Some("10.0.0.1:7171"), &mut h.out);
     let alice = Holder {
         identity: Some(b"alice"),
         ..Holder::default()

@@ -7,7 +7,7 @@ fn limited(conns: u32, max_locks: u32) -> Harness {
     let mut h = Harness::new(0);
     h.engine = Engine::with_max_locks(h.now, "127.0.0.1:7171", max_locks);
     for c in 0..conns {
-        h.engine.open(c);
+        h.engine.open(c, &mut h.out);
     }
     h
 }
@@ -79,7 +79,7 @@ fn max_locks_is_kept_within_its_range() {
 #[test]
 fn a_replicated_grant_beyond_max_locks_is_refused() {
     let mut h = limited(1, 2);
-    h.engine.step_down(None);
+    h.engine.step_down(None, &mut h.out);
     let now = h.now;
     let e = &mut h.engine;
     e.apply_grant(now, b"a", 5, 1_000, Holder::default())
@@ -96,7 +96,7 @@ fn a_replicated_grant_beyond_max_locks_is_refused() {
     e.apply_grant(now, b"a", 8, 2_000, Holder::default())
         .unwrap();
     assert_eq!(e.holder(b"a"), Some((8, now.ms + 2_000)));
-    e.apply_release(now, b"b", 6);
+    e.apply_release(now, b"b", 6, &mut Outbox::new());
     e.apply_grant(now, b"c", 9, 1_000, Holder::default())
         .unwrap();
     assert_eq!(e.lock_count(), 2);

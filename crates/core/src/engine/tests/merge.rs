@@ -15,8 +15,10 @@ fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
     let now = h.now;
     let merge = |h: &mut Harness, key: &[u8], token, ms| {
         let now = h.now;
-        let got = h.engine.merge_grant(now, key, token, ms, Holder::default());
-        h.engine.check_invariants();
+        let got = h
+            .engine
+            .merge_grant(now, key, token, ms, Holder::default(), &mut h.out);
+        h.check();
         got
     };
     assert_eq!(merge(&mut h, b"k", theirs, 3_000), Ok(Merged::Beside));
@@ -36,7 +38,7 @@ fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
     assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(theirs));
     h.send(2, &format!("N k {theirs} 2")).unwrap();
     assert_eq!(h.answers(2), ["N k 1"]);
-    h.engine.check_invariants();
+    h.check();
     h.send(2, &format!("R k {theirs}")).unwrap();
     assert_eq!(h.answers(2), ["R k 1"]);
     let granted = h.answers(1);
@@ -44,7 +46,7 @@ fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
     let t: u64 = granted[0].strip_prefix("A k ").unwrap().parse().unwrap();
     assert!(t > theirs + 1, "the next grant is above every merged token");
     assert_eq!(h.engine.believed_count(), 0);
-    h.engine.check_invariants();
+    h.check();
 }
 
 /// The lock-delay never outlasts the merged leases: with both holders
@@ -57,7 +59,7 @@ fn the_lock_delay_ends_with_the_longest_merged_lease() {
     let now = h.now;
     let got = h
         .engine
-        .merge_grant(now, b"k", mine + 7, 2_000, Holder::default());
+        .merge_grant(now, b"k", mine + 7, 2_000, Holder::default(), &mut h.out);
     assert_eq!(got, Ok(Merged::Beside));
     h.send(1, "A k 5 10").unwrap();
     h.advance(1_500);
@@ -68,5 +70,5 @@ fn the_lock_delay_ends_with_the_longest_merged_lease() {
     assert_eq!(granted.len(), 1, "{granted:?}");
     h.send(0, &format!("N k {} 1", mine + 7)).unwrap();
     assert_eq!(h.answers(0), ["N k 0"]);
-    h.engine.check_invariants();
+    h.check();
 }

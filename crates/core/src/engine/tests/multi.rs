@@ -8,73 +8,8 @@ mod model;
 use super::*;
 use crate::proto::Holder;
 
-struct H {
-    engine: Engine,
-    now: Now,
-}
-
-impl H {
-    fn new(conns: u32) -> H {
-        let now = Now {
-            ms: 1_000,
-            us: 1_000_000,
-            unix_ns: 1_700_000_000_000_000_000,
-        };
-        let mut engine = Engine::new(now, "127.0.0.1:7171");
-        for c in 0..conns {
-            engine.open(c);
-        }
-        H { engine, now }
-    }
-
-    fn send(&mut self, conn: ConnId, line: &str) -> Result<(), Refusal> {
-        let wire = format!("{line}\n");
-        let (request, _) = crate::proto::parse_request(wire.as_bytes())
-            .expect("valid request")
-            .expect("whole line");
-        let result = self.engine.handle(self.now, conn, request);
-        self.engine.check_invariants();
-        result
-    }
-
-    /// One ms at a time, ticking each, so that timers fire in deadline
-    /// order.
-    fn advance(&mut self, ms: u64) {
-        for _ in 0..ms {
-            self.now.ms += 1;
-            self.now.unix_ns += 1_000_000;
-            self.engine.tick(self.now);
-        }
-        self.engine.check_invariants();
-    }
-
-    fn answers(&mut self, conn: ConnId) -> Vec<String> {
-        let out = std::mem::take(self.engine.output_mut(conn));
-        String::from_utf8(out)
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Sends `line`, which must be granted at once with an answer of `op`.
-    fn granted(&mut self, conn: ConnId, line: &str) -> u64 {
-        self.send(conn, line).unwrap();
-        let answers = self.answers(conn);
-        assert_eq!(answers.len(), 1, "{line}: {answers:?}");
-        token(&answers[0])
-    }
-
-    fn close(&mut self, conn: ConnId) {
-        self.engine.close(conn);
-        self.engine.settle(self.now);
-        self.engine.check_invariants();
-        self.engine.open(conn);
-    }
-}
-
 /// The token of a grant line (`A`, `G` or `C`), not 0.
-fn token(line: &str) -> u64 {
+pub(super) fn token(line: &str) -> u64 {
     let fields: Vec<&str> = line.split(' ').collect();
     assert!(
         fields.len() == 3 && ["A", "G", "C"].contains(&fields[0]),
@@ -87,7 +22,7 @@ fn token(line: &str) -> u64 {
 
 #[test]
 fn readers_hold_together_a_writer_waits_and_a_later_reader_waits_behind_it() {
-    let mut h = H::new(4);
+    let mut h = Harness::new(4);
     let r1 = h.granted(0, "G k 10 0");
     let r2 = h.granted(1, "G k 10 0");
     assert!(r2 > r1);
@@ -114,7 +49,7 @@ fn readers_hold_together_a_writer_waits_and_a_later_reader_waits_behind_it() {
 
 #[test]
 fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
-    let mut h = H::new(6);
+    let mut h = Harness::new(6);
     let w = h.granted(0, "A k 10 0");
     for (c, line) in [
         (1, "G k 10 0"),
@@ -129,7 +64,7 @@ fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
     assert!(w < a && a < b, "granted in queue order");
     assert!(h.answers(3).is_empty() && h.answers(4).is_empty());
     // The writer gives up: the reader behind it joins the readers at once.
-    h.close(3);
+    h.reopen(3);
     let c = token(&h.answers(4)[0]);
     assert!(c > b);
     assert_eq!(h.engine.members_of(b"k").len(), 3);
@@ -137,18 +72,18 @@ fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
 
 #[test]
 fn a_writer_whose_wait_runs_out_lets_the_readers_behind_it_in() {
-    let mut h = H::new(3);
+    let mut h = Harness::new(3);
     h.granted(0, "G k 10 0");
     h.send(1, "A k 10 0.1").unwrap();
     h.send(2, "G k 10 0").unwrap();
-    h.advance(101);
+    h.advance_each_ms(101);
     assert_eq!(h.answers(1), ["T k"]);
     token(&h.answers(2)[0]);
 }
 
 #[test]
 fn a_semaphore_grants_up_to_its_limit_in_fifo_order() {
-    let mut h = H::new(5);
+    let mut h = Harness::new(5);
     let a = h.granted(0, "C s 2 10 0");
     let b = h.granted(1, "C s 2 10 0");
     h.send(2, "C s 2 10 0").unwrap();
@@ -162,7 +97,7 @@ fn a_semaphore_grants_up_to_its_limit_in_fifo_order() {
     // A permit's lease runs out: the next waiter takes it.
     h.send(1, &format!("N s {b} 0.05")).unwrap();
     assert_eq!(h.answers(1), ["N s 1"]);
-    h.advance(51);
+    h.advance_each_ms(51);
     token(&h.answers(3)[0]);
     h.send(1, &format!("R s {b}")).unwrap();
     h.send(1, &format!("N s {b} 1")).unwrap();
@@ -171,7 +106,7 @@ fn a_semaphore_grants_up_to_its_limit_in_fifo_order() {
 
 #[test]
 fn another_limit_or_kind_is_refused_and_changes_nothing() {
-    let mut h = H::new(3);
+    let mut h = Harness::new(3);
     let p = h.granted(0, "C s 2 10 0");
     h.send(1, "C s 3 10 0").unwrap();
     h.send(1, "G s 10 0").unwrap();
@@ -199,7 +134,7 @@ fn another_limit_or_kind_is_refused_and_changes_nothing() {
 
 #[test]
 fn waits_of_g_and_c_run_out_with_their_own_answers_in_order() {
-    let mut h = H::new(2);
+    let mut h = Harness::new(2);
     h.granted(0, "A k 10 0");
     h.granted(0, "C s 1 10 0");
     h.send(1, "G k 10 0").unwrap();
@@ -207,31 +142,31 @@ fn waits_of_g_and_c_run_out_with_their_own_answers_in_order() {
     // acquire of the same key on the connection (rule 3).
     h.send(1, "G k 10 0.01").unwrap();
     h.send(1, "C s 1 10 0.02").unwrap();
-    h.advance(30);
+    h.advance_each_ms(30);
     assert_eq!(h.answers(1), ["C s 0"]);
-    h.close(0);
-    h.engine.step_down(None);
+    h.reopen(0);
+    h.engine.step_down(None, &mut h.out);
     assert_eq!(h.answers(1), ["M k -", "G k 0"]);
 }
 
 #[test]
 fn a_close_settled_late_after_its_lock_went_is_harmless() {
-    let mut h = H::new(2);
+    let mut h = Harness::new(2);
     let r = h.granted(0, "G k 10 0");
     h.send(1, "A k 10 0").unwrap();
     // Closed without a settle: the lock waits to be passed on...
-    h.engine.close(1);
-    h.engine.open(1);
+    h.engine.close(1, &mut h.out);
+    h.engine.open(1, &mut h.out);
     // ...and goes first, its last member released.
     h.send(0, &format!("R k {r}")).unwrap();
     assert_eq!(h.engine.lock_count(), 0);
-    h.advance(1);
+    h.advance_each_ms(1);
     assert_eq!(h.answers(0), ["R k 1"]);
 }
 
 #[test]
 fn an_active_with_a_follower_too_old_refuses_g_and_c() {
-    let mut h = H::new(1);
+    let mut h = Harness::new(1);
     h.engine.enable_replication();
     h.engine.set_follower_too_old(true);
     assert_eq!(h.send(0, "G k 10 0"), Err(Refusal::FollowerTooOld));
@@ -254,7 +189,9 @@ fn apply_all(e: &mut Engine, now: Now, log: &ReplicationLog) {
             } => e
                 .apply_grant(now, key, token, remaining_ms, holder)
                 .unwrap(),
-            Replication::Released { key, token } => e.apply_release(now, key, token),
+            Replication::Released { key, token } => {
+                e.apply_release(now, key, token, &mut Outbox::new())
+            }
             Replication::Member {
                 key,
                 token,
@@ -270,7 +207,7 @@ fn apply_all(e: &mut Engine, now: Now, log: &ReplicationLog) {
                 remaining_ms,
                 holder,
             } => {
-                e.merge_grant(now, key, token, remaining_ms, holder)
+                e.merge_grant(now, key, token, remaining_ms, holder, &mut Outbox::new())
                     .unwrap();
             }
         }
@@ -280,7 +217,7 @@ fn apply_all(e: &mut Engine, now: Now, log: &ReplicationLog) {
 
 fn standby(now: Now) -> Engine {
     let mut e = Engine::new(now, "127.0.0.1:7172");
-    e.step_down(Some("127.0.0.1:7171"));
+    e.step_down(Some("127.0.0.1:7171"), &mut Outbox::new());
     e
 }
 
@@ -312,14 +249,14 @@ fn expiries_follow(active: &Engine, standby: &Engine, keys: &[&str], late_ms: u6
 
 #[test]
 fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failover() {
-    let mut h = H::new(4);
+    let mut h = Harness::new(4);
     h.engine.enable_replication();
     let r1 = h.granted(0, "G k 10000 0");
     let r2 = h.granted(1, "G k 10000 0");
     let p1 = h.granted(2, "C sem 2 10000 0");
     let p2 = h.granted(3, "C sem 2 10000 0");
     let gone = h.granted(3, "G other 10000 0");
-    h.advance(5);
+    h.advance_each_ms(5);
     h.send(0, &format!("N k {r1} 20000")).unwrap();
     h.send(3, &format!("R other {gone}")).unwrap();
     let mut log = ReplicationLog::new();
@@ -351,13 +288,8 @@ fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failo
 
     // The active dies; the standby takes over with the replicated members.
     e.become_active();
-    let mut s = H {
-        engine: e,
-        now: h.now,
-    };
-    for c in 0..4 {
-        s.engine.open(c);
-    }
+    let mut s = Harness::with_engine(e, 4);
+    s.now = h.now;
     // A semaphore of 2 with 2 replicated permits grants no third; a writer
     // waits for the replicated readers.
     s.send(0, "C sem 2 10000 0").unwrap();
@@ -385,7 +317,7 @@ fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut e = Engine::with_max_locks(now, "127.0.0.1:7172", 2);
-    e.step_down(None);
+    e.step_down(None, &mut Outbox::new());
     let h = Holder::default();
     assert_eq!(
         e.apply_member(now, b"k", 5, 10, crate::proto::MAX_PERMITS + 1, h),
@@ -420,7 +352,7 @@ fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
         us: now.us + 12_000,
         unix_ns: now.unix_ns + 12_000_000,
     };
-    e.tick(later);
+    e.tick(later, &mut Outbox::new());
     e.check_invariants();
     assert_eq!(e.member_count(), 0);
     assert_eq!(e.lock_count(), 0);
@@ -428,7 +360,7 @@ fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
 
 #[test]
 fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() {
-    let mut h = H::new(3);
+    let mut h = Harness::new(3);
     let mine = h.granted(0, "C sem 2 10000 0");
     let o = Holder::default();
     // The other side held two permits of the same semaphore.
@@ -436,15 +368,16 @@ fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() 
     for t in theirs {
         let merged = h
             .engine
-            .merge_member(h.now, b"sem", t, 5_000, 2, o)
+            .merge_member(h.now, b"sem", t, 5_000, 2, o, &mut h.out)
             .unwrap();
         assert_eq!(merged, Merged::Beside);
     }
     assert_eq!(
-        h.engine.merge_member(h.now, b"sem", theirs[0], 1_000, 2, o),
+        h.engine
+            .merge_member(h.now, b"sem", theirs[0], 1_000, 2, o, &mut h.out),
         Ok(Merged::Known)
     );
-    h.engine.check_invariants();
+    h.check();
     // Three held of two: nobody new until two have gone.
     h.send(1, "C sem 2 10000 0").unwrap();
     h.send(0, &format!("R sem {}", theirs[0])).unwrap();
@@ -454,25 +387,27 @@ fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() 
     assert!(next > theirs[1]);
     // A free key adopts a merged member with its kind.
     assert_eq!(
-        h.engine.merge_member(h.now, b"free", 7, 5_000, 3, o),
+        h.engine
+            .merge_member(h.now, b"free", 7, 5_000, 3, o, &mut h.out),
         Ok(Merged::Adopted)
     );
     assert_eq!(h.engine.semaphore_limit(b"free"), Some(3));
-    h.engine.check_invariants();
+    h.check();
 }
 
 #[test]
 fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
-    let mut h = H::new(3);
+    let mut h = Harness::new(3);
     let o = Holder::default();
     // Here: an exclusive grant; there: a reader of the same key.
     let writer = h.granted(0, "A w 10000 0");
     let reader = writer + 50;
     assert_eq!(
-        h.engine.merge_member(h.now, b"w", reader, 5_000, 0, o),
+        h.engine
+            .merge_member(h.now, b"w", reader, 5_000, 0, o, &mut h.out),
         Ok(Merged::Beside)
     );
-    h.engine.check_invariants();
+    h.check();
     h.send(1, "G w 10000 0").unwrap();
     h.send(0, &format!("R w {writer}")).unwrap();
     assert_eq!(h.answers(0), ["R w 1"]);
@@ -487,10 +422,11 @@ fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
     h.send(2, "A r 10000 0").unwrap();
     let theirs = r2 + 50;
     assert_eq!(
-        h.engine.merge_grant(h.now, b"r", theirs, 5_000, o),
+        h.engine
+            .merge_grant(h.now, b"r", theirs, 5_000, o, &mut h.out),
         Ok(Merged::Beside)
     );
-    h.engine.check_invariants();
+    h.check();
     assert!(h.engine.members_of(b"r").is_empty());
     assert_eq!(h.engine.holder(b"r").map(|(t, _)| t), Some(theirs));
     // The readers still release (and renew) with their tokens.
@@ -505,7 +441,7 @@ fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
     );
     h.send(0, &format!("R r {theirs}")).unwrap();
     assert!(token(&h.answers(2)[0]) > theirs);
-    h.engine.check_invariants();
+    h.check();
 }
 
 #[test]
@@ -518,11 +454,7 @@ fn shared_grants_and_permits_are_bounded_by_max_locks() {
         us: 1_000_000,
         unix_ns: 1_700_000_000_000_000_000,
     };
-    let mut h = H {
-        engine: Engine::with_max_locks(now, "127.0.0.1:7171", 3),
-        now,
-    };
-    h.engine.open(0);
+    let mut h = Harness::with_engine(Engine::with_max_locks(now, "127.0.0.1:7171", 3), 1);
     let first = h.granted(0, "G k 10 0");
     h.granted(0, "G k 10 0");
     h.granted(0, "C s 5 10 0");
@@ -545,7 +477,7 @@ fn shared_grants_and_permits_are_bounded_by_max_locks() {
 
 #[test]
 fn listings_show_the_newest_member() {
-    let mut h = H::new(2);
+    let mut h = Harness::new(2);
     h.granted(0, "G k 10 0");
     let b = h.granted(1, "G k 20 0");
     h.send(0, "L 0 10").unwrap();
@@ -557,7 +489,7 @@ fn listings_show_the_newest_member() {
 
 #[test]
 fn the_kinds_listing_says_how_each_key_is_held() {
-    let mut h = H::new(4);
+    let mut h = Harness::new(4);
     let x = h.granted(0, "A x 10 0");
     h.granted(1, "G r 10 0");
     h.granted(2, "G r 10 0");
@@ -615,17 +547,17 @@ fn the_kinds_listing_says_how_each_key_is_held() {
 /// is back under its limit, then grants the waiter in FIFO order.
 #[test]
 fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
-    let mut h = H::new(0);
+    let mut h = Harness::new(0);
     h.engine = standby(h.now);
     for c in 0..3 {
-        h.engine.open(c);
+        h.engine.open(c, &mut h.out);
     }
     let who = Holder::default();
     for token in [10, 11, 12] {
         h.engine
             .apply_member(h.now, b"s", token, 1_000, 2, who)
             .unwrap();
-        h.engine.check_invariants();
+        h.check();
     }
     assert_eq!(h.engine.stats().permits_over_limit, 1);
     h.engine
@@ -634,7 +566,7 @@ fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
     assert_eq!(h.engine.stats().permits_over_limit, 1, "a renewal");
     assert_eq!(h.engine.members_of(b"s").len(), 3);
     h.engine.become_active();
-    h.engine.check_invariants();
+    h.check();
     h.send(0, "V 0 10").unwrap();
     let listed = h.answers(0);
     assert_eq!(listed.len(), 2, "{listed:?}");
@@ -660,6 +592,6 @@ fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
     // Full again: a new permit waits, and its wait runs out.
     h.send(0, "C s 2 10 0.005").unwrap();
     assert!(h.answers(0).is_empty());
-    h.advance(10);
+    h.advance_each_ms(10);
     assert_eq!(h.answers(0), ["C s 0"]);
 }

@@ -6,7 +6,7 @@ use super::*;
 /// A standby harness (no waiters: it answers acquires `M`).
 fn standby(conns: u32) -> Harness {
     let mut h = Harness::new(conns);
-    h.engine.step_down(Some("10.0.0.1:7171"));
+    h.engine.step_down(Some("10.0.0.1:7171"), &mut h.out);
     h
 }
 
@@ -76,11 +76,11 @@ fn replicated_releases_and_snapshots_apply_to_any_table() {
     e.apply_grant(now, b"a", 7, 3_000, Holder::default())
         .unwrap();
     // Unknown keys and stale tokens are ignored.
-    e.apply_release(now, b"nothing", 5);
-    e.apply_release(now, b"a", 5);
-    e.apply_release(now, b"a", u64::MAX);
+    e.apply_release(now, b"nothing", 5, &mut Outbox::new());
+    e.apply_release(now, b"a", 5, &mut Outbox::new());
+    e.apply_release(now, b"a", u64::MAX, &mut Outbox::new());
     assert_eq!(e.holder(b"a"), Some((7, now.ms + 3_000)));
-    e.apply_release(now, b"a", 7);
+    e.apply_release(now, b"a", 7, &mut Outbox::new());
     assert_eq!(e.holder(b"a"), None);
     e.observe_token(token::MAX_TOKEN);
     e.clear_grants();
@@ -173,7 +173,7 @@ fn only_an_active_with_replication_enabled_records() {
     h.engine
         .apply_grant(now, b"k", 5, 100, Holder::default())
         .unwrap();
-    h.engine.apply_release(now, b"k", 5);
+    h.engine.apply_release(now, b"k", 5, &mut h.out);
     h.engine
         .apply_grant(now, b"k", 6, 100, Holder::default())
         .unwrap();

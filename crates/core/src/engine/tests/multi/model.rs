@@ -260,7 +260,7 @@ impl Rng {
 /// One random acquire of any kind, sent to the engine and to the model.
 fn random_acquire(
     rng: &mut Rng,
-    h: &mut H,
+    h: &mut Harness,
     model: &mut Model,
     conn: ConnId,
     name: &str,
@@ -284,14 +284,14 @@ fn random_acquire(
     assert_eq!(got, want, "{what}: {line}");
     if got.is_err() {
         model.close(now, conn);
-        h.close(conn);
+        h.reopen(conn);
     }
 }
 
 /// Compares the answers of one step with the model's, per connection and
 /// key (the order the protocol promises), and gives the new holders their
 /// tokens. Every token of the step is above every earlier one.
-fn compare_step(h: &mut H, model: &mut Model, conns: u32, last_token: &mut u64, what: &str) {
+fn compare_step(h: &mut Harness, model: &mut Model, conns: u32, last_token: &mut u64, what: &str) {
     let mut got: HashMap<(ConnId, String), Vec<String>> = HashMap::new();
     for c in 0..conns {
         for line in h.answers(c) {
@@ -337,7 +337,7 @@ fn compare_step(h: &mut H, model: &mut Model, conns: u32, last_token: &mut u64, 
 /// each key with a holder or a waiter is listed once with the model's
 /// kind, limit, number of holders, waiters and newest token; any other
 /// listed key is held by nobody.
-fn compare_listing(h: &mut H, model: &Model, conn: ConnId, what: &str) {
+fn compare_listing(h: &mut Harness, model: &Model, conn: ConnId, what: &str) {
     h.send(conn, "V 0 1000").unwrap();
     let mut lines = h.answers(conn);
     assert_eq!(lines.pop().as_deref(), Some("V 0"), "{what}");
@@ -389,7 +389,7 @@ fn random_requests_match_the_reference_model() {
     for seed in 1..=60u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         // One connection more, for the listings.
-        let mut h = H::new(conns + 1);
+        let mut h = Harness::new(conns + 1);
         let mut model = Model::default();
         let mut tokens: Vec<(String, u64)> = Vec::new();
         let mut last_token = 0;
@@ -423,14 +423,14 @@ fn random_requests_match_the_reference_model() {
                     for _ in 0..rng.below(120) {
                         h.now.ms += 1;
                         h.now.unix_ns += 1_000_000;
-                        h.engine.tick(h.now);
+                        h.engine.tick(h.now, &mut h.out);
                         model.tick(h.now.ms);
                     }
-                    h.engine.check_invariants();
+                    h.check();
                 }
                 _ => {
                     model.close(now, conn);
-                    h.close(conn);
+                    h.reopen(conn);
                 }
             }
             if model.clash {
