@@ -80,7 +80,7 @@ pub fn run(
         buf: vec![0u8; READ_BUF],
         ready: Vec::new(),
         dirty: Vec::new(),
-        from_engine: Vec::new(),
+        from_node: Vec::new(),
         driver: Driver::new(
             config.max_conns,
             config.tls.as_ref().map(|t| t.handshake_ms),
@@ -185,8 +185,8 @@ struct Loop {
     ready: Vec<ConnId>,
     /// Connections with output to write this turn.
     dirty: Vec<ConnId>,
-    /// Scratch for [`Engine::take_dirty`].
-    from_engine: Vec<ConnId>,
+    /// Scratch for [`Node::take_dirty`] and [`Node::take_doomed`].
+    from_node: Vec<ConnId>,
     /// The per-turn policy: admission, deadlines, accept retry, shutdown.
     driver: Driver,
     tls: Option<LoopTls>,
@@ -391,7 +391,7 @@ impl Loop {
     /// Writes the answers of every connection that has some.
     fn flush(&mut self, node: &mut Node, now: Now) {
         let mut dirty = std::mem::take(&mut self.dirty);
-        let links = node.take_dirty(now, &mut self.from_engine);
+        let links = node.take_dirty(now, &mut self.from_node);
         // The node's peer links first (`Node::take_dirty`), before every
         // client, also one that an event of this turn listed (its readable
         // edge reports it writable too): no answer reaches the kernel
@@ -400,13 +400,12 @@ impl Loop {
         // lack. Then the clients the events listed, in their order (the
         // order requests arrived, which keeps FIFO fair across clients),
         // then the node's.
-        let (node_links, node_clients) =
-            self.from_engine.split_at(links.min(self.from_engine.len()));
+        let (node_links, node_clients) = self.from_node.split_at(links.min(self.from_node.len()));
         dirty.splice(0..0, node_links.iter().copied());
         dirty.extend_from_slice(node_clients);
         // Connections the node gave up on: closed like a protocol break.
-        node.take_doomed(now, &mut self.from_engine);
-        for &id in &self.from_engine {
+        node.take_doomed(now, &mut self.from_node);
+        for &id in &self.from_node {
             if let Some(conn) = self.conns.get_mut(id as usize) {
                 conn.life.finish(node, now, id);
                 dirty.push(id);

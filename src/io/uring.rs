@@ -15,7 +15,7 @@
 //!   receive would keep reading and need a cancel to pause).
 //! - Send: at most one `send` in flight per connection, from the buffer its
 //!   [`Lifecycle`] holds still until the completion arrives; answers produced
-//!   meanwhile collect in the engine's output and go in the next send.
+//!   meanwhile collect in the node's outbox and go in the next send.
 //!
 //! When to pause, shut, linger and close is the [`Lifecycle`]'s; this file
 //! has the submissions and completions.

@@ -1036,7 +1036,7 @@ impl Sim {
     }
 
     /// Looks at the bytes node `x` wrote since the last scan: grants to
-    /// clients and `E` lines. They are in the engine's buffer or, once the
+    /// clients and `E` lines. They are in the node's outbox or, once the
     /// connection began closing (maybe in the very call that wrote them, as
     /// a protocol break does), in its lifecycle's last answers.
     fn scan_outputs(&mut self, x: usize) {
@@ -1328,8 +1328,8 @@ impl Sim {
             let n = out.len().min(room);
             let bytes = out[..n].to_vec();
             let left = out.len() > n;
-            // What the engine had is now the lifecycle's: scan from the
-            // start of the engine's buffer again.
+            // What the outbox had is now the lifecycle's: scan from the
+            // start of the outbox's buffer again.
             let in_engine = inc.node.output_mut(cid).len();
             if let Some(pos) = inc.scan_pos.get_mut(&cid) {
                 *pos = (*pos).min(in_engine);

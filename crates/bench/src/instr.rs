@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use ringlock::engine::{Engine, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
+use ringlock::outbox::Outbox;
 use ringlock_proto::{Request, parse_request};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -147,11 +148,12 @@ pub(crate) fn ringlock_instr_cycle(node: &mut Node, session: &mut Session, reads
 
 fn engine_cycle(n: u64) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
-    engine.open(0);
+    let mut out = Outbox::new();
+    engine.open(0, &mut out);
     let keys: Vec<String> = (0..KEYS).map(key).collect();
     let warm = 4 * KEYS;
-    ringlock_instr_engine_cycle(&mut engine, &keys, 0, warm);
-    ringlock_instr_engine_cycle(&mut engine, &keys, warm, n);
+    ringlock_instr_engine_cycle(&mut engine, &mut out, &keys, 0, warm);
+    ringlock_instr_engine_cycle(&mut engine, &mut out, &keys, warm, n);
     assert_eq!(engine.lock_count(), 0);
     n
 }
@@ -160,6 +162,7 @@ fn engine_cycle(n: u64) -> u64 {
 #[inline(never)]
 pub(crate) fn ringlock_instr_engine_cycle(
     engine: &mut Engine,
+    out: &mut Outbox,
     keys: &[String],
     first: u64,
     n: u64,
@@ -171,36 +174,37 @@ pub(crate) fn ringlock_instr_engine_cycle(
             lease_ms: 30_000,
             wait_ms: 0,
         };
-        let _ = engine.handle(now(1), 0, black_box(acquire));
+        let _ = engine.handle(now(1), 0, black_box(acquire), out);
         let release = Request::Release {
             key,
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), 0, black_box(release));
+        let _ = engine.handle(now(1), 0, black_box(release), out);
         if i % 16 == 15 {
-            engine.output_mut(0).clear();
+            out.output_mut(0).clear();
         }
     }
-    engine.output_mut(0).clear();
+    out.output_mut(0).clear();
 }
 
 /// `engine_cycle` with `G` (or `C key 8`, `permit`) for `A`: each grant is
 /// a shared grant (permit) of its own, released with its token.
 fn kind_cycle(n: u64, permit: bool) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
-    engine.open(0);
+    let mut out = Outbox::new();
+    engine.open(0, &mut out);
     let keys: Vec<String> = (0..KEYS).map(key).collect();
     let warm = 4 * KEYS;
-    kind_cycles(&mut engine, &keys, permit, 0, warm);
-    let out = engine.output_mut(0);
+    kind_cycles(&mut engine, &mut out, &keys, permit, 0, warm);
+    let answers = out.output_mut(0);
     assert!(
-        !out.is_empty() && !out.windows(3).any(|w| w == b" 0\n"),
+        !answers.is_empty() && !answers.windows(3).any(|w| w == b" 0\n"),
         "a release failed"
     );
     if permit {
-        ringlock_instr_permit_cycle(&mut engine, &keys, warm, n);
+        ringlock_instr_permit_cycle(&mut engine, &mut out, &keys, warm, n);
     } else {
-        ringlock_instr_shared_cycle(&mut engine, &keys, warm, n);
+        ringlock_instr_shared_cycle(&mut engine, &mut out, &keys, warm, n);
     }
     assert_eq!(engine.lock_count(), 0, "every grant was released");
     assert_eq!(engine.member_count(), 0);
@@ -211,27 +215,36 @@ fn kind_cycle(n: u64, permit: bool) -> u64 {
 #[inline(never)]
 pub(crate) fn ringlock_instr_shared_cycle(
     engine: &mut Engine,
+    out: &mut Outbox,
     keys: &[String],
     first: u64,
     n: u64,
 ) {
-    kind_cycles(engine, keys, false, first, n);
+    kind_cycles(engine, out, keys, false, first, n);
 }
 
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub(crate) fn ringlock_instr_permit_cycle(
     engine: &mut Engine,
+    out: &mut Outbox,
     keys: &[String],
     first: u64,
     n: u64,
 ) {
-    kind_cycles(engine, keys, true, first, n);
+    kind_cycles(engine, out, keys, true, first, n);
 }
 
 /// `n` cycles of `G` (`C key 8`: `permit`) and `R`, from `first` on.
 #[inline(never)]
-fn kind_cycles(engine: &mut Engine, keys: &[String], permit: bool, first: u64, n: u64) {
+fn kind_cycles(
+    engine: &mut Engine,
+    out: &mut Outbox,
+    keys: &[String],
+    permit: bool,
+    first: u64,
+    n: u64,
+) {
     for i in first..first + n {
         let key = keys[(i % KEYS) as usize].as_bytes();
         let acquire = if permit {
@@ -248,14 +261,14 @@ fn kind_cycles(engine: &mut Engine, keys: &[String], permit: bool, first: u64, n
                 wait_ms: 0,
             }
         };
-        let _ = engine.handle(now(1), 0, black_box(acquire));
+        let _ = engine.handle(now(1), 0, black_box(acquire), out);
         let release = Request::Release {
             key,
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), 0, black_box(release));
+        let _ = engine.handle(now(1), 0, black_box(release), out);
         if i % 16 == 15 && i + 1 < first + n {
-            engine.output_mut(0).clear();
+            out.output_mut(0).clear();
         }
     }
 }
@@ -264,22 +277,25 @@ const WAITERS: u32 = 64;
 
 fn handoff(n: u64) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
+    let mut out = Outbox::new();
     let acquire = Request::Acquire {
         key: b"hot",
         lease_ms: 30_000,
         wait_ms: 0,
     };
     for conn in 0..WAITERS {
-        engine.open(conn);
-        engine.handle(now(1), conn, acquire).expect("queued");
+        engine.open(conn, &mut out);
+        engine
+            .handle(now(1), conn, acquire, &mut out)
+            .expect("queued");
     }
     let mut dirty = Vec::new();
     let warm = 4 * u64::from(WAITERS);
-    ringlock_instr_handoff(&mut engine, &mut dirty, 0, warm);
-    ringlock_instr_handoff(&mut engine, &mut dirty, warm, n);
+    ringlock_instr_handoff(&mut engine, &mut out, &mut dirty, 0, warm);
+    ringlock_instr_handoff(&mut engine, &mut out, &mut dirty, warm, n);
     // FIFO: grant i went to connection i % 64, so the holder now is n % 64.
-    let out = engine.output_mut(((warm + n) % u64::from(WAITERS)) as u32);
-    assert!(out.is_empty(), "outputs are cleared");
+    let answers = out.output_mut(((warm + n) % u64::from(WAITERS)) as u32);
+    assert!(answers.is_empty(), "outputs are cleared");
     n
 }
 
@@ -287,6 +303,7 @@ fn handoff(n: u64) -> u64 {
 #[inline(never)]
 pub(crate) fn ringlock_instr_handoff(
     engine: &mut Engine,
+    out: &mut Outbox,
     dirty: &mut Vec<u32>,
     first: u64,
     n: u64,
@@ -303,11 +320,11 @@ pub(crate) fn ringlock_instr_handoff(
             key: b"hot",
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), holder, black_box(release));
-        let _ = engine.handle(now(1), holder, black_box(acquire));
-        engine.take_dirty(dirty);
+        let _ = engine.handle(now(1), holder, black_box(release), out);
+        let _ = engine.handle(now(1), holder, black_box(acquire), out);
+        out.take_dirty(dirty);
         for &c in dirty.iter() {
-            engine.output_mut(c).clear();
+            out.output_mut(c).clear();
         }
     }
 }
@@ -346,7 +363,8 @@ pub(crate) fn ringlock_instr_parse(buf: &[u8], rounds: u64) -> u64 {
 
 fn expire(n: u64) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
-    engine.open(0);
+    let mut out = Outbox::new();
+    engine.open(0, &mut out);
     let locks = 10_000.min(n);
     let rounds = n.div_ceil(locks);
     let keys: Vec<String> = (0..locks).map(|i| format!("expire-key-{i:06}")).collect();
@@ -361,14 +379,16 @@ fn expire(n: u64) -> u64 {
                 lease_ms: 1_000,
                 wait_ms: 0,
             };
-            engine.handle(now(ms), 0, acquire).expect("granted");
+            engine
+                .handle(now(ms), 0, acquire, &mut out)
+                .expect("granted");
         }
-        engine.output_mut(0).clear();
+        out.output_mut(0).clear();
         t += 1000;
         if round == 0 {
-            t = ringlock_instr_expire_warm(&mut engine, t);
+            t = ringlock_instr_expire_warm(&mut engine, &mut out, t);
         } else {
-            t = ringlock_instr_expire(&mut engine, t);
+            t = ringlock_instr_expire(&mut engine, &mut out, t);
         }
         assert_eq!(engine.lock_count(), 0);
     }
@@ -376,21 +396,21 @@ fn expire(n: u64) -> u64 {
 }
 
 /// Ticks 1 ms at a time until every lease ran out; returns the clock.
-fn tick_until_empty(engine: &mut Engine, mut t: u64) -> u64 {
+fn tick_until_empty(engine: &mut Engine, out: &mut Outbox, mut t: u64) -> u64 {
     while engine.lock_count() > 0 {
-        engine.tick(black_box(now(t)));
+        engine.tick(black_box(now(t)), out);
         t += 1;
     }
     t
 }
 
 #[inline(never)]
-fn ringlock_instr_expire_warm(engine: &mut Engine, t: u64) -> u64 {
-    tick_until_empty(engine, t)
+fn ringlock_instr_expire_warm(engine: &mut Engine, out: &mut Outbox, t: u64) -> u64 {
+    tick_until_empty(engine, out, t)
 }
 
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn ringlock_instr_expire(engine: &mut Engine, t: u64) -> u64 {
-    tick_until_empty(engine, t)
+pub(crate) fn ringlock_instr_expire(engine: &mut Engine, out: &mut Outbox, t: u64) -> u64 {
+    tick_until_empty(engine, out, t)
 }
