@@ -50,7 +50,8 @@
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past: the loops' timeout is the `Driver`'s, as
-//! the simulator's).
+//! the simulator's). In one seed in three the clients speak TLS to the
+//! nodes (`SimConfig::tls`): the checks read the plaintext.
 //!
 //! # Running
 //!
@@ -150,7 +151,8 @@ fn run_seeds(default: Range<u64>) -> sim::Stats {
 /// (strangers), failed accepts retried, lingering connections closed at
 /// theirs, SIGTERMs whose loop ends once finished, client connections
 /// refused past a low `--max-conns` (taken into the peers' reserve and
-/// told so with the documented `E` line). Sockets refused past the
+/// told so with the documented `E` line), TLS clients' handshakes
+/// finished and the nodes' `close_notify` read. Sockets refused past the
 /// reserve too need a crowd: the scripted tests have it.
 #[test]
 fn random_seeds() {
@@ -168,6 +170,8 @@ fn random_seeds() {
         ("shutdowns", total.shutdowns),
         ("finished", total.finished),
         ("clients_refused", total.clients_refused),
+        ("tls_handshakes", total.tls_handshakes),
+        ("tls_close_notifies", total.tls_close_notifies),
     ];
     for (what, n) in reached {
         assert!(n >= 50, "{what}: only {n} in {total:?}");
@@ -191,9 +195,20 @@ fn a_seed_replays_exactly() {
         let result = sim.run().map(|s| format!("{s:?}"));
         (result, sim.report())
     };
-    for seed in [7, 8] {
+    // And the first seed whose clients speak TLS: rustls draws its own
+    // randomness, the simulation must not depend on it.
+    let tls = (0..)
+        .find(|&seed| SimConfig::random(&mut Rng::new(seed)).tls)
+        .expect("a TLS seed");
+    for seed in [7, 8, tls] {
         assert_eq!(run(seed), run(seed));
     }
+    assert!(
+        run(tls)
+            .0
+            .is_ok_and(|stats| !stats.contains("tls_handshakes: 0,")),
+        "seed {tls}: no TLS handshake"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -205,6 +220,19 @@ fn cluster(nodes: usize) -> Sim {
     sim.run_for(PEER_TIMEOUT_MS + 200);
     ok(&sim);
     assert_eq!(sim.actives(), [0]);
+    sim
+}
+
+/// [`cluster`] whose clients speak TLS to the nodes: each client's
+/// connection to each node has finished its handshake.
+fn tls_cluster(nodes: usize) -> Sim {
+    let mut cfg = SimConfig::scripted(nodes, 2);
+    cfg.tls = true;
+    let mut sim = Sim::new(1, cfg);
+    sim.run_for(PEER_TIMEOUT_MS + 200);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0]);
+    assert_eq!(sim.stats.tls_handshakes, 2 * nodes as u64);
     sim
 }
 
@@ -1004,6 +1032,71 @@ fn run_while_not(sim: &mut Sim, within: u64, done: impl Fn(&Sim) -> bool) -> u64
     sim.now - start
 }
 
+/// A TLS client through a failover and back: its grant from the crashed
+/// active is released on the new one, over the TLS connection it already
+/// had; it locks there; and after the old active's restart it connects to
+/// it again (a new handshake) and locks there once the role is back.
+#[test]
+fn a_tls_client_acquires_and_releases_through_a_failover() {
+    let mut sim = tls_cluster(3);
+    let a = sim.acquire(0, "a", 20_000).unwrap();
+    sim.run_for(50);
+    assert_eq!(sim.table(1), grants(&[("a", a)]), "n1 replica");
+    sim.crash(0);
+    until_active(&mut sim, 1, 2 * MAX_DELAY_MS + 10);
+    assert_eq!(sim.release_at(0, 1, "a", a), "R a 1");
+    let b = sim.acquire(1, "b", 20_000).unwrap();
+    assert!(b > a, "token {b} not above {a}");
+    assert_eq!(sim.release_at(1, 1, "b", b), "R b 1");
+    let before = sim.stats.tls_handshakes;
+    sim.restart(0);
+    until_active(&mut sim, 0, 3_000);
+    sim.run_for(PEER_TIMEOUT_MS);
+    assert_eq!(
+        sim.stats.tls_handshakes,
+        before + 2,
+        "both clients connected to the restarted n0 again, over TLS"
+    );
+    sim.set_target(0, 0);
+    let c = sim.acquire(0, "c", 20_000).unwrap();
+    assert!(c > b, "token {c} not above {b}");
+    assert_eq!(sim.release_at(0, 0, "c", c), "R c 1");
+    ok(&sim);
+}
+
+/// A TLS client that does not read the node's handshake answer is closed
+/// at the handshake deadline, like a stranger; the client, reading again,
+/// finishes its side of the dead handshake, reads the end of the stream,
+/// connects again and is served.
+#[test]
+fn a_tls_client_that_stalls_its_handshake_is_closed_at_the_deadline() {
+    let mut sim = tls_cluster(3);
+    // A new connection to n2: the clients connect again after its restart.
+    let old = sim.client_conn(0, 2);
+    sim.crash(2);
+    sim.restart(2);
+    run_while_not(&mut sim, 1_000, |s| {
+        s.client_conn(0, 2).is_some_and(|sc| Some(sc) != old)
+    });
+    let sc = sim.client_conn(0, 2).unwrap();
+    sim.set_reading(0, false);
+    let took = run_until(&mut sim, sc, HANDSHAKE_MS + 2 * MAX_DELAY_MS, node_closed);
+    assert!(
+        (HANDSHAKE_MS..=HANDSHAKE_MS + MAX_DELAY_MS + 1).contains(&took),
+        "closed {took} ms after the connect, not at its handshake deadline"
+    );
+    assert_eq!(sim.stats.handshakes_expired, 1);
+    let before = sim.stats.tls_handshakes;
+    sim.set_reading(0, true);
+    run_while_not(&mut sim, 1_000, |s| {
+        s.client_conn(0, 2).is_some_and(|new| new != sc) && s.stats.tls_handshakes >= before + 2
+    });
+    sim.set_target(0, 2);
+    sim.acquire(0, "after-the-deadline", 1_000)
+        .expect("granted");
+    ok(&sim);
+}
+
 /// A socket that connects and never speaks (its TLS handshake never
 /// starts) is taken as a client, holds its slot until the handshake
 /// deadline (`Driver::due_handshake`), and is closed then, not before.
@@ -1115,10 +1208,25 @@ fn a_sigterm_ends_the_loop_once_its_connections_are_closed_or_at_the_deadline() 
 
 #[test]
 fn a_client_that_stops_reading_is_paused_then_resumed_with_nothing_lost() {
+    paused_then_resumed(false);
+}
+
+/// The same over TLS: the node's records fill the client's socket (the
+/// last one cut at its edge), the node holds past 64 KiB of answers
+/// unencrypted, and once the client reads again every record arrives,
+/// those cut across deliveries too.
+#[test]
+fn a_tls_client_that_stops_reading_is_paused_then_resumed_with_nothing_lost() {
+    paused_then_resumed(true);
+}
+
+fn paused_then_resumed(tls: bool) {
     // Releases of nothing: answered `R <key> 0` in order, 11 bytes each.
     const REQUESTS: usize = 20_000;
     const SOCKET: usize = 16 * 1024;
-    let mut sim = Sim::new(1, SimConfig::scripted(3, 2));
+    let mut cfg = SimConfig::scripted(3, 2);
+    cfg.tls = tls;
+    let mut sim = Sim::new(1, cfg);
     sim.set_socket_buffer(SOCKET);
     sim.run_for(PEER_TIMEOUT_MS + 200);
     ok(&sim);

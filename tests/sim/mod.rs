@@ -33,9 +33,22 @@
 //! and the process exits once [`Driver::finished`]), strangers (a socket
 //! that connects and never speaks: its connection starts a TLS handshake,
 //! a real rustls server connection that is never fed a byte, and the
-//! driver closes it at the handshake deadline; the simulated clients and
-//! peers speak plain text) and failed accepts (the kernel's EMFILE: what
-//! arrives waits in the backlog until [`Driver::accept_retry_due`]).
+//! driver closes it at the handshake deadline) and failed accepts (the
+//! kernel's EMFILE: what arrives waits in the backlog until
+//! [`Driver::accept_retry_due`]).
+//!
+//! TLS: in one random run in three ([`SimConfig::tls`]) the clients speak
+//! TLS to the nodes, as with `--tls-cert`: each accepted client connection
+//! is a rustls server connection inside its [`Lifecycle`], as the loops
+//! make it (the handshake deadline, the peer CA's check), and each client
+//! wraps its byte stream in a rustls client connection that trusts the
+//! nodes' certificate. The handshake, requests decrypted into the session,
+//! answers encrypted as they leave the engine, `close_notify` both ways
+//! and every fault above go through it; records are cut across reads and
+//! sends (and across deliveries when a socket fills), and a client that
+//! stalls its handshake is closed at the deadline. The clients' requests,
+//! answers and checks are those of plain text, on the plaintext. A seed
+//! still replays exactly (see [`sim_tls`]). Peer links speak plain text.
 //!
 //! The checks (listed in tests/cluster_sim.rs) run after every call into a
 //! node (`Sim::op`: roles, grants kept on promotion, tokens, `E` lines),
@@ -122,6 +135,11 @@ pub struct SimConfig {
     /// Every node's `coalesce_us` (the simulated network delivers a link's
     /// bytes as they are written; what is simulated is the pushes).
     pub coalesce_us: u64,
+    /// The nodes' client connections speak TLS (as with `--tls-cert`): each
+    /// accepted client connection gets a rustls server connection, each
+    /// client wraps its byte stream in a rustls client connection. Peer
+    /// links and strangers are as without.
+    pub tls: bool,
 }
 
 pub const FAULT_KINDS: usize = 11;
@@ -175,6 +193,7 @@ impl SimConfig {
             max_steps: 5_000_000,
             failback_delay_ms: 0,
             coalesce_us: 0,
+            tls: false,
         }
     }
 
@@ -197,6 +216,9 @@ impl SimConfig {
             failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
             // The value the docs measure: the pushes are simulated.
             coalesce_us: 500,
+            // One run in three (drawn last: the rest of the configuration
+            // is what it was without).
+            tls: rng.chance(33),
         }
     }
 }
@@ -483,6 +505,10 @@ struct Client {
     /// Releases sent again after their connection broke: the first copy
     /// may have reached the node, so `R key 0` to a later one loses nothing.
     resent_releases: BTreeSet<(Vec<u8>, u64)>,
+    /// With TLS: per connection, the client's rustls connection. It holds
+    /// the received records not yet whole (a record split across
+    /// deliveries) and the requests written before its handshake ended.
+    tls: BTreeMap<usize, rustls::ClientConnection>,
 }
 
 // ---------------------------------------------------------------------------
@@ -543,6 +569,10 @@ pub struct Stats {
     /// ended once [`Driver::finished`].
     pub shutdowns: u64,
     pub finished: u64,
+    /// TLS client connections whose handshake the client finished, and
+    /// those on which it read the node's `close_notify`.
+    pub tls_handshakes: u64,
+    pub tls_close_notifies: u64,
 }
 
 impl Stats {
@@ -570,6 +600,8 @@ impl Stats {
         self.lingered += o.lingered;
         self.shutdowns += o.shutdowns;
         self.finished += o.finished;
+        self.tls_handshakes += o.tls_handshakes;
+        self.tls_close_notifies += o.tls_close_notifies;
     }
 }
 
@@ -768,6 +800,7 @@ impl Sim {
                 partial: BTreeMap::new(),
                 releasing: BTreeMap::new(),
                 resent_releases: BTreeSet::new(),
+                tls: BTreeMap::new(),
             });
         }
         if sim.cfg.faults {
@@ -1313,6 +1346,9 @@ impl Sim {
     /// pending, as far as a socket buffer of `buf` bytes has room; bytes
     /// for a closed other end are lost.
     fn send_out(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, buf: usize) {
+        let to_client = self.conns[sc]
+            .as_ref()
+            .is_some_and(|c| matches!(c.parties[1 - e], Party::Client(_)));
         loop {
             let other_open = self.conns[sc].as_ref().is_some_and(|c| c.open[1 - e]);
             let room = if other_open {
@@ -1324,25 +1360,65 @@ impl Sim {
             let Some(life) = inc.lives.get_mut(&cid) else {
                 return;
             };
+            // With TLS, the plaintext `pending` may encrypt: the last
+            // answers' and the outbox's (it takes them from the front).
+            let plain = life.is_tls().then(|| {
+                (
+                    life.last_answers().to_vec(),
+                    inc.node.output_mut(cid).to_vec(),
+                )
+            });
             let out = life.pending(&mut inc.node, cid);
+            // Sometimes, with TLS to a client, the socket takes only a
+            // part (a record cut across two deliveries); the rest goes next
+            // round. (Not to strangers: a run without TLS draws as before.)
+            let room = match plain {
+                Some(_) if to_client && out.len() > 1 && self.rng.chance(10) => {
+                    room.min(self.rng.range(1, out.len() as u64 - 1) as usize)
+                }
+                _ => room,
+            };
             let n = out.len().min(room);
             let bytes = out[..n].to_vec();
             let left = out.len() > n;
-            // What the outbox had is now the lifecycle's: scan from the
-            // start of the outbox's buffer again.
-            let in_engine = inc.node.output_mut(cid).len();
-            if let Some(pos) = inc.scan_pos.get_mut(&cid) {
-                *pos = (*pos).min(in_engine);
+            let in_outbox = inc.node.output_mut(cid).len();
+            let encrypted = plain.map(|(last, outbox)| {
+                let last_left = inc.lives[&cid].last_answers().len();
+                let mut taken = last[..last.len() - last_left].to_vec();
+                taken.extend_from_slice(&outbox[..outbox.len() - in_outbox]);
+                // The scan goes on where it was, in what is left.
+                let gone = if last.is_empty() {
+                    outbox.len() - in_outbox
+                } else {
+                    last.len() - last_left
+                };
+                if let Some(pos) = inc.scan_pos.get_mut(&cid) {
+                    *pos = pos.saturating_sub(gone);
+                }
+                taken
+            });
+            if encrypted.is_none() {
+                // What the outbox had is now the lifecycle's: scan from
+                // the start of the outbox's buffer again.
+                if let Some(pos) = inc.scan_pos.get_mut(&cid) {
+                    *pos = (*pos).min(in_outbox);
+                }
             }
             if left {
                 inc.unsent.insert(cid);
             } else {
                 inc.unsent.remove(&cid);
             }
+            // Check 9 reads the answers: with TLS, those just encrypted.
+            if let Some(taken) = &encrypted {
+                self.check_grants_replicated(x, sc, taken);
+            }
             if n == 0 {
                 return;
             }
-            self.check_grants_replicated(x, sc, &bytes);
+            if encrypted.is_none() {
+                self.check_grants_replicated(x, sc, &bytes);
+            }
             if other_open {
                 self.send(sc, e, Seg::Data(bytes, self.now));
             }
@@ -2584,11 +2660,21 @@ impl Sim {
             self.drop_if_done(sc);
             return;
         }
-        let silent = self.conns[sc].as_ref().unwrap().silent;
+        let conn = self.conns[sc].as_ref().unwrap();
+        let silent = conn.silent;
+        let client = matches!(conn.parties[0], Party::Client(_));
         let life = if silent {
             let until = self.node_now(x).ms + HANDSHAKE_MS;
             let conn = rustls::ServerConnection::new(stranger_tls()).expect("a TLS server");
             Lifecycle::with_tls(rustls::Connection::Server(conn), until, None, None)
+        } else if client && self.cfg.tls {
+            // As the loops' `LoopTls::accepted`: the handshake deadline,
+            // the peer CA's check for peer lines, no ACL.
+            let until = self.node_now(x).ms + HANDSHAKE_MS;
+            let tls = sim_tls();
+            let conn = rustls::ServerConnection::new(tls.server.clone()).expect("a TLS server");
+            let peer_check = Some(tls.peer_check.clone());
+            Lifecycle::with_tls(rustls::Connection::Server(conn), until, peer_check, None)
         } else {
             Lifecycle::new()
         };
@@ -2712,6 +2798,13 @@ impl Sim {
             if expired == Some(true) {
                 self.stats.handshakes_expired += 1;
                 let e = self.end_of(sc, x);
+                // The loop closes the socket: a client reads the end of
+                // the stream (a stranger closes on its own, see
+                // `node_end_closed`).
+                let conn = self.conns[sc].as_ref().unwrap();
+                if matches!(conn.parties[1 - e], Party::Client(_)) && conn.open[1 - e] {
+                    self.send(sc, e, Seg::Fin);
+                }
                 self.settle(x, sc, e, cid);
             }
         }
@@ -2828,6 +2921,15 @@ impl Sim {
             });
             return;
         }
+        if self.nodes[x]
+            .inc
+            .as_ref()
+            .and_then(|i| i.lives.get(&cid))
+            .is_some_and(Lifecycle::is_tls)
+        {
+            self.node_input_tls(x, sc, e, cid, &bytes);
+            return;
+        }
         let mut rest = &bytes[..];
         while !rest.is_empty() && self.failure.is_none() {
             let len = memchr_first(rest).map_or(rest.len(), |i| i + 1);
@@ -2934,6 +3036,46 @@ impl Sim {
         }
     }
 
+    /// [`Sim::node_input`] for a TLS connection: the records as they came,
+    /// sometimes in two reads cut anywhere (a record split across reads).
+    /// Only lengths decide, never the ciphertext (which differs from run to
+    /// run). rustls takes all of it: what a pause keeps back waits
+    /// decrypted in the session. As the loops do, the connection is then
+    /// flushed with the turn's output (after the links): what rustls
+    /// answers (its handshake) and what the requests got.
+    fn node_input_tls(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, bytes: &[u8]) {
+        if self.log_wire {
+            let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
+            self.log(format!(
+                "n{x} <- {from:?} #{sc}: {} bytes of TLS",
+                bytes.len()
+            ));
+        }
+        let cut = if bytes.len() > 1 && self.rng.chance(20) {
+            self.rng.range(1, bytes.len() as u64 - 1) as usize
+        } else {
+            bytes.len()
+        };
+        for piece in [&bytes[..cut], &bytes[cut..]] {
+            if piece.is_empty() {
+                continue;
+            }
+            let open = self.with_life(x, cid, "TLS input", |life, node, now| {
+                life.received(node, now, cid, piece);
+                life.phase() == Phase::Open
+            });
+            match open {
+                None => return,
+                Some(true) => {}
+                Some(false) => break,
+            }
+        }
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        if inc.lives.contains_key(&cid) {
+            inc.unsent.insert(cid);
+        }
+    }
+
     fn flush_node(&mut self, x: usize) {
         let mut dirty = std::mem::take(&mut self.dirty);
         self.op(x, "flush", |node, now| node.take_dirty(now, &mut dirty));
@@ -3025,6 +3167,7 @@ impl Sim {
                         let at = t + self.delay();
                         self.nodes[n].inc.as_mut().unwrap().accepts.push((at, sc));
                         self.clients[c].conns[n] = Some(sc);
+                        self.client_tls_start(c, sc, n);
                     } else {
                         let again = t + self.rng.range(100, 500);
                         self.clients[c].reconnect_at[n] = Some(again);
@@ -3048,6 +3191,14 @@ impl Sim {
                     self.made_room(sc, 1);
                     match seg {
                         Seg::Data(bytes, sent) => {
+                            let bytes = if self.clients[c].tls.contains_key(&sc) {
+                                match self.client_tls_read(c, sc, &bytes) {
+                                    Some(plain) => plain,
+                                    None => break,
+                                }
+                            } else {
+                                bytes
+                            };
                             // Whole lines only: a send may end mid-line.
                             let mut data = self.clients[c].partial.remove(&sc).unwrap_or_default();
                             data.extend_from_slice(&bytes);
@@ -3203,7 +3354,7 @@ impl Sim {
             "client {c} -> n{n}: {}",
             show(&line[..line.len() - 1])
         ));
-        self.send(sc, 0, Seg::Data(line, self.now));
+        self.client_write(c, sc, &line);
         self.clients[c]
             .outstanding
             .entry(sc)
@@ -3229,8 +3380,15 @@ impl Sim {
             Party::Client(_) | Party::Stranger(_) => unreachable!(),
         };
         if node_end_open {
+            // With TLS, its `close_notify` first, as the clients' TLS
+            // streams end.
+            if let Some(tls) = self.clients[c].tls.get_mut(&sc) {
+                tls.send_close_notify();
+                self.client_tls_flush(c, sc);
+            }
             self.send(sc, 0, Seg::Fin);
         }
+        self.clients[c].tls.remove(&sc);
         self.drop_if_done(sc);
         let client = &mut self.clients[c];
         if client.conns[n] == Some(sc) {
@@ -3260,6 +3418,119 @@ impl Sim {
                 self.clients[c].retries.push((at, Some(target), req));
             }
         }
+    }
+
+    // ----- TLS clients -----
+
+    /// Client `c` connected `sc` to node `n`: with TLS its handshake
+    /// starts, the `ClientHello` right behind the connection.
+    fn client_tls_start(&mut self, c: usize, sc: usize, n: usize) {
+        if !self.cfg.tls {
+            return;
+        }
+        let name = rustls::pki_types::ServerName::try_from(format!("n{n}")).expect("a host name");
+        let tls = rustls::ClientConnection::new(sim_tls().client.clone(), name)
+            .expect("a TLS client connection");
+        self.clients[c].tls.insert(sc, tls);
+        self.client_tls_flush(c, sc);
+    }
+
+    /// Sends the records client `c`'s TLS connection on `sc` has ready.
+    fn client_tls_flush(&mut self, c: usize, sc: usize) {
+        let Some(tls) = self.clients[c].tls.get_mut(&sc) else {
+            return;
+        };
+        let mut out = Vec::new();
+        while tls.wants_write() {
+            // Into a `Vec`: it cannot fail.
+            if tls.write_tls(&mut out).is_err() {
+                break;
+            }
+        }
+        if !out.is_empty() {
+            self.send(sc, 0, Seg::Data(out, self.now));
+        }
+    }
+
+    /// Client `c` writes `bytes` on `sc`: as they are, or through its TLS
+    /// connection (which keeps them until its handshake is done).
+    fn client_write(&mut self, c: usize, sc: usize, bytes: &[u8]) {
+        let Some(tls) = self.clients[c].tls.get_mut(&sc) else {
+            self.send(sc, 0, Seg::Data(bytes.to_vec(), self.now));
+            return;
+        };
+        let taken = std::io::Write::write(&mut tls.writer(), bytes).unwrap_or(0);
+        assert_eq!(taken, bytes.len(), "rustls took a whole request");
+        self.client_tls_flush(c, sc);
+    }
+
+    /// Client `c` read `bytes` on its TLS connection `sc`: returns the
+    /// plaintext they complete. A record may be cut between two deliveries
+    /// (a partial send) and between two reads (sometimes made here): its
+    /// start waits in the rustls connection. When the handshake ends, the
+    /// requests written during it go out, and count as sent from then.
+    /// `None` if TLS failed (the run fails).
+    fn client_tls_read(&mut self, c: usize, sc: usize, bytes: &[u8]) -> Option<Vec<u8>> {
+        let cut = if bytes.len() > 1 && self.rng.chance(20) {
+            self.rng.range(1, bytes.len() as u64 - 1) as usize
+        } else {
+            bytes.len()
+        };
+        let tls = self.clients[c].tls.get_mut(&sc)?;
+        let handshaking = tls.is_handshaking();
+        let closed = tls
+            .process_new_packets()
+            .is_ok_and(|io| io.peer_has_closed());
+        let mut plain = Vec::new();
+        let mut failure = None;
+        let mut close_notify = false;
+        'pieces: for mut piece in [&bytes[..cut], &bytes[cut..]] {
+            while !piece.is_empty() {
+                let state = match tls.read_tls(&mut piece) {
+                    Ok(_) => tls.process_new_packets().map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match state {
+                    Ok(io) => close_notify |= io.peer_has_closed(),
+                    Err(why) => {
+                        failure = Some(why);
+                        break 'pieces;
+                    }
+                }
+                let mut buf = [0u8; 4096];
+                // `Ok(0)`: its `close_notify` came; `WouldBlock`: no more
+                // plaintext for now.
+                while let Ok(n) = std::io::Read::read(&mut tls.reader(), &mut buf)
+                    && n > 0
+                {
+                    plain.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        let done = handshaking && !tls.is_handshaking();
+        let n = self.conns[sc]
+            .as_ref()
+            .map_or(0, |conn| match conn.parties[1] {
+                Party::Node(n) => n,
+                Party::Client(_) | Party::Stranger(_) => unreachable!(),
+            });
+        if let Some(why) = failure {
+            self.fail(format!("client {c}: TLS with n{n} failed on #{sc}: {why}"));
+            return None;
+        }
+        if done {
+            self.stats.tls_handshakes += 1;
+            self.log(format!("client {c}: TLS handshake with n{n} done (#{sc})"));
+            let now = self.now;
+            for (req, _) in self.clients[c].outstanding.entry(sc).or_default() {
+                req.sent_ms = now;
+            }
+        }
+        if close_notify && !closed {
+            self.stats.tls_close_notifies += 1;
+        }
+        self.client_tls_flush(c, sc);
+        Some(plain)
     }
 
     #[expect(clippy::too_many_lines)]
@@ -3987,7 +4258,7 @@ impl Sim {
                 .or_default()
                 .push_back((req, node));
         }
-        self.send(sc, 0, Seg::Data(bytes, self.now));
+        self.client_write(c, sc, &bytes);
     }
 
     /// [`Sim::send_releases`] with an acquire of `key` (no wait) at the end
@@ -4024,13 +4295,13 @@ impl Sim {
                 .or_default()
                 .push_back((req, node));
         }
-        self.send(sc, 0, Seg::Data(bytes, self.now));
+        self.client_write(c, sc, &bytes);
     }
 
     /// Sends raw bytes from client `c` to `node`, expecting no answer.
     pub fn send_raw(&mut self, c: usize, node: usize, bytes: &[u8]) {
         let sc = self.clients[c].conns[node].expect("connected");
-        self.send(sc, 0, Seg::Data(bytes.to_vec(), self.now));
+        self.client_write(c, sc, bytes);
     }
 
     /// Client `c` shuts down its sending side of its connection to `node`
@@ -4038,6 +4309,10 @@ impl Sim {
     pub fn half_close(&mut self, c: usize, node: usize) {
         let sc = self.clients[c].conns[node].expect("connected");
         self.log(format!("client {c} shuts its side of #{sc}"));
+        if let Some(tls) = self.clients[c].tls.get_mut(&sc) {
+            tls.send_close_notify();
+            self.client_tls_flush(c, sc);
+        }
         self.send(sc, 0, Seg::Fin);
     }
 
@@ -4153,4 +4428,83 @@ fn stranger_tls() -> std::sync::Arc<rustls::ServerConfig> {
 /// first line.
 fn memchr_grant(bytes: &[u8]) -> bool {
     bytes.windows(3).any(|w| w == b"\nA ")
+}
+
+/// The TLS of the nodes' client connections when a run has it
+/// ([`SimConfig::tls`]): the server configuration the loops build with
+/// `--tls-cert` on a node with peers (clients without certificates, the
+/// peer CA checked for peer lines), and the clients' configuration, which
+/// trusts that certificate.
+struct SimTls {
+    server: std::sync::Arc<rustls::ServerConfig>,
+    peer_check: std::sync::Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    client: std::sync::Arc<rustls::ClientConfig>,
+}
+
+/// The fixed key of the simulated nodes' certificate: Ed25519 (its
+/// signatures are deterministic) in PKCS#8, from a fixed seed.
+fn sim_tls_key() -> Vec<u8> {
+    const PKCS8_ED25519_PREFIX: [u8; 16] = [
+        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    let mut der = PKCS8_ED25519_PREFIX.to_vec();
+    der.extend((0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(11)));
+    der
+}
+
+/// Made once, and the same in every run: a fixed key, a self-signed
+/// certificate with fixed fields (so with the same bytes each time) naming
+/// every node's host. rustls draws the handshakes' randomness itself (the
+/// ring provider's key shares), so ciphertexts differ between runs of a
+/// seed, but with TLS 1.3, X25519 and an Ed25519 certificate every
+/// record's length is fixed: the simulation depends on lengths only (see
+/// [`Sim::node_input_tls`]), so a seed still replays exactly.
+fn sim_tls() -> &'static SimTls {
+    static CONFIG: std::sync::OnceLock<SimTls> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let key_der = sim_tls_key();
+        let pkcs8 = rustls::pki_types::PrivatePkcs8KeyDer::from(key_der.clone());
+        let key_pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8, &rcgen::PKCS_ED25519)
+            .expect("the fixed Ed25519 key");
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("certificate names");
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![1u8]));
+        let cert = params.self_signed(&key_pair).expect("a certificate");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).expect("a trust anchor");
+        let roots = std::sync::Arc::new(roots);
+        let verifier = |unauthenticated: bool| {
+            let b = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.clone(),
+                provider.clone(),
+            );
+            let b = if unauthenticated {
+                b.allow_unauthenticated()
+            } else {
+                b
+            };
+            b.build().expect("a client verifier")
+        };
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key_der.into());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_client_cert_verifier(verifier(true))
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("a server configuration");
+        let peer_check = verifier(false);
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.resumption = rustls::client::Resumption::disabled();
+        SimTls {
+            server: std::sync::Arc::new(server),
+            peer_check,
+            client: std::sync::Arc::new(client),
+        }
+    })
 }
