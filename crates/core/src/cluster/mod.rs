@@ -746,8 +746,10 @@ impl Cluster {
                 "holders are not replicated to it, and it cannot merge"
             } else if p.dial_version < wire::MERGE_VERSION {
                 "the identities of holders are not replicated to it, and it cannot merge grants at a heal"
-            } else {
+            } else if p.dial_version < wire::SHARED_VERSION {
                 "shared grants and permits are not replicated to it: this node refuses G and C while it follows"
+            } else {
+                "its grants and releases go in decimal, which costs this node more to write"
             };
             tracing::info!(target: LOG_TARGET, peer = %self.cfg.peers[i], "{} refused peer protocol version {}: dialing it with {} (an older release; {lacks})", self.cfg.peers[i], p.out_version, p.dial_version);
         }

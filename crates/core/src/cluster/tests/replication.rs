@@ -131,13 +131,13 @@ fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
             format!("P C p {t1} 5001 {h}"),
             "P L 2".into(),
             format!("P C p {t1} 2001 {h}"),
-            format!("P X s {t0}"),
+            format!("P x s {t0:x}"),
         ]
     );
     // An expiry is a release too.
     e.tick(at(now.ms + 2_100), &mut o);
     c.flush_replication(at(now.ms + 2_100), &mut e, &mut o);
-    assert_eq!(replication_lines(&mut o, 20), [format!("P X p {t1}")]);
+    assert_eq!(replication_lines(&mut o, 20), [format!("P x p {t1:x}")]);
     c.check_invariants(at(now.ms + 2_100), &e);
 }
 
@@ -161,7 +161,7 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
             lines_of(&mut o, conn),
             [
                 format!("P SNAP {t0}"),
-                format!("P G before {t0} 10001 10.0.0.5:4242 host-a/job-42"),
+                format!("P g before {t0:x} 2711 10.0.0.5:4242 host-a/job-42"),
                 "P SYNCED".into()
             ]
         );
@@ -175,7 +175,7 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     c.flush_replication(now, &mut e, &mut o);
     let h = "10.0.0.5:4242 host-a/job-42";
     let expected =
-        format!("P G k {t1} 5001 {h}\nP G k {t1} 2001 {h}\nP X k {t1}\nP X before {t0}\n");
+        format!("P g k {t1:x} 1389 {h}\nP g k {t1:x} 7d1 {h}\nP x k {t1:x}\nP x before {t0:x}\n");
     // Behind the deltas, each follower's first lag probe.
     for (conn, probe) in [(20, 1), (21, 2)] {
         let out = String::from_utf8(std::mem::take(o.output_mut(conn))).unwrap();
@@ -191,7 +191,10 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     for conn in [20, 21] {
         assert_eq!(
             lines_of(&mut o, conn),
-            [format!("P G short {t2} 101 {h}"), format!("P X short {t2}")]
+            [
+                format!("P g short {t2:x} 65 {h}"),
+                format!("P x short {t2:x}")
+            ]
         );
         assert!(lines_of(&mut o, conn).is_empty());
     }
@@ -256,7 +259,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     let token = e.holder(b"k").unwrap().0;
     client(&mut e, &mut o, at(ms + 3), 0, &format!("R k {token}"));
     c.flush_replication(at(ms + 3), &mut e, &mut o);
-    assert_eq!(lines_of(&mut o, 20), [format!("P X k {token}")]);
+    assert_eq!(lines_of(&mut o, 20), [format!("P x k {token:x}")]);
     client(&mut e, &mut o, at(ms + PROBE_EVERY_MS), 0, "A k 5 0");
     c.flush_replication(at(ms + PROBE_EVERY_MS), &mut e, &mut o);
     assert_eq!(lines_of(&mut o, 20).pop().unwrap(), "P PROBE 3");
@@ -275,7 +278,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     client(&mut e, &mut o, at(later), 0, &format!("R k {token}"));
     c.flush_replication(at_us(later, 50), &mut e, &mut o);
     assert_eq!(lines_of(&mut o, 21).pop().unwrap(), "P PROBE 4");
-    assert_eq!(lines_of(&mut o, 20), [format!("P X k {token}")]);
+    assert_eq!(lines_of(&mut o, 20), [format!("P x k {token:x}")]);
     let two = lag_of(&c, "127.0.0.1:7002");
     assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
     c.check_invariants(at_us(later, 50), &e);
@@ -339,7 +342,7 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
     };
     // A link quiet for longer than the bound: the first deltas go at once.
     let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 0), "A a 5 0");
-    assert!(!more && lines[0].starts_with("P G a "), "{lines:?}");
+    assert!(!more && lines[0].starts_with("P g a "), "{lines:?}");
     // Within the bound of that send: held (MSG_MORE), turn after turn,
     // until the oldest held bytes have waited 500 µs.
     let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 100), "A b 5 0");
@@ -353,7 +356,7 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
     );
     assert!(c.next_deadline() <= ms + 11);
     let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 600), "A d 5 0");
-    assert!(!more && lines[0].starts_with("P G d "), "{lines:?}");
+    assert!(!more && lines[0].starts_with("P g d "), "{lines:?}");
     // Held again, then nothing more to send: the flush at the deadline
     // pushes it with a heartbeat of its own.
     let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 700), "A e 5 0");

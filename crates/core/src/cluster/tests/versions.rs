@@ -72,7 +72,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     c.flush_replication(now, &mut e, &mut o);
     assert_eq!(
         lines_of(&mut o, 20)[1],
-        format!("P G k {t} 10001 10.0.0.5:4242 job-1")
+        format!("P g k {t:x} 2711 10.0.0.5:4242 job-1")
     );
     assert_eq!(lines_of(&mut o, 22)[1], format!("P G k {t} 10001"));
     client(&mut e, &mut o, now, 0, &format!("N k {t} 5"));
@@ -81,7 +81,7 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     assert_eq!(
         lines_of(&mut o, 20),
         [
-            format!("P G k {t} 5001 10.0.0.5:4242 job-1"),
+            format!("P g k {t:x} 1389 10.0.0.5:4242 job-1"),
             "P PROBE 1".into()
         ]
     );
@@ -190,4 +190,63 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"
     );
+}
+
+/// A standby (node 1) that follows node 0 and has applied `lines` (a
+/// snapshot, then deltas) as they came from it: its grants, sorted, and
+/// its highest token.
+fn standby_after(lines: &[u8], now: Now) -> (Vec<String>, u64) {
+    let (mut c, mut e, mut o) = node(1);
+    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
+    heartbeat(&mut c, &mut e, &mut o, at(1), 10, true, None);
+    for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let msg = wire::parse(line).unwrap();
+        c.on_message(now, 10, msg, &mut e, &mut o).unwrap();
+    }
+    assert!(c.synced);
+    let mut grants: Vec<String> = e.snapshot(now).map(|g| format!("{g:?}")).collect();
+    grants.sort();
+    (grants, e.highest_token())
+}
+
+/// What an active replicates to a follower of version 6 (`P g`, `P x`, in
+/// hex) and to one of version 5 (`P G`, `P X`) leaves both with its own
+/// table: the same grants, tokens, leases and holders.
+#[test]
+fn version_6_and_version_5_replication_apply_to_the_same_state() {
+    let (c, mut e, mut o) = active_node0();
+    let now = at(TIMEOUT_MS + 60);
+    e.open(0, &mut o);
+    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, &mut o, now, 0, "O host-a/job-42");
+    client(&mut e, &mut o, now, 0, "A before 10 0");
+    client(&mut e, &mut o, now, 0, "A gone 10 0");
+    e.open(1, &mut o);
+    client(&mut e, &mut o, now, 1, "A other 86399 0");
+    let mut log = crate::engine::ReplicationLog::new();
+    e.take_replication(&mut log);
+    let mut v5 = super::super::replication::encode_snapshot(now, &e, wire::HEX_VERSION - 1);
+    let mut v6 = super::super::replication::encode_snapshot(now, &e, wire::HEX_VERSION);
+    // Then a turn's changes: a grant, a renewal, releases.
+    client(&mut e, &mut o, now, 0, "A k 5 0");
+    let t = e.holder(b"k").unwrap().0;
+    client(&mut e, &mut o, now, 0, &format!("N k {t} 2"));
+    let gone = e.holder(b"gone").unwrap().0;
+    client(&mut e, &mut o, now, 0, &format!("R gone {gone}"));
+    client(&mut e, &mut o, now, 1, "A k2 1 0");
+    e.take_replication(&mut log);
+    for event in log.iter() {
+        wire::encode_replication(&mut v5, event, wire::HEX_VERSION - 1);
+        wire::encode_replication(&mut v6, event, wire::HEX_VERSION);
+    }
+    let text = String::from_utf8_lossy(&v6);
+    assert!(text.contains("P g ") && text.contains("P x "), "{text}");
+    assert!(!text.contains("P G ") && !text.contains("P X "), "{text}");
+    let (old, new) = (standby_after(&v5, now), standby_after(&v6, now));
+    assert_eq!(old, new);
+    let mut active: Vec<String> = e.snapshot(now).map(|g| format!("{g:?}")).collect();
+    active.sort();
+    assert_eq!(new, (active, e.highest_token()));
+    assert_eq!(new.0.len(), 4, "{:?}", new.0);
+    drop(c);
 }

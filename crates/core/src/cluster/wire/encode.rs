@@ -1,6 +1,7 @@
 //! Encoding peer messages and the engine's replication events as lines.
 
-use super::{IDENTITY_VERSION, MERGE_VERSION, PeerMsg, SHARED_VERSION};
+use super::hex::write_hex;
+use super::{HEX_VERSION, IDENTITY_VERSION, MERGE_VERSION, PeerMsg, SHARED_VERSION};
 use crate::access::is_valid_identity;
 use crate::cluster::auth;
 use crate::engine::Replication;
@@ -128,10 +129,18 @@ pub fn encode(out: &mut Vec<u8>, msg: &PeerMsg<'_>) {
 /// [`Replication::Believed`] its `P G` between `P MERGE` and `P MERGED`
 /// (version 4 on; nothing before: an older node knows no believed grants),
 /// `P S` or `P L` and `P C` for [`Replication::Member`] (version 5 on).
-/// The engine records events; this is the only place they become lines.
+/// From [`HEX_VERSION`] on a grant is `P g` and a release `P x`: the same
+/// fields, the token and remaining lease in hex. The engine records
+/// events; this is the only place they become lines.
 #[inline(always)]
 pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, version: u64) {
     match event {
+        Replication::Granted {
+            key,
+            token,
+            remaining_ms,
+            holder,
+        } if version >= HEX_VERSION => encode_grant_hex(out, key, token, remaining_ms, holder),
         Replication::Granted {
             key,
             token,
@@ -142,6 +151,9 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
             let holder = (version >= 3).then_some(holder);
             let identity = version >= IDENTITY_VERSION;
             encode_grant(out, key, token, remaining_ms, holder, identity);
+        }
+        Replication::Released { key, token } if version >= HEX_VERSION => {
+            encode_release_hex(out, key, token);
         }
         Replication::Released { key, token } => encode_release(out, key, token),
         Replication::Believed {
@@ -235,5 +247,43 @@ pub(crate) fn encode_release(out: &mut Vec<u8>, key: &[u8], token: u64) {
     out.extend_from_slice(key);
     out.push(b' ');
     write_u64(out, token);
+    out.push(b'\n');
+}
+
+/// Appends `P g <key> <token> <remaining_ms> <addr> <owner>`, ` <identity>`
+/// if the holder has one, and `\n`: a `P G` of version 4 with the token
+/// and the remaining lease in hex ([`HEX_VERSION`]), `-` for a holder field
+/// not known.
+pub(crate) fn encode_grant_hex(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    token: u64,
+    remaining_ms: u64,
+    holder: Holder<'_>,
+) {
+    out.extend_from_slice(b"P g ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    write_hex(out, token);
+    out.push(b' ');
+    write_hex(out, remaining_ms);
+    out.push(b' ');
+    out.extend_from_slice(holder.addr.unwrap_or(b"-"));
+    out.push(b' ');
+    out.extend_from_slice(holder.owner.unwrap_or(b"-"));
+    if let Some(identity) = holder.identity {
+        debug_assert!(is_valid_identity(identity));
+        out.push(b' ');
+        out.extend_from_slice(identity);
+    }
+    out.push(b'\n');
+}
+
+/// Appends `P x <key> <token>\n`, the token in hex ([`HEX_VERSION`]).
+pub(crate) fn encode_release_hex(out: &mut Vec<u8>, key: &[u8], token: u64) {
+    out.extend_from_slice(b"P x ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    write_hex(out, token);
     out.push(b'\n');
 }

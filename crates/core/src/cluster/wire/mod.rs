@@ -39,6 +39,10 @@
 //!                                                     before is applied
 //! P PROBED <n>                                        the answer, on the
 //!                                                     follower's own link
+//! P g <key> <token> <remaining-ms> <addr> <owner> [<identity>]
+//! P x <key> <token>                                   version 6: `G` and
+//!                                                     `X`, the numbers in
+//!                                                     lowercase hex
 //! ```
 //!
 //! A shared grant or permit ends with the `P X` of its token, as an
@@ -51,15 +55,19 @@
 //! it picks); a version 3 link carries a grant's holder (address and owner
 //! label), a version 4 link its identity too (from its client certificate,
 //! `-` for none) and a heal's merge, a version 5 link shared grants and
-//! permits ([`SHARED_VERSION`]).
+//! permits ([`SHARED_VERSION`]), a version 6 link its grants and releases
+//! as `P g` and `P x` ([`HEX_VERSION`]). A node reads `P g` and `P x` on a
+//! link of any version; it sends them only on a version 6 link.
 //!
 //! Every field is bounded: indexes below [`MAX_PEERS`], addresses as keys
 //! (1 to 250 printable bytes), tokens at most [`MAX_TOKEN`], a remaining
-//! lease at most [`MAX_REMAINING_MS`], a limit 1 to [`MAX_PERMITS`], fingerprints, nonces and MACs exactly
+//! lease at most [`MAX_REMAINING_MS`] (in hex: 1 to 16 lowercase digits,
+//! no leading zero), a limit 1 to [`MAX_PERMITS`], fingerprints, nonces and MACs exactly
 //! their length in lowercase hex. Anything else is a protocol error that
 //! breaks the link.
 
 mod encode;
+mod hex;
 mod parse;
 
 pub use encode::encode;
@@ -87,7 +95,12 @@ pub const LONGEST_GRANT_LINE: usize = b"P G ".len()
 const _: () = assert!(LONGEST_GRANT_LINE <= MAX_LINE);
 
 /// The newest peer protocol version, which this node dials with.
-pub const VERSION: u64 = 5;
+pub const VERSION: u64 = 6;
+
+/// The first version whose grants and releases are `P g` and `P x`: the
+/// fields of `P G` and `P X`, the token and remaining lease in hex
+/// (written without a division: the active's cost per replicated change).
+pub const HEX_VERSION: u64 = 6;
 
 /// The first version that carries shared grants and permits (`P S`,
 /// `P L`, `P C`). An active refuses `G` and `C` while a follower's link

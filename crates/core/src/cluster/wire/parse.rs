@@ -1,5 +1,6 @@
 //! Parsing a peer line: every field checked against its bound.
 
+use super::hex::parse_hex;
 use super::{MAX_PEERS, MAX_REMAINING_MS, MIN_VERSION, PeerId, PeerMsg, VERSION, WireError};
 use crate::access::is_valid_identity;
 use crate::cluster::auth::{self, Fingerprint, MAC_LEN, NONCE_LEN};
@@ -91,6 +92,40 @@ pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
         _ => Err(bad("flag not 0 or 1")),
     };
     let msg = match kind {
+        // The lines of a version 6 link's replication first: they compare
+        // no other kinds.
+        b"g" => {
+            if count != 6 {
+                want(5)?;
+            }
+            key(f[0])?;
+            let holder = Holder {
+                addr: Some(f[3]).filter(|&a| a != b"-"),
+                owner: Some(f[4]).filter(|&o| o != b"-"),
+                identity: Some(f[5]).filter(|&i| count == 6 && i != b"-"),
+            };
+            holder_ok(&holder)?;
+            PeerMsg::Grant {
+                key: f[0],
+                token: parse_hex(f[1])
+                    .filter(|&t| t <= MAX_TOKEN)
+                    .ok_or_else(|| bad("token out of range"))?,
+                remaining_ms: parse_hex(f[2])
+                    .filter(|&ms| ms <= MAX_REMAINING_MS)
+                    .ok_or_else(|| bad("remaining lease out of range"))?,
+                holder,
+            }
+        }
+        b"x" => {
+            want(2)?;
+            key(f[0])?;
+            PeerMsg::Release {
+                key: f[0],
+                token: parse_hex(f[1])
+                    .filter(|&t| t <= MAX_TOKEN)
+                    .ok_or_else(|| bad("token out of range"))?,
+            }
+        }
         b"HELLO" => {
             let version = parse_u64(f[0]).filter(|v| (MIN_VERSION..=VERSION).contains(v));
             let Some(version) = version.filter(|_| count > 0) else {

@@ -156,7 +156,7 @@ fn replication_events_become_grant_and_release_lines() {
     assert_eq!(v3, b"P G k\xff 3 86400000 127.0.0.1:5 -\n");
     let mut out = Vec::new();
     for event in events {
-        encode_replication(&mut out, event, VERSION);
+        encode_replication(&mut out, event, HEX_VERSION - 1);
     }
     assert_eq!(
         out,
@@ -359,13 +359,15 @@ fn a_wrong_version_says_so() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("version \"1\" unsupported"), "{err}");
-    let err = parse(b"P HELLO 6 0 127.0.0.1:7171 5")
-        .unwrap_err()
-        .to_string();
+    let newer = format!("P HELLO {} 0 127.0.0.1:7171 5", VERSION + 1);
+    let err = parse(newer.as_bytes()).unwrap_err().to_string();
     // What an older node says of a newer one: the dialer reads this
     // (`Cluster::downgrade_if_refused`).
     assert!(
-        err.contains("peer protocol version \"6\" unsupported"),
+        err.contains(&format!(
+            "peer protocol version \"{}\" unsupported",
+            VERSION + 1
+        )),
         "{err}"
     );
 }
@@ -394,6 +396,185 @@ fn lines_cut_or_mangled_anywhere_never_panic() {
         }
         for i in 0..out.len() {
             for b in [b' ', b'0', b'9', b'a', b'-', 0, 0xff] {
+                let mut changed = out.clone();
+                changed[i] = b;
+                let _ = parse(&changed);
+            }
+        }
+    }
+}
+
+/// Replication events of every shape: grants with and without each holder
+/// field, releases, tokens and leases at their bounds.
+fn hex_events() -> Vec<Replication<'static>> {
+    let holders = [
+        Holder::default(),
+        Holder {
+            addr: Some(b"127.0.0.1:5"),
+            owner: None,
+            identity: Some(b"alice"),
+        },
+        Holder {
+            addr: None,
+            owner: Some(b"host-a/job-42"),
+            identity: None,
+        },
+        Holder {
+            addr: Some(b"[::1]:40000"),
+            owner: Some(b"o"),
+            identity: Some(b"CN=x"),
+        },
+    ];
+    let mut events = Vec::new();
+    for (i, token) in [0, 1, 15, 16, 1_700_000_000_000_000_000, MAX_TOKEN]
+        .into_iter()
+        .enumerate()
+    {
+        for remaining_ms in [0, 1, 30_000, MAX_REMAINING_MS] {
+            events.push(Replication::Granted {
+                key: if i % 2 == 0 { b"k" } else { b"instr-key-0042" },
+                token,
+                remaining_ms,
+                holder: holders[i % holders.len()],
+            });
+        }
+        events.push(Replication::Released {
+            key: b"k\xff",
+            token,
+        });
+    }
+    events
+}
+
+fn parse_all(bytes: &[u8]) -> Vec<Result<PeerMsg<'_>, WireError>> {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(parse)
+        .collect()
+}
+
+#[test]
+fn version_6_grants_and_releases_are_hex_lines() {
+    let events = [
+        Replication::Granted {
+            key: b"k\xff",
+            token: 1_700_000_000_000_000_000,
+            remaining_ms: MAX_REMAINING_MS,
+            holder: Holder {
+                addr: Some(b"127.0.0.1:5"),
+                owner: None,
+                identity: Some(b"alice"),
+            },
+        },
+        Replication::Granted {
+            key: b"k",
+            token: 0,
+            remaining_ms: 30_000,
+            holder: Holder::default(),
+        },
+        Replication::Released {
+            key: b"k",
+            token: MAX_TOKEN,
+        },
+    ];
+    let mut out = Vec::new();
+    for event in events {
+        encode_replication(&mut out, event, HEX_VERSION);
+    }
+    assert_eq!(
+        out,
+        b"P g k\xff 17979cfe362a0000 5265c00 127.0.0.1:5 - alice\n\
+          P g k 0 7530 - -\n\
+          P x k 7fffffffffffffff\n"
+    );
+}
+
+#[test]
+fn version_6_and_version_5_lines_say_the_same() {
+    // Each event's v6 line parses to what its v5 line does, so a follower
+    // applies either to the same state; and both are the same lines count.
+    let events = hex_events();
+    let (mut v5, mut v6) = (Vec::new(), Vec::new());
+    for &event in &events {
+        encode_replication(&mut v5, event, HEX_VERSION - 1);
+        encode_replication(&mut v6, event, HEX_VERSION);
+    }
+    assert!(v6.len() < v5.len(), "hex is shorter");
+    let (old, new) = (parse_all(&v5), parse_all(&v6));
+    assert_eq!(old.len(), events.len());
+    assert_eq!(old, new);
+    assert!(new.iter().all(Result::is_ok), "{new:?}");
+    // And the snapshot's form: v6 lines start `P g` and `P x`.
+    let kinds: Vec<_> = v6
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| &l[..4])
+        .collect();
+    assert!(kinds.iter().all(|&k| k == b"P g " || k == b"P x "));
+}
+
+#[test]
+fn hex_lines_out_of_bounds_say_which_field() {
+    let long_identity = format!("P g k 1 1 - - {}", "i".repeat(MAX_IDENTITY + 1));
+    let long_addr = format!("P g k 1 1 {} -", "a".repeat(MAX_HOLDER_ADDR + 1));
+    for (line, what) in [
+        ("P g k 7fffffffffffffff 5265c00 - -", None),
+        ("P g k 0 0 - - -", None),
+        ("P x k 0", None),
+        ("P x k 7fffffffffffffff", None),
+        // A token over MAX_TOKEN, over 16 digits, not lowercase, padded.
+        ("P g k 8000000000000000 1 - -", Some("token out of range")),
+        ("P g k ffffffffffffffff 1 - -", Some("token out of range")),
+        ("P g k 10000000000000000 1 - -", Some("token out of range")),
+        ("P g k 0000000000000001 1 - -", Some("token out of range")),
+        ("P g k 01 1 - -", Some("token out of range")),
+        ("P g k A 1 - -", Some("token out of range")),
+        ("P g k 12 - - -", Some("remaining lease out of range")),
+        ("P g k 1 5265c01 - -", Some("remaining lease out of range")),
+        ("P g k 1 -1 - -", Some("remaining lease out of range")),
+        ("P g k 1 86400000 - -", Some("remaining lease out of range")),
+        ("P g k 1 0x1 - -", Some("remaining lease out of range")),
+        // Version 6 always has the holder's address and owner.
+        ("P g k 1 1", Some("wrong number of fields")),
+        ("P g k 1 1 -", Some("wrong number of fields")),
+        ("P g k 1 1 - - i x", Some("wrong number of fields")),
+        ("P g bad\x01key 1 1 - -", Some("bad key or address")),
+        ("P g k 1 1 - - *", Some("bad identity")),
+        (&long_identity, Some("bad identity")),
+        (&long_addr, Some("bad holder address")),
+        ("P g k 1 1 a\x01b -", Some("bad holder address")),
+        ("P g k 1 1 - o\x7f", Some("bad owner")),
+        ("P x k", Some("wrong number of fields")),
+        ("P x k 1 2", Some("wrong number of fields")),
+        ("P x k 8000000000000000", Some("token out of range")),
+        ("P x k 10000000000000000", Some("token out of range")),
+        ("P x k 00", Some("token out of range")),
+        ("P x k -", Some("token out of range")),
+        ("P x bad\x01key 1", Some("bad key or address")),
+    ] {
+        match (parse(line.as_bytes()), what) {
+            (Ok(_), None) => {}
+            (Err(WireError::Bad { what: got, .. }), Some(want)) => {
+                assert_eq!(got, want, "{line:?}");
+            }
+            (other, _) => panic!("{line:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn hex_lines_cut_or_mangled_anywhere_never_panic() {
+    let mut out = Vec::new();
+    for event in hex_events() {
+        out.clear();
+        encode_replication(&mut out, event, HEX_VERSION);
+        out.pop();
+        for cut in 0..=out.len() {
+            let _ = parse(&out[..cut]);
+        }
+        for i in 0..out.len() {
+            for b in [b' ', b'0', b'9', b'a', b'f', b'g', b'-', 0, 0xff] {
                 let mut changed = out.clone();
                 changed[i] = b;
                 let _ = parse(&changed);
