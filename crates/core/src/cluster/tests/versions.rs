@@ -192,6 +192,17 @@ fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     );
 }
 
+/// Every grant of `e`, exclusive, shared and permits, as text, sorted.
+fn all_grants(e: &Engine, now: Now) -> Vec<String> {
+    let mut grants: Vec<String> = e
+        .snapshot(now)
+        .chain(e.member_snapshot(now))
+        .map(|g| format!("{g:?}"))
+        .collect();
+    grants.sort();
+    grants
+}
+
 /// A standby (node 1) that follows node 0 and has applied `lines` (a
 /// snapshot, then deltas) as they came from it: its grants, sorted, and
 /// its highest token.
@@ -204,9 +215,7 @@ fn standby_after(lines: &[u8], now: Now) -> (Vec<String>, u64) {
         c.on_message(now, 10, msg, &mut e, &mut o).unwrap();
     }
     assert!(c.synced);
-    let mut grants: Vec<String> = e.snapshot(now).map(|g| format!("{g:?}")).collect();
-    grants.sort();
-    (grants, e.highest_token())
+    (all_grants(&e, now), e.highest_token())
 }
 
 /// What an active replicates to a follower of version 6 (`P g`, `P x`, in
@@ -244,9 +253,41 @@ fn version_6_and_version_5_replication_apply_to_the_same_state() {
     assert!(!text.contains("P G ") && !text.contains("P X "), "{text}");
     let (old, new) = (standby_after(&v5, now), standby_after(&v6, now));
     assert_eq!(old, new);
-    let mut active: Vec<String> = e.snapshot(now).map(|g| format!("{g:?}")).collect();
-    active.sort();
-    assert_eq!(new, (active, e.highest_token()));
+    assert_eq!(new, (all_grants(&e, now), e.highest_token()));
     assert_eq!(new.0.len(), 4, "{:?}", new.0);
     drop(c);
+}
+
+/// A grant of the longest lease a client may ask for (86400 s) ends 1 ms
+/// after it on the active (its deadline rounds up), yet what the active
+/// replicates of it, in a snapshot and in a turn's changes, at every
+/// version a follower may speak, is within the bound every follower
+/// accepts: the link stays up and the standby holds the grant.
+#[test]
+fn the_longest_lease_replicates_within_the_followers_bound() {
+    for version in [wire::HEX_VERSION, wire::HEX_VERSION - 1, 3, 2] {
+        let (c, mut e, mut o) = active_node0();
+        let now = at(TIMEOUT_MS + 60);
+        e.open(0, &mut o);
+        e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
+        client(&mut e, &mut o, now, 0, "A before 86400 0");
+        let mut log = crate::engine::ReplicationLog::new();
+        e.take_replication(&mut log);
+        let mut lines = super::super::replication::encode_snapshot(now, &e, version);
+        client(&mut e, &mut o, now, 0, "A k 86400 0");
+        client(&mut e, &mut o, now, 0, "G s 86400 0");
+        client(&mut e, &mut o, now, 0, "C p 2 86400 0");
+        e.take_replication(&mut log);
+        for event in log.iter() {
+            wire::encode_replication(&mut lines, event, version);
+        }
+        let (grants, _) = standby_after(&lines, now);
+        let expected = if version >= wire::SHARED_VERSION {
+            4
+        } else {
+            2
+        };
+        assert_eq!(grants.len(), expected, "version {version}: {grants:?}");
+        drop(c);
+    }
 }

@@ -5,7 +5,7 @@ use super::{HEX_VERSION, IDENTITY_VERSION, MERGE_VERSION, PeerMsg, SHARED_VERSIO
 use crate::access::is_valid_identity;
 use crate::cluster::auth;
 use crate::engine::Replication;
-use crate::proto::{Holder, write_u64};
+use crate::proto::{Holder, MAX_DURATION_MS, write_u64};
 
 /// Appends `msg` as a line.
 #[expect(clippy::too_many_lines)]
@@ -185,6 +185,16 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
     }
 }
 
+/// The remaining lease a grant's line carries: at most the longest lease,
+/// the bound every follower (of every version) accepts. A grant of the
+/// longest lease has 1 ms more on the active, whose deadline rounds up
+/// (the clock reads a floor); the follower's copy ends that 1 ms sooner,
+/// never later than the active's.
+#[inline(always)]
+fn within_bound(remaining_ms: u64) -> u64 {
+    remaining_ms.min(MAX_DURATION_MS)
+}
+
 /// Appends `P S` (or `P C` for a `permit`) `<key> <token> <remaining_ms>
 /// <addr> <owner> <identity>\n`, `-` for a holder field not known.
 pub(crate) fn encode_member(
@@ -200,7 +210,7 @@ pub(crate) fn encode_member(
     out.push(b' ');
     write_u64(out, token);
     out.push(b' ');
-    write_u64(out, remaining_ms);
+    write_u64(out, within_bound(remaining_ms));
     for field in [holder.addr, holder.owner, holder.identity] {
         out.push(b' ');
         out.extend_from_slice(field.unwrap_or(b"-"));
@@ -226,7 +236,7 @@ pub(crate) fn encode_grant(
     out.push(b' ');
     write_u64(out, token);
     out.push(b' ');
-    write_u64(out, remaining_ms);
+    write_u64(out, within_bound(remaining_ms));
     if let Some(holder) = holder {
         out.push(b' ');
         out.extend_from_slice(holder.addr.unwrap_or(b"-"));
@@ -266,7 +276,7 @@ pub(crate) fn encode_grant_hex(
     out.push(b' ');
     write_hex(out, token);
     out.push(b' ');
-    write_hex(out, remaining_ms);
+    write_hex(out, within_bound(remaining_ms));
     out.push(b' ');
     out.extend_from_slice(holder.addr.unwrap_or(b"-"));
     out.push(b' ');
