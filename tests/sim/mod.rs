@@ -334,6 +334,44 @@ struct Inc {
     /// The kernel fails this many of the next accepts (out of descriptors:
     /// EMFILE).
     fail_accepts: u32,
+    /// What this incarnation handed to each peer link's socket, by sim
+    /// connection (check 9).
+    links_out: BTreeMap<usize, LinkOut>,
+    /// Per client connection (by sim connection): the start of a line this
+    /// incarnation handed to its socket without the line's end yet.
+    client_partial: BTreeMap<usize, Vec<u8>>,
+}
+
+/// What a node handed to one peer link's socket since its last snapshot on
+/// it, as check 9 reads it: the replication a follower would have if the
+/// node stopped now.
+#[derive(Default)]
+struct LinkOut {
+    /// The start of a line handed without its end yet.
+    partial: Vec<u8>,
+    /// The highest token of the last `P SNAP`: a grant up to it that the
+    /// snapshot does not carry had ended before it.
+    snapshot_highest: u64,
+    /// A `P SYNCED` followed that `P SNAP`: the whole snapshot was handed.
+    synced: bool,
+    /// Tokens of the grants, shared grants and permits (`P G`, `P S`,
+    /// `P C`) handed since that `P SNAP`, the snapshot's included.
+    tokens: BTreeSet<u64>,
+}
+
+/// Appends `bytes` to the line start in `partial` and returns the complete
+/// lines (without their `\n`); the start of an incomplete last one stays.
+fn complete_lines(partial: &mut Vec<u8>, bytes: &[u8]) -> Vec<Vec<u8>> {
+    partial.extend_from_slice(bytes);
+    let Some(end) = partial.iter().rposition(|&b| b == b'\n') else {
+        return Vec::new();
+    };
+    let rest = partial.split_off(end + 1);
+    let done = std::mem::replace(partial, rest);
+    done[..end]
+        .split(|&b| b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 struct NodeSlot {
@@ -948,6 +986,8 @@ impl Sim {
             driver: Driver::new(self.max_conns, Some(HANDSHAKE_MS)),
             accept_paused: false,
             fail_accepts: 0,
+            links_out: BTreeMap::new(),
+            client_partial: BTreeMap::new(),
         });
         self.nodes[x].hung_until = None;
         self.log(format!(
@@ -1436,23 +1476,79 @@ impl Sim {
         }
     }
 
-    /// Check 9: the active hands a grant's answer to a client only after
-    /// the grant's replication went to its links (the table changed since
-    /// the last collection: what changed is not on the links yet), so a
-    /// node stopped between two sends leaves no answered grant unknown to
-    /// its followers.
+    /// Check 9: the active hands a grant's answer (`A`, `G` or `C` with a
+    /// token) to a client's socket only once the grant is in what it handed
+    /// to the socket of each synced follower's link, so a node stopped
+    /// between two sends (the kernel delivers what it was given) leaves no
+    /// answered grant unknown to its followers. Reads the bytes themselves:
+    /// what `x` hands to a peer link is recorded here, what it hands to a
+    /// client is checked against that record.
     fn check_grants_replicated(&mut self, x: usize, sc: usize, bytes: &[u8]) {
-        let to_client = self.conns[sc]
-            .as_ref()
-            .is_some_and(|c| c.parties.iter().any(|p| matches!(p, Party::Client(_))));
-        let grants = bytes.starts_with(b"A ") || memchr_grant(bytes);
-        if !to_client || !grants || self.role(x) != Some(Role::Active) {
+        let Some(conn) = self.conns[sc].as_ref() else {
+            return;
+        };
+        let peer_link = conn.peer_link;
+        let to_client = conn.parties.iter().any(|p| matches!(p, Party::Client(_)));
+        let active = self.role(x) == Some(Role::Active);
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        if peer_link {
+            let link = inc.links_out.entry(sc).or_default();
+            for line in complete_lines(&mut link.partial, bytes) {
+                match wire::parse(&line) {
+                    Ok(wire::PeerMsg::Snapshot { highest }) => {
+                        link.snapshot_highest = highest;
+                        link.synced = false;
+                        link.tokens.clear();
+                    }
+                    Ok(wire::PeerMsg::Synced) => link.synced = true,
+                    Ok(
+                        wire::PeerMsg::Grant { token, .. } | wire::PeerMsg::Member { token, .. },
+                    ) => {
+                        link.tokens.insert(token);
+                    }
+                    _ => {}
+                }
+            }
             return;
         }
-        let inc = self.nodes[x].inc.as_ref().unwrap();
-        if inc.node.engine().replication_waits() {
+        if !to_client {
+            return;
+        }
+        let partial = inc.client_partial.entry(sc).or_default();
+        let granted: Vec<u64> = complete_lines(partial, bytes)
+            .iter()
+            .filter_map(|line| match parse_answer(line) {
+                Ok(Answer::Granted { token, .. } | Answer::KindGranted { token, .. }) => {
+                    (token != 0).then_some(token)
+                }
+                _ => None,
+            })
+            .collect();
+        if granted.is_empty() || !active {
+            return;
+        }
+        let Some(cluster) = inc.node.cluster() else {
+            return;
+        };
+        let mut missing = Vec::new();
+        for (addr, cid, _) in cluster.followers() {
+            let Some(link_sc) = inc.conns.get(&cid) else {
+                continue;
+            };
+            // A follower whose snapshot is not all handed yet is not
+            // synced: it cannot take over with it.
+            let Some(link) = inc.links_out.get(link_sc).filter(|l| l.synced) else {
+                continue;
+            };
+            for &token in &granted {
+                if !link.tokens.contains(&token) && token > link.snapshot_highest {
+                    missing.push(format!("{token} not on #{link_sc} to {addr}"));
+                }
+            }
+        }
+        if !missing.is_empty() {
             self.fail(format!(
-                "check 9: n{x} answers a grant on #{sc} before its replication goes to the links"
+                "check 9: n{x} answers grants on #{sc} before it handed their replication to its followers: {missing:?}"
             ));
         }
     }
@@ -4422,12 +4518,6 @@ fn stranger_tls() -> std::sync::Arc<rustls::ServerConfig> {
             std::sync::Arc::new(config)
         })
         .clone()
-}
-
-/// True if `bytes` hold a grant's answer line (`A <key> <token>`) after the
-/// first line.
-fn memchr_grant(bytes: &[u8]) -> bool {
-    bytes.windows(3).any(|w| w == b"\nA ")
 }
 
 /// The TLS of the nodes' client connections when a run has it
