@@ -17,12 +17,6 @@ impl Engine {
         self.replication.get_or_insert_with(ReplicationLog::new);
     }
 
-    /// True if the table changed since the cluster last took the
-    /// replication log: changes whose replication is not on the links yet.
-    pub fn replication_waits(&self) -> bool {
-        self.replication.as_ref().is_some_and(|log| !log.is_empty())
-    }
-
     /// Moves the events recorded since the last call into `into` (cleared
     /// first), in the order the table changed, and keeps `into`'s old
     /// buffers for the next ones: swapping two logs turn after turn
