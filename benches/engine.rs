@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ringlock::engine::Now;
+use ringlock::engine::{ConnId, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
 
@@ -41,13 +41,13 @@ fn uncontended_cycle(c: &mut Criterion) {
         .collect();
     group.bench_function("acquire_release_cycle", |b| {
         let mut engine = node();
-        engine.open(0);
+        engine.open(ConnId::new(0));
         let mut session = Session::new();
         let mut releases = Vec::with_capacity(acquires.len() * 2);
         b.iter(|| {
-            session.feed(&mut engine, now(), 0, black_box(&acquires));
+            session.feed(&mut engine, now(), ConnId::new(0), black_box(&acquires));
             // Turn "A key token\n" answers into "R key token\n" requests.
-            let out = engine.output_mut(0);
+            let out = engine.output_mut(ConnId::new(0));
             releases.clear();
             releases.extend_from_slice(out);
             out.clear();
@@ -56,8 +56,8 @@ fn uncontended_cycle(c: &mut Criterion) {
                     *op = b'R';
                 }
             }
-            session.feed(&mut engine, now(), 0, &releases);
-            let out = engine.output_mut(0);
+            session.feed(&mut engine, now(), ConnId::new(0), &releases);
+            let out = engine.output_mut(ConnId::new(0));
             black_box(out.len());
             out.clear();
         });
@@ -75,10 +75,10 @@ fn contended_handoff(c: &mut Criterion) {
         let mut engine = node();
         let mut sessions: Vec<Session> = (0..64).map(|_| Session::new()).collect();
         for conn in 0..64u32 {
-            engine.open(conn);
-            sessions[conn as usize].feed(&mut engine, now(), conn, b"A hot 30 0\n");
+            engine.open(ConnId::new(conn));
+            sessions[conn as usize].feed(&mut engine, now(), ConnId::new(conn), b"A hot 30 0\n");
         }
-        let mut holder = 0u32;
+        let mut holder = ConnId::new(0);
         let mut dirty = Vec::new();
         let mut line = Vec::with_capacity(64);
         b.iter(|| {
@@ -93,7 +93,7 @@ fn contended_handoff(c: &mut Criterion) {
             out.clear();
             line[0] = b'R';
             line.extend_from_slice(b"A hot 30 0\n");
-            sessions[holder as usize].feed(&mut engine, now(), holder, &line);
+            sessions[holder.index()].feed(&mut engine, now(), holder, &line);
             engine.output_mut(holder).clear();
             engine.take_dirty(now(), &mut dirty);
             holder = dirty

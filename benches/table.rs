@@ -18,6 +18,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ringlock::engine::ConnId;
 use ringlock::engine::table::{Grant, Table};
 use ringlock::engine::wheel::{TimerId, Wheel};
 
@@ -121,9 +122,9 @@ fn bench_handoff(c: &mut Criterion) {
         let (mut table, timer) = table_with_background();
         let lock = table.find_or_insert(b"hot");
         table.lock_mut(lock).holder = Some(grant(timer, 1));
-        let mut holder: u32 = WAITERS; // connection 64 holds, 0..64 wait
+        let mut holder = ConnId::new(WAITERS); // connection 64 holds, 0..64 wait
         for conn in 0..WAITERS {
-            table.enqueue(lock, conn, 30_000, 0);
+            table.enqueue(lock, ConnId::new(conn), 30_000, 0);
         }
         let mut token = 1;
         b.iter(|| {

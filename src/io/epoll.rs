@@ -148,10 +148,10 @@ pub fn run(
                             conn.read_closed |= event.is_read_closed() || event.is_error();
                         }
                         if event.is_writable() && conn.life.linger_until().is_none() {
-                            state.dirty.push(c as ConnId);
+                            state.dirty.push(ConnId::from_index(c));
                         }
                         if readable {
-                            state.mark_ready(c as ConnId);
+                            state.mark_ready(ConnId::from_index(c));
                         }
                     }
                 }
@@ -265,7 +265,8 @@ impl Loop {
             Token(id),
             Interest::READABLE | Interest::WRITABLE,
         )?;
-        self.driver.opened(now_ms, id as ConnId, life.is_tls());
+        self.driver
+            .opened(now_ms, ConnId::from_index(id), life.is_tls());
         entry.insert(Conn {
             stream,
             life,
@@ -273,8 +274,8 @@ impl Loop {
             read_closed: false,
             in_ready: false,
         });
-        self.mark_ready(id as ConnId);
-        Ok(id as ConnId)
+        self.mark_ready(ConnId::from_index(id));
+        Ok(ConnId::from_index(id))
     }
 
     /// Takes a dialed peer link into the loop.
@@ -318,7 +319,7 @@ impl Loop {
     /// Queues connection `id` to be read this turn, after those queued
     /// before it.
     fn mark_ready(&mut self, id: ConnId) {
-        if let Some(conn) = self.conns.get_mut(id as usize)
+        if let Some(conn) = self.conns.get_mut(id.index())
             && !conn.in_ready
         {
             conn.in_ready = true;
@@ -333,7 +334,7 @@ impl Loop {
     fn read_ready(&mut self, node: &mut Node, now: Now) {
         let mut ready = std::mem::take(&mut self.ready);
         for &id in &ready {
-            let Some(conn) = self.conns.get_mut(id as usize) else {
+            let Some(conn) = self.conns.get_mut(id.index()) else {
                 continue;
             };
             if !conn.in_ready {
@@ -372,13 +373,13 @@ impl Loop {
                 }
             }
             if conn.life.is_closed() {
-                self.conns.remove(id as usize);
+                self.conns.remove(id.index());
             } else if conn.life.phase() == Phase::Closing {
                 self.dirty.push(id); // its last answers go out this turn
             }
         }
         ready.retain(|&id| {
-            self.conns.get_mut(id as usize).is_some_and(|c| {
+            self.conns.get_mut(id.index()).is_some_and(|c| {
                 let again = !c.in_ready && c.readable && c.life.wants_read(node.outbox(), id);
                 c.in_ready |= again;
                 again
@@ -406,7 +407,7 @@ impl Loop {
         // Connections the node gave up on: closed like a protocol break.
         node.take_doomed(now, &mut self.from_node);
         for &id in &self.from_node {
-            if let Some(conn) = self.conns.get_mut(id as usize) {
+            if let Some(conn) = self.conns.get_mut(id.index()) {
                 conn.life.finish(node, now, id);
                 dirty.push(id);
             }
@@ -422,7 +423,7 @@ impl Loop {
                 held.extend_from_slice(dirty.get(i..).unwrap_or_default());
                 break;
             }
-            let Some(conn) = self.conns.get_mut(id as usize) else {
+            let Some(conn) = self.conns.get_mut(id.index()) else {
                 continue;
             };
             match write_out(conn, node, now, id) {
@@ -447,7 +448,7 @@ impl Loop {
 
     /// Does what connection `id`'s lifecycle asks for after its I/O.
     fn settle(&mut self, now_ms: u64, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(id as usize) else {
+        let Some(conn) = self.conns.get_mut(id.index()) else {
             return;
         };
         match conn.life.advance(now_ms) {
@@ -461,12 +462,12 @@ impl Loop {
                         self.mark_ready(id);
                     }
                     None => {
-                        self.conns.remove(id as usize);
+                        self.conns.remove(id.index());
                     }
                 }
             }
             Step::Close => {
-                self.conns.remove(id as usize);
+                self.conns.remove(id.index());
             }
         }
     }
@@ -487,7 +488,7 @@ impl Loop {
         while let Some(id) = self.driver.due_handshake(now.ms) {
             // A stale entry is harmless: the lifecycle acts on its own
             // deadline only, and only while its handshake is under way.
-            if let Some(conn) = self.conns.get_mut(id as usize)
+            if let Some(conn) = self.conns.get_mut(id.index())
                 && conn.life.handshake_expired(node, now, id)
             {
                 self.settle(now.ms, id);
@@ -498,8 +499,8 @@ impl Loop {
     /// Begins closing every connection (shutdown): each gets its last answers.
     fn close_all(&mut self, node: &mut Node, now: Now) {
         for (id, conn) in self.conns.iter_mut() {
-            conn.life.finish(node, now, id as ConnId);
-            self.dirty.push(id as ConnId);
+            conn.life.finish(node, now, ConnId::from_index(id));
+            self.dirty.push(ConnId::from_index(id));
         }
     }
 }

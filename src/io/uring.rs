@@ -80,7 +80,7 @@ const GENERATION_MASK: u32 = (1 << GENERATION_BITS) - 1;
 
 fn user_data(op: Op, generation: u32, conn: ConnId) -> u64 {
     debug_assert!(generation <= GENERATION_MASK);
-    ((op as u64) << 56) | (u64::from(generation & GENERATION_MASK) << 32) | u64::from(conn)
+    ((op as u64) << 56) | (u64::from(generation & GENERATION_MASK) << 32) | u64::from(conn.get())
 }
 
 fn decode(user_data: u64) -> (Option<Op>, u32, ConnId) {
@@ -94,7 +94,7 @@ fn decode(user_data: u64) -> (Option<Op>, u32, ConnId) {
         _ => None,
     };
     let generation = (user_data >> 32) as u32 & GENERATION_MASK;
-    (op, generation, user_data as u32)
+    (op, generation, ConnId::new(user_data as u32))
 }
 
 /// The generation of each connection slot, bumped each time the slot gets a
@@ -109,7 +109,7 @@ struct Generations(Vec<u32>);
 impl Generations {
     /// Starts the next generation of slot `id`, for a new connection.
     fn bump(&mut self, id: ConnId) -> u32 {
-        let slot = id as usize;
+        let slot = id.index();
         if self.0.len() <= slot {
             self.0.resize(slot + 1, 0);
         }
@@ -119,7 +119,7 @@ impl Generations {
 
     /// The generation of the connection in slot `id`.
     fn of(&self, id: ConnId) -> u32 {
-        self.0.get(id as usize).copied().unwrap_or(0)
+        self.0.get(id.index()).copied().unwrap_or(0)
     }
 
     /// Whether a completion tagged `(op, generation, id)` is stale: an
@@ -409,7 +409,7 @@ impl Uring {
         let entry = opcode::AcceptMulti::new(Fd(listener.as_raw_fd()))
             .flags(libc::SOCK_CLOEXEC)
             .build()
-            .user_data(user_data(Op::Accept, 0, 0));
+            .user_data(user_data(Op::Accept, 0, ConnId::new(0)));
         // SAFETY: multishot accept points to no buffer; the kernel holds its
         // own reference to the listening socket while the accept is armed,
         // so our closing the fd at shutdown is harmless.
@@ -420,7 +420,7 @@ impl Uring {
         let buf = self.signal_buf.as_mut_ptr();
         let entry = opcode::Read::new(Fd(self.signals.as_raw_fd()), buf, 16)
             .build()
-            .user_data(user_data(Op::Signal, 0, 0));
+            .user_data(user_data(Op::Signal, 0, ConnId::new(0)));
         // SAFETY: `signal_buf` is a Box owned by the loop, never moved or
         // freed while the loop runs.
         unsafe { self.push(entry) };
@@ -430,7 +430,7 @@ impl Uring {
         let buf = self.dialer_buf.as_mut_ptr();
         let entry = opcode::Read::new(Fd(self.dialer.wake().as_raw_fd()), buf, 64)
             .build()
-            .user_data(user_data(Op::Dialed, 0, 0));
+            .user_data(user_data(Op::Dialed, 0, ConnId::new(0)));
         // SAFETY: `dialer_buf` is a Box owned by the loop, never moved or
         // freed while the loop runs; the dialer's socket lives as long.
         unsafe { self.push(entry) };
@@ -469,22 +469,24 @@ impl Uring {
     }
 
     fn insert_conn(&mut self, fd: OwnedFd, life: Lifecycle, now_ms: u64) -> ConnId {
-        let id = self.conns.vacant_key() as ConnId;
+        let id = ConnId::from_index(self.conns.vacant_key());
         self.generations.bump(id);
         self.driver.opened(now_ms, id, life.is_tls());
-        self.conns.insert(Conn {
+        let slot = self.conns.insert(Conn {
             fd,
             life,
             recv_in_flight: false,
             input_waiting: true,
             send_in_flight: false,
             cancel_sent: false,
-        }) as ConnId
+        });
+        debug_assert_eq!(ConnId::from_index(slot), id);
+        id
     }
 
     fn arm_recv(&mut self, id: ConnId) {
         let tag = user_data(Op::Recv, self.generations.of(id), id);
-        let conn = &mut self.conns[id as usize];
+        let conn = &mut self.conns[id.index()];
         debug_assert!(!conn.recv_in_flight);
         conn.recv_in_flight = true;
         // Usually the client is still waiting for our answer, so the socket
@@ -523,7 +525,7 @@ impl Uring {
 
     fn complete(&mut self, node: &mut Node, now: Now, data: u64, res: i32, flags: u32) {
         let (op, generation, id) = decode(data);
-        let occupied = self.conns.contains(id as usize);
+        let occupied = self.conns.contains(id.index());
         if self.generations.is_stale(op, generation, id, occupied) {
             // Not the slot's connection's: its in-flight flags stay as they
             // are. A buffer the completion carries goes back to the kernel.
@@ -598,7 +600,7 @@ impl Uring {
     fn close_doomed(&mut self, node: &mut Node, now: Now, scratch: &mut Vec<ConnId>) {
         node.take_doomed(now, scratch);
         for &id in scratch.iter() {
-            if let Some(conn) = self.conns.get_mut(id as usize) {
+            if let Some(conn) = self.conns.get_mut(id.index()) {
                 conn.life.finish(node, now, id);
                 self.to_send.push(id);
             }
@@ -609,7 +611,7 @@ impl Uring {
     }
 
     fn received(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32, flags: u32) {
-        let conn = &mut self.conns[id as usize];
+        let conn = &mut self.conns[id.index()];
         conn.recv_in_flight = false;
         conn.input_waiting = cqueue::sock_nonempty(flags);
         self.touched.push(id);
@@ -650,7 +652,7 @@ impl Uring {
     }
 
     fn sent(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32) {
-        let conn = &mut self.conns[id as usize];
+        let conn = &mut self.conns[id.index()];
         conn.send_in_flight = false;
         self.touched.push(id);
         match usize::try_from(res) {
@@ -672,17 +674,21 @@ impl Uring {
             }
             return;
         }
-        let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0, 0))
+        let entry = opcode::AsyncCancel::new(user_data(Op::Accept, 0, ConnId::new(0)))
             .build()
-            .user_data(user_data(Op::Cancel, 0, 0));
+            .user_data(user_data(Op::Cancel, 0, ConnId::new(0)));
         // SAFETY: a cancel points to no buffer.
         unsafe { self.push(entry) };
         // Closed at once (the ring keeps its own reference until the accept
         // is cancelled): new clients are refused, not queued.
         self.listener = None;
-        let ids: Vec<ConnId> = self.conns.iter().map(|(id, _)| id as ConnId).collect();
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .map(|(id, _)| ConnId::from_index(id))
+            .collect();
         for id in ids {
-            self.conns[id as usize].life.finish(node, now, id);
+            self.conns[id.index()].life.finish(node, now, id);
             self.to_send.push(id);
             self.touched.push(id);
         }
@@ -693,7 +699,7 @@ impl Uring {
     fn send_all(&mut self, node: &mut Node) {
         let mut ids = std::mem::take(&mut self.to_send);
         for &id in &ids {
-            let Some(conn) = self.conns.get_mut(id as usize) else {
+            let Some(conn) = self.conns.get_mut(id.index()) else {
                 continue;
             };
             if conn.send_in_flight {
@@ -739,14 +745,14 @@ impl Uring {
         while let Some(id) = self.driver.due_lingering(now_ms) {
             // A stale entry (slot reused) is harmless: the lifecycle only
             // acts on its own deadline.
-            if self.conns.contains(id as usize) {
+            if self.conns.contains(id.index()) {
                 self.touched.push(id);
             }
         }
         while let Some(id) = self.driver.due_handshake(now_ms) {
             // Stale entries are harmless, as above: the lifecycle acts on
             // its own deadline, and only while its handshake is under way.
-            if let Some(conn) = self.conns.get_mut(id as usize)
+            if let Some(conn) = self.conns.get_mut(id.index())
                 && conn.life.handshake_expired(node, now, id)
             {
                 self.touched.push(id);
@@ -756,7 +762,7 @@ impl Uring {
         touched.sort_unstable();
         touched.dedup();
         for &id in &touched {
-            let Some(conn) = self.conns.get_mut(id as usize) else {
+            let Some(conn) = self.conns.get_mut(id.index()) else {
                 continue;
             };
             match conn.life.advance(now_ms) {
@@ -777,7 +783,7 @@ impl Uring {
                     conn.cancel_sent = true;
                     self.cancel(id);
                 } else if !conn.recv_in_flight && !conn.send_in_flight {
-                    self.conns.remove(id as usize);
+                    self.conns.remove(id.index());
                 }
             }
         }
@@ -802,7 +808,7 @@ mod tests {
         ];
         for op in ops {
             for generation in [0, 1, 0x5a_5a5a, GENERATION_MASK] {
-                for conn in [0, 1, 0xdead_beef, ConnId::MAX] {
+                for conn in [0, 1, 0xdead_beef, u32::MAX].map(ConnId::new) {
                     let tag = user_data(op, generation, conn);
                     assert_eq!(decode(tag), (Some(op), generation, conn), "{tag:#x}");
                 }
@@ -815,32 +821,32 @@ mod tests {
     #[test]
     fn generations_wrap_within_their_bits() {
         let mut generations = Generations(vec![GENERATION_MASK - 1]);
-        assert_eq!(generations.bump(0), GENERATION_MASK);
-        assert_eq!(generations.bump(0), 0);
-        let tag = user_data(Op::Send, generations.of(0), 0);
-        assert_eq!(decode(tag), (Some(Op::Send), 0, 0));
+        assert_eq!(generations.bump(ConnId::new(0)), GENERATION_MASK);
+        assert_eq!(generations.bump(ConnId::new(0)), 0);
+        let tag = user_data(Op::Send, generations.of(ConnId::new(0)), ConnId::new(0));
+        assert_eq!(decode(tag), (Some(Op::Send), 0, ConnId::new(0)));
     }
 
     #[test]
     fn a_completion_for_a_reused_slot_is_stale() {
         let mut generations = Generations::default();
-        let first = generations.bump(7);
-        let (op, generation, id) = decode(user_data(Op::Recv, first, 7));
+        let first = generations.bump(ConnId::new(7));
+        let (op, generation, id) = decode(user_data(Op::Recv, first, ConnId::new(7)));
         assert!(!generations.is_stale(op, generation, id, true), "its own");
         // The connection is freed: a late completion names an empty slot.
         assert!(generations.is_stale(op, generation, id, false));
         // The slot goes to a new connection: the old tag is not its.
-        let second = generations.bump(7);
+        let second = generations.bump(ConnId::new(7));
         assert_ne!(first, second);
         assert!(generations.is_stale(op, generation, id, true));
-        let (op, generation, id) = decode(user_data(Op::Send, first, 7));
+        let (op, generation, id) = decode(user_data(Op::Send, first, ConnId::new(7)));
         assert!(generations.is_stale(op, generation, id, true));
-        let (op, generation, id) = decode(user_data(Op::Recv, second, 7));
+        let (op, generation, id) = decode(user_data(Op::Recv, second, ConnId::new(7)));
         assert!(!generations.is_stale(op, generation, id, true));
         // Slots never used, and the loop's own operations.
-        assert!(generations.is_stale(Some(Op::Recv), 0, 8, false));
+        assert!(generations.is_stale(Some(Op::Recv), 0, ConnId::new(8), false));
         for op in [Op::Accept, Op::Signal, Op::Dialed, Op::Cancel] {
-            assert!(!generations.is_stale(Some(op), 0, 0, false));
+            assert!(!generations.is_stale(Some(op), 0, ConnId::new(0), false));
         }
     }
 }

@@ -239,7 +239,7 @@ struct Running {
     node: Node,
     lives: BTreeMap<ConnId, Lifecycle>,
     conns: BTreeMap<ConnId, usize>,
-    next_cid: ConnId,
+    next_cid: u32,
 }
 
 struct Slot {
@@ -847,7 +847,7 @@ impl World {
 
     fn alloc(&mut self, x: usize, ci: usize) -> ConnId {
         let run = self.slots[x].run.as_mut().unwrap();
-        let cid = run.next_cid;
+        let cid = ConnId::new(run.next_cid);
         run.next_cid += 1;
         run.conns.insert(cid, ci);
         run.lives.insert(cid, Lifecycle::new());

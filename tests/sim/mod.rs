@@ -314,7 +314,7 @@ struct Inc {
     /// Connections with answers the socket buffer had no room for yet.
     unsent: BTreeSet<ConnId>,
     scan_pos: BTreeMap<ConnId, usize>,
-    next_cid: ConnId,
+    next_cid: u32,
     free_cids: BTreeSet<ConnId>,
     accepts: Vec<(u64, usize)>,
     /// Highest token in any peer line this process has read.
@@ -1021,7 +1021,7 @@ impl Sim {
             Some(c) => c,
             None => {
                 inc.next_cid += 1;
-                inc.next_cid - 1
+                ConnId::new(inc.next_cid - 1)
             }
         };
         inc.driver.opened(now_ms, cid, life.is_tls());

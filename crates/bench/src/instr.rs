@@ -14,7 +14,7 @@ mod cluster;
 use std::hint::black_box;
 use std::process::ExitCode;
 
-use ringlock::engine::{Engine, Now};
+use ringlock::engine::{ConnId, Engine, Now};
 use ringlock::io::Session;
 use ringlock::node::{Node, NodeConfig};
 use ringlock::outbox::Outbox;
@@ -120,12 +120,12 @@ fn cycle(n: u64) -> u64 {
         max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
     };
     let mut node = Node::new(now(1), config);
-    node.open(0);
+    node.open(ConnId::new(0));
     let mut session = Session::new();
     let warm = 4 * KEYS;
     for read in cycle_reads(0, warm, UNIX_NS) {
-        session.feed(&mut node, now(1), 0, &read);
-        let out = node.output_mut(0);
+        session.feed(&mut node, now(1), ConnId::new(0), &read);
+        let out = node.output_mut(ConnId::new(0));
         assert!(!out.windows(3).any(|w| w == b" 0\n"), "a release failed");
         out.clear();
     }
@@ -139,8 +139,8 @@ fn cycle(n: u64) -> u64 {
 #[inline(never)]
 pub(crate) fn ringlock_instr_cycle(node: &mut Node, session: &mut Session, reads: &[Vec<u8>]) {
     for read in reads {
-        session.feed(node, now(1), 0, black_box(read));
-        let out = node.output_mut(0);
+        session.feed(node, now(1), ConnId::new(0), black_box(read));
+        let out = node.output_mut(ConnId::new(0));
         black_box(out.len());
         out.clear();
     }
@@ -149,7 +149,7 @@ pub(crate) fn ringlock_instr_cycle(node: &mut Node, session: &mut Session, reads
 fn engine_cycle(n: u64) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
     let mut out = Outbox::new();
-    engine.open(0, &mut out);
+    engine.open(ConnId::new(0), &mut out);
     let keys: Vec<String> = (0..KEYS).map(key).collect();
     let warm = 4 * KEYS;
     ringlock_instr_engine_cycle(&mut engine, &mut out, &keys, 0, warm);
@@ -174,17 +174,17 @@ pub(crate) fn ringlock_instr_engine_cycle(
             lease_ms: 30_000,
             wait_ms: 0,
         };
-        let _ = engine.handle(now(1), 0, black_box(acquire), out);
+        let _ = engine.handle(now(1), ConnId::new(0), black_box(acquire), out);
         let release = Request::Release {
             key,
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), 0, black_box(release), out);
+        let _ = engine.handle(now(1), ConnId::new(0), black_box(release), out);
         if i % 16 == 15 {
-            out.output_mut(0).clear();
+            out.output_mut(ConnId::new(0)).clear();
         }
     }
-    out.output_mut(0).clear();
+    out.output_mut(ConnId::new(0)).clear();
 }
 
 /// `engine_cycle` with `G` (or `C key 8`, `permit`) for `A`: each grant is
@@ -192,11 +192,11 @@ pub(crate) fn ringlock_instr_engine_cycle(
 fn kind_cycle(n: u64, permit: bool) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
     let mut out = Outbox::new();
-    engine.open(0, &mut out);
+    engine.open(ConnId::new(0), &mut out);
     let keys: Vec<String> = (0..KEYS).map(key).collect();
     let warm = 4 * KEYS;
     kind_cycles(&mut engine, &mut out, &keys, permit, 0, warm);
-    let answers = out.output_mut(0);
+    let answers = out.output_mut(ConnId::new(0));
     assert!(
         !answers.is_empty() && !answers.windows(3).any(|w| w == b" 0\n"),
         "a release failed"
@@ -261,14 +261,14 @@ fn kind_cycles(
                 wait_ms: 0,
             }
         };
-        let _ = engine.handle(now(1), 0, black_box(acquire), out);
+        let _ = engine.handle(now(1), ConnId::new(0), black_box(acquire), out);
         let release = Request::Release {
             key,
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), 0, black_box(release), out);
+        let _ = engine.handle(now(1), ConnId::new(0), black_box(release), out);
         if i % 16 == 15 && i + 1 < first + n {
-            out.output_mut(0).clear();
+            out.output_mut(ConnId::new(0)).clear();
         }
     }
 }
@@ -284,9 +284,9 @@ fn handoff(n: u64) -> u64 {
         wait_ms: 0,
     };
     for conn in 0..WAITERS {
-        engine.open(conn, &mut out);
+        engine.open(ConnId::new(conn), &mut out);
         engine
-            .handle(now(1), conn, acquire, &mut out)
+            .handle(now(1), ConnId::new(conn), acquire, &mut out)
             .expect("queued");
     }
     let mut dirty = Vec::new();
@@ -294,7 +294,7 @@ fn handoff(n: u64) -> u64 {
     ringlock_instr_handoff(&mut engine, &mut out, &mut dirty, 0, warm);
     ringlock_instr_handoff(&mut engine, &mut out, &mut dirty, warm, n);
     // FIFO: grant i went to connection i % 64, so the holder now is n % 64.
-    let answers = out.output_mut(((warm + n) % u64::from(WAITERS)) as u32);
+    let answers = out.output_mut(ConnId::new(((warm + n) % u64::from(WAITERS)) as u32));
     assert!(answers.is_empty(), "outputs are cleared");
     n
 }
@@ -304,7 +304,7 @@ fn handoff(n: u64) -> u64 {
 pub(crate) fn ringlock_instr_handoff(
     engine: &mut Engine,
     out: &mut Outbox,
-    dirty: &mut Vec<u32>,
+    dirty: &mut Vec<ConnId>,
     first: u64,
     n: u64,
 ) {
@@ -320,8 +320,8 @@ pub(crate) fn ringlock_instr_handoff(
             key: b"hot",
             token: UNIX_NS + i,
         };
-        let _ = engine.handle(now(1), holder, black_box(release), out);
-        let _ = engine.handle(now(1), holder, black_box(acquire), out);
+        let _ = engine.handle(now(1), ConnId::new(holder), black_box(release), out);
+        let _ = engine.handle(now(1), ConnId::new(holder), black_box(acquire), out);
         out.take_dirty(dirty);
         for &c in dirty.iter() {
             out.output_mut(c).clear();
@@ -364,7 +364,7 @@ pub(crate) fn ringlock_instr_parse(buf: &[u8], rounds: u64) -> u64 {
 fn expire(n: u64) -> u64 {
     let mut engine = Engine::new(now(1), "127.0.0.1:7171");
     let mut out = Outbox::new();
-    engine.open(0, &mut out);
+    engine.open(ConnId::new(0), &mut out);
     let locks = 10_000.min(n);
     let rounds = n.div_ceil(locks);
     let keys: Vec<String> = (0..locks).map(|i| format!("expire-key-{i:06}")).collect();
@@ -380,10 +380,10 @@ fn expire(n: u64) -> u64 {
                 wait_ms: 0,
             };
             engine
-                .handle(now(ms), 0, acquire, &mut out)
+                .handle(now(ms), ConnId::new(0), acquire, &mut out)
                 .expect("granted");
         }
-        out.output_mut(0).clear();
+        out.output_mut(ConnId::new(0)).clear();
         t += 1000;
         if round == 0 {
             t = ringlock_instr_expire_warm(&mut engine, &mut out, t);

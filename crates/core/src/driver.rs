@@ -254,6 +254,7 @@ impl Driver {
 mod tests {
     use super::*;
     use crate::node::NodeConfig;
+    use crate::outbox::cid;
 
     fn at(ms: u64) -> Now {
         Now {
@@ -320,19 +321,19 @@ mod tests {
     #[test]
     fn a_handshake_that_never_completes_is_due_at_its_deadline() {
         let mut driver = Driver::new(8, Some(1_000));
-        driver.opened(10, 3, true);
-        driver.opened(20, 4, false); // plain text: no handshake
-        driver.opened(30, 5, true);
+        driver.opened(10, cid(3), true);
+        driver.opened(20, cid(4), false); // plain text: no handshake
+        driver.opened(30, cid(5), true);
         let node = node();
         assert_eq!(driver.timeout_ms(&node, 10), Some(1_000));
         assert_eq!(driver.due_handshake(1_009), None);
-        assert_eq!(driver.due_handshake(1_010), Some(3));
+        assert_eq!(driver.due_handshake(1_010), Some(cid(3)));
         assert_eq!(driver.due_handshake(1_029), None);
-        assert_eq!(driver.due_handshake(5_000), Some(5));
+        assert_eq!(driver.due_handshake(5_000), Some(cid(5)));
         assert_eq!(driver.due_handshake(5_000), None);
         // Without TLS nothing is ever due.
         let mut plain = Driver::new(8, None);
-        plain.opened(10, 3, true);
+        plain.opened(10, cid(3), true);
         assert_eq!(plain.due_handshake(u64::MAX), None);
     }
 

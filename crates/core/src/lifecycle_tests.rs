@@ -1,6 +1,7 @@
 //! Tests of [`super`] (lifecycle.rs), kept apart so that the module reads on its own.
 
 use super::*;
+use crate::outbox::cid;
 
 fn node() -> (Node, Now) {
     let now = Now {
@@ -16,7 +17,7 @@ fn node() -> (Node, Now) {
             max_locks: crate::engine::DEFAULT_MAX_LOCKS,
         },
     );
-    node.open(0);
+    node.open(cid(0));
     (node, now)
 }
 
@@ -24,13 +25,13 @@ fn node() -> (Node, Now) {
 fn drain(life: &mut Lifecycle, node: &mut Node, now: Now, chunk: usize) -> Vec<u8> {
     let mut got = Vec::new();
     loop {
-        let out = life.pending(node, 0);
+        let out = life.pending(node, cid(0));
         if out.is_empty() {
             return got;
         }
         let n = out.len().min(chunk);
         got.extend_from_slice(&out[..n]);
-        life.sent(node, now, 0, n);
+        life.sent(node, now, cid(0), n);
     }
 }
 
@@ -38,15 +39,15 @@ fn drain(life: &mut Lifecycle, node: &mut Node, now: Now, chunk: usize) -> Vec<u
 fn a_pause_stops_reading_until_the_answers_are_taken_and_loses_nothing() {
     let (mut node, now) = node();
     let mut life = Lifecycle::new();
-    assert!(life.wants_read(node.outbox(), 0));
+    assert!(life.wants_read(node.outbox(), cid(0)));
     let input = b"S\n".repeat(10_000);
-    life.received(&mut node, now, 0, &input);
-    assert!(!life.wants_read(node.outbox(), 0), "paused");
+    life.received(&mut node, now, cid(0), &input);
+    assert!(!life.wants_read(node.outbox(), cid(0)), "paused");
     // Half of what is pending taken: still past the limit or not, the
     // input kept back is answered once the client takes enough.
     let out = drain(&mut life, &mut node, now, 4096);
     assert_eq!(life.phase(), Phase::Open);
-    assert!(life.wants_read(node.outbox(), 0));
+    assert!(life.wants_read(node.outbox(), cid(0)));
     assert_eq!(out, b"S active x:1 0\n".repeat(10_000));
     assert_eq!(life.advance(now.ms), Step::Stay);
 }
@@ -59,18 +60,18 @@ fn the_pause_counts_answers_taken_from_the_engine_but_not_sent() {
     // kept back, the answers alone stop the reading.
     let answer = b"S active x:1 0\n".len();
     let lines = OUTPUT_PAUSE_BYTES / answer + 1;
-    life.received(&mut node, now, 0, &b"S\n".repeat(lines));
+    life.received(&mut node, now, cid(0), &b"S\n".repeat(lines));
     assert!(!life.holds_input());
-    assert!(!life.wants_read(node.outbox(), 0), "paused");
+    assert!(!life.wants_read(node.outbox(), cid(0)), "paused");
     // Moved out of the engine for sending, not yet taken by the socket:
     // still paused.
-    let pending = life.pending(&mut node, 0).len();
+    let pending = life.pending(&mut node, cid(0)).len();
     assert_eq!(pending, lines * answer);
-    assert!(node.output_mut(0).is_empty());
-    assert!(!life.wants_read(node.outbox(), 0), "still paused");
+    assert!(node.output_mut(cid(0)).is_empty());
+    assert!(!life.wants_read(node.outbox(), cid(0)), "still paused");
     // Taken down to the limit: reading again.
-    life.sent(&mut node, now, 0, pending - OUTPUT_PAUSE_BYTES);
-    assert!(life.wants_read(node.outbox(), 0));
+    life.sent(&mut node, now, cid(0), pending - OUTPUT_PAUSE_BYTES);
+    assert!(life.wants_read(node.outbox(), cid(0)));
 }
 
 #[test]
@@ -83,23 +84,26 @@ fn a_grant_made_while_answers_go_out_is_sent_before_the_loop_sleeps() {
     // unrelated event (a timer, another request): the loop must not
     // sleep while it is unsent.
     let (mut node, now) = node();
-    node.open(1);
-    node.open(2);
+    node.open(cid(1));
+    node.open(cid(2));
     let mut lives = [Lifecycle::new(), Lifecycle::new(), Lifecycle::new()];
-    lives[1].received(&mut node, now, 1, b"A k 60000 0\n");
-    lives[2].received(&mut node, now, 2, b"A k 60000 60000\n");
+    lives[1].received(&mut node, now, cid(1), b"A k 60000 0\n");
+    lives[2].received(&mut node, now, cid(2), b"A k 60000 60000\n");
     let mut input = b"S\n".repeat(5_000);
     input.extend_from_slice(b"R k 5\n");
-    lives[0].received(&mut node, now, 0, &input);
+    lives[0].received(&mut node, now, cid(0), &input);
     assert!(
-        !lives[0].wants_read(node.outbox(), 0),
+        !lives[0].wants_read(node.outbox(), cid(0)),
         "paused: the release kept back"
     );
     let mut dirty = Vec::new();
     node.take_dirty(now, &mut dirty);
-    assert!(!dirty.contains(&2), "client 2 waits: nothing for it yet");
+    assert!(
+        !dirty.contains(&cid(2)),
+        "client 2 waits: nothing for it yet"
+    );
     for &conn in &dirty {
-        let life = &mut lives[conn as usize];
+        let life = &mut lives[conn.index()];
         loop {
             let n = life.pending(&mut node, conn).len();
             if n == 0 {
@@ -109,7 +113,7 @@ fn a_grant_made_while_answers_go_out_is_sent_before_the_loop_sleeps() {
         }
     }
     assert_eq!(
-        node.output_mut(2).as_slice(),
+        node.output_mut(cid(2)).as_slice(),
         b"A k 6\n",
         "granted meanwhile"
     );
@@ -121,8 +125,8 @@ fn a_grant_made_while_answers_go_out_is_sent_before_the_loop_sleeps() {
         now.ms
     );
     node.take_dirty(now, &mut dirty);
-    assert_eq!(dirty, [2]);
-    assert_eq!(lives[2].pending(&mut node, 2), b"A k 6\n");
+    assert_eq!(dirty, [2].map(ConnId::new));
+    assert_eq!(lives[2].pending(&mut node, cid(2)), b"A k 6\n");
     // Once collected, no more hurry: the next deadline is the lease's.
     assert!(node.next_deadline().is_some_and(|d| d > now.ms));
 }
@@ -131,7 +135,7 @@ fn a_grant_made_while_answers_go_out_is_sent_before_the_loop_sleeps() {
 fn a_protocol_break_sends_the_rest_then_lingers_until_the_deadline() {
     let (mut node, now) = node();
     let mut life = Lifecycle::new();
-    life.received(&mut node, now, 0, b"S\nX\nS\n");
+    life.received(&mut node, now, cid(0), b"S\nX\nS\n");
     assert_eq!(life.phase(), Phase::Closing);
     assert_eq!(life.advance(now.ms), Step::Stay, "answers not sent yet");
     let out = drain(&mut life, &mut node, now, 7);
@@ -146,19 +150,19 @@ fn a_protocol_break_sends_the_rest_then_lingers_until_the_deadline() {
             linger_until: Some(until)
         }
     );
-    assert!(life.wants_read(node.outbox(), 0), "reads and discards");
-    life.received(&mut node, now, 0, b"S\n");
-    assert!(life.pending(&mut node, 0).is_empty());
+    assert!(life.wants_read(node.outbox(), cid(0)), "reads and discards");
+    life.received(&mut node, now, cid(0), b"S\n");
+    assert!(life.pending(&mut node, cid(0)).is_empty());
     assert_eq!(life.advance(until - 1), Step::Stay);
     assert_eq!(life.advance(until), Step::Close);
-    assert!(life.is_closed() && !life.wants_read(node.outbox(), 0));
+    assert!(life.is_closed() && !life.wants_read(node.outbox(), cid(0)));
 }
 
 #[test]
 fn the_peer_closing_while_lingering_closes_at_once() {
     let (mut node, now) = node();
     let mut life = Lifecycle::new();
-    life.finish(&mut node, now, 0);
+    life.finish(&mut node, now, cid(0));
     assert!(drain(&mut life, &mut node, now, 100).is_empty());
     assert!(matches!(
         life.advance(now.ms),
@@ -166,7 +170,7 @@ fn the_peer_closing_while_lingering_closes_at_once() {
             linger_until: Some(_)
         }
     ));
-    life.peer_closed(&mut node, now, 0);
+    life.peer_closed(&mut node, now, cid(0));
     assert_eq!(life.advance(now.ms), Step::Close);
 }
 
@@ -174,9 +178,9 @@ fn the_peer_closing_while_lingering_closes_at_once() {
 fn a_half_close_gets_its_answers_then_shuts_without_lingering() {
     let (mut node, now) = node();
     let mut life = Lifecycle::new();
-    life.received(&mut node, now, 0, b"A k 1 0\nS\n");
-    life.peer_closed(&mut node, now, 0);
-    assert!(!life.wants_read(node.outbox(), 0));
+    life.received(&mut node, now, cid(0), b"A k 1 0\nS\n");
+    life.peer_closed(&mut node, now, cid(0));
+    assert!(!life.wants_read(node.outbox(), cid(0)));
     assert_eq!(life.phase(), Phase::Closing);
     let out = drain(&mut life, &mut node, now, 1000);
     assert_eq!(out, b"A k 5\nS active x:1 5\n".to_vec());
@@ -241,7 +245,7 @@ fn pump(
             client.write_tls(&mut to_server).unwrap();
         }
         if !to_server.is_empty() {
-            life.received(node, now, 0, &to_server);
+            life.received(node, now, cid(0), &to_server);
         }
         let to_client = drain(life, node, now, chunk);
         let mut rest = &to_client[..];
@@ -281,7 +285,7 @@ fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
             us: (now.ms + 5000) * 1000,
             ..now
         },
-        0
+        cid(0)
     ));
     // Our side ends it: last answers, then close_notify, then shut.
     client.writer().write_all(b"S\n").unwrap();
@@ -289,8 +293,8 @@ fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
     while client.wants_write() {
         client.write_tls(&mut to_server).unwrap();
     }
-    life.received(&mut node, now, 0, &to_server);
-    life.finish(&mut node, now, 0);
+    life.received(&mut node, now, cid(0), &to_server);
+    life.finish(&mut node, now, cid(0));
     assert_eq!(life.advance(now.ms), Step::Stay, "not sent yet");
     let mut rest = &drain(&mut life, &mut node, now, 100)[..];
     while !rest.is_empty() {
@@ -308,7 +312,7 @@ fn tls_carries_requests_through_the_pause_and_ends_with_close_notify() {
 fn plain_text_on_a_tls_connection_gets_a_plain_e_line_and_closes() {
     let (mut node, now) = node();
     let (mut life, _client) = tls_pair(now);
-    life.received(&mut node, now, 0, b"S\n");
+    life.received(&mut node, now, cid(0), b"S\n");
     assert_eq!(life.phase(), Phase::Closing);
     assert_eq!(drain(&mut life, &mut node, now, 7), PLAIN_ON_TLS_ANSWER);
     assert!(matches!(life.advance(now.ms), Step::Shut { .. }));
@@ -321,10 +325,10 @@ fn garbage_after_a_handshake_record_header_closes_without_a_crash() {
     life.received(
         &mut node,
         now,
-        0,
+        cid(0),
         &[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5],
     );
-    life.received(&mut node, now, 0, &[0xff; 300]);
+    life.received(&mut node, now, cid(0), &[0xff; 300]);
     assert_eq!(life.phase(), Phase::Closing);
     // Whatever rustls queued (an alert) goes out, then the socket shuts.
     let _ = drain(&mut life, &mut node, now, 64);
@@ -335,7 +339,7 @@ fn garbage_after_a_handshake_record_header_closes_without_a_crash() {
 fn a_handshake_past_its_deadline_is_closed() {
     let (mut node, now) = node();
     let (mut life, _client) = tls_pair(now);
-    life.received(&mut node, now, 0, &[0x16, 0x03, 0x01]);
+    life.received(&mut node, now, cid(0), &[0x16, 0x03, 0x01]);
     assert!(!life.handshake_expired(
         &mut node,
         Now {
@@ -343,7 +347,7 @@ fn a_handshake_past_its_deadline_is_closed() {
             us: (now.ms + 999) * 1000,
             ..now
         },
-        0
+        cid(0)
     ));
     assert!(life.handshake_expired(
         &mut node,
@@ -352,7 +356,7 @@ fn a_handshake_past_its_deadline_is_closed() {
             us: (now.ms + 1000) * 1000,
             ..now
         },
-        0
+        cid(0)
     ));
     assert!(life.is_closed());
     assert_eq!(life.advance(now.ms + 1000), Step::Close);
@@ -362,14 +366,14 @@ fn a_handshake_past_its_deadline_is_closed() {
 fn a_failed_socket_closes_now_and_keeps_the_send_in_flight_in_place() {
     let (mut node, now) = node();
     let mut life = Lifecycle::new();
-    life.received(&mut node, now, 0, b"S\n");
+    life.received(&mut node, now, cid(0), b"S\n");
     let (ptr, len) = {
-        let out = life.pending(&mut node, 0);
+        let out = life.pending(&mut node, cid(0));
         (out.as_ptr(), out.len())
     };
-    life.failed(&mut node, now, 0);
+    life.failed(&mut node, now, cid(0));
     assert_eq!(life.advance(now.ms), Step::Close);
-    assert!(life.pending(&mut node, 0).is_empty());
+    assert!(life.pending(&mut node, cid(0)).is_empty());
     // The buffer of a send that may still be in flight has not moved.
     assert_eq!((life.out.as_ptr(), life.out.len()), (ptr, len));
 }

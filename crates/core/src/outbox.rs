@@ -12,8 +12,50 @@
 
 use crate::proto::Answer;
 
-/// A connection, numbered by the I/O loop (small, dense, reused).
-pub type ConnId = u32;
+/// A connection, numbered by the I/O loop: small, dense and reused once the
+/// connection is gone, so it indexes the per-connection slabs directly.
+/// Printed as the bare number (log lines say `conn 7`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ConnId(u32);
+
+impl ConnId {
+    /// The largest id; the io_uring loop packs ids into 32 bits of a
+    /// completion's tag.
+    pub const MAX: ConnId = ConnId(u32::MAX);
+
+    /// The connection numbered `raw`.
+    pub const fn new(raw: u32) -> ConnId {
+        ConnId(raw)
+    }
+
+    /// The connection at slot `index` of a loop's slab. Slabs hold at most
+    /// the process's descriptors, far below `u32::MAX`: more is a bug.
+    pub fn from_index(index: usize) -> ConnId {
+        ConnId(u32::try_from(index).expect("connection index over u32::MAX"))
+    }
+
+    /// The number, as the io_uring loop packs it.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The slot of this connection in a per-connection table.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// `ConnId::new`, short for the tests, which name many connections.
+#[cfg(test)]
+pub(crate) const fn cid(raw: u32) -> ConnId {
+    ConnId::new(raw)
+}
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// Which of the dirty lists a connection is on. An id closed and taken
 /// again within one turn may still be listed from its first life; it moves
@@ -59,7 +101,7 @@ impl Outbox {
 
     /// Opens `conn`'s output, empty. `conn` must not be open.
     pub(crate) fn open(&mut self, conn: ConnId) {
-        let i = conn as usize;
+        let i = conn.index();
         if self.slots.len() <= i {
             self.slots.resize_with(i + 1, Slot::default);
         }
@@ -72,7 +114,7 @@ impl Outbox {
     /// Drops `conn`'s unsent output; nothing more is written to it until it
     /// opens again.
     pub(crate) fn close(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn.index()];
         debug_assert!(slot.open, "output of connection {conn} closed twice");
         slot.open = false;
         slot.out.clear();
@@ -81,7 +123,7 @@ impl Outbox {
     /// Appends an answer to a client's output and lists it.
     #[inline]
     pub(crate) fn answer(&mut self, conn: ConnId, answer: Answer<'_>) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn.index()];
         debug_assert!(slot.open, "answer for closed connection {conn}");
         answer.encode(&mut slot.out);
         if slot.listed != Listed::Client {
@@ -95,7 +137,7 @@ impl Outbox {
     /// Lists a client after bytes were appended to its output directly
     /// ([`Outbox::output_mut`]).
     pub(crate) fn wrote_answers(&mut self, conn: ConnId) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn.index()];
         if slot.listed != Listed::Client {
             slot.listed = Listed::Client;
             self.dirty.push(conn);
@@ -104,7 +146,7 @@ impl Outbox {
 
     /// Appends bytes for `conn` (a peer link) and lists it as a link.
     pub(crate) fn write_link(&mut self, conn: ConnId, bytes: &[u8]) {
-        let slot = &mut self.slots[conn as usize];
+        let slot = &mut self.slots[conn.index()];
         debug_assert!(slot.open);
         slot.out.extend_from_slice(bytes);
         if slot.listed != Listed::Link {
@@ -118,13 +160,13 @@ impl Outbox {
     /// The output waiting for `conn`. The I/O loop takes bytes from the
     /// front (or swaps the buffer out) as it sends them.
     pub fn output_mut(&mut self, conn: ConnId) -> &mut Vec<u8> {
-        &mut self.slots[conn as usize].out
+        &mut self.slots[conn.index()].out
     }
 
     /// Bytes in `conn`'s output not yet taken by the loop (0 for a
     /// connection never opened).
     pub fn len(&self, conn: ConnId) -> usize {
-        self.slots.get(conn as usize).map_or(0, |s| s.out.len())
+        self.slots.get(conn.index()).map_or(0, |s| s.out.len())
     }
 
     /// Moves the connections written to since the last call into `into`
@@ -138,7 +180,7 @@ impl Outbox {
             // No links listed: every entry is a client's.
             std::mem::swap(into, &mut self.dirty);
             into.retain(|&c| {
-                let slot = &mut slots[c as usize];
+                let slot = &mut slots[c.index()];
                 debug_assert_eq!(slot.listed, Listed::Client);
                 slot.listed = Listed::No;
                 slot.open && !slot.out.is_empty()
@@ -157,7 +199,7 @@ impl Outbox {
                 Listed::Client
             };
             i += 1;
-            let slot = &mut slots[c as usize];
+            let slot = &mut slots[c.index()];
             if slot.listed != listed {
                 return false; // listed by the id's earlier life this turn
             }
@@ -178,14 +220,14 @@ impl Outbox {
     /// again.
     pub fn has_uncollected(&self) -> bool {
         self.dirty.iter().chain(&self.dirty_links).any(|&c| {
-            let slot = &self.slots[c as usize];
+            let slot = &self.slots[c.index()];
             slot.open && !slot.out.is_empty()
         })
     }
 
     /// Whether `conn`'s output is open.
     pub(crate) fn is_open(&self, conn: ConnId) -> bool {
-        self.slots.get(conn as usize).is_some_and(|s| s.open)
+        self.slots.get(conn.index()).is_some_and(|s| s.open)
     }
 
     /// How many connection ids have a slot: none at or above it was ever
@@ -212,7 +254,7 @@ mod tests {
     fn outbox(conns: u32) -> Outbox {
         let mut out = Outbox::new();
         for c in 0..conns {
-            out.open(c);
+            out.open(cid(c));
         }
         out
     }
@@ -227,31 +269,31 @@ mod tests {
         let mut out = outbox(4);
         let mut dirty = Vec::new();
         // A client answered, then a link written to, then another client.
-        granted(&mut out, 0, "a");
-        out.write_link(3, b"P X a 1\n");
-        granted(&mut out, 1, "b");
-        out.write_link(2, b"P X b 1\n");
-        out.write_link(3, b"P HB\n");
+        granted(&mut out, cid(0), "a");
+        out.write_link(cid(3), b"P X a 1\n");
+        granted(&mut out, cid(1), "b");
+        out.write_link(cid(2), b"P X b 1\n");
+        out.write_link(cid(3), b"P HB\n");
         assert_eq!(out.take_dirty(&mut dirty), 2, "two links in front");
-        assert_eq!(dirty, [3, 2, 0, 1]);
-        assert_eq!(out.output_mut(3).as_slice(), b"P X a 1\nP HB\n");
-        assert_eq!(out.output_mut(0).as_slice(), b"A a 1\n");
+        assert_eq!(dirty, [3, 2, 0, 1].map(ConnId::new));
+        assert_eq!(out.output_mut(cid(3)).as_slice(), b"P X a 1\nP HB\n");
+        assert_eq!(out.output_mut(cid(0)).as_slice(), b"A a 1\n");
         for c in 0..4 {
-            out.output_mut(c).clear();
+            out.output_mut(cid(c)).clear();
         }
         // A link closed after its output, its id taken again by a client in
         // the same turn: listed once, among the clients; and the other way.
-        out.write_link(2, b"P HB\n");
-        out.close(2);
-        out.open(2);
-        granted(&mut out, 0, "e");
-        granted(&mut out, 2, "c");
-        granted(&mut out, 1, "d");
-        out.close(1);
-        out.open(1);
-        out.write_link(1, b"P HELLO\n");
+        out.write_link(cid(2), b"P HB\n");
+        out.close(cid(2));
+        out.open(cid(2));
+        granted(&mut out, cid(0), "e");
+        granted(&mut out, cid(2), "c");
+        granted(&mut out, cid(1), "d");
+        out.close(cid(1));
+        out.open(cid(1));
+        out.write_link(cid(1), b"P HELLO\n");
         assert_eq!(out.take_dirty(&mut dirty), 1, "the closed link is no link");
-        assert_eq!(dirty, [1, 0, 2]);
+        assert_eq!(dirty, [1, 0, 2].map(ConnId::new));
         assert_eq!(out.take_dirty(&mut dirty), 0);
         assert!(dirty.is_empty(), "{dirty:?}");
         out.check_invariants();
@@ -261,23 +303,23 @@ mod tests {
     fn closed_and_emptied_connections_are_not_collected() {
         let mut out = outbox(3);
         let mut dirty = Vec::new();
-        granted(&mut out, 0, "a");
-        granted(&mut out, 1, "b");
-        out.close(1);
+        granted(&mut out, cid(0), "a");
+        granted(&mut out, cid(1), "b");
+        out.close(cid(1));
         assert!(out.has_uncollected(), "connection 0 waits");
-        out.output_mut(0).clear();
+        out.output_mut(cid(0)).clear();
         assert!(!out.has_uncollected(), "sent before it was collected");
         assert_eq!(out.take_dirty(&mut dirty), 0);
         assert!(dirty.is_empty(), "{dirty:?}");
         // Bytes written straight into the buffer count once listed.
-        out.output_mut(2).extend_from_slice(b"E bye\n");
+        out.output_mut(cid(2)).extend_from_slice(b"E bye\n");
         assert!(!out.has_uncollected());
-        out.wrote_answers(2);
+        out.wrote_answers(cid(2));
         assert!(out.has_uncollected());
         assert_eq!(out.take_dirty(&mut dirty), 0);
-        assert_eq!(dirty, [2]);
-        assert_eq!(out.len(2), 6);
-        assert_eq!(out.len(9), 0, "never opened");
+        assert_eq!(dirty, [2].map(ConnId::new));
+        assert_eq!(out.len(cid(2)), 6);
+        assert_eq!(out.len(cid(9)), 0, "never opened");
         out.check_invariants();
     }
 }

@@ -223,6 +223,7 @@ pub fn take_final_output(node: &mut Node, now: Now, conn: ConnId) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::cid;
 
     fn test_node(now: Now) -> Node {
         Node::new(
@@ -242,16 +243,16 @@ mod tests {
             unix_ns: 5,
         };
         let mut engine = test_node(now);
-        engine.open(0);
+        engine.open(cid(0));
         let mut session = Session::new();
         let mut flow = Flow::Open;
         for chunk in chunks {
-            flow = session.feed(&mut engine, now, 0, chunk);
+            flow = session.feed(&mut engine, now, cid(0), chunk);
             if flow == Flow::Broken {
                 break;
             }
         }
-        let out = String::from_utf8(std::mem::take(engine.output_mut(0))).unwrap();
+        let out = String::from_utf8(std::mem::take(engine.output_mut(cid(0)))).unwrap();
         (out, flow)
     }
 
@@ -283,20 +284,20 @@ mod tests {
             unix_ns: 5,
         };
         let mut engine = test_node(now);
-        engine.open(0);
+        engine.open(cid(0));
         let mut session = Session::new();
         // "S\n" answers with 15 bytes: 5000 of them pass 64 KiB.
         let input = b"S\n".repeat(5000);
-        assert_eq!(session.feed(&mut engine, now, 0, &input), Flow::Paused);
-        let answered = engine.output_mut(0).len();
+        assert_eq!(session.feed(&mut engine, now, cid(0), &input), Flow::Paused);
+        let answered = engine.output_mut(cid(0)).len();
         assert!(answered > OUTPUT_PAUSE_BYTES && answered < OUTPUT_PAUSE_BYTES + 64);
         assert!(session.has_stash());
         // Still paused while the client has not taken anything.
-        assert_eq!(session.resume(&mut engine, now, 0), Flow::Paused);
-        engine.output_mut(0).clear();
-        assert_eq!(session.resume(&mut engine, now, 0), Flow::Open);
+        assert_eq!(session.resume(&mut engine, now, cid(0)), Flow::Paused);
+        engine.output_mut(cid(0)).clear();
+        assert_eq!(session.resume(&mut engine, now, cid(0)), Flow::Open);
         assert!(!session.has_stash());
-        let total = answered + engine.output_mut(0).len();
+        let total = answered + engine.output_mut(cid(0)).len();
         assert_eq!(
             total,
             5000 * "S active x:1 0\n".len(),

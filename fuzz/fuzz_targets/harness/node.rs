@@ -338,7 +338,7 @@ pub struct Harness {
     /// turn they close a connection, before its id can be reused).
     free: Vec<ConnId>,
     quarantine: Vec<ConnId>,
-    next_id: ConnId,
+    next_id: u32,
     /// Ids opened at least once (index: id).
     ever_opened: Vec<bool>,
     /// Dials the node asked for, not resolved yet.
@@ -542,10 +542,10 @@ impl Harness {
             Some(id) => id,
             None => {
                 self.next_id += 1;
-                self.next_id - 1
+                ConnId::new(self.next_id - 1)
             }
         };
-        let i = id as usize;
+        let i = id.index();
         if self.ever_opened.len() <= i {
             self.ever_opened.resize(i + 1, false);
         }
@@ -1388,7 +1388,7 @@ impl Harness {
         self.node.take_doomed(now, &mut doomed);
         for id in doomed {
             assert!(
-                self.ever_opened.get(id as usize).copied().unwrap_or(false),
+                self.ever_opened.get(id.index()).copied().unwrap_or(false),
                 "doomed connection {id} was never opened"
             );
             // Closed already (broken, or closed by its peer): nothing to do.
@@ -1570,8 +1570,8 @@ impl Harness {
             self.scan_with(ci, before_highest);
         }
         // Closed connections are gone from the node.
-        for id in 0..self.ever_opened.len() as ConnId {
-            if !self.ever_opened[id as usize] || self.conns.iter().any(|c| c.id == id) {
+        for id in (0..self.ever_opened.len()).map(ConnId::from_index) {
+            if !self.ever_opened[id.index()] || self.conns.iter().any(|c| c.id == id) {
                 continue;
             }
             assert!(!self.node.is_peer_link(id), "closed {id} is a peer link");

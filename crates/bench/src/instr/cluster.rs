@@ -24,9 +24,9 @@ use super::{KEYS, UNIX_NS, cycle_reads as reads};
 
 const NODES: usize = 3;
 /// The client's connection on the active.
-const CLIENT: ConnId = 0;
+const CLIENT: ConnId = ConnId::new(0);
 /// Peer connections get ids from here up, on every node.
-const FIRST_PEER_CONN: ConnId = 100;
+const FIRST_PEER_CONN: u32 = 100;
 const HEARTBEAT_MS: u64 = 50;
 
 fn now(ms: u64) -> Now {
@@ -48,7 +48,7 @@ struct Mesh {
     /// Per node, per connection id: that connection's session.
     sessions: Vec<Vec<Session>>,
     links: Vec<Link>,
-    next_conn: Vec<ConnId>,
+    next_conn: Vec<u32>,
     ms: u64,
 }
 
@@ -96,7 +96,7 @@ impl Mesh {
             "more peer connections than the mesh has sessions"
         );
         self.next_conn[x] += 1;
-        conn
+        ConnId::new(conn)
     }
 
     /// The other end of `(x, conn)`.
@@ -139,7 +139,7 @@ impl Mesh {
                     let (y, to) = self
                         .peer_of(x, conn)
                         .expect("output on a linked connection");
-                    let _ = self.sessions[y][to as usize].feed(&mut self.nodes[y], t, to, &bytes);
+                    let _ = self.sessions[y][to.index()].feed(&mut self.nodes[y], t, to, &bytes);
                     moved = true;
                 }
             }
@@ -179,7 +179,7 @@ impl Mesh {
     fn next_token(&mut self) -> u64 {
         let t = now(self.ms);
         self.nodes[0].open(CLIENT);
-        let _ = self.sessions[0][CLIENT as usize].feed(
+        let _ = self.sessions[0][CLIENT.index()].feed(
             &mut self.nodes[0],
             t,
             CLIENT,
@@ -193,7 +193,7 @@ impl Mesh {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("the active did not grant the probe: {line:?}"));
         let release = format!("R instr-probe {token}\n");
-        let _ = self.sessions[0][CLIENT as usize].feed(
+        let _ = self.sessions[0][CLIENT.index()].feed(
             &mut self.nodes[0],
             t,
             CLIENT,
@@ -225,7 +225,7 @@ fn warmed(warm: u64) -> (Mesh, u64) {
 fn active_turn(mesh: &mut Mesh, read: &[u8], peer_out: &mut Vec<(ConnId, Vec<u8>)>) {
     let t = now(mesh.ms);
     let node = &mut mesh.nodes[0];
-    let _ = mesh.sessions[0][CLIENT as usize].feed(node, t, CLIENT, black_box(read));
+    let _ = mesh.sessions[0][CLIENT.index()].feed(node, t, CLIENT, black_box(read));
     let mut dirty = Vec::new();
     node.take_dirty(t, &mut dirty);
     for conn in dirty {
@@ -254,7 +254,7 @@ fn ringlock_instr_replicate(mesh: &mut Mesh, reads: &[Vec<u8>]) {
     let mut dirty = Vec::new();
     for read in reads {
         let node = &mut mesh.nodes[0];
-        let _ = mesh.sessions[0][CLIENT as usize].feed(node, t, CLIENT, black_box(read));
+        let _ = mesh.sessions[0][CLIENT.index()].feed(node, t, CLIENT, black_box(read));
         node.take_dirty(t, &mut dirty);
         for &conn in &dirty {
             let out = node.output_mut(conn);
@@ -288,7 +288,7 @@ pub(super) fn apply(n: u64) -> u64 {
         .collect();
     assert!(!to_follower.is_empty(), "nothing replicated to node {y}");
     let follower = &mut mesh.nodes[y];
-    let session = &mut mesh.sessions[y][to as usize];
+    let session = &mut mesh.sessions[y][to.index()];
     ringlock_instr_apply(follower, session, to, now(mesh.ms), &to_follower);
     let node = &mesh.nodes[y];
     assert_eq!(

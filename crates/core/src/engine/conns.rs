@@ -9,7 +9,7 @@ impl Engine {
     /// Registers a new connection and opens its output in `out`. `conn`
     /// must not be open.
     pub fn open(&mut self, conn: ConnId, out: &mut Outbox) {
-        let i = conn as usize;
+        let i = conn.index();
         if self.conns.len() <= i {
             self.conns.resize_with(i + 1, Conn::default);
         }
@@ -24,7 +24,7 @@ impl Engine {
     /// answers are never sent), its grants stay, its unsent output in `out`
     /// is dropped.
     pub fn close(&mut self, conn: ConnId, out: &mut Outbox) {
-        let c = &mut self.conns[conn as usize];
+        let c = &mut self.conns[conn.index()];
         assert!(c.open, "connection {conn} closed twice");
         c.open = false;
         c.addr = None;
@@ -32,7 +32,7 @@ impl Engine {
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
-        if let Some(access) = self.access.get_mut(conn as usize) {
+        if let Some(access) = self.access.get_mut(conn.index()) {
             *access = None;
         }
         out.close(conn);
@@ -78,7 +78,7 @@ impl Engine {
     /// Whether `conn` is open here (false for an id never opened). The node
     /// checks that its outbox agrees.
     pub fn is_open(&self, conn: ConnId) -> bool {
-        self.conns.get(conn as usize).is_some_and(|c| c.open)
+        self.conns.get(conn.index()).is_some_and(|c| c.open)
     }
 
     /// How many connection ids the engine has slots for: none at or above

@@ -28,7 +28,7 @@ impl Engine {
         let mut refs = std::collections::HashMap::new();
         for (c, conn) in self.conns.iter().enumerate() {
             if !conn.open {
-                assert_eq!(self.table.conn_len(c as ConnId), 0);
+                assert_eq!(self.table.conn_len(ConnId::from_index(c)), 0);
                 assert!(conn.holder.is_none() && conn.owner.is_none() && conn.addr.is_none());
                 assert!(
                     self.access.get(c).is_none_or(Option::is_none),

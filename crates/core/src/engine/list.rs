@@ -11,7 +11,7 @@ use crate::proto::{Answer, Held, Request, Role};
 impl Engine {
     /// What `W` and `Q` say of a waiter's connection.
     pub(super) fn conn_holder(&self, conn: ConnId) -> (Option<String>, Option<&[u8]>) {
-        let c = &self.conns[conn as usize];
+        let c = &self.conns[conn.index()];
         (c.addr.map(|a| a.to_string()), c.owner.as_deref())
     }
 
@@ -102,7 +102,7 @@ impl Engine {
         let mut next = end;
         let out_start = out.len(conn);
         // With identities, only keys the connection may lock (an admin: all).
-        let access = self.access.get(conn as usize).cloned().flatten();
+        let access = self.access.get(conn.index()).cloned().flatten();
         let hidden = |key: &[u8]| access.as_ref().is_some_and(|a| !a.may_lock(key));
         for i in start..end {
             let Some(lock) = self.table.lock_at(i) else {

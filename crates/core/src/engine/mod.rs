@@ -432,7 +432,7 @@ impl Engine {
     /// say of its grants and waits. The loop tells it right after
     /// [`Engine::open`].
     pub fn set_remote(&mut self, conn: ConnId, addr: std::net::SocketAddr) {
-        if let Some(c) = self.conns.get_mut(conn as usize) {
+        if let Some(c) = self.conns.get_mut(conn.index()) {
             c.addr = Some(addr);
         }
     }
@@ -454,13 +454,13 @@ impl Engine {
     /// (before its first request). Its later grants name the identity.
     pub fn set_access(&mut self, conn: ConnId, access: Arc<Access>) {
         debug_assert!(self.identities, "an identity on a node without them");
-        let Some(c) = self.conns.get_mut(conn as usize) else {
+        let Some(c) = self.conns.get_mut(conn.index()) else {
             return;
         };
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
-        let i = conn as usize;
+        let i = conn.index();
         if self.access.len() <= i {
             self.access.resize(i + 1, None);
         }
@@ -469,7 +469,7 @@ impl Engine {
 
     /// `conn`'s identity and rules, on a node with identities.
     fn access_of(&self, conn: ConnId) -> Option<&Access> {
-        self.access.get(conn as usize).and_then(|a| a.as_deref())
+        self.access.get(conn.index()).and_then(|a| a.as_deref())
     }
 
     /// `conn`'s identity, if it has one.

@@ -171,7 +171,7 @@ impl Engine {
     /// the table (a successor may have them replicated).
     pub(crate) fn step_down(&mut self, active: Option<&str>, out: &mut Outbox) {
         let active: Option<Box<[u8]>> = active.map(|a| a.as_bytes().into());
-        for conn in 0..self.conns.len() as ConnId {
+        for conn in (0..self.conns.len()).map(ConnId::from_index) {
             loop {
                 let w = self.table.conn_first(conn);
                 if w == NIL {

@@ -23,7 +23,7 @@ impl Engine {
         request: Request<'_>,
         out: &mut Outbox,
     ) -> Result<(), Refusal> {
-        debug_assert!(self.conns[conn as usize].open);
+        debug_assert!(self.conns[conn.index()].open);
         debug_assert_eq!(
             self.checked,
             self.identities || self.serving != Serving::Active
@@ -89,7 +89,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     pub(super) fn set_owner(&mut self, conn: ConnId, owner: &[u8], out: &mut Outbox) {
-        let c = &mut self.conns[conn as usize];
+        let c = &mut self.conns[conn.index()];
         if let Some(holder) = c.holder.take() {
             self.holders.unref(holder);
         }
@@ -100,7 +100,7 @@ impl Engine {
     /// The holder entry for a grant to `conn`, with the grant's reference.
     #[inline]
     pub(super) fn grant_holder(&mut self, conn: ConnId) -> u32 {
-        match self.conns[conn as usize].holder {
+        match self.conns[conn.index()].holder {
             Some(holder) => {
                 self.holders.add_ref(holder);
                 holder
@@ -114,7 +114,7 @@ impl Engine {
     #[cold]
     #[inline(never)]
     pub(super) fn first_holder(&mut self, conn: ConnId) -> u32 {
-        let c = &self.conns[conn as usize];
+        let c = &self.conns[conn.index()];
         let addr = c
             .addr
             .map(|a| a.to_string().into_bytes().into_boxed_slice());
@@ -122,11 +122,11 @@ impl Engine {
             addr.as_ref()
                 .is_none_or(|a| a.len() <= crate::proto::MAX_HOLDER_ADDR)
         );
-        let identity = self.access.get(conn as usize).and_then(|a| a.as_deref());
+        let identity = self.access.get(conn.index()).and_then(|a| a.as_deref());
         let identity = identity.map(Access::identity);
         let holder = self.holders.insert(addr, c.owner.as_deref(), identity);
         self.holders.add_ref(holder);
-        self.conns[conn as usize].holder = Some(holder);
+        self.conns[conn.index()].holder = Some(holder);
         holder
     }
 
@@ -363,7 +363,7 @@ pub(super) fn may_touch(
     conn: ConnId,
     holder: u32,
 ) -> bool {
-    let Some(access) = access.get(conn as usize).and_then(Option::as_ref) else {
+    let Some(access) = access.get(conn.index()).and_then(Option::as_ref) else {
         return false;
     };
     access.is_admin() || holders.get(holder).identity == Some(access.identity())

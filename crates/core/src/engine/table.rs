@@ -434,12 +434,12 @@ impl Table {
 
     /// Unanswered acquires of `conn` (queued and held back).
     pub(crate) fn conn_len(&self, conn: ConnId) -> u32 {
-        self.conns.get(conn as usize).map_or(0, |c| c.len)
+        self.conns.get(conn.index()).map_or(0, |c| c.len)
     }
 
     /// The oldest unanswered acquire of `conn`, or [`NIL`].
     pub(crate) fn conn_first(&self, conn: ConnId) -> u32 {
-        self.conns.get(conn as usize).map_or(NIL, |c| c.head)
+        self.conns.get(conn.index()).map_or(NIL, |c| c.head)
     }
 
     /// The next younger acquire on the same connection, or [`NIL`].
@@ -483,10 +483,10 @@ impl Table {
         queued_ms: u64,
         kind: Option<crate::proto::Kind>,
     ) -> u32 {
-        if self.conns.len() <= conn as usize {
-            self.conns.resize(conn as usize + 1, ConnList::EMPTY);
+        if self.conns.len() <= conn.index() {
+            self.conns.resize(conn.index() + 1, ConnList::EMPTY);
         }
-        let list = self.conns[conn as usize];
+        let list = self.conns[conn.index()];
         let l = &self.locks[lock as usize];
         debug_assert!(l.is_held(), "a free lock is granted, not waited for");
         let w = self.waiters.insert(Waiter {
@@ -512,10 +512,10 @@ impl Table {
         l.tail = w;
         l.queued += 1;
         match list.tail {
-            NIL => self.conns[conn as usize].head = w,
+            NIL => self.conns[conn.index()].head = w,
             tail => self.waiters[tail as usize].c_next = w,
         }
-        let list = &mut self.conns[conn as usize];
+        let list = &mut self.conns[conn.index()];
         list.tail = w;
         list.len += 1;
         w
@@ -556,14 +556,14 @@ impl Table {
         let w = self.waiters.remove(waiter as usize);
         self.locks[w.lock as usize].held_back -= 1;
         match w.c_prev {
-            NIL => self.conns[w.conn as usize].head = w.c_next,
+            NIL => self.conns[w.conn.index()].head = w.c_next,
             p => self.waiters[p as usize].c_next = w.c_next,
         }
         match w.c_next {
-            NIL => self.conns[w.conn as usize].tail = w.c_prev,
+            NIL => self.conns[w.conn.index()].tail = w.c_prev,
             n => self.waiters[n as usize].c_prev = w.c_prev,
         }
-        self.conns[w.conn as usize].len -= 1;
+        self.conns[w.conn.index()].len -= 1;
         w
     }
 
@@ -621,7 +621,7 @@ impl Table {
             let mut len = 0;
             while w != NIL {
                 let waiter = &self.waiters[w as usize];
-                assert_eq!(waiter.conn as usize, c);
+                assert_eq!(waiter.conn.index(), c);
                 assert_eq!(waiter.c_prev, prev);
                 len += 1;
                 prev = w;

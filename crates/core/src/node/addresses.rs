@@ -10,7 +10,7 @@ impl Node {
     /// Remembers where `conn` comes from, for the log lines about it and
     /// for the holder of its grants.
     pub fn set_remote(&mut self, conn: ConnId, remote: SocketAddr) {
-        let i = conn as usize;
+        let i = conn.index();
         if self.remotes.len() <= i {
             self.remotes.resize(i + 1, None);
         }
@@ -20,7 +20,7 @@ impl Node {
     }
 
     pub(super) fn remote(&self, conn: ConnId) -> String {
-        match self.remotes.get(conn as usize).copied().flatten() {
+        match self.remotes.get(conn.index()).copied().flatten() {
             Some(addr) => addr.to_string(),
             None => format!("connection {conn}"),
         }

@@ -286,7 +286,7 @@ impl Node {
         self.engine.close(conn, &mut self.outbox);
         self.engine.settle(now, &mut self.outbox);
         self.stats.conns_closed += 1;
-        if let Some(remote) = self.remotes.get_mut(conn as usize) {
+        if let Some(remote) = self.remotes.get_mut(conn.index()) {
             *remote = None;
         }
         if !self.peer_only.is_empty() {
@@ -526,7 +526,7 @@ impl Node {
 pub(crate) fn check_outbox(engine: &Engine, outbox: &Outbox) {
     outbox.check_invariants();
     for c in 0..engine.conn_slots().max(outbox.slots()) {
-        let c = c as ConnId;
+        let c = ConnId::from_index(c);
         assert_eq!(
             engine.is_open(c),
             outbox.is_open(c),

@@ -1,6 +1,7 @@
 //! The node driven directly, as a loop drives it: what its log says of a
 //! peer link that breaks the protocol.
 
+use crate::outbox::cid;
 use std::sync::{Arc, Mutex};
 
 use super::*;
@@ -133,24 +134,24 @@ fn an_over_long_line_on_a_peer_link_is_logged_with_its_reason() {
     for split in [None, Some(300)] {
         let mut node = node0();
         let mut session = Session::new();
-        node.open(5);
-        node.set_remote(5, "127.0.0.1:40001".parse().unwrap());
-        link_in(&mut node, &mut session, at(1), 5);
+        node.open(cid(5));
+        node.set_remote(cid(5), "127.0.0.1:40001".parse().unwrap());
+        link_in(&mut node, &mut session, at(1), cid(5));
         // A grant line of 600 bytes: past any line's 512.
         let mut line = b"P G ".to_vec();
         line.resize(600, b'k');
         line.push(b'\n');
         let log = Capture::default();
         let flow = tracing::subscriber::with_default(log.clone(), || match split {
-            None => session.feed(&mut node, at(2), 5, &line),
+            None => session.feed(&mut node, at(2), cid(5), &line),
             Some(cut) => {
-                let first = session.feed(&mut node, at(2), 5, &line[..cut]);
+                let first = session.feed(&mut node, at(2), cid(5), &line[..cut]);
                 assert_eq!(first, Flow::Open);
-                session.feed(&mut node, at(2), 5, &line[cut..])
+                session.feed(&mut node, at(2), cid(5), &line[cut..])
             }
         });
         assert_eq!(flow, Flow::Broken, "{split:?}");
-        let out = String::from_utf8(std::mem::take(node.output_mut(5))).unwrap();
+        let out = String::from_utf8(std::mem::take(node.output_mut(cid(5)))).unwrap();
         assert_eq!(out, "E line longer than 512 bytes in line 3\n");
         let lines = log.0.lock().unwrap().clone();
         assert!(

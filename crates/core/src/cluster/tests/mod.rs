@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::engine::Refusal;
+use crate::outbox::cid;
 use auth::{Identity, Nonce, Secret, Side, Transcript};
 
 mod handshake;
@@ -315,18 +316,18 @@ fn active_node0() -> (Cluster, Engine, Outbox) {
 fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine, Outbox) {
     let (mut c, mut e, mut o) = node_coalescing(0, peers(), SECRET, coalesce_us);
     for (conn, peer) in [(20, 1), (21, 2)] {
-        dial_out(&mut c, &mut e, &mut o, at(0), conn, peer);
+        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
         Remote::new(peer)
-            .accept(&mut c, &mut e, &mut o, at(0), conn)
+            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
             .unwrap();
     }
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 1);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 2);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 1);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 2);
     // Ticks as the loop does (a long gap would read as a stall of this
     // process and restart the start-up grace), peers heard throughout.
     for ms in (2..=TIMEOUT_MS + 50).step_by(50) {
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, None);
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, None);
         c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);

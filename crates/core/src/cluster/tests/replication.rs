@@ -2,12 +2,13 @@
 //! permits, slow followers, lag probes and coalescing.
 
 use super::*;
+use crate::outbox::cid;
 
 #[test]
 fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_limit() {
     let (mut c, mut e, mut o) = node(2);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -21,11 +22,11 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
         holder: crate::proto::Holder::default(),
         permit,
     };
-    c.on_message(at(3), 11, member(b"r", 5, false), &mut e, &mut o)
+    c.on_message(at(3), cid(11), member(b"r", 5, false), &mut e, &mut o)
         .unwrap();
-    c.on_message(at(3), 11, PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
+    c.on_message(at(3), cid(11), PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
         .unwrap();
-    c.on_message(at(3), 11, member(b"s", 6, true), &mut e, &mut o)
+    c.on_message(at(3), cid(11), member(b"s", 6, true), &mut e, &mut o)
         .unwrap();
     assert_eq!(e.members_of(b"r").len(), 1);
     assert_eq!(e.semaphore_limit(b"s"), Some(2));
@@ -34,13 +35,13 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
     // A permit without a limit, and a shared grant while a limit waits
     // for its permit, break the link.
     let err = c
-        .on_message(at(4), 11, member(b"s", 7, true), &mut e, &mut o)
+        .on_message(at(4), cid(11), member(b"s", 7, true), &mut e, &mut o)
         .unwrap_err();
     assert!(err.to_string().contains("without its L line"), "{err}");
-    c.on_message(at(4), 11, PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
+    c.on_message(at(4), cid(11), PeerMsg::Limit { limit: 2 }, &mut e, &mut o)
         .unwrap();
     let err = c
-        .on_message(at(4), 11, member(b"r", 8, false), &mut e, &mut o)
+        .on_message(at(4), cid(11), member(b"r", 8, false), &mut e, &mut o)
         .unwrap_err();
     assert!(err.to_string().contains("after an L line"), "{err}");
     assert_eq!(e.member_count(), 2, "nothing applied from a broken pair");
@@ -50,8 +51,8 @@ fn a_standby_applies_shared_grants_and_permits_and_refuses_a_permit_without_its_
 fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, None);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, None);
     c.flush_replication(now, &mut e, &mut o);
     assert!(c.peers[1].snapshot_sent);
     // Deltas pile up unread on the link to node 1 (the loop never takes
@@ -61,12 +62,12 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
     let mut written = 0;
     while doomed.is_empty() {
         assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
-        o.write_link(20, line.as_bytes());
+        o.write_link(cid(20), line.as_bytes());
         written += line.len();
         c.flush_replication(now, &mut e, &mut o);
         c.take_doomed(&mut doomed);
     }
-    assert_eq!(doomed[0].0, 20);
+    assert_eq!(doomed[0].0, cid(20));
     assert!(doomed[0].1.contains("resyncs"), "{}", doomed[0].1);
     assert!(!c.peers[1].snapshot_sent && !c.peers[1].out.is_ready());
     c.check_invariants(now, &e);
@@ -76,8 +77,8 @@ fn a_follower_that_does_not_read_is_dropped_and_resynced() {
 fn a_doomed_link_that_closes_is_no_longer_doomed() {
     let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, None);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, None);
     c.flush_replication(now, &mut e, &mut o);
     // The link to node 1 is doomed (it does not read), then closes (its
     // socket failed) before the loop takes the doomed links: the loop may
@@ -87,12 +88,12 @@ fn a_doomed_link_that_closes_is_no_longer_doomed() {
     let mut written = 0;
     while c.doomed.is_empty() {
         assert!(written <= REPLICATION_BACKLOG_BYTES + 1024 * 1024);
-        o.write_link(20, line.as_bytes());
+        o.write_link(cid(20), line.as_bytes());
         written += line.len();
         c.flush_replication(now, &mut e, &mut o);
     }
-    e.close(20, &mut o);
-    c.on_close(now, 20, &mut e, &mut o);
+    e.close(cid(20), &mut o);
+    c.on_close(now, cid(20), &mut e, &mut o);
     let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
     assert!(doomed.is_empty(), "{doomed:?}");
@@ -103,29 +104,29 @@ fn a_doomed_link_that_closes_is_no_longer_doomed() {
 fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
     let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    e.open(0, &mut o);
-    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, &mut o, now, 0, "G s 10 0");
+    e.open(cid(0), &mut o);
+    e.set_remote(cid(0), "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, &mut o, now, cid(0), "G s 10 0");
     let t0 = e.members_of(b"s")[0].0;
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
-    o.output_mut(20).clear();
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    o.output_mut(cid(20)).clear();
     c.flush_replication(now, &mut e, &mut o);
     assert_eq!(
-        replication_lines(&mut o, 20),
+        replication_lines(&mut o, cid(20)),
         [
             format!("P SNAP {t0}"),
             format!("P S s {t0} 10001 10.0.0.5:4242 - -"),
             "P SYNCED".into()
         ]
     );
-    client(&mut e, &mut o, now, 0, "C p 2 5 0");
+    client(&mut e, &mut o, now, cid(0), "C p 2 5 0");
     let t1 = e.members_of(b"p")[0].0;
-    client(&mut e, &mut o, now, 0, &format!("N p {t1} 2"));
-    client(&mut e, &mut o, now, 0, &format!("R s {t0}"));
+    client(&mut e, &mut o, now, cid(0), &format!("N p {t1} 2"));
+    client(&mut e, &mut o, now, cid(0), &format!("R s {t0}"));
     c.flush_replication(now, &mut e, &mut o);
     let h = "10.0.0.5:4242 - -";
     assert_eq!(
-        replication_lines(&mut o, 20),
+        replication_lines(&mut o, cid(20)),
         [
             "P L 2".to_string(),
             format!("P C p {t1} 5001 {h}"),
@@ -137,7 +138,10 @@ fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
     // An expiry is a release too.
     e.tick(at(now.ms + 2_100), &mut o);
     c.flush_replication(at(now.ms + 2_100), &mut e, &mut o);
-    assert_eq!(replication_lines(&mut o, 20), [format!("P x p {t1:x}")]);
+    assert_eq!(
+        replication_lines(&mut o, cid(20)),
+        [format!("P x p {t1:x}")]
+    );
     c.check_invariants(at(now.ms + 2_100), &e);
 }
 
@@ -145,20 +149,20 @@ fn followers_get_shared_grants_and_permits_in_snapshots_and_deltas() {
 fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    e.open(0, &mut o);
-    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, &mut o, now, 0, "O host-a/job-42");
-    client(&mut e, &mut o, now, 0, "A before 10 0");
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, Some(0));
+    e.open(cid(0), &mut o);
+    e.set_remote(cid(0), "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, &mut o, now, cid(0), "O host-a/job-42");
+    client(&mut e, &mut o, now, cid(0), "A before 10 0");
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, Some(0));
     for conn in [20, 21] {
-        o.output_mut(conn).clear();
+        o.output_mut(cid(conn)).clear();
     }
     c.flush_replication(now, &mut e, &mut o);
     let t0 = e.holder(b"before").unwrap().0;
     for conn in [20, 21] {
         assert_eq!(
-            lines_of(&mut o, conn),
+            lines_of(&mut o, cid(conn)),
             [
                 format!("P SNAP {t0}"),
                 format!("P g before {t0:x} 2711 10.0.0.5:4242 host-a/job-42"),
@@ -167,22 +171,22 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
         );
     }
     // One turn's changes, in order, in the same bytes on both links.
-    client(&mut e, &mut o, now, 0, "A k 5 0");
+    client(&mut e, &mut o, now, cid(0), "A k 5 0");
     let t1 = e.holder(b"k").unwrap().0;
-    client(&mut e, &mut o, now, 0, &format!("N k {t1} 2"));
-    client(&mut e, &mut o, now, 0, &format!("R k {t1}"));
-    client(&mut e, &mut o, now, 0, &format!("R before {t0}"));
+    client(&mut e, &mut o, now, cid(0), &format!("N k {t1} 2"));
+    client(&mut e, &mut o, now, cid(0), &format!("R k {t1}"));
+    client(&mut e, &mut o, now, cid(0), &format!("R before {t0}"));
     c.flush_replication(now, &mut e, &mut o);
     let h = "10.0.0.5:4242 host-a/job-42";
     let expected =
         format!("P g k {t1:x} 1389 {h}\nP g k {t1:x} 7d1 {h}\nP x k {t1:x}\nP x before {t0:x}\n");
     // Behind the deltas, each follower's first lag probe.
     for (conn, probe) in [(20, 1), (21, 2)] {
-        let out = String::from_utf8(std::mem::take(o.output_mut(conn))).unwrap();
+        let out = String::from_utf8(std::mem::take(o.output_mut(cid(conn)))).unwrap();
         assert_eq!(out, format!("{expected}P PROBE {probe}\n"));
     }
     // An expiry is a release too; a turn without changes writes nothing.
-    client(&mut e, &mut o, now, 0, "A short 0.1 0");
+    client(&mut e, &mut o, now, cid(0), "A short 0.1 0");
     let t2 = e.holder(b"short").unwrap().0;
     c.flush_replication(now, &mut e, &mut o);
     e.tick(at(now.ms + 200), &mut o);
@@ -190,13 +194,13 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
     c.flush_replication(now, &mut e, &mut o);
     for conn in [20, 21] {
         assert_eq!(
-            lines_of(&mut o, conn),
+            lines_of(&mut o, cid(conn)),
             [
                 format!("P g short {t2:x} 65 {h}"),
                 format!("P x short {t2:x}")
             ]
         );
-        assert!(lines_of(&mut o, conn).is_empty());
+        assert!(lines_of(&mut o, cid(conn)).is_empty());
     }
     c.check_invariants(now, &e);
 }
@@ -205,28 +209,28 @@ fn followers_get_a_snapshot_then_the_turns_changes_as_peer_lines() {
 fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     let (mut c, mut e, mut o) = active_node0();
     let ms = TIMEOUT_MS + 60;
-    e.open(0, &mut o);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    e.open(cid(0), &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
     c.flush_replication(at(ms), &mut e, &mut o);
     // A snapshot alone carries no probe.
     for conn in [20, 21] {
         assert!(
-            !lines_of(&mut o, conn)
+            !lines_of(&mut o, cid(conn))
                 .iter()
                 .any(|l| l.starts_with("P PROBE"))
         );
     }
-    client(&mut e, &mut o, at(ms), 0, "A k 5 0");
+    client(&mut e, &mut o, at(ms), cid(0), "A k 5 0");
     c.flush_replication(at_us(ms, 100), &mut e, &mut o);
-    let probe_1 = lines_of(&mut o, 20).pop().unwrap();
+    let probe_1 = lines_of(&mut o, cid(20)).pop().unwrap();
     assert_eq!(probe_1, "P PROBE 1");
-    assert_eq!(lines_of(&mut o, 21).pop().unwrap(), "P PROBE 2");
+    assert_eq!(lines_of(&mut o, cid(21)).pop().unwrap(), "P PROBE 2");
     // Node 1 answers 2.35 ms later (on its own link to us, conn 10); an
     // answer to a probe that is not in flight counts nothing.
     c.on_message(
         at_us(ms + 2, 450),
-        10,
+        cid(10),
         PeerMsg::Probed { seq: 2 },
         &mut e,
         &mut o,
@@ -234,7 +238,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     .unwrap();
     c.on_message(
         at_us(ms + 2, 450),
-        10,
+        cid(10),
         PeerMsg::Probed { seq: 1 },
         &mut e,
         &mut o,
@@ -242,7 +246,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     .unwrap();
     c.on_message(
         at_us(ms + 2, 500),
-        10,
+        cid(10),
         PeerMsg::Probed { seq: 1 },
         &mut e,
         &mut o,
@@ -257,14 +261,14 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     // Within PROBE_EVERY_MS no new probe goes, whatever flows; after it
     // one goes to node 1, none to node 2 while its probe is in flight.
     let token = e.holder(b"k").unwrap().0;
-    client(&mut e, &mut o, at(ms + 3), 0, &format!("R k {token}"));
+    client(&mut e, &mut o, at(ms + 3), cid(0), &format!("R k {token}"));
     c.flush_replication(at(ms + 3), &mut e, &mut o);
-    assert_eq!(lines_of(&mut o, 20), [format!("P x k {token:x}")]);
-    client(&mut e, &mut o, at(ms + PROBE_EVERY_MS), 0, "A k 5 0");
+    assert_eq!(lines_of(&mut o, cid(20)), [format!("P x k {token:x}")]);
+    client(&mut e, &mut o, at(ms + PROBE_EVERY_MS), cid(0), "A k 5 0");
     c.flush_replication(at(ms + PROBE_EVERY_MS), &mut e, &mut o);
-    assert_eq!(lines_of(&mut o, 20).pop().unwrap(), "P PROBE 3");
+    assert_eq!(lines_of(&mut o, cid(20)).pop().unwrap(), "P PROBE 3");
     assert!(
-        !lines_of(&mut o, 21)
+        !lines_of(&mut o, cid(21))
             .iter()
             .any(|l| l.starts_with("P PROBE"))
     );
@@ -272,13 +276,13 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
     // the next deltas carry a new one (node 1's, sent later, is still in
     // flight).
     let later = ms + TIMEOUT_MS + 1;
-    heartbeat(&mut c, &mut e, &mut o, at(later), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, at(later), 11, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(later), cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(later), cid(11), false, Some(0));
     let token = e.holder(b"k").unwrap().0;
-    client(&mut e, &mut o, at(later), 0, &format!("R k {token}"));
+    client(&mut e, &mut o, at(later), cid(0), &format!("R k {token}"));
     c.flush_replication(at_us(later, 50), &mut e, &mut o);
-    assert_eq!(lines_of(&mut o, 21).pop().unwrap(), "P PROBE 4");
-    assert_eq!(lines_of(&mut o, 20), [format!("P x k {token:x}")]);
+    assert_eq!(lines_of(&mut o, cid(21)).pop().unwrap(), "P PROBE 4");
+    assert_eq!(lines_of(&mut o, cid(20)), [format!("P x k {token:x}")]);
     let two = lag_of(&c, "127.0.0.1:7002");
     assert_eq!((two.probes_lost, two.events, two.writes), (1, 4, 4));
     c.check_invariants(at_us(later, 50), &e);
@@ -288,15 +292,15 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
 fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
     let (mut c, mut e, mut o) = node(2);
     for (conn, peer) in [(20, 0), (21, 1)] {
-        dial_out(&mut c, &mut e, &mut o, at(0), conn, peer);
+        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
         Remote::new(peer)
-            .accept(&mut c, &mut e, &mut o, at(0), conn)
+            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
             .unwrap();
     }
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 10, false, Some(1));
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(10), false, Some(1));
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -304,17 +308,17 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
         }
     );
     for conn in [20, 21] {
-        o.output_mut(conn).clear();
+        o.output_mut(cid(conn)).clear();
     }
-    c.on_message(at(3), 11, PeerMsg::Probe { seq: 7 }, &mut e, &mut o)
+    c.on_message(at(3), cid(11), PeerMsg::Probe { seq: 7 }, &mut e, &mut o)
         .unwrap();
-    assert_eq!(lines_of(&mut o, 21), ["P PROBED 7"]);
+    assert_eq!(lines_of(&mut o, cid(21)), ["P PROBED 7"]);
     // A node it does not follow gets no answer: we do not apply its
     // replication.
-    c.on_message(at(3), 10, PeerMsg::Probe { seq: 8 }, &mut e, &mut o)
+    c.on_message(at(3), cid(10), PeerMsg::Probe { seq: 8 }, &mut e, &mut o)
         .unwrap();
-    assert!(lines_of(&mut o, 20).is_empty());
-    assert!(lines_of(&mut o, 21).is_empty());
+    assert!(lines_of(&mut o, cid(20)).is_empty());
+    assert!(lines_of(&mut o, cid(21)).is_empty());
     c.check_invariants(at(3), &e);
 }
 
@@ -322,22 +326,22 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
 fn an_active_coalesces_replication_for_at_most_its_bound() {
     let (mut c, mut e, mut o) = active_node0_coalescing(500);
     let ms = TIMEOUT_MS + 60;
-    e.open(0, &mut o);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    e.open(cid(0), &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
     c.flush_replication(at(ms), &mut e, &mut o);
     for conn in [20, 21] {
-        o.output_mut(conn).clear();
+        o.output_mut(cid(conn)).clear();
     }
     let turn = |c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, line: &str| {
         if !line.is_empty() {
-            client(e, o, now, 0, line);
+            client(e, o, now, cid(0), line);
         }
         c.flush_replication(now, e, o);
-        let sent: Vec<bool> = [20, 21].iter().map(|&l| c.sends_more(l)).collect();
+        let sent: Vec<bool> = [20, 21].iter().map(|&l| c.sends_more(cid(l))).collect();
         assert_eq!(sent[0], sent[1], "both followers alike");
-        let lines = lines_of(o, 20);
-        o.output_mut(21).clear();
+        let lines = lines_of(o, cid(20));
+        o.output_mut(cid(21)).clear();
         (sent[0], lines)
     };
     // A link quiet for longer than the bound: the first deltas go at once.
@@ -379,19 +383,19 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
 fn without_coalescing_every_turn_s_replication_goes_at_once() {
     let (mut c, mut e, mut o) = active_node0();
     let ms = TIMEOUT_MS + 60;
-    e.open(0, &mut o);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    e.open(cid(0), &mut o);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
     c.flush_replication(at(ms), &mut e, &mut o);
     for (i, key) in ["a", "b", "c"].iter().enumerate() {
         client(
             &mut e,
             &mut o,
             at_us(ms, i as u64 * 10),
-            0,
+            cid(0),
             &format!("A {key} 5 0"),
         );
         c.flush_replication(at_us(ms, i as u64 * 10), &mut e, &mut o);
-        assert!(!c.sends_more(20) && !c.sends_more(21));
+        assert!(!c.sends_more(cid(20)) && !c.sends_more(cid(21)));
     }
 }

@@ -2,25 +2,27 @@
 //! follows or names, and the hand-off of the role.
 
 use super::*;
+use crate::outbox::cid;
 
 #[test]
 fn handoff_is_taken_only_from_the_followed_node() {
     // Node 2 follows nobody yet (start-up grace), so it has no state of
     // node 1's: a HANDOFF from node 1 is refused.
     let (mut c, mut e, mut o) = node(2);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 11, false, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), false, None);
     assert_eq!(c.role(), Role::Standby { following: None });
     let handoff = PeerMsg::Handoff { highest: 5 };
-    c.on_message(at(3), 11, handoff, &mut e, &mut o).unwrap();
+    c.on_message(at(3), cid(11), handoff, &mut e, &mut o)
+        .unwrap();
     assert_eq!(c.role(), Role::Standby { following: None });
     // Its token is observed all the same: tokens never go back.
     assert!(e.highest_token() >= 5);
 
     // Following node 1, it has node 1's state: the role is taken at once.
     let (mut c, mut e, mut o) = node(2);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -28,7 +30,8 @@ fn handoff_is_taken_only_from_the_followed_node() {
         }
     );
     let handoff = PeerMsg::Handoff { highest: 6 };
-    c.on_message(at(3), 11, handoff, &mut e, &mut o).unwrap();
+    c.on_message(at(3), cid(11), handoff, &mut e, &mut o)
+        .unwrap();
     assert_eq!(c.role(), Role::Active);
 }
 
@@ -38,15 +41,15 @@ fn a_leaving_active_hands_off_only_to_a_follower() {
     // role without its grants).
     let (mut c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, None);
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, None);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, None);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, None);
     assert_eq!(c.leave(now, &mut e, &mut o), None);
 
     // Node 2 follows it, node 1 does not: node 2 it is, though 1 has the
     // higher priority.
     let (mut c, mut e, mut o) = active_node0();
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, None);
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, None);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, Some(0));
     assert_eq!(c.leave(now, &mut e, &mut o), Some(PeerId(2)));
 }
 
@@ -55,8 +58,8 @@ fn ready_means_active_or_following_with_the_whole_snapshot() {
     // Node 2 follows nobody (start-up grace): not ready.
     let (mut c, mut e, mut o) = node(2);
     assert!(!c.is_ready());
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat(&mut c, &mut e, &mut o, at(2), 11, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -65,15 +68,27 @@ fn ready_means_active_or_following_with_the_whole_snapshot() {
     );
     // Following node 1, but its snapshot is not in yet: not ready.
     assert!(!c.is_ready());
-    c.on_message(at(3), 11, PeerMsg::Snapshot { highest: 7 }, &mut e, &mut o)
-        .unwrap();
+    c.on_message(
+        at(3),
+        cid(11),
+        PeerMsg::Snapshot { highest: 7 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
     assert!(!c.is_ready());
-    c.on_message(at(4), 11, PeerMsg::Synced, &mut e, &mut o)
+    c.on_message(at(4), cid(11), PeerMsg::Synced, &mut e, &mut o)
         .unwrap();
     assert!(c.is_ready());
     // Node 1 hands over: active, ready.
-    c.on_message(at(5), 11, PeerMsg::Handoff { highest: 8 }, &mut e, &mut o)
-        .unwrap();
+    c.on_message(
+        at(5),
+        cid(11),
+        PeerMsg::Handoff { highest: 8 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
     assert_eq!(c.role(), Role::Active);
     assert!(c.is_ready());
     assert_eq!(c.stats().became_active, 1);
@@ -89,8 +104,8 @@ fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
     // cluster meanwhile. Node 0 has the priority, node 1 the state: node 1
     // wins.
     let (mut c, mut e, mut o) = fresh_active(0);
-    link_in(&mut c, &mut e, &mut o, now, 10, 1);
-    heartbeat_synced(&mut c, &mut e, &mut o, now, 10, true, None, true);
+    link_in(&mut c, &mut e, &mut o, now, cid(10), 1);
+    heartbeat_synced(&mut c, &mut e, &mut o, now, cid(10), true, None, true);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -102,17 +117,17 @@ fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
 
     // Two actives alike (neither holds the state): the priority decides.
     let (mut c, mut e, mut o) = fresh_active(0);
-    link_in(&mut c, &mut e, &mut o, now, 10, 1);
-    heartbeat_synced(&mut c, &mut e, &mut o, now, 10, true, None, false);
+    link_in(&mut c, &mut e, &mut o, now, cid(10), 1);
+    heartbeat_synced(&mut c, &mut e, &mut o, now, cid(10), true, None, false);
     assert_eq!(c.role(), Role::Active);
 
     // Node 2 hears both: it follows the one that holds the state, as the
     // two actives themselves decide.
     let (mut c, mut e, mut o) = node(2);
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    heartbeat_synced(&mut c, &mut e, &mut o, at(2), 10, true, None, false);
-    heartbeat_synced(&mut c, &mut e, &mut o, at(2), 11, true, None, true);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    heartbeat_synced(&mut c, &mut e, &mut o, at(2), cid(10), true, None, false);
+    heartbeat_synced(&mut c, &mut e, &mut o, at(2), cid(11), true, None, true);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -120,7 +135,7 @@ fn a_fresh_active_steps_down_to_an_active_that_holds_the_state() {
         }
     );
     // Should node 0 come to hold the state too, the priority decides.
-    heartbeat_synced(&mut c, &mut e, &mut o, at(3), 10, true, None, true);
+    heartbeat_synced(&mut c, &mut e, &mut o, at(3), cid(10), true, None, true);
     assert_eq!(
         c.role(),
         Role::Standby {
@@ -134,17 +149,23 @@ fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
     // Node 1 follows node 0 and takes its snapshot; node 0 goes silent and
     // node 1 takes over, holding the state.
     let (mut c, mut e, mut o) = node(1);
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
-    heartbeat(&mut c, &mut e, &mut o, at(1), 10, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    heartbeat(&mut c, &mut e, &mut o, at(1), cid(10), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
             following: Some(PeerId(0))
         }
     );
-    c.on_message(at(2), 10, PeerMsg::Snapshot { highest: 7 }, &mut e, &mut o)
-        .unwrap();
-    c.on_message(at(2), 10, PeerMsg::Synced, &mut e, &mut o)
+    c.on_message(
+        at(2),
+        cid(10),
+        PeerMsg::Snapshot { highest: 7 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
+    c.on_message(at(2), cid(10), PeerMsg::Synced, &mut e, &mut o)
         .unwrap();
     assert!(c.synced);
     let mut ms = 2;
@@ -154,19 +175,21 @@ fn an_active_holding_the_state_stays_when_a_fresh_higher_node_appears() {
         c.tick(at(ms), &mut e, &mut o);
     }
     assert!(c.synced, "it took the role holding the state");
-    c.on_close(at(ms), 10, &mut e, &mut o);
+    c.on_close(at(ms), cid(10), &mut e, &mut o);
     // Node 0 restarted (a new incarnation), alone and active with nothing:
     // node 1 keeps the role.
     let mut restarted = Remote::new(0);
     restarted.incarnation = 2;
-    restarted.dial(&mut c, &mut e, &mut o, at(ms), 12).unwrap();
-    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), 12, true, None, false);
+    restarted
+        .dial(&mut c, &mut e, &mut o, at(ms), cid(12))
+        .unwrap();
+    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(12), true, None, false);
     assert_eq!(c.role(), Role::Active);
     c.check_invariants(at(ms), &e);
     // Its heartbeats say it holds the state.
-    dial_out(&mut c, &mut e, &mut o, at(ms), 20, 0);
+    dial_out(&mut c, &mut e, &mut o, at(ms), cid(20), 0);
     let lines = restarted
-        .accept(&mut c, &mut e, &mut o, at(ms), 20)
+        .accept(&mut c, &mut e, &mut o, at(ms), cid(20))
         .unwrap();
     let hb = lines.iter().find(|l| l.starts_with("P HB ")).unwrap();
     assert!(hb.starts_with("P HB A - ") && hb.ends_with(" 1"), "{hb}");
@@ -177,12 +200,12 @@ fn a_fresh_active_holds_the_state_once_a_follower_synced_to_it() {
     let (mut c, mut e, mut o) = active_node0();
     assert!(!c.synced);
     let now = at(TIMEOUT_MS + 60);
-    heartbeat_synced(&mut c, &mut e, &mut o, now, 10, false, Some(0), false);
+    heartbeat_synced(&mut c, &mut e, &mut o, now, cid(10), false, Some(0), false);
     // Not before it has our snapshot.
     assert!(!c.synced);
     c.flush_replication(now, &mut e, &mut o);
-    assert!(lines_of(&mut o, 20).iter().any(|l| l == "P SYNCED"));
-    heartbeat_synced(&mut c, &mut e, &mut o, now, 10, false, Some(0), true);
+    assert!(lines_of(&mut o, cid(20)).iter().any(|l| l == "P SYNCED"));
+    heartbeat_synced(&mut c, &mut e, &mut o, now, cid(10), false, Some(0), true);
     assert!(
         c.synced,
         "a follower holds our table: it is the cluster's state"
@@ -197,32 +220,32 @@ fn a_standby_that_hears_no_active_names_the_one_its_peers_follow() {
     // are lost. Node 2 does not take over (node 1, alive, holds the state)
     // and names node 0 to clients rather than `-`.
     let (mut c, mut e, mut o) = node(2);
-    e.open(0, &mut o);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
+    e.open(cid(0), &mut o);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
     let mut ms = 1;
     while ms < 3 * TIMEOUT_MS {
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
         c.tick(at(ms), &mut e, &mut o);
         ms += 50;
     }
     assert_eq!(c.role(), Role::Standby { following: None });
-    client(&mut e, &mut o, at(ms), 0, "A k 10 0");
-    assert_eq!(lines_of(&mut o, 0), ["M k 127.0.0.1:7000"]);
+    client(&mut e, &mut o, at(ms), cid(0), "A k 10 0");
+    assert_eq!(lines_of(&mut o, cid(0)), ["M k 127.0.0.1:7000"]);
     // Once its peers follow nobody either, it names nobody.
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
-    client(&mut e, &mut o, at(ms), 0, "A k 10 0");
-    assert_eq!(lines_of(&mut o, 0), ["M k -"]);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, None);
+    client(&mut e, &mut o, at(ms), cid(0), "A k 10 0");
+    assert_eq!(lines_of(&mut o, cid(0)), ["M k -"]);
     // Hearing the active itself, it follows it.
-    link_in(&mut c, &mut e, &mut o, at(ms), 10, 0);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 10, true, None);
+    link_in(&mut c, &mut e, &mut o, at(ms), cid(10), 0);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
             following: Some(PeerId(0))
         }
     );
-    client(&mut e, &mut o, at(ms), 0, "A k 10 0");
-    assert_eq!(lines_of(&mut o, 0), ["M k 127.0.0.1:7000"]);
+    client(&mut e, &mut o, at(ms), cid(0), "A k 10 0");
+    assert_eq!(lines_of(&mut o, cid(0)), ["M k 127.0.0.1:7000"]);
     c.check_invariants(at(ms), &e);
 }
 
@@ -231,16 +254,22 @@ fn a_standby_does_not_take_over_while_a_live_peer_follows_the_active() {
     // Node 1 holds node 0's state; node 0's packets to it stop. Node 2
     // still hears node 0 and follows it: node 1 waits.
     let (mut c, mut e, mut o) = node(1);
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
-    link_in(&mut c, &mut e, &mut o, at(1), 12, 2);
-    heartbeat(&mut c, &mut e, &mut o, at(1), 10, true, None);
-    c.on_message(at(1), 10, PeerMsg::Snapshot { highest: 7 }, &mut e, &mut o)
-        .unwrap();
-    c.on_message(at(1), 10, PeerMsg::Synced, &mut e, &mut o)
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(12), 2);
+    heartbeat(&mut c, &mut e, &mut o, at(1), cid(10), true, None);
+    c.on_message(
+        at(1),
+        cid(10),
+        PeerMsg::Snapshot { highest: 7 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
+    c.on_message(at(1), cid(10), PeerMsg::Synced, &mut e, &mut o)
         .unwrap();
     let mut ms = 1;
     while ms < 4 * TIMEOUT_MS {
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 12, false, Some(0));
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(12), false, Some(0));
         c.tick(at(ms), &mut e, &mut o);
         ms += 50;
     }
@@ -248,7 +277,7 @@ fn a_standby_does_not_take_over_while_a_live_peer_follows_the_active() {
     assert_eq!(c.role(), Role::Standby { following: None });
     c.check_invariants(at(ms), &e);
     // Node 2 finds node 0 gone too: node 1 takes over, with the state.
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 12, false, None);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(12), false, None);
     assert_eq!(c.role(), Role::Active);
     assert!(c.synced);
 }
@@ -260,27 +289,33 @@ fn a_peer_still_following_a_node_we_hear_as_a_standby_does_not_hold_us_back() {
     // keeps following a live higher-priority node. That is no active
     // elsewhere: node 0 hears node 1 itself, so node 0 takes the role.
     let (mut c, mut e, mut o) = node(0);
-    link_in(&mut c, &mut e, &mut o, at(1), 11, 1);
-    link_in(&mut c, &mut e, &mut o, at(1), 12, 2);
-    heartbeat(&mut c, &mut e, &mut o, at(1), 11, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(12), 2);
+    heartbeat(&mut c, &mut e, &mut o, at(1), cid(11), true, None);
     assert_eq!(
         c.role(),
         Role::Standby {
             following: Some(PeerId(1))
         }
     );
-    c.on_message(at(1), 11, PeerMsg::Snapshot { highest: 7 }, &mut e, &mut o)
-        .unwrap();
-    c.on_message(at(1), 11, PeerMsg::Synced, &mut e, &mut o)
+    c.on_message(
+        at(1),
+        cid(11),
+        PeerMsg::Snapshot { highest: 7 },
+        &mut e,
+        &mut o,
+    )
+    .unwrap();
+    c.on_message(at(1), cid(11), PeerMsg::Synced, &mut e, &mut o)
         .unwrap();
     let mut ms = 1;
     while ms < 2 * TIMEOUT_MS {
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, true, None);
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 12, false, Some(1));
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), true, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(12), false, Some(1));
         c.tick(at(ms), &mut e, &mut o);
         ms += 50;
     }
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, None);
     assert_eq!(
         c.role(),
         Role::Active,
@@ -300,25 +335,25 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     let mut doomed = Vec::new();
     let mut ms = start;
     while ms < start + TIMEOUT_MS / 2 {
-        heartbeat_synced(&mut c, &mut e, &mut o, at(ms), 10, true, None, false);
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+        heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, false);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
         c.tick(at(ms), &mut e, &mut o);
         c.take_doomed(&mut doomed);
         assert!(doomed.is_empty(), "too soon, at {ms}: {doomed:?}");
         ms += 50;
     }
-    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), 10, true, None, false);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, Some(0));
+    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, false);
+    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
     c.tick(at(ms), &mut e, &mut o);
     c.take_doomed(&mut doomed);
     let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
-    assert_eq!(conns, [20], "our link to node 1, only");
+    assert_eq!(conns, [20].map(ConnId::new), "our link to node 1, only");
     assert!(
         doomed[0].1.contains("does not hear this link"),
         "{doomed:?}"
     );
     assert_eq!(c.role(), Role::Active);
-    c.on_close(at(ms), 20, &mut e, &mut o);
+    c.on_close(at(ms), cid(20), &mut e, &mut o);
     assert!(c.alive(PeerId(1)), "we still hear it");
     let mut dials = Vec::new();
     c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);

@@ -2,6 +2,7 @@
 //! version, and only a refusal lowers the version a node dials with.
 
 use super::*;
+use crate::outbox::cid;
 
 /// Peer `peer` refuses each `HELLO` newer than [`wire::MIN_VERSION`] as a
 /// node of the oldest release does, on links `first_conn` on: each refusal
@@ -13,7 +14,10 @@ fn refuse_newer_versions(
     peer: usize,
     first_conn: ConnId,
 ) {
-    for (conn, refused) in (first_conn..).zip((wire::MIN_VERSION + 1..=wire::VERSION).rev()) {
+    for (conn, refused) in (first_conn.get()..)
+        .map(ConnId::new)
+        .zip((wire::MIN_VERSION + 1..=wire::VERSION).rev())
+    {
         dial_out(c, e, o, at(0), conn, peer);
         let hello = lines_of(o, conn);
         assert!(
@@ -39,59 +43,60 @@ fn refuse_newer_versions(
 #[test]
 fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     let (mut c, mut e, mut o) = node(0);
-    dial_out(&mut c, &mut e, &mut o, at(0), 20, 1);
+    dial_out(&mut c, &mut e, &mut o, at(0), cid(20), 1);
     Remote::new(1)
-        .accept(&mut c, &mut e, &mut o, at(0), 20)
+        .accept(&mut c, &mut e, &mut o, at(0), cid(20))
         .unwrap();
-    refuse_newer_versions(&mut c, &mut e, &mut o, 2, 30);
-    dial_out(&mut c, &mut e, &mut o, at(200), 22, 2);
-    let hello = String::from_utf8(o.output_mut(22).clone()).unwrap();
+    refuse_newer_versions(&mut c, &mut e, &mut o, 2, cid(30));
+    dial_out(&mut c, &mut e, &mut o, at(200), cid(22), 2);
+    let hello = String::from_utf8(o.output_mut(cid(22)).clone()).unwrap();
     assert!(hello.starts_with("P HELLO 2 "), "{hello}");
     let mut old = Remote::new(2);
     old.version = 2;
-    old.accept(&mut c, &mut e, &mut o, at(200), 22).unwrap();
-    link_in(&mut c, &mut e, &mut o, at(201), 10, 1);
-    old.dial(&mut c, &mut e, &mut o, at(201), 11).unwrap();
+    old.accept(&mut c, &mut e, &mut o, at(200), cid(22))
+        .unwrap();
+    link_in(&mut c, &mut e, &mut o, at(201), cid(10), 1);
+    old.dial(&mut c, &mut e, &mut o, at(201), cid(11)).unwrap();
     for ms in (202..=TIMEOUT_MS + 250).step_by(50) {
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 10, false, None);
-        heartbeat(&mut c, &mut e, &mut o, at(ms), 11, false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, None);
         c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);
     let now = at(TIMEOUT_MS + 300);
-    e.open(0, &mut o);
-    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, &mut o, now, 0, "O job-1");
-    client(&mut e, &mut o, now, 0, "A k 10 0");
+    e.open(cid(0), &mut o);
+    e.set_remote(cid(0), "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, &mut o, now, cid(0), "O job-1");
+    client(&mut e, &mut o, now, cid(0), "A k 10 0");
     let t = e.holder(b"k").unwrap().0;
-    heartbeat(&mut c, &mut e, &mut o, now, 10, false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, now, 11, false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, Some(0));
     for conn in [20, 22] {
-        o.output_mut(conn).clear();
+        o.output_mut(cid(conn)).clear();
     }
     c.flush_replication(now, &mut e, &mut o);
     assert_eq!(
-        lines_of(&mut o, 20)[1],
+        lines_of(&mut o, cid(20))[1],
         format!("P g k {t:x} 2711 10.0.0.5:4242 job-1")
     );
-    assert_eq!(lines_of(&mut o, 22)[1], format!("P G k {t} 10001"));
-    client(&mut e, &mut o, now, 0, &format!("N k {t} 5"));
+    assert_eq!(lines_of(&mut o, cid(22))[1], format!("P G k {t} 10001"));
+    client(&mut e, &mut o, now, cid(0), &format!("N k {t} 5"));
     c.flush_replication(now, &mut e, &mut o);
     // A lag probe behind the deltas on the newest link only.
     assert_eq!(
-        lines_of(&mut o, 20),
+        lines_of(&mut o, cid(20)),
         [
             format!("P g k {t:x} 1389 10.0.0.5:4242 job-1"),
             "P PROBE 1".into()
         ]
     );
-    assert_eq!(lines_of(&mut o, 22), [format!("P G k {t} 5001")]);
+    assert_eq!(lines_of(&mut o, cid(22)), [format!("P G k {t} 5001")]);
     c.check_invariants(now, &e);
     // Node 2 cannot learn shared grants and permits: while it follows,
     // G and C are refused.
     for line in ["G s 10 0", "C p 2 10 0"] {
         assert_eq!(
-            try_client(&mut e, &mut o, now, 0, line),
+            try_client(&mut e, &mut o, now, cid(0), line),
             Err(Refusal::FollowerTooOld)
         );
     }
@@ -99,29 +104,30 @@ fn a_peer_of_the_older_protocol_is_dialed_with_it_and_gets_no_holders() {
     // and ours to it is given up to be dialed again with it.
     let mut new = Remote::new(2);
     new.incarnation = 2;
-    new.dial(&mut c, &mut e, &mut o, now, 12).unwrap();
+    new.dial(&mut c, &mut e, &mut o, now, cid(12)).unwrap();
     let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
     assert!(
         doomed
             .iter()
-            .any(|(conn, why)| *conn == 22 && why.contains(&format!("version {}", wire::VERSION))),
+            .any(|(conn, why)| *conn == cid(22)
+                && why.contains(&format!("version {}", wire::VERSION))),
         "{doomed:?}"
     );
-    c.on_close(now, 22, &mut e, &mut o);
-    e.close(22, &mut o);
+    c.on_close(now, cid(22), &mut e, &mut o);
+    e.close(cid(22), &mut o);
     let mut dials = Vec::new();
     c.take_dials(at(now.ms + 200), &mut dials);
     assert!(dials.iter().any(|&(p, _)| p == PeerId(2)), "{dials:?}");
-    dial_out(&mut c, &mut e, &mut o, at(now.ms + 200), 23, 2);
-    let hello = String::from_utf8(o.output_mut(23).clone()).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(now.ms + 200), cid(23), 2);
+    let hello = String::from_utf8(o.output_mut(cid(23)).clone()).unwrap();
     assert!(
         hello.starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello}"
     );
     // With no follower below version 5 left, G is served again.
     c.flush_replication(at(now.ms + 200), &mut e, &mut o);
-    client(&mut e, &mut o, at(now.ms + 200), 0, "G s 10 0");
+    client(&mut e, &mut o, at(now.ms + 200), cid(0), "G s 10 0");
 }
 
 /// Two nodes of this release, both at peer protocol 2 on their links to
@@ -137,9 +143,9 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
     let (mut c, mut e, mut o) = node(0);
     let mut peer = Remote::new(1);
     peer.version = 2;
-    peer.dial(&mut c, &mut e, &mut o, at(0), 10).unwrap();
-    dial_out(&mut c, &mut e, &mut o, at(1), 20, 1);
-    let hello = lines_of(&mut o, 20);
+    peer.dial(&mut c, &mut e, &mut o, at(0), cid(10)).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(1), cid(20), 1);
+    let hello = lines_of(&mut o, cid(20));
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"
@@ -151,15 +157,15 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
          ringlock release on every node in line 1",
         wire::VERSION
     );
-    assert!(c.on_refusal(at(2), 20, refusal.as_bytes()).is_err());
-    c.on_close(at(2), 20, &mut e, &mut o);
-    e.close(20, &mut o);
+    assert!(c.on_refusal(at(2), cid(20), refusal.as_bytes()).is_err());
+    c.on_close(at(2), cid(20), &mut e, &mut o);
+    e.close(cid(20), &mut o);
     let mut old = Remote::new(1);
     old.version = 2;
     old.incarnation = 2;
-    old.dial(&mut c, &mut e, &mut o, at(3), 11).unwrap();
-    dial_out(&mut c, &mut e, &mut o, at(300), 21, 1);
-    let hello = lines_of(&mut o, 21);
+    old.dial(&mut c, &mut e, &mut o, at(3), cid(11)).unwrap();
+    dial_out(&mut c, &mut e, &mut o, at(300), cid(21), 1);
+    let hello = lines_of(&mut o, cid(21));
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION - 1)),
         "{hello:?}"
@@ -173,19 +179,19 @@ fn a_hello_2_does_not_lower_the_version_this_node_dials_with() {
 #[test]
 fn a_version_refusal_after_the_handshake_does_not_lower_the_version() {
     let (mut c, mut e, mut o) = node(0);
-    dial_out(&mut c, &mut e, &mut o, at(0), 20, 1);
+    dial_out(&mut c, &mut e, &mut o, at(0), cid(20), 1);
     Remote::new(1)
-        .accept(&mut c, &mut e, &mut o, at(0), 20)
+        .accept(&mut c, &mut e, &mut o, at(0), cid(20))
         .unwrap();
     let hello = b"P HELLO 2 0123456789abcdef 1 127.0.0.1:7001 1 00000000000000000000000000000000";
     let msg = wire::parse(hello).unwrap();
-    assert!(c.on_message(at(1), 20, msg, &mut e, &mut o).is_err());
+    assert!(c.on_message(at(1), cid(20), msg, &mut e, &mut o).is_err());
     let refusal = b"E peer protocol version \"4\" unsupported (this node speaks 2 to 3) in line 1";
-    assert!(c.on_refusal(at(1), 20, refusal).is_err());
-    c.on_close(at(1), 20, &mut e, &mut o);
-    e.close(20, &mut o);
-    dial_out(&mut c, &mut e, &mut o, at(300), 21, 1);
-    let hello = lines_of(&mut o, 21);
+    assert!(c.on_refusal(at(1), cid(20), refusal).is_err());
+    c.on_close(at(1), cid(20), &mut e, &mut o);
+    e.close(cid(20), &mut o);
+    dial_out(&mut c, &mut e, &mut o, at(300), cid(21), 1);
+    let hello = lines_of(&mut o, cid(21));
     assert!(
         hello[0].starts_with(&format!("P HELLO {} ", wire::VERSION)),
         "{hello:?}"
@@ -208,11 +214,11 @@ fn all_grants(e: &Engine, now: Now) -> Vec<String> {
 /// its highest token.
 fn standby_after(lines: &[u8], now: Now) -> (Vec<String>, u64) {
     let (mut c, mut e, mut o) = node(1);
-    link_in(&mut c, &mut e, &mut o, at(1), 10, 0);
-    heartbeat(&mut c, &mut e, &mut o, at(1), 10, true, None);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    heartbeat(&mut c, &mut e, &mut o, at(1), cid(10), true, None);
     for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let msg = wire::parse(line).unwrap();
-        c.on_message(now, 10, msg, &mut e, &mut o).unwrap();
+        c.on_message(now, cid(10), msg, &mut e, &mut o).unwrap();
     }
     assert!(c.synced);
     (all_grants(&e, now), e.highest_token())
@@ -225,24 +231,24 @@ fn standby_after(lines: &[u8], now: Now) -> (Vec<String>, u64) {
 fn version_6_and_version_5_replication_apply_to_the_same_state() {
     let (c, mut e, mut o) = active_node0();
     let now = at(TIMEOUT_MS + 60);
-    e.open(0, &mut o);
-    e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-    client(&mut e, &mut o, now, 0, "O host-a/job-42");
-    client(&mut e, &mut o, now, 0, "A before 10 0");
-    client(&mut e, &mut o, now, 0, "A gone 10 0");
-    e.open(1, &mut o);
-    client(&mut e, &mut o, now, 1, "A other 86399 0");
+    e.open(cid(0), &mut o);
+    e.set_remote(cid(0), "10.0.0.5:4242".parse().unwrap());
+    client(&mut e, &mut o, now, cid(0), "O host-a/job-42");
+    client(&mut e, &mut o, now, cid(0), "A before 10 0");
+    client(&mut e, &mut o, now, cid(0), "A gone 10 0");
+    e.open(cid(1), &mut o);
+    client(&mut e, &mut o, now, cid(1), "A other 86399 0");
     let mut log = crate::engine::ReplicationLog::new();
     e.take_replication(&mut log);
     let mut v5 = super::super::replication::encode_snapshot(now, &e, wire::HEX_VERSION - 1);
     let mut v6 = super::super::replication::encode_snapshot(now, &e, wire::HEX_VERSION);
     // Then a turn's changes: a grant, a renewal, releases.
-    client(&mut e, &mut o, now, 0, "A k 5 0");
+    client(&mut e, &mut o, now, cid(0), "A k 5 0");
     let t = e.holder(b"k").unwrap().0;
-    client(&mut e, &mut o, now, 0, &format!("N k {t} 2"));
+    client(&mut e, &mut o, now, cid(0), &format!("N k {t} 2"));
     let gone = e.holder(b"gone").unwrap().0;
-    client(&mut e, &mut o, now, 0, &format!("R gone {gone}"));
-    client(&mut e, &mut o, now, 1, "A k2 1 0");
+    client(&mut e, &mut o, now, cid(0), &format!("R gone {gone}"));
+    client(&mut e, &mut o, now, cid(1), "A k2 1 0");
     e.take_replication(&mut log);
     for event in log.iter() {
         wire::encode_replication(&mut v5, event, wire::HEX_VERSION - 1);
@@ -268,15 +274,15 @@ fn the_longest_lease_replicates_within_the_followers_bound() {
     for version in [wire::HEX_VERSION, wire::HEX_VERSION - 1, 3, 2] {
         let (c, mut e, mut o) = active_node0();
         let now = at(TIMEOUT_MS + 60);
-        e.open(0, &mut o);
-        e.set_remote(0, "10.0.0.5:4242".parse().unwrap());
-        client(&mut e, &mut o, now, 0, "A before 86400 0");
+        e.open(cid(0), &mut o);
+        e.set_remote(cid(0), "10.0.0.5:4242".parse().unwrap());
+        client(&mut e, &mut o, now, cid(0), "A before 86400 0");
         let mut log = crate::engine::ReplicationLog::new();
         e.take_replication(&mut log);
         let mut lines = super::super::replication::encode_snapshot(now, &e, version);
-        client(&mut e, &mut o, now, 0, "A k 86400 0");
-        client(&mut e, &mut o, now, 0, "G s 86400 0");
-        client(&mut e, &mut o, now, 0, "C p 2 86400 0");
+        client(&mut e, &mut o, now, cid(0), "A k 86400 0");
+        client(&mut e, &mut o, now, cid(0), "G s 86400 0");
+        client(&mut e, &mut o, now, cid(0), "C p 2 86400 0");
         e.take_replication(&mut log);
         for event in log.iter() {
             wire::encode_replication(&mut lines, event, version);

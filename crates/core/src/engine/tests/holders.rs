@@ -1,35 +1,40 @@
 //! Holders: `O`, `W` and `Q`, and the holder entries grants name.
 
 use super::*;
+use crate::outbox::cid;
 
 #[test]
 fn who_holds_and_who_waits_is_listed_with_addresses_and_owners() {
     let mut h = Harness::new(3);
-    h.engine.set_remote(0, "10.0.0.1:5000".parse().unwrap());
-    h.engine.set_remote(1, "[::1]:6000".parse().unwrap());
-    h.send(0, "O host-a/job-42").unwrap();
-    assert_eq!(h.answers(0), ["O host-a/job-42"]);
-    let t = h.grant(0, "k", "10");
+    h.engine
+        .set_remote(cid(0), "10.0.0.1:5000".parse().unwrap());
+    h.engine.set_remote(cid(1), "[::1]:6000".parse().unwrap());
+    h.send(cid(0), "O host-a/job-42").unwrap();
+    assert_eq!(h.answers(cid(0)), ["O host-a/job-42"]);
+    let t = h.grant(cid(0), "k", "10");
     h.advance(1_500);
-    h.send(1, "A k 10 0").unwrap();
-    h.send(2, "A k 10 0").unwrap();
+    h.send(cid(1), "A k 10 0").unwrap();
+    h.send(cid(2), "A k 10 0").unwrap();
     h.advance(500);
-    h.send(2, "W 0 10").unwrap();
+    h.send(cid(2), "W 0 10").unwrap();
     let held_ms = (h.now.unix_ns - t) / 1_000_000;
     assert_eq!(held_ms, 2_000, "the fixed clock moves with the test's");
     assert_eq!(
-        h.answers(2),
+        h.answers(cid(2)),
         [
             format!("K k {t} 8001 2 2000 10.0.0.1:5000 host-a/job-42"),
             "W 0".to_string()
         ]
     );
     // `L` is unchanged: an existing parser sees today's fields.
-    h.send(2, "L 0 10").unwrap();
-    assert_eq!(h.answers(2), [format!("K k {t} 8001 2"), "L 0".to_string()]);
-    h.send(0, "Q k").unwrap();
+    h.send(cid(2), "L 0 10").unwrap();
     assert_eq!(
-        h.answers(0),
+        h.answers(cid(2)),
+        [format!("K k {t} 8001 2"), "L 0".to_string()]
+    );
+    h.send(cid(0), "Q k").unwrap();
+    assert_eq!(
+        h.answers(cid(0)),
         [
             format!("K k {t} 8001 2 2000 10.0.0.1:5000 host-a/job-42"),
             "J 500 [::1]:6000 -".to_string(),
@@ -37,30 +42,30 @@ fn who_holds_and_who_waits_is_listed_with_addresses_and_owners() {
             "Q k 2".to_string(),
         ]
     );
-    h.send(0, "Q nothing").unwrap();
-    assert_eq!(h.answers(0), ["Q nothing 0"]);
+    h.send(cid(0), "Q nothing").unwrap();
+    assert_eq!(h.answers(cid(0)), ["Q nothing 0"]);
     // A new label counts for later grants; the grant keeps its holder.
-    h.send(0, "O host-a/job-43").unwrap();
-    assert_eq!(h.answers(0), ["O host-a/job-43"]);
-    let t2 = h.grant(0, "k2", "10");
-    h.send(0, "W 0 10 k2").unwrap();
+    h.send(cid(0), "O host-a/job-43").unwrap();
+    assert_eq!(h.answers(cid(0)), ["O host-a/job-43"]);
+    let t2 = h.grant(cid(0), "k2", "10");
+    h.send(cid(0), "W 0 10 k2").unwrap();
     assert_eq!(
-        h.answers(0)[..1],
+        h.answers(cid(0))[..1],
         [format!("K k2 {t2} 10001 0 0 10.0.0.1:5000 host-a/job-43")]
     );
-    h.send(0, "W 0 10 k").unwrap();
-    assert!(h.answers(0)[0].ends_with(" host-a/job-42"));
+    h.send(cid(0), "W 0 10 k").unwrap();
+    assert!(h.answers(cid(0))[0].ends_with(" host-a/job-42"));
     // The holder outlives its connection; its entry goes with its grants.
-    h.engine.close(0, &mut h.out);
+    h.engine.close(cid(0), &mut h.out);
     h.check();
-    h.send(2, "W 0 1 k").unwrap();
-    assert!(h.answers(2)[0].ends_with(" 10.0.0.1:5000 host-a/job-42"));
-    h.send(2, &format!("R k {t}")).unwrap();
-    h.send(2, &format!("R k2 {t2}")).unwrap();
-    let answers = h.answers(1);
+    h.send(cid(2), "W 0 1 k").unwrap();
+    assert!(h.answers(cid(2))[0].ends_with(" 10.0.0.1:5000 host-a/job-42"));
+    h.send(cid(2), &format!("R k {t}")).unwrap();
+    h.send(cid(2), &format!("R k2 {t2}")).unwrap();
+    let answers = h.answers(cid(1));
     assert_eq!(answers.len(), 1, "the head waiter got k: {answers:?}");
-    h.engine.close(1, &mut h.out);
-    h.engine.close(2, &mut h.out);
+    h.engine.close(cid(1), &mut h.out);
+    h.engine.close(cid(2), &mut h.out);
     h.check();
     // Waiter 2 was withdrawn with its connection; the grant to connection
     // 1 stays, and names its holder: the only entry left.
@@ -117,21 +122,23 @@ fn replicated_holders_are_interned_once_and_freed_with_their_last_grant() {
 #[test]
 fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
     let mut h = Harness::new(2);
-    h.engine.set_remote(0, "10.0.0.1:5000".parse().unwrap());
+    h.engine
+        .set_remote(cid(0), "10.0.0.1:5000".parse().unwrap());
     let mut tokens = Vec::new();
     for i in 0..200 {
-        h.send(0, &format!("O {}{i}", "o".repeat(120))).unwrap();
+        h.send(cid(0), &format!("O {}{i}", "o".repeat(120)))
+            .unwrap();
         // Labels set and replaced without a grant in between cost nothing.
-        h.send(0, &format!("O label-{i}")).unwrap();
-        h.answers(0);
-        tokens.push(h.grant(0, &format!("k{i}"), "1"));
+        h.send(cid(0), &format!("O label-{i}")).unwrap();
+        h.answers(cid(0));
+        tokens.push(h.grant(cid(0), &format!("k{i}"), "1"));
     }
-    h.answers(0);
+    h.answers(cid(0));
     h.check();
     assert_eq!(h.engine.holder_count(), 200);
     // Half released, the other half expire.
     for (i, t) in tokens.iter().enumerate().take(100) {
-        h.send(1, &format!("R k{i} {t}")).unwrap();
+        h.send(cid(1), &format!("R k{i} {t}")).unwrap();
     }
     h.check();
     assert_eq!(h.engine.holder_count(), 100);
@@ -139,15 +146,15 @@ fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
     h.check();
     // The connection's own entry: its label stays for its next grant.
     assert_eq!(h.engine.holder_count(), 1);
-    h.engine.close(0, &mut h.out);
+    h.engine.close(cid(0), &mut h.out);
     assert_eq!(h.engine.holder_count(), 0);
     for _ in 0..100 {
-        h.engine.open(0, &mut h.out);
-        h.send(0, "O x").unwrap();
-        h.answers(0);
-        let t = h.grant(0, "k", "10");
-        h.send(0, &format!("R k {t}")).unwrap();
-        h.engine.close(0, &mut h.out);
+        h.engine.open(cid(0), &mut h.out);
+        h.send(cid(0), "O x").unwrap();
+        h.answers(cid(0));
+        let t = h.grant(cid(0), "k", "10");
+        h.send(cid(0), &format!("R k {t}")).unwrap();
+        h.engine.close(cid(0), &mut h.out);
     }
     h.check();
     assert_eq!(h.engine.holder_count(), 0);
@@ -159,13 +166,13 @@ fn owner_labels_are_freed_with_the_last_grant_that_names_them() {
 #[test]
 fn owner_and_listings_behind_a_waiting_acquire_are_answered_at_once() {
     let mut h = Harness::new(2);
-    let t = h.grant(0, "k", "10");
-    h.send(1, "A k 10 0").unwrap();
-    h.send(1, "O later").unwrap();
-    h.send(1, "Q k").unwrap();
-    h.send(1, "W 0 1 k").unwrap();
+    let t = h.grant(cid(0), "k", "10");
+    h.send(cid(1), "A k 10 0").unwrap();
+    h.send(cid(1), "O later").unwrap();
+    h.send(cid(1), "Q k").unwrap();
+    h.send(cid(1), "W 0 1 k").unwrap();
     assert_eq!(
-        h.answers(1),
+        h.answers(cid(1)),
         [
             "O later".to_string(),
             format!("K k {t} 10001 1 0 - -"),
@@ -175,11 +182,11 @@ fn owner_and_listings_behind_a_waiting_acquire_are_answered_at_once() {
             "W 0".to_string(),
         ]
     );
-    h.send(0, &format!("R k {t}")).unwrap();
-    let granted = h.answers(1);
+    h.send(cid(0), &format!("R k {t}")).unwrap();
+    let granted = h.answers(cid(1));
     assert_eq!(granted.len(), 1, "{granted:?}");
-    h.send(0, "Q k").unwrap();
-    let q = h.answers(0);
+    h.send(cid(0), "Q k").unwrap();
+    let q = h.answers(cid(0));
     assert_eq!(q[0], "R k 1");
     assert!(
         q[1].ends_with(" - later"),

@@ -1,6 +1,7 @@
 //! Grants merged at a heal: adopted, or kept beside the key's grant.
 
 use super::*;
+use crate::outbox::cid;
 
 /// A heal's merge on the active that stays: a key it does not hold is
 /// adopted, the same grant keeps the longer lease, and a key both sides
@@ -10,7 +11,7 @@ use super::*;
 fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
     let mut h = Harness::new(3);
     h.engine.enable_replication();
-    let mine = h.grant(0, "k", "1");
+    let mine = h.grant(cid(0), "k", "1");
     let theirs = mine + 1_000;
     let now = h.now;
     let merge = |h: &mut Harness, key: &[u8], token, ms| {
@@ -29,19 +30,19 @@ fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
     assert_eq!(h.engine.believed_count(), 1);
     assert!(h.engine.highest_token() > theirs, "the clock moved above");
     // A new acquire of k waits: both holders may still believe in it.
-    h.send(1, "A k 5 10").unwrap();
-    assert!(h.answers(1).is_empty());
+    h.send(cid(1), "A k 5 10").unwrap();
+    assert!(h.answers(cid(1)).is_empty());
     // The key's own holder releases: the merged one holds it now.
-    h.send(0, &format!("R k {mine}")).unwrap();
-    assert_eq!(h.answers(0), ["R k 1"]);
-    assert!(h.answers(1).is_empty());
+    h.send(cid(0), &format!("R k {mine}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R k 1"]);
+    assert!(h.answers(cid(1)).is_empty());
     assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(theirs));
-    h.send(2, &format!("N k {theirs} 2")).unwrap();
-    assert_eq!(h.answers(2), ["N k 1"]);
+    h.send(cid(2), &format!("N k {theirs} 2")).unwrap();
+    assert_eq!(h.answers(cid(2)), ["N k 1"]);
     h.check();
-    h.send(2, &format!("R k {theirs}")).unwrap();
-    assert_eq!(h.answers(2), ["R k 1"]);
-    let granted = h.answers(1);
+    h.send(cid(2), &format!("R k {theirs}")).unwrap();
+    assert_eq!(h.answers(cid(2)), ["R k 1"]);
+    let granted = h.answers(cid(1));
     assert_eq!(granted.len(), 1, "{granted:?}");
     let t: u64 = granted[0].strip_prefix("A k ").unwrap().parse().unwrap();
     assert!(t > theirs + 1, "the next grant is above every merged token");
@@ -55,20 +56,23 @@ fn a_merged_grant_is_adopted_or_kept_beside_and_the_key_waits_for_both() {
 #[test]
 fn the_lock_delay_ends_with_the_longest_merged_lease() {
     let mut h = Harness::new(2);
-    let mine = h.grant(0, "k", "1");
+    let mine = h.grant(cid(0), "k", "1");
     let now = h.now;
     let got = h
         .engine
         .merge_grant(now, b"k", mine + 7, 2_000, Holder::default(), &mut h.out);
     assert_eq!(got, Ok(Merged::Beside));
-    h.send(1, "A k 5 10").unwrap();
+    h.send(cid(1), "A k 5 10").unwrap();
     h.advance(1_500);
-    assert!(h.answers(1).is_empty(), "granted while a merged lease runs");
+    assert!(
+        h.answers(cid(1)).is_empty(),
+        "granted while a merged lease runs"
+    );
     assert_eq!(h.engine.holder(b"k").map(|g| g.0), Some(mine + 7));
     h.advance(600);
-    let granted = h.answers(1);
+    let granted = h.answers(cid(1));
     assert_eq!(granted.len(), 1, "{granted:?}");
-    h.send(0, &format!("N k {} 1", mine + 7)).unwrap();
-    assert_eq!(h.answers(0), ["N k 0"]);
+    h.send(cid(0), &format!("N k {} 1", mine + 7)).unwrap();
+    assert_eq!(h.answers(cid(0)), ["N k 0"]);
     h.check();
 }

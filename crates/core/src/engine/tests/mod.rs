@@ -12,6 +12,7 @@ mod replicated;
 
 use super::*;
 use crate::outbox::Outbox;
+use crate::outbox::cid;
 use crate::proto::Holder;
 
 /// The clock every harness starts at.
@@ -44,7 +45,7 @@ impl Harness {
             now: START,
         };
         for c in 0..conns {
-            h.engine.open(c, &mut h.out);
+            h.engine.open(cid(c), &mut h.out);
         }
         h
     }

@@ -1,6 +1,7 @@
 //! Shared grants and permits with a hand-driven clock: scenarios here,
 //! random requests against a reference model in [`model`].
 
+use crate::outbox::cid;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod model;
@@ -23,26 +24,32 @@ pub(super) fn token(line: &str) -> u64 {
 #[test]
 fn readers_hold_together_a_writer_waits_and_a_later_reader_waits_behind_it() {
     let mut h = Harness::new(4);
-    let r1 = h.granted(0, "G k 10 0");
-    let r2 = h.granted(1, "G k 10 0");
+    let r1 = h.granted(cid(0), "G k 10 0");
+    let r2 = h.granted(cid(1), "G k 10 0");
     assert!(r2 > r1);
-    h.send(2, "A k 10 0").unwrap();
-    h.send(3, "G k 10 0").unwrap();
-    assert!(h.answers(2).is_empty(), "the writer waits for the readers");
+    h.send(cid(2), "A k 10 0").unwrap();
+    h.send(cid(3), "G k 10 0").unwrap();
     assert!(
-        h.answers(3).is_empty(),
+        h.answers(cid(2)).is_empty(),
+        "the writer waits for the readers"
+    );
+    assert!(
+        h.answers(cid(3)).is_empty(),
         "a reader behind a waiting writer waits"
     );
-    h.send(0, &format!("R k {r1}")).unwrap();
-    assert_eq!(h.answers(0), ["R k 1"]);
-    assert!(h.answers(2).is_empty(), "one reader still holds");
-    h.send(1, &format!("R k {r2}")).unwrap();
-    assert_eq!(h.answers(1), ["R k 1"]);
-    let w = token(&h.answers(2)[0]);
+    h.send(cid(0), &format!("R k {r1}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R k 1"]);
+    assert!(h.answers(cid(2)).is_empty(), "one reader still holds");
+    h.send(cid(1), &format!("R k {r2}")).unwrap();
+    assert_eq!(h.answers(cid(1)), ["R k 1"]);
+    let w = token(&h.answers(cid(2))[0]);
     assert!(w > r2);
-    assert!(h.answers(3).is_empty(), "the reader waits for the writer");
-    h.send(2, &format!("R k {w}")).unwrap();
-    let r3 = token(&h.answers(3)[0]);
+    assert!(
+        h.answers(cid(3)).is_empty(),
+        "the reader waits for the writer"
+    );
+    h.send(cid(2), &format!("R k {w}")).unwrap();
+    let r3 = token(&h.answers(cid(3))[0]);
     assert!(r3 > w);
     assert_eq!(h.engine.members_of(b"k").len(), 1);
 }
@@ -50,22 +57,22 @@ fn readers_hold_together_a_writer_waits_and_a_later_reader_waits_behind_it() {
 #[test]
 fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
     let mut h = Harness::new(6);
-    let w = h.granted(0, "A k 10 0");
+    let w = h.granted(cid(0), "A k 10 0");
     for (c, line) in [
         (1, "G k 10 0"),
         (2, "G k 10 0"),
         (3, "A k 10 0"),
         (4, "G k 10 0"),
     ] {
-        h.send(c, line).unwrap();
+        h.send(cid(c), line).unwrap();
     }
-    h.send(0, &format!("R k {w}")).unwrap();
-    let (a, b) = (token(&h.answers(1)[0]), token(&h.answers(2)[0]));
+    h.send(cid(0), &format!("R k {w}")).unwrap();
+    let (a, b) = (token(&h.answers(cid(1))[0]), token(&h.answers(cid(2))[0]));
     assert!(w < a && a < b, "granted in queue order");
-    assert!(h.answers(3).is_empty() && h.answers(4).is_empty());
+    assert!(h.answers(cid(3)).is_empty() && h.answers(cid(4)).is_empty());
     // The writer gives up: the reader behind it joins the readers at once.
-    h.reopen(3);
-    let c = token(&h.answers(4)[0]);
+    h.reopen(cid(3));
+    let c = token(&h.answers(cid(4))[0]);
     assert!(c > b);
     assert_eq!(h.engine.members_of(b"k").len(), 3);
 }
@@ -73,95 +80,95 @@ fn a_batch_of_readers_is_granted_up_to_the_first_writer() {
 #[test]
 fn a_writer_whose_wait_runs_out_lets_the_readers_behind_it_in() {
     let mut h = Harness::new(3);
-    h.granted(0, "G k 10 0");
-    h.send(1, "A k 10 0.1").unwrap();
-    h.send(2, "G k 10 0").unwrap();
+    h.granted(cid(0), "G k 10 0");
+    h.send(cid(1), "A k 10 0.1").unwrap();
+    h.send(cid(2), "G k 10 0").unwrap();
     h.advance_each_ms(101);
-    assert_eq!(h.answers(1), ["T k"]);
-    token(&h.answers(2)[0]);
+    assert_eq!(h.answers(cid(1)), ["T k"]);
+    token(&h.answers(cid(2))[0]);
 }
 
 #[test]
 fn a_semaphore_grants_up_to_its_limit_in_fifo_order() {
     let mut h = Harness::new(5);
-    let a = h.granted(0, "C s 2 10 0");
-    let b = h.granted(1, "C s 2 10 0");
-    h.send(2, "C s 2 10 0").unwrap();
-    h.send(3, "C s 2 10 0").unwrap();
-    assert!(h.answers(2).is_empty() && h.answers(3).is_empty());
+    let a = h.granted(cid(0), "C s 2 10 0");
+    let b = h.granted(cid(1), "C s 2 10 0");
+    h.send(cid(2), "C s 2 10 0").unwrap();
+    h.send(cid(3), "C s 2 10 0").unwrap();
+    assert!(h.answers(cid(2)).is_empty() && h.answers(cid(3)).is_empty());
     assert_eq!(h.engine.semaphore_limit(b"s"), Some(2));
-    h.send(0, &format!("R s {a}")).unwrap();
-    let c = token(&h.answers(2)[0]);
+    h.send(cid(0), &format!("R s {a}")).unwrap();
+    let c = token(&h.answers(cid(2))[0]);
     assert!(c > b);
-    assert!(h.answers(3).is_empty(), "two permits held again");
+    assert!(h.answers(cid(3)).is_empty(), "two permits held again");
     // A permit's lease runs out: the next waiter takes it.
-    h.send(1, &format!("N s {b} 0.05")).unwrap();
-    assert_eq!(h.answers(1), ["N s 1"]);
+    h.send(cid(1), &format!("N s {b} 0.05")).unwrap();
+    assert_eq!(h.answers(cid(1)), ["N s 1"]);
     h.advance_each_ms(51);
-    token(&h.answers(3)[0]);
-    h.send(1, &format!("R s {b}")).unwrap();
-    h.send(1, &format!("N s {b} 1")).unwrap();
-    assert_eq!(h.answers(1), ["R s 0", "N s 0"]);
+    token(&h.answers(cid(3))[0]);
+    h.send(cid(1), &format!("R s {b}")).unwrap();
+    h.send(cid(1), &format!("N s {b} 1")).unwrap();
+    assert_eq!(h.answers(cid(1)), ["R s 0", "N s 0"]);
 }
 
 #[test]
 fn another_limit_or_kind_is_refused_and_changes_nothing() {
     let mut h = Harness::new(3);
-    let p = h.granted(0, "C s 2 10 0");
-    h.send(1, "C s 3 10 0").unwrap();
-    h.send(1, "G s 10 0").unwrap();
-    assert_eq!(h.answers(1), ["C s semaphore 2", "G s semaphore 2"]);
+    let p = h.granted(cid(0), "C s 2 10 0");
+    h.send(cid(1), "C s 3 10 0").unwrap();
+    h.send(cid(1), "G s 10 0").unwrap();
+    assert_eq!(h.answers(cid(1)), ["C s semaphore 2", "G s semaphore 2"]);
     assert_eq!(h.engine.member_count(), 1);
     // `A` has no refusal answer: it breaks its connection.
-    assert_eq!(h.send(1, "A s 10 0"), Err(Refusal::Semaphore));
+    assert_eq!(h.send(cid(1), "A s 10 0"), Err(Refusal::Semaphore));
     assert_eq!(
         h.engine.not_allowed_reason(),
         "key \"s\" is a semaphore of 2 permits: acquire it with C"
     );
     // A lock is not a semaphore, held exclusively or shared.
-    h.granted(2, "A x 10 0");
-    h.granted(2, "G y 10 0");
-    h.send(1, "C x 1 10 0").unwrap();
-    h.send(1, "C y 1 10 0").unwrap();
-    assert_eq!(h.answers(1), ["C x lock", "C y lock"]);
+    h.granted(cid(2), "A x 10 0");
+    h.granted(cid(2), "G y 10 0");
+    h.send(cid(1), "C x 1 10 0").unwrap();
+    h.send(cid(1), "C y 1 10 0").unwrap();
+    assert_eq!(h.answers(cid(1)), ["C x lock", "C y lock"]);
     // Once its last permit goes, the key is nobody's: a new limit is taken.
-    h.send(0, &format!("R s {p}")).unwrap();
-    assert_eq!(h.answers(0), ["R s 1"]);
+    h.send(cid(0), &format!("R s {p}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R s 1"]);
     assert_eq!(h.engine.semaphore_limit(b"s"), None);
-    h.granted(1, "C s 5 10 0");
+    h.granted(cid(1), "C s 5 10 0");
     assert_eq!(h.engine.semaphore_limit(b"s"), Some(5));
 }
 
 #[test]
 fn waits_of_g_and_c_run_out_with_their_own_answers_in_order() {
     let mut h = Harness::new(2);
-    h.granted(0, "A k 10 0");
-    h.granted(0, "C s 1 10 0");
-    h.send(1, "G k 10 0").unwrap();
+    h.granted(cid(0), "A k 10 0");
+    h.granted(cid(0), "C s 1 10 0");
+    h.send(cid(1), "G k 10 0").unwrap();
     // Its wait runs out first, but its answer waits for the earlier
     // acquire of the same key on the connection (rule 3).
-    h.send(1, "G k 10 0.01").unwrap();
-    h.send(1, "C s 1 10 0.02").unwrap();
+    h.send(cid(1), "G k 10 0.01").unwrap();
+    h.send(cid(1), "C s 1 10 0.02").unwrap();
     h.advance_each_ms(30);
-    assert_eq!(h.answers(1), ["C s 0"]);
-    h.reopen(0);
+    assert_eq!(h.answers(cid(1)), ["C s 0"]);
+    h.reopen(cid(0));
     h.engine.step_down(None, &mut h.out);
-    assert_eq!(h.answers(1), ["M k -", "G k 0"]);
+    assert_eq!(h.answers(cid(1)), ["M k -", "G k 0"]);
 }
 
 #[test]
 fn a_close_settled_late_after_its_lock_went_is_harmless() {
     let mut h = Harness::new(2);
-    let r = h.granted(0, "G k 10 0");
-    h.send(1, "A k 10 0").unwrap();
+    let r = h.granted(cid(0), "G k 10 0");
+    h.send(cid(1), "A k 10 0").unwrap();
     // Closed without a settle: the lock waits to be passed on...
-    h.engine.close(1, &mut h.out);
-    h.engine.open(1, &mut h.out);
+    h.engine.close(cid(1), &mut h.out);
+    h.engine.open(cid(1), &mut h.out);
     // ...and goes first, its last member released.
-    h.send(0, &format!("R k {r}")).unwrap();
+    h.send(cid(0), &format!("R k {r}")).unwrap();
     assert_eq!(h.engine.lock_count(), 0);
     h.advance_each_ms(1);
-    assert_eq!(h.answers(0), ["R k 1"]);
+    assert_eq!(h.answers(cid(0)), ["R k 1"]);
 }
 
 #[test]
@@ -169,12 +176,12 @@ fn an_active_with_a_follower_too_old_refuses_g_and_c() {
     let mut h = Harness::new(1);
     h.engine.enable_replication();
     h.engine.set_follower_too_old(true);
-    assert_eq!(h.send(0, "G k 10 0"), Err(Refusal::FollowerTooOld));
-    assert_eq!(h.send(0, "C k 1 10 0"), Err(Refusal::FollowerTooOld));
+    assert_eq!(h.send(cid(0), "G k 10 0"), Err(Refusal::FollowerTooOld));
+    assert_eq!(h.send(cid(0), "C k 1 10 0"), Err(Refusal::FollowerTooOld));
     assert_eq!(h.engine.lock_count(), 0);
-    assert!(h.answers(0).is_empty());
+    assert!(h.answers(cid(0)).is_empty());
     h.engine.set_follower_too_old(false);
-    h.granted(0, "G k 10 0");
+    h.granted(cid(0), "G k 10 0");
 }
 
 /// Applies `events` (an active's replication) to a standby `e`.
@@ -251,14 +258,14 @@ fn expiries_follow(active: &Engine, standby: &Engine, keys: &[&str], late_ms: u6
 fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failover() {
     let mut h = Harness::new(4);
     h.engine.enable_replication();
-    let r1 = h.granted(0, "G k 10000 0");
-    let r2 = h.granted(1, "G k 10000 0");
-    let p1 = h.granted(2, "C sem 2 10000 0");
-    let p2 = h.granted(3, "C sem 2 10000 0");
-    let gone = h.granted(3, "G other 10000 0");
+    let r1 = h.granted(cid(0), "G k 10000 0");
+    let r2 = h.granted(cid(1), "G k 10000 0");
+    let p1 = h.granted(cid(2), "C sem 2 10000 0");
+    let p2 = h.granted(cid(3), "C sem 2 10000 0");
+    let gone = h.granted(cid(3), "G other 10000 0");
     h.advance_each_ms(5);
-    h.send(0, &format!("N k {r1} 20000")).unwrap();
-    h.send(3, &format!("R other {gone}")).unwrap();
+    h.send(cid(0), &format!("N k {r1} 20000")).unwrap();
+    h.send(cid(3), &format!("R other {gone}")).unwrap();
     let mut log = ReplicationLog::new();
     h.engine.take_replication(&mut log);
     let mut e = standby(h.now);
@@ -292,20 +299,20 @@ fn a_standby_holds_the_members_its_active_replicates_and_serves_them_after_failo
     s.now = h.now;
     // A semaphore of 2 with 2 replicated permits grants no third; a writer
     // waits for the replicated readers.
-    s.send(0, "C sem 2 10000 0").unwrap();
-    s.send(1, "A k 10000 0").unwrap();
-    assert!(s.answers(0).is_empty() && s.answers(1).is_empty());
+    s.send(cid(0), "C sem 2 10000 0").unwrap();
+    s.send(cid(1), "A k 10000 0").unwrap();
+    assert!(s.answers(cid(0)).is_empty() && s.answers(cid(1)).is_empty());
     // The holders renew and release with their tokens.
-    s.send(2, &format!("N sem {p1} 10000")).unwrap();
-    assert_eq!(s.answers(2), ["N sem 1"]);
-    s.send(2, &format!("R sem {p1}")).unwrap();
-    assert_eq!(s.answers(2), ["R sem 1"]);
-    let third = token(&s.answers(0)[0]);
+    s.send(cid(2), &format!("N sem {p1} 10000")).unwrap();
+    assert_eq!(s.answers(cid(2)), ["N sem 1"]);
+    s.send(cid(2), &format!("R sem {p1}")).unwrap();
+    assert_eq!(s.answers(cid(2)), ["R sem 1"]);
+    let third = token(&s.answers(cid(0))[0]);
     assert!(third > p2 && third > gone, "{third}");
-    s.send(3, &format!("R k {r2}")).unwrap();
-    s.send(3, &format!("R k {r1}")).unwrap();
-    assert_eq!(s.answers(3), ["R k 1", "R k 1"]);
-    let writer = token(&s.answers(1)[0]);
+    s.send(cid(3), &format!("R k {r2}")).unwrap();
+    s.send(cid(3), &format!("R k {r1}")).unwrap();
+    assert_eq!(s.answers(cid(3)), ["R k 1", "R k 1"]);
+    let writer = token(&s.answers(cid(1))[0]);
     assert!(writer > third);
 }
 
@@ -361,7 +368,7 @@ fn replicated_members_expire_on_the_standby_and_bad_values_are_refused() {
 #[test]
 fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() {
     let mut h = Harness::new(3);
-    let mine = h.granted(0, "C sem 2 10000 0");
+    let mine = h.granted(cid(0), "C sem 2 10000 0");
     let o = Holder::default();
     // The other side held two permits of the same semaphore.
     let theirs = [mine + 100, mine + 101];
@@ -379,11 +386,11 @@ fn merged_members_join_the_winners_and_block_new_grants_until_under_the_limit() 
     );
     h.check();
     // Three held of two: nobody new until two have gone.
-    h.send(1, "C sem 2 10000 0").unwrap();
-    h.send(0, &format!("R sem {}", theirs[0])).unwrap();
-    assert!(h.answers(1).is_empty());
-    h.send(0, &format!("R sem {mine}")).unwrap();
-    let next = token(&h.answers(1)[0]);
+    h.send(cid(1), "C sem 2 10000 0").unwrap();
+    h.send(cid(0), &format!("R sem {}", theirs[0])).unwrap();
+    assert!(h.answers(cid(1)).is_empty());
+    h.send(cid(0), &format!("R sem {mine}")).unwrap();
+    let next = token(&h.answers(cid(1))[0]);
     assert!(next > theirs[1]);
     // A free key adopts a merged member with its kind.
     assert_eq!(
@@ -400,7 +407,7 @@ fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
     let mut h = Harness::new(3);
     let o = Holder::default();
     // Here: an exclusive grant; there: a reader of the same key.
-    let writer = h.granted(0, "A w 10000 0");
+    let writer = h.granted(cid(0), "A w 10000 0");
     let reader = writer + 50;
     assert_eq!(
         h.engine
@@ -408,18 +415,21 @@ fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
         Ok(Merged::Beside)
     );
     h.check();
-    h.send(1, "G w 10000 0").unwrap();
-    h.send(0, &format!("R w {writer}")).unwrap();
-    assert_eq!(h.answers(0), ["R w 1"]);
-    assert!(h.answers(1).is_empty(), "granted beside a merged reader");
-    h.send(2, &format!("R w {reader}")).unwrap();
-    assert_eq!(h.answers(2), ["R w 1"]);
-    assert!(token(&h.answers(1)[0]) > reader);
+    h.send(cid(1), "G w 10000 0").unwrap();
+    h.send(cid(0), &format!("R w {writer}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R w 1"]);
+    assert!(
+        h.answers(cid(1)).is_empty(),
+        "granted beside a merged reader"
+    );
+    h.send(cid(2), &format!("R w {reader}")).unwrap();
+    assert_eq!(h.answers(cid(2)), ["R w 1"]);
+    assert!(token(&h.answers(cid(1))[0]) > reader);
 
     // Here: readers and a waiting permit-less writer; there: a writer.
-    let r1 = h.granted(0, "G r 10000 0");
-    let r2 = h.granted(1, "G r 10000 0");
-    h.send(2, "A r 10000 0").unwrap();
+    let r1 = h.granted(cid(0), "G r 10000 0");
+    let r2 = h.granted(cid(1), "G r 10000 0");
+    h.send(cid(2), "A r 10000 0").unwrap();
     let theirs = r2 + 50;
     assert_eq!(
         h.engine
@@ -430,17 +440,17 @@ fn merged_shared_and_exclusive_grants_of_one_key_keep_it_from_anyone_new() {
     assert!(h.engine.members_of(b"r").is_empty());
     assert_eq!(h.engine.holder(b"r").map(|(t, _)| t), Some(theirs));
     // The readers still release (and renew) with their tokens.
-    h.send(0, &format!("N r {r1} 10000")).unwrap();
-    h.send(0, &format!("R r {r1}")).unwrap();
-    h.send(1, &format!("R r {r2}")).unwrap();
-    assert_eq!(h.answers(0), ["N r 1", "R r 1"]);
-    assert_eq!(h.answers(1), ["R r 1"]);
+    h.send(cid(0), &format!("N r {r1} 10000")).unwrap();
+    h.send(cid(0), &format!("R r {r1}")).unwrap();
+    h.send(cid(1), &format!("R r {r2}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["N r 1", "R r 1"]);
+    assert_eq!(h.answers(cid(1)), ["R r 1"]);
     assert!(
-        h.answers(2).is_empty(),
+        h.answers(cid(2)).is_empty(),
         "the writer granted beside a merged writer"
     );
-    h.send(0, &format!("R r {theirs}")).unwrap();
-    assert!(token(&h.answers(2)[0]) > theirs);
+    h.send(cid(0), &format!("R r {theirs}")).unwrap();
+    assert!(token(&h.answers(cid(2))[0]) > theirs);
     h.check();
 }
 
@@ -455,53 +465,56 @@ fn shared_grants_and_permits_are_bounded_by_max_locks() {
         unix_ns: 1_700_000_000_000_000_000,
     };
     let mut h = Harness::with_engine(Engine::with_max_locks(now, "127.0.0.1:7171", 3), 1);
-    let first = h.granted(0, "G k 10 0");
-    h.granted(0, "G k 10 0");
-    h.granted(0, "C s 5 10 0");
+    let first = h.granted(cid(0), "G k 10 0");
+    h.granted(cid(0), "G k 10 0");
+    h.granted(cid(0), "C s 5 10 0");
     assert_eq!(
-        h.send(0, "G k 10 0"),
+        h.send(cid(0), "G k 10 0"),
         Err(Refusal::MembersFull { max_locks: 3 })
     );
     assert_eq!(
-        h.send(0, "C s 5 10 0"),
+        h.send(cid(0), "C s 5 10 0"),
         Err(Refusal::MembersFull { max_locks: 3 })
     );
-    assert!(h.answers(0).is_empty());
+    assert!(h.answers(cid(0)).is_empty());
     assert_eq!(h.engine.member_count(), 3);
     // Once one ends, the next is granted.
-    h.send(0, &format!("R k {first}")).unwrap();
-    assert_eq!(h.answers(0), ["R k 1"]);
-    h.granted(0, "G k 10 0");
+    h.send(cid(0), &format!("R k {first}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R k 1"]);
+    h.granted(cid(0), "G k 10 0");
     assert_eq!(h.engine.member_count(), 3);
 }
 
 #[test]
 fn listings_show_the_newest_member() {
     let mut h = Harness::new(2);
-    h.granted(0, "G k 10 0");
-    let b = h.granted(1, "G k 20 0");
-    h.send(0, "L 0 10").unwrap();
-    assert_eq!(h.answers(0), [format!("K k {b} 20001 0"), "L 0".into()]);
-    h.send(0, "Q k").unwrap();
-    let q = h.answers(0);
+    h.granted(cid(0), "G k 10 0");
+    let b = h.granted(cid(1), "G k 20 0");
+    h.send(cid(0), "L 0 10").unwrap();
+    assert_eq!(
+        h.answers(cid(0)),
+        [format!("K k {b} 20001 0"), "L 0".into()]
+    );
+    h.send(cid(0), "Q k").unwrap();
+    let q = h.answers(cid(0));
     assert!(q[0].starts_with(&format!("K k {b} 20001 0 0 ")), "{q:?}");
 }
 
 #[test]
 fn the_kinds_listing_says_how_each_key_is_held() {
     let mut h = Harness::new(4);
-    let x = h.granted(0, "A x 10 0");
-    h.granted(1, "G r 10 0");
-    h.granted(2, "G r 10 0");
-    let r = h.granted(3, "G r 10 0");
-    h.granted(0, "C s 2 10 0");
-    let s = h.granted(1, "C s 2 10 0");
-    h.send(2, "C s 2 10 0").unwrap();
-    h.send(3, "A x 10 0").unwrap();
-    h.send(1, "A r 10 0").unwrap();
-    let _ = (h.answers(2), h.answers(3), h.answers(1));
-    h.send(0, "V 0 10").unwrap();
-    let mut lines = h.answers(0);
+    let x = h.granted(cid(0), "A x 10 0");
+    h.granted(cid(1), "G r 10 0");
+    h.granted(cid(2), "G r 10 0");
+    let r = h.granted(cid(3), "G r 10 0");
+    h.granted(cid(0), "C s 2 10 0");
+    let s = h.granted(cid(1), "C s 2 10 0");
+    h.send(cid(2), "C s 2 10 0").unwrap();
+    h.send(cid(3), "A x 10 0").unwrap();
+    h.send(cid(1), "A r 10 0").unwrap();
+    let _ = (h.answers(cid(2)), h.answers(cid(3)), h.answers(cid(1)));
+    h.send(cid(0), "V 0 10").unwrap();
+    let mut lines = h.answers(cid(0));
     assert_eq!(lines.pop().as_deref(), Some("V 0"));
     lines.sort();
     let fields: Vec<Vec<String>> = lines
@@ -524,15 +537,15 @@ fn the_kinds_listing_says_how_each_key_is_held() {
         "{lines:?}"
     );
     // `L` and `W` keep their forms.
-    h.send(0, "L 0 10").unwrap();
+    h.send(cid(0), "L 0 10").unwrap();
     assert!(
-        h.answers(0)
+        h.answers(cid(0))
             .iter()
             .all(|l| l.split(' ').count() == 5 || l == "L 0")
     );
-    h.send(0, "W 0 10").unwrap();
+    h.send(cid(0), "W 0 10").unwrap();
     assert!(
-        h.answers(0)
+        h.answers(cid(0))
             .iter()
             .all(|l| l.split(' ').count() == 8 || l == "W 0")
     );
@@ -550,7 +563,7 @@ fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
     let mut h = Harness::new(0);
     h.engine = standby(h.now);
     for c in 0..3 {
-        h.engine.open(c, &mut h.out);
+        h.engine.open(cid(c), &mut h.out);
     }
     let who = Holder::default();
     for token in [10, 11, 12] {
@@ -567,8 +580,8 @@ fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
     assert_eq!(h.engine.members_of(b"s").len(), 3);
     h.engine.become_active();
     h.check();
-    h.send(0, "V 0 10").unwrap();
-    let listed = h.answers(0);
+    h.send(cid(0), "V 0 10").unwrap();
+    let listed = h.answers(cid(0));
     assert_eq!(listed.len(), 2, "{listed:?}");
     let fields: Vec<&str> = listed[0].split(' ').collect();
     assert_eq!(
@@ -577,21 +590,21 @@ fn permits_over_the_limit_are_applied_counted_and_served_after_failover() {
         "{listed:?}"
     );
     // Over the limit and at it, a permit waits.
-    h.send(1, "C s 2 10 1").unwrap();
-    assert!(h.answers(1).is_empty());
-    h.send(2, "R s 10").unwrap();
-    assert_eq!(h.answers(2), ["R s 1"]);
-    assert!(h.answers(1).is_empty(), "at the limit");
+    h.send(cid(1), "C s 2 10 1").unwrap();
+    assert!(h.answers(cid(1)).is_empty());
+    h.send(cid(2), "R s 10").unwrap();
+    assert_eq!(h.answers(cid(2)), ["R s 1"]);
+    assert!(h.answers(cid(1)).is_empty(), "at the limit");
     // Under it: the waiter is granted, with a token above every one seen.
-    h.send(2, "R s 11").unwrap();
-    assert_eq!(h.answers(2), ["R s 1"]);
-    let granted = h.answers(1);
+    h.send(cid(2), "R s 11").unwrap();
+    assert_eq!(h.answers(cid(2)), ["R s 1"]);
+    let granted = h.answers(cid(1));
     assert_eq!(granted.len(), 1, "{granted:?}");
     assert!(token(&granted[0]) > 12, "{granted:?}");
     assert_eq!(h.engine.members_of(b"s").len(), 2);
     // Full again: a new permit waits, and its wait runs out.
-    h.send(0, "C s 2 10 0.005").unwrap();
-    assert!(h.answers(0).is_empty());
+    h.send(cid(0), "C s 2 10 0.005").unwrap();
+    assert!(h.answers(cid(0)).is_empty());
     h.advance_each_ms(10);
-    assert_eq!(h.answers(0), ["C s 0"]);
+    assert_eq!(h.answers(cid(0)), ["C s 0"]);
 }

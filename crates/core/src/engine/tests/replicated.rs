@@ -2,6 +2,7 @@
 //! an active records, snapshots, and the engine's place below the cluster.
 
 use super::*;
+use crate::outbox::cid;
 
 /// A standby harness (no waiters: it answers acquires `M`).
 fn standby(conns: u32) -> Harness {
@@ -128,15 +129,15 @@ fn events(e: &mut Engine) -> Vec<(String, u64, Option<u64>)> {
 fn an_active_records_every_change_of_its_table_in_order() {
     let mut h = Harness::new(2);
     h.engine.enable_replication();
-    let t1 = h.grant(0, "k", "10");
-    h.send(1, "A k 5 0").unwrap();
+    let t1 = h.grant(cid(0), "k", "10");
+    h.send(cid(1), "A k 5 0").unwrap();
     h.advance(1_000);
-    h.send(0, &format!("N k {t1} 20")).unwrap();
-    h.send(0, &format!("R k {t1}")).unwrap();
-    assert_eq!(h.answers(0), ["N k 1", "R k 1"]);
-    let t2 = token_of(&h.answers(1)[0], "k");
+    h.send(cid(0), &format!("N k {t1} 20")).unwrap();
+    h.send(cid(0), &format!("R k {t1}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["N k 1", "R k 1"]);
+    let t2 = token_of(&h.answers(cid(1))[0], "k");
     let key = "x".repeat(250);
-    let t3 = h.grant(0, &key, "0.5");
+    let t3 = h.grant(cid(0), &key, "0.5");
     h.advance(600);
     assert_eq!(
         events(&mut h.engine),
@@ -154,17 +155,17 @@ fn an_active_records_every_change_of_its_table_in_order() {
     );
     assert_eq!(events(&mut h.engine), [], "taken once");
     // Failed releases and renewals change nothing.
-    h.send(0, &format!("R k {t1}")).unwrap();
-    h.send(0, &format!("N k {t1} 1")).unwrap();
+    h.send(cid(0), &format!("R k {t1}")).unwrap();
+    h.send(cid(0), &format!("N k {t1} 1")).unwrap();
     assert_eq!(events(&mut h.engine), []);
 }
 
 #[test]
 fn only_an_active_with_replication_enabled_records() {
     let mut h = Harness::new(1);
-    let t = h.grant(0, "k", "10");
-    h.send(0, &format!("R k {t}")).unwrap();
-    assert_eq!(h.answers(0), ["R k 1"]);
+    let t = h.grant(cid(0), "k", "10");
+    h.send(cid(0), &format!("R k {t}")).unwrap();
+    assert_eq!(h.answers(cid(0)), ["R k 1"]);
     assert_eq!(events(&mut h.engine), [], "replication not enabled");
 
     let mut h = standby(1);
@@ -181,7 +182,7 @@ fn only_an_active_with_replication_enabled_records() {
     assert_eq!(h.engine.holder(b"k"), None);
     assert_eq!(events(&mut h.engine), [], "a standby records nothing");
     h.engine.become_active();
-    let t = h.grant(0, "k", "1");
+    let t = h.grant(cid(0), "k", "1");
     assert_eq!(events(&mut h.engine), [("k".into(), t, Some(1_001))]);
 }
 
@@ -192,9 +193,9 @@ fn a_log_reused_turn_after_turn_keeps_its_room() {
     let mut log = ReplicationLog::new();
     for turn in 0..3 {
         for i in 0..64 {
-            let t = h.grant(0, &format!("key-{i:03}"), "10");
-            h.send(0, &format!("R key-{i:03} {t}")).unwrap();
-            assert_eq!(h.answers(0), [format!("R key-{i:03} 1")]);
+            let t = h.grant(cid(0), &format!("key-{i:03}"), "10");
+            h.send(cid(0), &format!("R key-{i:03} {t}")).unwrap();
+            assert_eq!(h.answers(cid(0)), [format!("R key-{i:03} 1")]);
         }
         h.engine.take_replication(&mut log);
         assert_eq!(log.iter().count(), 128, "turn {turn}");
@@ -215,8 +216,8 @@ fn a_log_reused_turn_after_turn_keeps_its_room() {
 #[test]
 fn a_snapshot_lists_the_grants_with_lease_left() {
     let mut h = Harness::new(1);
-    let a = h.grant(0, "a", "10");
-    let b = h.grant(0, "b", "0.1");
+    let a = h.grant(cid(0), "a", "10");
+    let b = h.grant(cid(0), "b", "0.1");
     h.advance(50);
     let mut grants: Vec<_> = h.engine.snapshot(h.now).collect();
     grants.sort_by_key(|e| match e {

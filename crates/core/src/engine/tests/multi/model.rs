@@ -2,6 +2,7 @@
 //! and random requests checked against it.
 
 use super::*;
+use crate::outbox::cid;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind3 {
@@ -294,9 +295,9 @@ fn random_acquire(
 fn compare_step(h: &mut Harness, model: &mut Model, conns: u32, last_token: &mut u64, what: &str) {
     let mut got: HashMap<(ConnId, String), Vec<String>> = HashMap::new();
     for c in 0..conns {
-        for line in h.answers(c) {
+        for line in h.answers(cid(c)) {
             let key = line.split(' ').nth(1).unwrap().to_string();
-            got.entry((c, key)).or_default().push(line);
+            got.entry((cid(c), key)).or_default().push(line);
         }
     }
     let expected = std::mem::take(&mut model.expected);
@@ -394,7 +395,7 @@ fn random_requests_match_the_reference_model() {
         let mut tokens: Vec<(String, u64)> = Vec::new();
         let mut last_token = 0;
         for step in 0..1500 {
-            let conn = rng.below(u64::from(conns)) as ConnId;
+            let conn = cid(rng.below(u64::from(conns)) as u32);
             let name = ["a", "b", "c"][rng.below(3) as usize].to_string();
             let now = h.now.ms;
             let what = format!("seed {seed} step {step}");
@@ -438,7 +439,7 @@ fn random_requests_match_the_reference_model() {
             }
             compare_step(&mut h, &mut model, conns, &mut last_token, &what);
             if step % 5 == 0 {
-                compare_listing(&mut h, &model, conns, &what);
+                compare_listing(&mut h, &model, cid(conns), &what);
             }
             steps_checked += 1;
             for (name, key) in &model.keys {
