@@ -13,6 +13,7 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::time::Duration;
 
+use mio::event::Event;
 use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -52,7 +53,6 @@ struct Conn {
 
 /// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
 /// its longest turn.
-#[expect(clippy::too_many_lines)]
 pub fn run(
     listener: std::net::TcpListener,
     signals: StdUnixStream,
@@ -60,19 +60,7 @@ pub fn run(
     clock: Clock,
     config: &LoopConfig,
 ) -> io::Result<LongestTurn> {
-    let mut poll = Poll::new()?;
-    let mut listener = Some(TcpListener::from_std(listener));
-    if let Some(l) = &mut listener {
-        poll.registry().register(l, LISTENER, Interest::READABLE)?;
-    }
-    signals.set_nonblocking(true)?;
-    let mut signals = UnixStream::from_std(signals);
-    poll.registry()
-        .register(&mut signals, SIGNALS, Interest::READABLE)?;
-    let dialer = Dialer::spawn(node.link_timeout())?;
-    let wake_fd = dialer.wake().as_raw_fd();
-    poll.registry()
-        .register(&mut SourceFd(&wake_fd), DIALER, Interest::READABLE)?;
+    let mut sources = Sources::new(listener, signals, &node)?;
     let mut dials = Vec::new();
 
     let mut state = Loop {
@@ -99,7 +87,7 @@ pub fn run(
         config.publish(&mut node);
         let timeout = state.timeout_ms(&node, now.ms);
         if let Err(e) = wait(
-            &mut poll,
+            &mut sources.poll,
             &mut events,
             timeout.map(Duration::from_millis),
             Duration::from_micros(config.spin_us),
@@ -111,56 +99,12 @@ pub fn run(
         turns.begin(at);
         node.tick(now);
         for event in events.iter() {
-            match event.token() {
-                LISTENER => {
-                    if let Some(l) = &listener {
-                        state.accept(l, &poll, &mut node, now);
-                    }
-                }
-                SIGNALS => {
-                    let mut byte = [0u8; 16];
-                    while matches!(signals.read(&mut byte), Ok(n) if n > 0) {}
-                    if state.driver.shut_down(&mut node, now).is_some() {
-                        // Closed at once: new clients are refused rather than
-                        // queued on a socket nobody will accept from.
-                        if let Some(mut l) = listener.take() {
-                            let _ = poll.registry().deregister(&mut l);
-                        }
-                        state.close_all(&mut node, now);
-                    }
-                }
-                DIALER => {
-                    for (peer, result) in dialer.results() {
-                        match result {
-                            Ok(stream) if !state.driver.is_shutting_down() => {
-                                state.adopt_peer_link(stream, peer, &poll, &mut node, now);
-                            }
-                            Ok(_) => {}
-                            Err(_) => node.dial_failed(now, peer),
-                        }
-                    }
-                }
-                Token(c) => {
-                    if let Some(conn) = state.conns.get_mut(c) {
-                        let readable = event.is_readable() || event.is_read_closed();
-                        if readable {
-                            conn.readable = true;
-                            conn.read_closed |= event.is_read_closed() || event.is_error();
-                        }
-                        if event.is_writable() && conn.life.linger_until().is_none() {
-                            state.dirty.push(ConnId::from_index(c));
-                        }
-                        if readable {
-                            state.mark_ready(ConnId::from_index(c));
-                        }
-                    }
-                }
-            }
+            state.on_event(event, &mut sources, &mut node, now);
         }
         if state.driver.accept_retry_due(now.ms)
-            && let Some(l) = &listener
+            && let Some(l) = &sources.listener
         {
-            state.accept(l, &poll, &mut node, now);
+            state.accept(l, &sources.poll, &mut node, now);
         }
         state.read_ready(&mut node, now);
         state.flush(&mut node, now);
@@ -168,13 +112,50 @@ pub fn run(
         state.expire_handshakes(&mut node, now);
         state.driver.take_dials(&mut node, now, &mut dials);
         for (peer, addr) in dials.drain(..) {
-            dialer.dial(peer, addr);
+            sources.dialer.dial(peer, addr);
         }
         state.driver.end_turn(&mut node, now);
         if state.driver.finished(now.ms, state.conns.len()) {
             let _ = turns.end(clock.now_precise().1);
             return Ok(turns);
         }
+    }
+}
+
+/// What the loop polls besides its connections.
+struct Sources {
+    poll: Poll,
+    /// `None` once shutting down: new clients are refused rather than
+    /// queued on a socket nobody will accept from.
+    listener: Option<TcpListener>,
+    signals: UnixStream,
+    dialer: Dialer,
+}
+
+impl Sources {
+    fn new(
+        listener: std::net::TcpListener,
+        signals: StdUnixStream,
+        node: &Node,
+    ) -> io::Result<Sources> {
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::from_std(listener);
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        signals.set_nonblocking(true)?;
+        let mut signals = UnixStream::from_std(signals);
+        poll.registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let dialer = Dialer::spawn(node.link_timeout())?;
+        let wake_fd = dialer.wake().as_raw_fd();
+        poll.registry()
+            .register(&mut SourceFd(&wake_fd), DIALER, Interest::READABLE)?;
+        Ok(Sources {
+            poll,
+            listener: Some(listener),
+            signals,
+            dialer,
+        })
     }
 }
 
@@ -193,6 +174,54 @@ struct Loop {
 }
 
 impl Loop {
+    /// One event the kernel reported: an accept, a signal, dial results,
+    /// or a connection's readiness.
+    fn on_event(&mut self, event: &Event, src: &mut Sources, node: &mut Node, now: Now) {
+        match event.token() {
+            LISTENER => {
+                if let Some(l) = &src.listener {
+                    self.accept(l, &src.poll, node, now);
+                }
+            }
+            SIGNALS => {
+                let mut byte = [0u8; 16];
+                while matches!(src.signals.read(&mut byte), Ok(n) if n > 0) {}
+                if self.driver.shut_down(node, now).is_some() {
+                    if let Some(mut l) = src.listener.take() {
+                        let _ = src.poll.registry().deregister(&mut l);
+                    }
+                    self.close_all(node, now);
+                }
+            }
+            DIALER => {
+                for (peer, result) in src.dialer.results() {
+                    match result {
+                        Ok(stream) if !self.driver.is_shutting_down() => {
+                            self.adopt_peer_link(stream, peer, &src.poll, node, now);
+                        }
+                        Ok(_) => {}
+                        Err(_) => node.dial_failed(now, peer),
+                    }
+                }
+            }
+            Token(c) => {
+                if let Some(conn) = self.conns.get_mut(c) {
+                    let readable = event.is_readable() || event.is_read_closed();
+                    if readable {
+                        conn.readable = true;
+                        conn.read_closed |= event.is_read_closed() || event.is_error();
+                    }
+                    if event.is_writable() && conn.life.linger_until().is_none() {
+                        self.dirty.push(ConnId::from_index(c));
+                    }
+                    if readable {
+                        self.mark_ready(ConnId::from_index(c));
+                    }
+                }
+            }
+        }
+    }
+
     /// How long the next poll may sleep: as the driver says; not at all if
     /// some connection still has input to read.
     fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
