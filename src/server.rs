@@ -132,28 +132,9 @@ impl From<std::io::Error> for ServeError {
 pub const BREAK_INVARIANT_ENV: &str = "RINGLOCK_TEST_BREAK_INVARIANT";
 
 /// Starts the node and serves until SIGINT or SIGTERM.
-#[expect(clippy::too_many_lines)]
 pub fn run(args: ServeArgs) -> Result<(), ServeError> {
     let listen = resolve(&args.listen)?;
-    if args.max_conns == 0 {
-        return Err(ServeError::Config("--max-conns must be at least 1".into()));
-    }
-    if !(1..=MAX_LOCKS_LIMIT).contains(&args.max_locks) {
-        return Err(ServeError::Config(format!(
-            "--max-locks must be between 1 and {MAX_LOCKS_LIMIT}"
-        )));
-    }
-    let metrics_listen = args
-        .metrics_listen
-        .as_deref()
-        .map(|addr| {
-            resolve(addr).map_err(|_| {
-                ServeError::Config(format!(
-                    "bad --metrics-listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:9171"
-                ))
-            })
-        })
-        .transpose()?;
+    let metrics_listen = check_limits_and_metrics(&args)?;
     let listener = bind_with_retry(listen)
         .map_err(|e| ServeError::Config(format!("cannot listen on {listen}: {e}")))?;
     let bound = listener.local_addr()?;
@@ -197,18 +178,9 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         );
         node.break_invariant_after_first_connection();
     }
-    let mut published = None;
-    if let Some(addr) = metrics_listen {
-        let metrics = crate::metrics::bind(addr).map_err(|e| {
-            ServeError::Config(format!("cannot listen on {addr} (--metrics-listen): {e}"))
-        })?;
-        let bound = metrics.local_addr()?;
-        let shared = crate::metrics::Shared::default();
-        node.publish_metrics();
-        crate::metrics::spawn(metrics, shared.clone())?;
-        published = Some(shared);
-        tracing::info!("metrics on http://{bound}/metrics (and /health, /ready)");
-    }
+    let published = metrics_listen
+        .map(|addr| start_metrics(addr, &mut node))
+        .transpose()?;
     let reserved = node.engine().reserved_locks();
     if reserved < args.max_locks as usize {
         tracing::warn!(
@@ -226,28 +198,7 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         tls,
         metrics: published,
     };
-    let security = match &config.tls {
-        None => "plain text",
-        Some(t) if t.tls.files().acl.is_some() => "TLS, client certificates required, --acl rules",
-        Some(t) if t.tls.files().client_ca.is_some() => "TLS, client certificates required",
-        Some(_) => "TLS",
-    };
-    if config.tls.is_none() && !bound.ip().is_loopback() {
-        tracing::warn!(
-            "listening on {bound} without TLS: anyone who reaches the port may take, renew \
-             and release any lock (give --tls-cert, --tls-key and --tls-client-ca; see \
-             docs/security.md)"
-        );
-    }
-    match &backend {
-        Backend::Uring => tracing::info!("listening on {bound} (io: uring; {security})"),
-        Backend::Epoll { why: None } => {
-            tracing::info!("listening on {bound} (io: epoll; {security})")
-        }
-        Backend::Epoll { why: Some(why) } => tracing::info!(
-            "listening on {bound} (io: epoll; io_uring unavailable: {why}; {security})"
-        ),
-    }
+    log_listening(bound, &backend, config.tls.as_ref());
     let turns = match backend {
         Backend::Uring => io::uring::run(listener, signals, node, clock, &config)?,
         Backend::Epoll { .. } => io::epoll::run(listener, signals, node, clock, &config)?,
@@ -257,6 +208,69 @@ pub fn run(args: ServeArgs) -> Result<(), ServeError> {
         turns.longest().as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// Refuses limits out of range; the `--metrics-listen` address, if any.
+fn check_limits_and_metrics(args: &ServeArgs) -> Result<Option<SocketAddr>, ServeError> {
+    if args.max_conns == 0 {
+        return Err(ServeError::Config("--max-conns must be at least 1".into()));
+    }
+    if !(1..=MAX_LOCKS_LIMIT).contains(&args.max_locks) {
+        return Err(ServeError::Config(format!(
+            "--max-locks must be between 1 and {MAX_LOCKS_LIMIT}"
+        )));
+    }
+    args.metrics_listen
+        .as_deref()
+        .map(|addr| {
+            resolve(addr).map_err(|_| {
+                ServeError::Config(format!(
+                    "bad --metrics-listen address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:9171"
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// Binds `--metrics-listen` and starts its threads; the node publishes
+/// its snapshots from now on.
+fn start_metrics(addr: SocketAddr, node: &mut Node) -> Result<crate::metrics::Shared, ServeError> {
+    let metrics = crate::metrics::bind(addr).map_err(|e| {
+        ServeError::Config(format!("cannot listen on {addr} (--metrics-listen): {e}"))
+    })?;
+    let bound = metrics.local_addr()?;
+    let shared = crate::metrics::Shared::default();
+    node.publish_metrics();
+    crate::metrics::spawn(metrics, shared.clone())?;
+    tracing::info!("metrics on http://{bound}/metrics (and /health, /ready)");
+    Ok(shared)
+}
+
+/// The "listening on" line (which tests and operators wait for), and the
+/// warning of a plain-text port beyond loopback.
+fn log_listening(bound: SocketAddr, backend: &Backend, tls: Option<&io::LoopTls>) {
+    let security = match tls {
+        None => "plain text",
+        Some(t) if t.tls.files().acl.is_some() => "TLS, client certificates required, --acl rules",
+        Some(t) if t.tls.files().client_ca.is_some() => "TLS, client certificates required",
+        Some(_) => "TLS",
+    };
+    if tls.is_none() && !bound.ip().is_loopback() {
+        tracing::warn!(
+            "listening on {bound} without TLS: anyone who reaches the port may take, renew \
+             and release any lock (give --tls-cert, --tls-key and --tls-client-ca; see \
+             docs/security.md)"
+        );
+    }
+    match backend {
+        Backend::Uring => tracing::info!("listening on {bound} (io: uring; {security})"),
+        Backend::Epoll { why: None } => {
+            tracing::info!("listening on {bound} (io: epoll; {security})")
+        }
+        Backend::Epoll { why: Some(why) } => tracing::info!(
+            "listening on {bound} (io: epoll; io_uring unavailable: {why}; {security})"
+        ),
+    }
 }
 
 /// TLS from `--tls-*`: `None` without `--tls-cert` (plain text).
