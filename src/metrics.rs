@@ -395,38 +395,10 @@ fn register_followers(r: &mut Registry, followers: &[Follower]) {
 }
 
 /// The snapshot as OpenMetrics text (which Prometheus scrapes).
-#[expect(clippy::too_many_lines)]
 pub fn encode(s: &Snapshot) -> String {
     let mut r = Registry::default();
     let e = &s.engine;
-    // A family of counters from values: the counters' own type counts up
-    // only, so each value is set once on a fresh one.
-    let counters = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
-    let at_once = e.granted_now + e.shared.granted_at_once + e.permits.granted_at_once;
-    for (kind, outcome, v) in [
-        ("acquire", "granted_at_once", at_once),
-        ("acquire", "granted_after_wait", e.granted_after_wait()),
-        ("acquire", "timed_out", e.timed_out),
-        ("acquire", "withdrawn", e.withdrawn),
-        ("any", "redirected", e.redirected),
-        ("any", "refused", s.node.requests_refused),
-        ("release", "released", e.released()),
-        ("release", "stale_token", e.release_stale),
-        ("release", "not_holder", e.release_not_holder),
-        ("renew", "renewed", e.renewed),
-        ("renew", "stale_token", e.renew_stale),
-        ("renew", "not_holder", e.renew_not_holder),
-        ("status", "answered", e.status),
-    ] {
-        counters
-            .get_or_create(&vec![("kind", kind), ("outcome", outcome)])
-            .inc_by(v);
-    }
-    r.register(
-        "ringlock_requests",
-        "Requests by kind and outcome (acquire outcomes are the answers; redirected: M from a standby; refused: E for a request that parsed)",
-        counters,
-    );
+    register_requests(&mut r, s);
     register_kinds(&mut r, s);
     r.register(
         "ringlock_protocol_errors",
@@ -483,6 +455,54 @@ pub fn encode(s: &Snapshot) -> String {
         "1 while active, or a standby holding a full snapshot of the active (what /ready says)",
         ConstGauge::new(i64::from(s.ready)),
     );
+    register_histograms(&mut r, s);
+    if s.clustered {
+        register_cluster(&mut r, s);
+    }
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+        out.clear();
+        out.push_str("# EOF\n");
+    }
+    out
+}
+
+/// `ringlock_requests`: requests by kind and outcome.
+fn register_requests(r: &mut Registry, s: &Snapshot) {
+    let e = &s.engine;
+    // A family of counters from values: the counters' own type counts up
+    // only, so each value is set once on a fresh one.
+    let counters = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+    let at_once = e.granted_now + e.shared.granted_at_once + e.permits.granted_at_once;
+    for (kind, outcome, v) in [
+        ("acquire", "granted_at_once", at_once),
+        ("acquire", "granted_after_wait", e.granted_after_wait()),
+        ("acquire", "timed_out", e.timed_out),
+        ("acquire", "withdrawn", e.withdrawn),
+        ("any", "redirected", e.redirected),
+        ("any", "refused", s.node.requests_refused),
+        ("release", "released", e.released()),
+        ("release", "stale_token", e.release_stale),
+        ("release", "not_holder", e.release_not_holder),
+        ("renew", "renewed", e.renewed),
+        ("renew", "stale_token", e.renew_stale),
+        ("renew", "not_holder", e.renew_not_holder),
+        ("status", "answered", e.status),
+    ] {
+        counters
+            .get_or_create(&vec![("kind", kind), ("outcome", outcome)])
+            .inc_by(v);
+    }
+    r.register(
+        "ringlock_requests",
+        "Requests by kind and outcome (acquire outcomes are the answers; redirected: M from a standby; refused: E for a request that parsed)",
+        counters,
+    );
+}
+
+/// The wait, hold and loop turn histograms.
+fn register_histograms(r: &mut Registry, s: &Snapshot) {
+    let e = &s.engine;
     r.register(
         "ringlock_wait_seconds",
         "Time from acquire to grant (0 for a grant at once); whole milliseconds",
@@ -498,45 +518,41 @@ pub fn encode(s: &Snapshot) -> String {
         "Event loop turns, from waking up to waiting again; whole microseconds",
         Hist::new(&s.node.turn_us, 1e6, 24),
     );
-    if s.clustered {
-        r.register(
-            "ringlock_peers_up",
-            "Peers heard from within the peer timeout",
-            ConstGauge::new(s.peers_up as i64),
-        );
-        r.register(
-            "ringlock_snapshots_sent",
-            "Snapshots of the table sent to followers",
-            ConstCounter::new(s.cluster.snapshots_sent),
-        );
-        r.register(
-            "ringlock_role_handoffs",
-            "Times this node handed the active role to a peer",
-            ConstCounter::new(s.cluster.handoffs),
-        );
-        r.register(
-            "ringlock_became_active",
-            "Times this node became the active one",
-            ConstCounter::new(s.cluster.became_active),
-        );
-        r.register(
-            "ringlock_stepped_down",
-            "Times this node stopped being the active one",
-            ConstCounter::new(s.cluster.stepped_down),
-        );
-        r.register(
-            "ringlock_permits_over_limit",
-            "Semaphore permits applied from the active beyond the semaphore's limit (after a healed split brain); no new permit is granted until back under",
-            ConstCounter::new(s.engine.permits_over_limit),
-        );
-        register_followers(&mut r, &s.followers);
-    }
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
-        out.clear();
-        out.push_str("# EOF\n");
-    }
-    out
+}
+
+/// The metrics of a node with peers.
+fn register_cluster(r: &mut Registry, s: &Snapshot) {
+    r.register(
+        "ringlock_peers_up",
+        "Peers heard from within the peer timeout",
+        ConstGauge::new(s.peers_up as i64),
+    );
+    r.register(
+        "ringlock_snapshots_sent",
+        "Snapshots of the table sent to followers",
+        ConstCounter::new(s.cluster.snapshots_sent),
+    );
+    r.register(
+        "ringlock_role_handoffs",
+        "Times this node handed the active role to a peer",
+        ConstCounter::new(s.cluster.handoffs),
+    );
+    r.register(
+        "ringlock_became_active",
+        "Times this node became the active one",
+        ConstCounter::new(s.cluster.became_active),
+    );
+    r.register(
+        "ringlock_stepped_down",
+        "Times this node stopped being the active one",
+        ConstCounter::new(s.cluster.stepped_down),
+    );
+    r.register(
+        "ringlock_permits_over_limit",
+        "Semaphore permits applied from the active beyond the semaphore's limit (after a healed split brain); no new permit is granted until back under",
+        ConstCounter::new(s.engine.permits_over_limit),
+    );
+    register_followers(r, &s.followers);
 }
 
 /// The metrics by kind of acquire: exclusive (`A`), shared (`G`) and
