@@ -828,7 +828,6 @@ fn seconds(ms: u64) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[expect(clippy::too_many_lines)]
 async fn run_command(args: RunArgs) -> u8 {
     let key = args.key.as_bytes().to_vec();
     if let Err(code) = check_key(&key)
@@ -847,17 +846,15 @@ async fn run_command(args: RunArgs) -> u8 {
     // Signals are caught from here on, so that none can end ringlock
     // between the grant and the command's start; while waiting for the lock
     // they end the wait (closing the connection withdraws the request).
-    let mut sigterm = signal(SignalKind::terminate()).ok();
-    let mut sighup = signal(SignalKind::hangup()).ok();
-    let mut sigint = signal(SignalKind::interrupt()).ok();
+    let mut signals = Signals::catch();
     let acquired = tokio::select! {
         acquired = client.acquire_kind(&key, args.kind.kind(), lease, wait) => acquired,
         () = waiting_notice(&key, args.wait, args.no_wait, &args.server, &owner) => {
             unreachable!("never resolves")
         }
-        Some(_) = recv(&mut sigterm) => return 128 + libc::SIGTERM as u8,
-        Some(_) = recv(&mut sighup) => return 128 + libc::SIGHUP as u8,
-        Some(_) = recv(&mut sigint) => return 128 + libc::SIGINT as u8,
+        Some(_) = recv(&mut signals.term) => return 128 + libc::SIGTERM as u8,
+        Some(_) = recv(&mut signals.hup) => return 128 + libc::SIGHUP as u8,
+        Some(_) = recv(&mut signals.int) => return 128 + libc::SIGINT as u8,
     };
     let mut grant = match acquired {
         Ok(Acquired::Granted(grant)) => grant,
@@ -875,21 +872,10 @@ async fn run_command(args: RunArgs) -> u8 {
     // (the server starts it later, at the grant). If the acquire waited in
     // the queue, that leaves too little to go on: renew once before starting
     // the command, which gives a deadline measured from the renew.
-    if grant.remaining() < lease * 2 / 3 {
-        match client.renew_grant(&mut grant, lease).await {
-            Ok(true) => {}
-            Ok(false) => {
-                eprintln!(
-                    "ringlock: LOCK LOST: {} (token {token}) ended before the command could start",
-                    show_key(&key)
-                );
-                return EXIT_LOST;
-            }
-            Err(e) => {
-                let _ = client.release(&key, token).await;
-                return fail(&e);
-            }
-        }
+    if grant.remaining() < lease * 2 / 3
+        && let Err(code) = renew_before_start(&client, &mut grant, lease).await
+    {
+        return code;
     }
     // From here on the lock renews itself every third of the lease and says
     // when it is lost.
@@ -901,7 +887,7 @@ async fn run_command(args: RunArgs) -> u8 {
         .args(&args.cmd[1..])
         .env(TOKEN_ENV, token.to_string())
         .env(KEY_ENV, OsStr::from_bytes(&key));
-    let mut child = match command.spawn() {
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("ringlock: cannot run {}: {e}", program.to_string_lossy());
@@ -913,6 +899,20 @@ async fn run_command(args: RunArgs) -> u8 {
             };
         }
     };
+    supervise(&client, guard, child, &key, &mut signals).await
+}
+
+/// Runs until the command ends (its exit code, the lock released) or the
+/// lock is lost (the command stopped, `EXIT_LOST`); forwards SIGTERM and
+/// SIGHUP to it and says when renewing fails and works again.
+async fn supervise(
+    client: &Client,
+    guard: RenewingGuard,
+    mut child: tokio::process::Child,
+    key: &[u8],
+    signals: &mut Signals,
+) -> u8 {
+    let token = guard.token();
     let pid = child.id().map(|p| p as libc::pid_t);
     let forward = |sig: libc::c_int| {
         if let Some(pid) = pid {
@@ -935,26 +935,16 @@ async fn run_command(args: RunArgs) -> u8 {
         tokio::select! {
             biased;
             status = child.wait() => {
-                let code = match status {
-                    Ok(status) => match (status.code(), status.signal()) {
-                        (Some(code), _) => code as u8,
-                        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-                        (None, None) => 1,
-                    },
-                    Err(e) => {
-                        eprintln!("ringlock: waiting for the command: {e}");
-                        1
-                    }
-                };
-                match release_at_exit(&client, guard).await {
+                let code = exit_code(status);
+                match release_at_exit(client, guard).await {
                     Ok(true) => {}
                     Ok(false) => eprintln!(
                         "ringlock: warning: the lock on {} (token {token}) had already ended when the command finished",
-                        show_key(&key)
+                        show_key(key)
                     ),
                     Err(e) => eprintln!(
                         "ringlock: warning: could not release {} (token {token}), it ends when its lease runs out: {e}",
-                        show_key(&key)
+                        show_key(key)
                     ),
                 }
                 return code;
@@ -973,24 +963,24 @@ async fn run_command(args: RunArgs) -> u8 {
                         failing = true;
                         eprintln!(
                             "ringlock: warning: renewing {} failed, retrying until the lease runs out: {e}",
-                            show_key(&key)
+                            show_key(key)
                         );
                     }
                     None if failing => {
                         failing = false;
-                        eprintln!("ringlock: renewed {} again", show_key(&key));
+                        eprintln!("ringlock: renewed {} again", show_key(key));
                     }
                     _ => {}
                 }
             }
-            Some(_) = recv(&mut sigterm) => forward(libc::SIGTERM),
-            Some(_) = recv(&mut sighup) => forward(libc::SIGHUP),
-            Some(_) = recv(&mut sigint) => {}
+            Some(_) = recv(&mut signals.term) => forward(libc::SIGTERM),
+            Some(_) = recv(&mut signals.hup) => forward(libc::SIGHUP),
+            Some(_) = recv(&mut signals.int) => {}
         }
     };
     eprintln!(
         "ringlock: LOCK LOST: {} (token {token}): {lost}. Stopping the command with SIGTERM.",
-        show_key(&key)
+        show_key(key)
     );
     forward(libc::SIGTERM);
     if tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -1001,8 +991,66 @@ async fn run_command(args: RunArgs) -> u8 {
         let _ = child.start_kill();
         let _ = child.wait().await;
     }
-    let _ = release_at_exit(&client, guard).await;
+    let _ = release_at_exit(client, guard).await;
     EXIT_LOST
+}
+
+/// The signals `ringlock run` catches from before its acquire on.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn catch() -> Signals {
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+}
+
+/// Renews `grant` once before the command starts (its acquire waited in
+/// the queue, and the deadline counted from the acquire leaves too little);
+/// the exit code if the lock ended meanwhile or the renewal failed.
+async fn renew_before_start(
+    client: &Client,
+    grant: &mut ringlock_client::Grant,
+    lease: Duration,
+) -> Result<(), u8> {
+    let token = grant.token();
+    match client.renew_grant(grant, lease).await {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            eprintln!(
+                "ringlock: LOCK LOST: {} (token {token}) ended before the command could start",
+                show_key(grant.key())
+            );
+            Err(EXIT_LOST)
+        }
+        Err(e) => {
+            let _ = client.release(grant.key(), token).await;
+            Err(fail(&e))
+        }
+    }
+}
+
+/// `ringlock run`'s exit code for the command's end: its own, or 128 plus
+/// the signal that ended it.
+fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> u8 {
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => code as u8,
+            (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+            (None, None) => 1,
+        },
+        Err(e) => {
+            eprintln!("ringlock: waiting for the command: {e}");
+            1
+        }
+    }
 }
 
 /// Releases the lock as `ringlock` exits, in the open (a release left to
