@@ -39,7 +39,7 @@ fn grant(timer: TimerId, token: u64) -> Grant {
         token,
         expires_ms: 30_000,
         timer,
-        holder: ringlock::engine::table::NIL,
+        holder: ringlock::engine::table::HolderId::NIL,
     }
 }
 

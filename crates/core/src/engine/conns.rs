@@ -1,7 +1,7 @@
 //! Connections as the engine knows them: open and close, with their output
 //! in the node's [`Outbox`].
 
-use super::table::NIL;
+use super::table::LockId;
 use super::{Conn, ConnId, Engine, Now};
 use crate::outbox::Outbox;
 
@@ -38,7 +38,7 @@ impl Engine {
         out.close(conn);
         loop {
             let w = self.table.conn_first(conn);
-            if w == NIL {
+            if w.is_nil() {
                 break;
             }
             if let Some(timer) = self.table.waiter_mut(w).timer.take() {
@@ -60,7 +60,7 @@ impl Engine {
     /// [`Engine::settle`]).
     #[cold]
     #[inline(never)]
-    pub(super) fn withdrawn_from_members(&mut self, lock: u32) {
+    pub(super) fn withdrawn_from_members(&mut self, lock: LockId) {
         if !self.pass_pending.contains(&lock) {
             self.pass_pending.push(lock);
         }

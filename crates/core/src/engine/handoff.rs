@@ -2,7 +2,7 @@
 //! that run out ([`Engine::tick`]), and the `T` answers that rule 3 holds
 //! back.
 
-use super::table::{self, NIL, WaiterState};
+use super::table::{self, LockId, WaiterId, WaiterState};
 use super::{ConnId, Engine, LIST_TURN_SCAN, Now, Timer, deadline};
 use crate::outbox::Outbox;
 use crate::proto::Answer;
@@ -40,7 +40,7 @@ impl Engine {
     pub(super) fn grant(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         conn: ConnId,
         lease_ms: u64,
         token: u64,
@@ -78,7 +78,7 @@ impl Engine {
     /// table free. Leaving the waiters queued instead would leave them on a
     /// free lock that nothing ever grants.
     #[inline]
-    pub(super) fn hand_off(&mut self, now: Now, lock: u32, out: &mut Outbox) {
+    pub(super) fn hand_off(&mut self, now: Now, lock: LockId, out: &mut Outbox) {
         debug_assert!(
             self.table.lock(lock).holder.is_none(),
             "hand-off of a held lock"
@@ -121,7 +121,7 @@ impl Engine {
     /// `T`; the lock leaves the table.
     #[cold]
     #[inline(never)]
-    pub(super) fn time_out_all(&mut self, lock: u32, mut w: u32, out: &mut Outbox) {
+    pub(super) fn time_out_all(&mut self, lock: LockId, mut w: WaiterId, out: &mut Outbox) {
         loop {
             self.time_out(w, out);
             let Some(next) = self.table.head(lock) else {
@@ -137,7 +137,7 @@ impl Engine {
 
     /// A queued waiter's wait ran out: [`Engine::time_out`], and the lock
     /// leaves the table if that was the last thing keeping it.
-    pub(super) fn wait_ran_out(&mut self, now: Now, w: u32, out: &mut Outbox) {
+    pub(super) fn wait_ran_out(&mut self, now: Now, w: WaiterId, out: &mut Outbox) {
         let lock = self.table.waiter(w).lock;
         self.time_out(w, out);
         if self.table.lock(lock).members > 0 {
@@ -153,7 +153,7 @@ impl Engine {
     /// (rule 3): then it is held back until that one is answered. Either way
     /// it has left the queue and will never be granted. The lock stays in
     /// the table even if nothing keeps it any more: the caller removes it.
-    pub(super) fn time_out(&mut self, w: u32, out: &mut Outbox) {
+    pub(super) fn time_out(&mut self, w: WaiterId, out: &mut Outbox) {
         self.stats.timed_out += 1;
         let (conn, lock, kind) = {
             let waiter = self.table.waiter(w);
@@ -164,7 +164,7 @@ impl Engine {
         }
         self.table.unqueue(w);
         let mut earlier = self.table.conn_prev(w);
-        while earlier != NIL {
+        while !earlier.is_nil() {
             let e = self.table.waiter(earlier);
             if e.lock == lock && e.state == WaiterState::Queued {
                 self.table.waiter_mut(earlier).holds_back = true;
@@ -181,12 +181,12 @@ impl Engine {
     /// it. Those are the held-back acquires of the same key that follow it on
     /// its connection, up to the next one still queued (which holds back any
     /// after it).
-    pub(super) fn answered(&mut self, w: u32, out: &mut Outbox) {
+    pub(super) fn answered(&mut self, w: WaiterId, out: &mut Outbox) {
         let waiter = self.table.waiter(w);
         if waiter.holds_back {
             let (conn, lock) = (waiter.conn, waiter.lock);
             let mut later = self.table.conn_next(w);
-            while later != NIL {
+            while !later.is_nil() {
                 let next = self.table.conn_next(later);
                 let l = self.table.waiter(later);
                 if l.lock == lock {

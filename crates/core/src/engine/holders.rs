@@ -3,7 +3,7 @@
 
 use slab::Slab;
 
-use super::table::NIL;
+use super::ids::HolderId;
 
 /// One holder: the address of the connection that acquired (as the server
 /// saw it, or as the active replicated it) and its owner label (`O`).
@@ -20,7 +20,7 @@ struct HolderEntry {
 /// A replicated holder's `(addr, owner, identity)`.
 type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>, Option<Box<[u8]>>);
 
-/// Who holds grants, interned: a lock stores a `u32` index, not the
+/// Who holds grants, interned: a lock stores a [`HolderId`], not the
 /// address and label. An open connection that was granted something has
 /// one entry (made at its first grant, while it keeps its label); a
 /// standby has one per distinct holder its active replicated. An entry goes
@@ -35,7 +35,7 @@ pub struct Holders {
     refs: Vec<u32>,
     /// Replicated holders by `(addr, owner, identity)`: each distinct one
     /// once.
-    shared: std::collections::HashMap<HolderKey, u32>,
+    shared: std::collections::HashMap<HolderKey, HolderId>,
 }
 
 impl Holders {
@@ -46,7 +46,7 @@ impl Holders {
         addr: Option<Box<[u8]>>,
         owner: Option<&[u8]>,
         identity: Option<&[u8]>,
-    ) -> u32 {
+    ) -> HolderId {
         let i = self.entries.insert(HolderEntry {
             addr,
             owner: owner.map(Box::from),
@@ -57,20 +57,20 @@ impl Holders {
     }
 
     /// Entry `i` was just made: it counts one reference.
-    fn counted(&mut self, i: usize) -> u32 {
+    fn counted(&mut self, i: usize) -> HolderId {
         if self.refs.len() <= i {
             self.refs.resize(i + 1, 0);
         }
         debug_assert_eq!(self.refs[i], 0);
         self.refs[i] = 1;
-        u32::try_from(i).expect("over u32::MAX holders")
+        HolderId::from_index(i)
     }
 
     /// The entry of a replicated holder, with one more reference (made if
     /// new).
-    pub fn intern(&mut self, holder: crate::proto::Holder<'_>) -> u32 {
+    pub fn intern(&mut self, holder: crate::proto::Holder<'_>) -> HolderId {
         if holder == crate::proto::Holder::default() {
-            return NIL;
+            return HolderId::NIL;
         }
         let key = (
             holder.addr.map(Box::from),
@@ -92,10 +92,10 @@ impl Holders {
         i
     }
 
-    /// One more reference to `holder` ([`NIL`]: nothing).
+    /// One more reference to `holder` ([`HolderId::NIL`]: nothing).
     #[inline]
-    pub fn add_ref(&mut self, holder: u32) {
-        if let Some(refs) = self.refs.get_mut(holder as usize) {
+    pub fn add_ref(&mut self, holder: HolderId) {
+        if let Some(refs) = self.refs.get_mut(holder.index()) {
             debug_assert!(*refs > 0, "a reference to free holder {holder}");
             *refs += 1;
         }
@@ -103,8 +103,8 @@ impl Holders {
 
     /// One reference fewer; the entry goes with its last.
     #[inline]
-    pub fn unref(&mut self, holder: u32) {
-        let Some(refs) = self.refs.get_mut(holder as usize) else {
+    pub fn unref(&mut self, holder: HolderId) {
+        let Some(refs) = self.refs.get_mut(holder.index()) else {
             return;
         };
         debug_assert!(*refs > 0, "a reference to free holder {holder}");
@@ -116,16 +116,16 @@ impl Holders {
 
     #[cold]
     #[inline(never)]
-    fn remove(&mut self, holder: u32) {
-        let e = self.entries.remove(holder as usize);
+    fn remove(&mut self, holder: HolderId) {
+        let e = self.entries.remove(holder.index());
         if e.shared {
             self.shared.remove(&(e.addr, e.owner, e.identity));
         }
     }
 
-    /// What the wire says of `holder` (both `-` for [`NIL`]).
-    pub fn get(&self, holder: u32) -> crate::proto::Holder<'_> {
-        match self.entries.get(holder as usize) {
+    /// What the wire says of `holder` (both `-` for [`HolderId::NIL`]).
+    pub fn get(&self, holder: HolderId) -> crate::proto::Holder<'_> {
+        match self.entries.get(holder.index()) {
             Some(e) => crate::proto::Holder {
                 addr: e.addr.as_deref(),
                 owner: e.owner.as_deref(),
@@ -145,9 +145,9 @@ impl Holders {
     }
 
     /// References each entry should have, against what it counts.
-    pub fn check_refs(&self, expected: &std::collections::HashMap<u32, u32>) {
+    pub fn check_refs(&self, expected: &std::collections::HashMap<HolderId, u32>) {
         for (i, refs) in self.refs.iter().enumerate() {
-            let want = expected.get(&(i as u32)).copied().unwrap_or(0);
+            let want = expected.get(&HolderId::from_index(i)).copied().unwrap_or(0);
             assert_eq!(
                 *refs, want,
                 "holder {i} counts {refs} references, {want} exist"

@@ -1,7 +1,6 @@
 //! The engine's invariants, checked by tests, the simulator, the fuzzer and
 //! every loop turn of a debug build.
 
-use super::table::NIL;
 use super::{ConnId, Engine};
 
 impl Engine {
@@ -40,7 +39,7 @@ impl Engine {
             }
         }
         for lock in self.table.locks() {
-            if let Some(g) = lock.holder.filter(|g| g.holder != NIL) {
+            if let Some(g) = lock.holder.filter(|g| !g.holder.is_nil()) {
                 *refs.entry(g.holder).or_insert(0) += 1;
             }
         }

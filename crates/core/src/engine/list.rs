@@ -1,7 +1,7 @@
 //! The operator's requests: `S` and `H`, and the listings `L`, `W`, `V`
 //! and `Q`.
 
-use super::table::{self, Holders, Table};
+use super::table::{self, HolderId, Holders, LockId, Table};
 use super::{
     ConnId, Engine, LIST_ANSWER_BYTES, LIST_MIN_SCAN, LIST_SCAN, LIST_WAITERS_CAP, Now, Serving,
 };
@@ -117,11 +117,12 @@ impl Engine {
                 break;
             }
             listed += 1;
+            let id = LockId::from_index(i);
             let shown = match lock.holder {
                 Some(g) => Some((g.token, g.expires_ms, g.holder)),
-                None => self.shown_grant(i as u32),
+                None => self.shown_grant(id),
             };
-            let lock = self.table.lock(i as u32);
+            let lock = self.table.lock(id);
             let answer = match form {
                 ListForm::Who => lock_who(&self.table, &self.holders, now, lock, shown),
                 ListForm::Kinds => {
@@ -165,7 +166,7 @@ pub(super) fn lock_who<'a>(
     holders: &'a Holders,
     now: Now,
     lock: &'a table::Lock,
-    shown: Option<(u64, u64, u32)>,
+    shown: Option<(u64, u64, HolderId)>,
 ) -> Answer<'a> {
     let (token, lease_ms, held_ms, holder) = match shown {
         Some((token, expires_ms, holder)) => (

@@ -34,7 +34,7 @@ pub(crate) struct Believed {
     pub(crate) token: u64,
     pub(crate) expires_ms: u64,
     /// An entry of the holders table this grant counts a reference to.
-    pub(crate) holder: u32,
+    pub(crate) holder: HolderId,
 }
 
 /// What `Engine::merge_grant` did with a merged grant.
@@ -130,7 +130,7 @@ impl Engine {
     /// [`MAX_BELIEVED_PER_KEY`].
     fn keep_beside(
         &mut self,
-        lock: u32,
+        lock: LockId,
         token: u64,
         expires_ms: u64,
         holder: crate::proto::Holder<'_>,
@@ -168,7 +168,7 @@ impl Engine {
     /// forgotten and the caller hands the lock on (false).
     #[cold]
     #[inline(never)]
-    pub(super) fn promote_believed(&mut self, now: Now, lock: u32) -> bool {
+    pub(super) fn promote_believed(&mut self, now: Now, lock: LockId) -> bool {
         debug_assert!(self.table.lock(lock).holder.is_none());
         let Some(mut beside) = self.merged.remove(&lock) else {
             return false;
@@ -201,7 +201,7 @@ impl Engine {
 
     /// `R key token` of a believed grant of `lock` with lease left: it is
     /// forgotten (true).
-    pub(super) fn release_believed(&mut self, now: Now, lock: u32, token: u64) -> bool {
+    pub(super) fn release_believed(&mut self, now: Now, lock: LockId, token: u64) -> bool {
         let Some(beside) = self.merged.get_mut(&lock) else {
             return false;
         };
@@ -226,7 +226,7 @@ impl Engine {
     pub(super) fn renew_believed(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         token: u64,
         lease_ms: u64,
     ) -> bool {
@@ -246,7 +246,7 @@ impl Engine {
     }
 
     /// A standby: the replicated release of a believed grant.
-    pub(super) fn forget_believed(&mut self, lock: u32, token: u64) {
+    pub(super) fn forget_believed(&mut self, lock: LockId, token: u64) {
         if let Some(beside) = self.merged.get_mut(&lock)
             && let Some(i) = beside.iter().position(|b| b.token == token)
         {
@@ -290,7 +290,7 @@ impl Engine {
     }
 
     #[inline(never)]
-    pub(super) fn replicate_believed(&mut self, now: Now, lock: u32, token: u64) {
+    pub(super) fn replicate_believed(&mut self, now: Now, lock: LockId, token: u64) {
         if self.replication.is_none() || !matches!(self.serving, Serving::Active) {
             return;
         }
@@ -313,7 +313,7 @@ impl Engine {
 
     /// The believed grants' invariants; adds their holder references to
     /// `refs`.
-    pub(super) fn check_believed(&self, refs: &mut std::collections::HashMap<u32, u32>) {
+    pub(super) fn check_believed(&self, refs: &mut std::collections::HashMap<HolderId, u32>) {
         for (&lock, beside) in &self.merged {
             let l = self.table.lock(lock);
             let grant = l.holder.expect("believed grants beside a free key");
@@ -326,7 +326,7 @@ impl Engine {
                     b.token <= self.tokens.highest(),
                     "a believed token above the clock"
                 );
-                if b.holder != NIL {
+                if !b.holder.is_nil() {
                     *refs.entry(b.holder).or_insert(0) += 1;
                 }
             }

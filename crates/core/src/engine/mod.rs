@@ -21,6 +21,7 @@
 mod conns;
 mod handoff;
 mod holders;
+mod ids;
 mod invariants;
 mod list;
 pub mod merge;
@@ -40,7 +41,7 @@ pub use merge::Merged;
 pub use replication::Replication;
 pub(crate) use replication::ReplicationLog;
 use stats::EngineStats;
-use table::{Holders, NIL, Table};
+use table::{HolderId, Holders, LockId, Table, WaiterId};
 use token::TokenClock;
 use wheel::Wheel;
 
@@ -92,7 +93,7 @@ pub(crate) const LIST_ANSWER_BYTES: usize = 16 * 1024;
 /// with this many (the count is kept, not walked).
 pub const LIST_WAITERS_CAP: u64 = 65_536;
 
-/// The highest `--max-locks`: 2^31. Locks and timers are found by `u32`
+/// The highest `--max-locks`: 2^31. Locks and timers are found by 32-bit
 /// index; this leaves half of the timing wheel's indices to waits, beside
 /// one lease per lock.
 pub const MAX_LOCKS_LIMIT: u32 = 1 << 31;
@@ -253,9 +254,9 @@ impl std::fmt::Display for GrantRefusal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timer {
     /// The lease of the lock's holder runs out.
-    Lease(u32),
+    Lease(LockId),
     /// The waiter's wait runs out.
-    Wait(u32),
+    Wait(WaiterId),
     /// The lease of a shared grant or permit runs out (a slot of
     /// [`multi::Members`]).
     Member(u32),
@@ -267,7 +268,7 @@ struct Conn {
     open: bool,
     /// Its holder entry, which its grants name: made at its first grant,
     /// dropped when its owner label changes or it closes.
-    holder: Option<u32>,
+    holder: Option<HolderId>,
     /// The peer address, as the loop saw it at the accept.
     addr: Option<std::net::SocketAddr>,
     /// Its owner label (`O`), if it set one.
@@ -309,7 +310,7 @@ pub struct Engine {
     holders: Holders,
     /// Grants kept beside a key's grant after a healed split brain, by
     /// lock ([`merge`]); empty on a node that never merged.
-    merged: std::collections::HashMap<u32, Vec<merge::Believed>>,
+    merged: std::collections::HashMap<LockId, Vec<merge::Believed>>,
     /// Client certificates give identities ([`Engine::require_identities`]):
     /// only a grant's holder (or an admin) releases and renews it.
     identities: bool,
@@ -329,7 +330,7 @@ pub struct Engine {
     members: multi::Members,
     /// Locks with members whose queue lost a waiter in [`Engine::close`]
     /// (which has no time to grant with): [`Engine::tick`] passes them on.
-    pass_pending: Vec<u32>,
+    pass_pending: Vec<LockId>,
     /// A follower's link speaks a peer protocol that cannot carry shared
     /// grants and permits: `G` and `C` are refused
     /// ([`Refusal::FollowerTooOld`]). The cluster keeps it current.

@@ -28,7 +28,9 @@
 //! ([`super::merge`]).
 
 use super::{
-    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline, table, wheel::TimerId,
+    ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline,
+    table::{HolderId, LockId},
+    wheel::TimerId,
 };
 use crate::outbox::Outbox;
 use crate::proto::{Answer, Kind};
@@ -38,13 +40,13 @@ mod replication;
 /// One shared grant or permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Member {
-    pub(crate) lock: u32,
+    pub(crate) lock: LockId,
     pub(crate) token: u64,
     /// Monotonic ms at which the lease runs out.
     pub(crate) expires_ms: u64,
     pub(crate) timer: TimerId,
     /// A [`table::Holders`] entry this grant counts a reference to.
-    pub(crate) holder: u32,
+    pub(crate) holder: HolderId,
     /// A permit of a semaphore (its lock has a limit), not a shared grant.
     pub(crate) permit: bool,
 }
@@ -57,7 +59,7 @@ pub(crate) struct Member {
 #[derive(Default)]
 pub(crate) struct Members {
     slab: slab::Slab<Member>,
-    by_lock: std::collections::BTreeMap<(u32, u64), u32>,
+    by_lock: std::collections::BTreeMap<(LockId, u64), u32>,
     permits: usize,
 }
 
@@ -66,12 +68,12 @@ impl Members {
         self.slab.len()
     }
 
-    fn find(&self, lock: u32, token: u64) -> Option<u32> {
+    fn find(&self, lock: LockId, token: u64) -> Option<u32> {
         self.by_lock.get(&(lock, token)).copied()
     }
 
     /// The holder entry of `lock`'s member with `token`, if there is one.
-    pub(crate) fn holder_of(&self, lock: u32, token: u64) -> Option<u32> {
+    pub(crate) fn holder_of(&self, lock: LockId, token: u64) -> Option<HolderId> {
         self.find(lock, token).map(|m| self.get(m).holder)
     }
 
@@ -98,14 +100,14 @@ impl Members {
     }
 
     /// The members of `lock`, oldest grant first.
-    pub(crate) fn of(&self, lock: u32) -> impl DoubleEndedIterator<Item = &Member> + '_ {
+    pub(crate) fn of(&self, lock: LockId) -> impl DoubleEndedIterator<Item = &Member> + '_ {
         self.by_lock
             .range((lock, 0)..=(lock, u64::MAX))
             .map(|(_, &m)| &self.slab[m as usize])
     }
 
     /// The newest member of `lock` (the highest token), if any.
-    pub(crate) fn newest(&self, lock: u32) -> Option<&Member> {
+    pub(crate) fn newest(&self, lock: LockId) -> Option<&Member> {
         self.of(lock).next_back()
     }
 
@@ -247,7 +249,7 @@ impl Engine {
     fn grant_member(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         conn: ConnId,
         kind: Kind,
         lease_ms: u64,
@@ -293,7 +295,7 @@ impl Engine {
     pub(super) fn release_member(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         token: u64,
         out: &mut Outbox,
     ) -> bool {
@@ -310,7 +312,13 @@ impl Engine {
     /// `N` of a member's token.
     #[cold]
     #[inline(never)]
-    pub(super) fn renew_member(&mut self, now: Now, lock: u32, token: u64, lease_ms: u64) -> bool {
+    pub(super) fn renew_member(
+        &mut self,
+        now: Now,
+        lock: LockId,
+        token: u64,
+        lease_ms: u64,
+    ) -> bool {
         let Some(m) = self.members.find(lock, token) else {
             return false;
         };
@@ -363,7 +371,7 @@ impl Engine {
     /// [`Engine::hand_off`].
     #[cold]
     #[inline(never)]
-    pub(super) fn pass_on(&mut self, now: Now, lock: u32, out: &mut Outbox) {
+    pub(super) fn pass_on(&mut self, now: Now, lock: LockId, out: &mut Outbox) {
         while let Some(w) = self.table.head(lock) {
             let waiter = self.table.waiter(w);
             let (conn, kind, lease_ms, queued_ms) = (
@@ -436,7 +444,7 @@ impl Engine {
 
     /// What `L`, `W` and `Q` show of `lock`'s grant: its exclusive holder,
     /// or its newest member (`(token, expires_ms, holder)`).
-    pub(super) fn shown_grant(&self, lock: u32) -> Option<(u64, u64, u32)> {
+    pub(super) fn shown_grant(&self, lock: LockId) -> Option<(u64, u64, HolderId)> {
         let l = self.table.lock(lock);
         match l.holder {
             Some(g) => Some((g.token, g.expires_ms, g.holder)),
@@ -477,7 +485,7 @@ impl Engine {
     /// The members' part of [`Engine::check_invariants`]: every member is
     /// indexed, counted by its lock and timed; every head waiter is one
     /// that cannot be granted now (or its lock waits in `pass_pending`).
-    pub(super) fn check_members(&self, refs: &mut std::collections::HashMap<u32, u32>) {
+    pub(super) fn check_members(&self, refs: &mut std::collections::HashMap<HolderId, u32>) {
         assert_eq!(self.members.by_lock.len(), self.members.slab.len());
         let permits = self.members.iter().filter(|(_, m)| m.permit).count();
         assert_eq!(self.members.permits, permits, "permits held");
@@ -489,7 +497,7 @@ impl Engine {
             assert_eq!(member.permit, l.limit > 0, "a member of another kind");
             assert!(member.token <= self.tokens.highest());
             *counted.entry(member.lock).or_insert(0u32) += 1;
-            if member.holder != table::NIL {
+            if !member.holder.is_nil() {
                 *refs.entry(member.holder).or_insert(0) += 1;
             }
         }

@@ -2,7 +2,7 @@
 //! changes, a standby applies its active's grants, releases and snapshots,
 //! and the node steps down or takes over.
 
-use super::table::{self, NIL, WaiterState};
+use super::table::{self, LockId, WaiterState};
 use super::{
     ConnId, Engine, GrantRefusal, MAX_LEASE_MS, Now, Replication, ReplicationLog, Serving, Timer,
     token,
@@ -174,7 +174,7 @@ impl Engine {
         for conn in (0..self.conns.len()).map(ConnId::from_index) {
             loop {
                 let w = self.table.conn_first(conn);
-                if w == NIL {
+                if w.is_nil() {
                     break;
                 }
                 let waiter = self.table.waiter(w);
@@ -205,21 +205,21 @@ impl Engine {
     /// with peers. The recording itself is out of line: the request path of
     /// a node without peers keeps only this check.
     #[inline]
-    pub(super) fn replicate_grant(&mut self, now: Now, lock: u32) {
+    pub(super) fn replicate_grant(&mut self, now: Now, lock: LockId) {
         if self.replication.is_some() && matches!(self.serving, Serving::Active) {
             self.record_grant(now, lock);
         }
     }
 
     #[inline]
-    pub(super) fn replicate_release(&mut self, lock: u32, token: u64) {
+    pub(super) fn replicate_release(&mut self, lock: LockId, token: u64) {
         if self.replication.is_some() && matches!(self.serving, Serving::Active) {
             self.record_release(lock, token);
         }
     }
 
     #[inline(never)]
-    pub(super) fn record_grant(&mut self, now: Now, lock: u32) {
+    pub(super) fn record_grant(&mut self, now: Now, lock: LockId) {
         let l = self.table.lock(lock);
         let grant = l.holder.expect("replicating a held lock");
         if let Some(log) = &mut self.replication {
@@ -233,7 +233,7 @@ impl Engine {
     }
 
     #[inline(never)]
-    pub(super) fn record_release(&mut self, lock: u32, token: u64) {
+    pub(super) fn record_release(&mut self, lock: LockId, token: u64) {
         if let Some(log) = &mut self.replication {
             log.push(Replication::Released {
                 key: self.table.lock(lock).key(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::list::ListForm;
 use super::stats::HOLD_SHIFT;
-use super::table::{self, Holders};
+use super::table::{self, HolderId, Holders, LockId};
 use super::{ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Serving, Timer, deadline};
 use crate::access::Access;
 use crate::outbox::Outbox;
@@ -99,7 +99,7 @@ impl Engine {
 
     /// The holder entry for a grant to `conn`, with the grant's reference.
     #[inline]
-    pub(super) fn grant_holder(&mut self, conn: ConnId) -> u32 {
+    pub(super) fn grant_holder(&mut self, conn: ConnId) -> HolderId {
         match self.conns[conn.index()].holder {
             Some(holder) => {
                 self.holders.add_ref(holder);
@@ -113,7 +113,7 @@ impl Engine {
     /// with a reference for the connection and one for the grant.
     #[cold]
     #[inline(never)]
-    pub(super) fn first_holder(&mut self, conn: ConnId) -> u32 {
+    pub(super) fn first_holder(&mut self, conn: ConnId) -> HolderId {
         let c = &self.conns[conn.index()];
         let addr = c
             .addr
@@ -175,7 +175,7 @@ impl Engine {
     /// `A` of a live semaphore: the words of the refusal.
     #[cold]
     #[inline(never)]
-    pub(super) fn refuse_semaphore(&mut self, lock: u32) -> Refusal {
+    pub(super) fn refuse_semaphore(&mut self, lock: LockId) -> Refusal {
         let l = self.table.lock(lock);
         self.not_allowed = format!(
             "key \"{}\" is a semaphore of {} permits: acquire it with C",
@@ -218,7 +218,7 @@ impl Engine {
     pub(super) fn release_other(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         token: u64,
         out: &mut Outbox,
     ) -> bool {
@@ -361,7 +361,7 @@ pub(super) fn may_touch(
     access: &[Option<Arc<Access>>],
     holders: &Holders,
     conn: ConnId,
-    holder: u32,
+    holder: HolderId,
 ) -> bool {
     let Some(access) = access.get(conn.index()).and_then(Option::as_ref) else {
         return false;

@@ -1,6 +1,7 @@
 //! The lock table: key → holder + an intrusive FIFO of waiters.
 //!
-//! Locks and waiters live in slabs and point at each other by `u32` index, so
+//! Locks and waiters live in slabs and point at each other by index
+//! ([`LockId`], [`WaiterId`]: a `u32` each), so
 //! the lists cost no allocation per waiter and every list operation is O(1):
 //!
 //! - each lock has a FIFO of its *queued* waiters (`q_prev`/`q_next`), granted
@@ -42,12 +43,9 @@ use hashbrown::HashTable;
 use slab::Slab;
 
 pub use super::holders::Holders;
+pub use super::ids::{HolderId, LockId, WaiterId};
 use super::wheel::TimerId;
 use super::{ConnId, reservable};
-
-/// "No index" in the intrusive lists (and a grant without a holder, which
-/// the benches make).
-pub const NIL: u32 = u32::MAX;
 
 /// Shards of the key index.
 pub(crate) const SHARDS: usize = 1 << SHARD_BITS;
@@ -67,7 +65,7 @@ fn shard_of(hash: u64) -> usize {
 
 /// One shard of the key index.
 struct Shard {
-    index: HashTable<u32>,
+    index: HashTable<LockId>,
     /// Entries at which this shard grows, early (see the module docs).
     grow_at: usize,
 }
@@ -87,7 +85,7 @@ impl Shard {
         } else {
             1
         };
-        self.index.reserve(additional, |&i| locks[i as usize].hash);
+        self.index.reserve(additional, |&i| locks[i.index()].hash);
         let capacity = self.index.capacity();
         // The levels go by the shard's number bit-reversed, so that shards
         // with near numbers (which a test, say, may fill in order) have
@@ -139,8 +137,9 @@ pub struct Grant {
     /// The lease timer; it fires at `expires_ms`.
     pub timer: TimerId,
     /// Who holds it: an entry of [`Holders`] that this grant counts a
-    /// reference to, or [`NIL`] (not known: replicated by an older node).
-    pub holder: u32,
+    /// reference to, or [`HolderId::NIL`] (not known: replicated by an
+    /// older node).
+    pub holder: HolderId,
 }
 
 /// A grant costs no more with its holder: the index fits where the
@@ -153,8 +152,8 @@ pub struct Lock {
     key: KeyBuf,
     hash: u64,
     pub holder: Option<Grant>,
-    head: u32,
-    tail: u32,
+    head: WaiterId,
+    tail: WaiterId,
     /// Timed-out waiters of this key whose `T` is held back.
     held_back: u32,
     /// Waiters in the FIFO (`head` to `tail`), so that `L` need not walk it.
@@ -174,7 +173,7 @@ impl Lock {
     }
 
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.head == NIL && self.held_back == 0 && self.members == 0
+        self.holder.is_none() && self.head.is_nil() && self.held_back == 0 && self.members == 0
     }
 
     /// True if the key has a holder of any kind.
@@ -196,7 +195,7 @@ pub(crate) enum WaiterState {
 /// One unanswered acquire.
 pub struct Waiter {
     pub conn: ConnId,
-    pub lock: u32,
+    pub lock: LockId,
     /// At most [`crate::proto::MAX_DURATION_MS`], which fits.
     pub lease_ms: u32,
     /// Monotonic ms of the acquire: for the wait histogram.
@@ -210,24 +209,24 @@ pub struct Waiter {
     /// A later acquire of the same key on the same connection is held back
     /// until this one is answered.
     pub(crate) holds_back: bool,
-    q_prev: u32,
-    q_next: u32,
-    c_prev: u32,
-    c_next: u32,
+    q_prev: WaiterId,
+    q_next: WaiterId,
+    c_prev: WaiterId,
+    c_next: WaiterId,
 }
 
 /// A connection's unanswered acquires, oldest first.
 #[derive(Debug, Clone, Copy)]
 struct ConnList {
-    head: u32,
-    tail: u32,
+    head: WaiterId,
+    tail: WaiterId,
     len: u32,
 }
 
 impl ConnList {
     const EMPTY: ConnList = ConnList {
-        head: NIL,
-        tail: NIL,
+        head: WaiterId::NIL,
+        tail: WaiterId::NIL,
         len: 0,
     };
 }
@@ -297,18 +296,18 @@ impl Table {
 
     /// The lock of `key`, if it is live.
     #[inline]
-    pub fn find(&self, key: &[u8]) -> Option<u32> {
+    pub fn find(&self, key: &[u8]) -> Option<LockId> {
         let hash = self.hasher.hash_one(key);
         let locks = &self.locks;
         self.shards[shard_of(hash)]
             .index
-            .find(hash, |&i| locks[i as usize].key() == key)
+            .find(hash, |&i| locks[i.index()].key() == key)
             .copied()
     }
 
     /// The lock of `key`, created free if it is not live.
     #[inline]
-    pub fn find_or_insert(&mut self, key: &[u8]) -> u32 {
+    pub fn find_or_insert(&mut self, key: &[u8]) -> LockId {
         match self.find_or_insert_within(key, usize::MAX) {
             Some(lock) => lock,
             None => unreachable!("no limit"),
@@ -318,12 +317,12 @@ impl Table {
     /// The lock of `key`, created free if it is not live and the table
     /// holds fewer than `max_len` locks; `None` if the table is full.
     #[inline]
-    pub(crate) fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<u32> {
+    pub(crate) fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<LockId> {
         let hash = self.hasher.hash_one(key);
         let s = shard_of(hash);
         let shard = &mut self.shards[s];
         let locks = &self.locks;
-        if let Some(&i) = shard.index.find(hash, |&i| locks[i as usize].key() == key) {
+        if let Some(&i) = shard.index.find(hash, |&i| locks[i.index()].key() == key) {
             return Some(i);
         }
         if locks.len() >= max_len {
@@ -336,8 +335,8 @@ impl Table {
             key: KeyBuf::new(key),
             hash,
             holder: None,
-            head: NIL,
-            tail: NIL,
+            head: WaiterId::NIL,
+            tail: WaiterId::NIL,
             held_back: 0,
             queued: 0,
             members: 0,
@@ -345,17 +344,17 @@ impl Table {
         });
         self.slot_bound = self.slot_bound.max(i + 1);
         // The engine keeps the table within `MAX_LOCKS_LIMIT` (2^31).
-        let i = u32::try_from(i).expect("lock table over u32::MAX entries");
+        let i = LockId::from_index(i);
         let locks = &self.locks;
         shard
             .index
-            .insert_unique(hash, i, |&j| locks[j as usize].hash);
+            .insert_unique(hash, i, |&j| locks[j.index()].hash);
         Some(i)
     }
 
     /// True if `lock` is a live lock's index.
-    pub(crate) fn is_live(&self, lock: u32) -> bool {
-        self.locks.contains(lock as usize)
+    pub(crate) fn is_live(&self, lock: LockId) -> bool {
+        self.locks.contains(lock.index())
     }
 
     /// Locks the table has room reserved for (see [`Table::with_capacity`]).
@@ -366,8 +365,8 @@ impl Table {
     /// Removes `lock` if nothing refers to it any more. Returns true if
     /// removed: the index is then invalid.
     #[inline(always)]
-    pub fn remove_if_idle(&mut self, lock: u32) -> bool {
-        let l = &self.locks[lock as usize];
+    pub fn remove_if_idle(&mut self, lock: LockId) -> bool {
+        let l = &self.locks[lock.index()];
         if !l.is_idle() {
             return false;
         }
@@ -381,7 +380,7 @@ impl Table {
             }
             Err(_) => unreachable!("live lock {lock} missing from the index"),
         }
-        self.locks.remove(lock as usize);
+        self.locks.remove(lock.index());
         if self.locks.is_empty() {
             self.slot_bound = 0;
         }
@@ -412,24 +411,27 @@ impl Table {
     }
 
     /// The indices of every live lock.
-    pub(crate) fn lock_ids(&self) -> Vec<u32> {
-        self.locks.iter().map(|(i, _)| i as u32).collect()
+    pub(crate) fn lock_ids(&self) -> Vec<LockId> {
+        self.locks
+            .iter()
+            .map(|(i, _)| LockId::from_index(i))
+            .collect()
     }
 
-    pub fn lock(&self, lock: u32) -> &Lock {
-        &self.locks[lock as usize]
+    pub fn lock(&self, lock: LockId) -> &Lock {
+        &self.locks[lock.index()]
     }
 
-    pub fn lock_mut(&mut self, lock: u32) -> &mut Lock {
-        &mut self.locks[lock as usize]
+    pub fn lock_mut(&mut self, lock: LockId) -> &mut Lock {
+        &mut self.locks[lock.index()]
     }
 
-    pub(crate) fn waiter(&self, waiter: u32) -> &Waiter {
-        &self.waiters[waiter as usize]
+    pub(crate) fn waiter(&self, waiter: WaiterId) -> &Waiter {
+        &self.waiters[waiter.index()]
     }
 
-    pub(crate) fn waiter_mut(&mut self, waiter: u32) -> &mut Waiter {
-        &mut self.waiters[waiter as usize]
+    pub(crate) fn waiter_mut(&mut self, waiter: WaiterId) -> &mut Waiter {
+        &mut self.waiters[waiter.index()]
     }
 
     /// Unanswered acquires of `conn` (queued and held back).
@@ -437,39 +439,48 @@ impl Table {
         self.conns.get(conn.index()).map_or(0, |c| c.len)
     }
 
-    /// The oldest unanswered acquire of `conn`, or [`NIL`].
-    pub(crate) fn conn_first(&self, conn: ConnId) -> u32 {
-        self.conns.get(conn.index()).map_or(NIL, |c| c.head)
+    /// The oldest unanswered acquire of `conn`, or [`WaiterId::NIL`].
+    pub(crate) fn conn_first(&self, conn: ConnId) -> WaiterId {
+        self.conns
+            .get(conn.index())
+            .map_or(WaiterId::NIL, |c| c.head)
     }
 
-    /// The next younger acquire on the same connection, or [`NIL`].
-    pub(crate) fn conn_next(&self, waiter: u32) -> u32 {
-        self.waiters[waiter as usize].c_next
+    /// The next younger acquire on the same connection, or
+    /// [`WaiterId::NIL`].
+    pub(crate) fn conn_next(&self, waiter: WaiterId) -> WaiterId {
+        self.waiters[waiter.index()].c_next
     }
 
-    /// The next older acquire on the same connection, or [`NIL`].
-    pub(crate) fn conn_prev(&self, waiter: u32) -> u32 {
-        self.waiters[waiter as usize].c_prev
+    /// The next older acquire on the same connection, or [`WaiterId::NIL`].
+    pub(crate) fn conn_prev(&self, waiter: WaiterId) -> WaiterId {
+        self.waiters[waiter.index()].c_prev
     }
 
     /// True if `lock` has queued waiters or held-back `T`s.
-    pub(crate) fn has_waiters(&self, lock: u32) -> bool {
-        let l = &self.locks[lock as usize];
-        l.head != NIL || l.held_back > 0
+    pub(crate) fn has_waiters(&self, lock: LockId) -> bool {
+        let l = &self.locks[lock.index()];
+        !l.head.is_nil() || l.held_back > 0
     }
 
     /// The waiter queued right after `waiter` on its lock, or `None`.
-    pub fn queue_next(&self, waiter: u32) -> Option<u32> {
-        Some(self.waiters[waiter as usize].q_next).filter(|&w| w != NIL)
+    pub fn queue_next(&self, waiter: WaiterId) -> Option<WaiterId> {
+        Some(self.waiters[waiter.index()].q_next).filter(|w| !w.is_nil())
     }
 
     /// The first queued waiter of `lock`, or `None`.
-    pub fn head(&self, lock: u32) -> Option<u32> {
-        Some(self.locks[lock as usize].head).filter(|&w| w != NIL)
+    pub fn head(&self, lock: LockId) -> Option<WaiterId> {
+        Some(self.locks[lock.index()].head).filter(|w| !w.is_nil())
     }
 
     /// Queues a new waiter at the tail of `lock`'s FIFO and of `conn`'s list.
-    pub fn enqueue(&mut self, lock: u32, conn: ConnId, lease_ms: u64, queued_ms: u64) -> u32 {
+    pub fn enqueue(
+        &mut self,
+        lock: LockId,
+        conn: ConnId,
+        lease_ms: u64,
+        queued_ms: u64,
+    ) -> WaiterId {
         self.enqueue_kind(lock, conn, lease_ms, queued_ms, None)
     }
 
@@ -477,17 +488,17 @@ impl Table {
     #[inline]
     pub(crate) fn enqueue_kind(
         &mut self,
-        lock: u32,
+        lock: LockId,
         conn: ConnId,
         lease_ms: u64,
         queued_ms: u64,
         kind: Option<crate::proto::Kind>,
-    ) -> u32 {
+    ) -> WaiterId {
         if self.conns.len() <= conn.index() {
             self.conns.resize(conn.index() + 1, ConnList::EMPTY);
         }
         let list = self.conns[conn.index()];
-        let l = &self.locks[lock as usize];
+        let l = &self.locks[lock.index()];
         debug_assert!(l.is_held(), "a free lock is granted, not waited for");
         let w = self.waiters.insert(Waiter {
             conn,
@@ -499,21 +510,21 @@ impl Table {
             kind,
             holds_back: false,
             q_prev: l.tail,
-            q_next: NIL,
+            q_next: WaiterId::NIL,
             c_prev: list.tail,
-            c_next: NIL,
+            c_next: WaiterId::NIL,
         });
-        let w = u32::try_from(w).expect("over u32::MAX waiters");
+        let w = WaiterId::from_index(w);
         match l.tail {
-            NIL => self.locks[lock as usize].head = w,
-            tail => self.waiters[tail as usize].q_next = w,
+            WaiterId::NIL => self.locks[lock.index()].head = w,
+            tail => self.waiters[tail.index()].q_next = w,
         }
-        let l = &mut self.locks[lock as usize];
+        let l = &mut self.locks[lock.index()];
         l.tail = w;
         l.queued += 1;
         match list.tail {
-            NIL => self.conns[conn.index()].head = w,
-            tail => self.waiters[tail as usize].c_next = w,
+            WaiterId::NIL => self.conns[conn.index()].head = w,
+            tail => self.waiters[tail.index()].c_next = w,
         }
         let list = &mut self.conns[conn.index()];
         list.tail = w;
@@ -523,25 +534,25 @@ impl Table {
 
     /// Takes a queued waiter out of its lock's FIFO, marking it held back: it
     /// stays in its connection's list until [`Table::finish`].
-    pub(crate) fn unqueue(&mut self, waiter: u32) {
+    pub(crate) fn unqueue(&mut self, waiter: WaiterId) {
         let (lock, prev, next) = {
-            let w = &mut self.waiters[waiter as usize];
+            let w = &mut self.waiters[waiter.index()];
             debug_assert_eq!(w.state, WaiterState::Queued);
             w.state = WaiterState::HeldBack;
             let links = (w.lock, w.q_prev, w.q_next);
-            w.q_prev = NIL;
-            w.q_next = NIL;
+            w.q_prev = WaiterId::NIL;
+            w.q_next = WaiterId::NIL;
             links
         };
         match prev {
-            NIL => self.locks[lock as usize].head = next,
-            p => self.waiters[p as usize].q_next = next,
+            WaiterId::NIL => self.locks[lock.index()].head = next,
+            p => self.waiters[p.index()].q_next = next,
         }
         match next {
-            NIL => self.locks[lock as usize].tail = prev,
-            n => self.waiters[n as usize].q_prev = prev,
+            WaiterId::NIL => self.locks[lock.index()].tail = prev,
+            n => self.waiters[n.index()].q_prev = prev,
         }
-        let l = &mut self.locks[lock as usize];
+        let l = &mut self.locks[lock.index()];
         l.held_back += 1;
         l.queued -= 1;
     }
@@ -549,19 +560,19 @@ impl Table {
     /// Forgets an answered (or withdrawn) waiter: out of its lock's FIFO if
     /// still queued, out of its connection's list, slot freed. The lock may
     /// now be idle: the caller decides when to [`Table::remove_if_idle`].
-    pub fn finish(&mut self, waiter: u32) -> Waiter {
-        if self.waiters[waiter as usize].state == WaiterState::Queued {
+    pub fn finish(&mut self, waiter: WaiterId) -> Waiter {
+        if self.waiters[waiter.index()].state == WaiterState::Queued {
             self.unqueue(waiter);
         }
-        let w = self.waiters.remove(waiter as usize);
-        self.locks[w.lock as usize].held_back -= 1;
+        let w = self.waiters.remove(waiter.index());
+        self.locks[w.lock.index()].held_back -= 1;
         match w.c_prev {
-            NIL => self.conns[w.conn.index()].head = w.c_next,
-            p => self.waiters[p as usize].c_next = w.c_next,
+            WaiterId::NIL => self.conns[w.conn.index()].head = w.c_next,
+            p => self.waiters[p.index()].c_next = w.c_next,
         }
         match w.c_next {
-            NIL => self.conns[w.conn.index()].tail = w.c_prev,
-            n => self.waiters[n as usize].c_prev = w.c_prev,
+            WaiterId::NIL => self.conns[w.conn.index()].tail = w.c_prev,
+            n => self.waiters[n.index()].c_prev = w.c_prev,
         }
         self.conns[w.conn.index()].len -= 1;
         w
@@ -571,9 +582,9 @@ impl Table {
     fn queue_walk(&self, lock: &Lock) -> usize {
         let mut n = 0;
         let mut w = lock.head;
-        while w != NIL {
+        while !w.is_nil() {
             n += 1;
-            w = self.waiters[w as usize].q_next;
+            w = self.waiters[w.index()].q_next;
         }
         n
     }
@@ -597,12 +608,12 @@ impl Table {
                 lock.members,
                 lock.limit
             );
-            assert_eq!(self.find(lock.key()), Some(i as u32));
-            let mut prev = NIL;
+            assert_eq!(self.find(lock.key()), Some(LockId::from_index(i)));
+            let mut prev = WaiterId::NIL;
             let mut w = lock.head;
-            while w != NIL {
-                let waiter = &self.waiters[w as usize];
-                assert_eq!(waiter.lock, i as u32);
+            while !w.is_nil() {
+                let waiter = &self.waiters[w.index()];
+                assert_eq!(waiter.lock, LockId::from_index(i));
                 assert_eq!(waiter.state, WaiterState::Queued);
                 assert_eq!(waiter.q_prev, prev);
                 assert!(lock.is_held(), "waiters queued on a free lock");
@@ -616,11 +627,11 @@ impl Table {
         }
         let mut listed = 0;
         for (c, list) in self.conns.iter().enumerate() {
-            let mut prev = NIL;
+            let mut prev = WaiterId::NIL;
             let mut w = list.head;
             let mut len = 0;
-            while w != NIL {
-                let waiter = &self.waiters[w as usize];
+            while !w.is_nil() {
+                let waiter = &self.waiters[w.index()];
                 assert_eq!(waiter.conn.index(), c);
                 assert_eq!(waiter.c_prev, prev);
                 len += 1;
@@ -734,7 +745,7 @@ mod tests {
             let indexed: usize = self.shards.iter().map(|s| s.index.len()).sum();
             assert_eq!(indexed, self.locks.len());
             for (i, lock) in &self.locks {
-                assert_eq!(self.find(lock.key()), Some(i as u32));
+                assert_eq!(self.find(lock.key()), Some(LockId::from_index(i)));
             }
         }
     }

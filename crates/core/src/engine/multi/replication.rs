@@ -3,7 +3,7 @@
 //! them, and a heal merges the other side's.
 
 use super::Member;
-use crate::engine::table;
+use crate::engine::table::{self, LockId};
 use crate::engine::{
     Engine, GrantRefusal, MAX_LEASE_MS, Merged, Now, Replication, Timer, merge, token,
 };
@@ -75,7 +75,11 @@ impl Engine {
     /// The lock of `key` for a replicated or merged member, and the slot
     /// its member would take if it is new (`None`: the member with `token`
     /// is there already).
-    fn member_lock(&mut self, key: &[u8], token: u64) -> Result<(u32, Option<u32>), GrantRefusal> {
+    fn member_lock(
+        &mut self,
+        key: &[u8],
+        token: u64,
+    ) -> Result<(LockId, Option<u32>), GrantRefusal> {
         let Some(lock) = self
             .table
             .find_or_insert_within(key, self.max_locks as usize)
@@ -110,7 +114,7 @@ impl Engine {
     /// counted by the lock; the caller set the lock's limit.
     fn add_member(
         &mut self,
-        lock: u32,
+        lock: LockId,
         token: u64,
         expires_ms: u64,
         holder: crate::proto::Holder<'_>,
@@ -184,7 +188,7 @@ impl Engine {
     /// A standby forgets `lock`'s exclusive grant and the grants believed
     /// beside it (the active replaced them).
     #[cold]
-    fn drop_exclusive(&mut self, lock: u32) {
+    fn drop_exclusive(&mut self, lock: LockId) {
         if let Some(grant) = self.table.lock_mut(lock).holder.take() {
             self.wheel.cancel(grant.timer);
             self.holders.unref(grant.holder);
@@ -197,7 +201,7 @@ impl Engine {
     /// A standby forgets every member of `lock` (the key's kind is the
     /// active's again).
     #[cold]
-    pub(in crate::engine) fn drop_members(&mut self, lock: u32) {
+    pub(in crate::engine) fn drop_members(&mut self, lock: LockId) {
         let slots: Vec<u32> = self
             .members
             .by_lock
@@ -216,7 +220,7 @@ impl Engine {
 
     /// A standby about to take a snapshot forgets every member.
     pub(in crate::engine) fn clear_members(&mut self) {
-        let locks: Vec<u32> = self.members.iter().map(|(_, m)| m.lock).collect();
+        let locks: Vec<LockId> = self.members.iter().map(|(_, m)| m.lock).collect();
         for lock in locks {
             if self.table.lock(lock).members > 0 {
                 self.drop_members(lock);
@@ -289,7 +293,7 @@ impl Engine {
     pub(in crate::engine) fn merge_over_members(
         &mut self,
         now: Now,
-        lock: u32,
+        lock: LockId,
         token: u64,
         expires_ms: u64,
         holder: crate::proto::Holder<'_>,
