@@ -1,21 +1,22 @@
 //! The indices by which the engine's slabs point at each other: a lock
-//! ([`LockId`]), a waiter ([`WaiterId`]) and a holder entry
-//! ([`HolderId`]). Each is a `u32` the compiler tells apart from the
+//! ([`LockId`]), a waiter ([`WaiterId`]), a holder entry ([`HolderId`])
+//! and a shared grant or permit ([`MemberId`]). Each is a `u32` the compiler tells apart from the
 //! others and from a count; each costs what the `u32` costs.
 //!
 //! A list or a grant that stores "no index" stores the type's `NIL`
 //! (`u32::MAX`) rather than an `Option`, so that the structs holding them
 //! keep their size.
 
-/// Defines one index type: `$name` indexes a slab whose insert returns a
-/// `usize`, and `$over` is the message of a slab grown past `u32::MAX`.
+/// Defines one index type of visibility `$vis`: `$name` indexes a slab
+/// whose insert returns a `usize`, and `$over` is the message of a slab
+/// grown past `u32::MAX`.
 /// With `nil`, the type has a "no index" value.
 macro_rules! slab_index {
-    ($(#[$attr:meta])* $name:ident, $over:literal) => {
+    ($(#[$attr:meta])* $vis:vis $name:ident, $over:literal) => {
         $(#[$attr])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(transparent)]
-        pub struct $name(u32);
+        $vis struct $name(u32);
 
         impl $name {
             /// The index of slab slot `index`. The engine keeps its slabs
@@ -23,6 +24,17 @@ macro_rules! slab_index {
             #[inline]
             pub(crate) fn from_index(index: usize) -> $name {
                 $name(u32::try_from(index).expect($over))
+            }
+
+            /// The index a slab's next insert will take (its
+            /// `vacant_key`), for a timer that must name it before the
+            /// insert. Not checked here: that insert checks it
+            /// ([`Self::from_index`]), and the two must be equal.
+            #[inline]
+            #[allow(dead_code)]
+            pub(crate) fn next_slot(index: usize) -> $name {
+                debug_assert!(u32::try_from(index).is_ok());
+                $name(index as u32)
             }
 
             /// The slab slot this index names.
@@ -38,8 +50,8 @@ macro_rules! slab_index {
             }
         }
     };
-    ($(#[$attr:meta])* $name:ident, $over:literal, nil) => {
-        slab_index!($(#[$attr])* $name, $over);
+    ($(#[$attr:meta])* $vis:vis $name:ident, $over:literal, nil) => {
+        slab_index!($(#[$attr])* $vis $name, $over);
 
         impl $name {
             /// "No index": the end of a list, or nothing named. It is
@@ -61,14 +73,14 @@ slab_index!(
     /// live. Printed as the bare number. Ordered as its number (the
     /// members of a key are kept in order of their lock).
     #[derive(PartialOrd, Ord)]
-    LockId,
+    pub LockId,
     "lock table over u32::MAX entries"
 );
 
 slab_index!(
     /// A waiting acquire: a slot of the table's waiter slab, valid until
     /// [`super::table::Table::finish`]. Printed as the bare number.
-    WaiterId,
+    pub WaiterId,
     "over u32::MAX waiters",
     nil
 );
@@ -77,9 +89,17 @@ slab_index!(
     /// A holder entry of [`super::holders::Holders`], which a grant (or a
     /// connection) counts a reference to. [`HolderId::NIL`] in a grant:
     /// its holder is not known. Printed as the bare number.
-    HolderId,
+    pub HolderId,
     "over u32::MAX holders",
     nil
+);
+
+slab_index!(
+    /// A shared grant or a permit: a slot of the members' slab (see the
+    /// engine's `multi` module), valid until it ends; its lease timer
+    /// names it. Printed as the bare number.
+    pub(crate) MemberId,
+    "over u32::MAX members"
 );
 
 #[cfg(test)]
@@ -95,6 +115,7 @@ mod tests {
         assert_eq!(WaiterId::NIL.index(), u32::MAX as usize);
         assert!(HolderId::NIL.is_nil() && !HolderId::from_index(3).is_nil());
         assert_eq!(std::mem::size_of::<LockId>(), 4);
+        assert_eq!(MemberId::next_slot(5), MemberId::from_index(5));
     }
 
     #[test]

@@ -259,7 +259,7 @@ enum Timer {
     Wait(WaiterId),
     /// The lease of a shared grant or permit runs out (a slot of
     /// [`multi::Members`]).
-    Member(u32),
+    Member(ids::MemberId),
 }
 
 /// Per-connection state the engine keeps.

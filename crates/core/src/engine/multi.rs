@@ -29,6 +29,7 @@
 
 use super::{
     ConnId, Engine, MAX_WAITING_PER_CONN, Now, Refusal, Timer, deadline,
+    ids::MemberId,
     table::{HolderId, LockId},
     wheel::TimerId,
 };
@@ -59,7 +60,7 @@ pub(crate) struct Member {
 #[derive(Default)]
 pub(crate) struct Members {
     slab: slab::Slab<Member>,
-    by_lock: std::collections::BTreeMap<(LockId, u64), u32>,
+    by_lock: std::collections::BTreeMap<(LockId, u64), MemberId>,
     permits: usize,
 }
 
@@ -68,7 +69,7 @@ impl Members {
         self.slab.len()
     }
 
-    fn find(&self, lock: LockId, token: u64) -> Option<u32> {
+    fn find(&self, lock: LockId, token: u64) -> Option<MemberId> {
         self.by_lock.get(&(lock, token)).copied()
     }
 
@@ -77,22 +78,22 @@ impl Members {
         self.find(lock, token).map(|m| self.get(m).holder)
     }
 
-    fn get(&self, m: u32) -> &Member {
-        &self.slab[m as usize]
+    fn get(&self, m: MemberId) -> &Member {
+        &self.slab[m.index()]
     }
 
     #[inline]
-    fn insert(&mut self, member: Member) -> u32 {
+    fn insert(&mut self, member: Member) -> MemberId {
         let (lock, token) = (member.lock, member.token);
-        let m = u32::try_from(self.slab.insert(member)).expect("over u32::MAX members");
+        let m = MemberId::from_index(self.slab.insert(member));
         self.permits += usize::from(member.permit);
         let old = self.by_lock.insert((lock, token), m);
         assert!(old.is_none(), "token {token} granted twice on lock {lock}");
         m
     }
 
-    fn remove(&mut self, m: u32) -> Member {
-        let member = self.slab.remove(m as usize);
+    fn remove(&mut self, m: MemberId) -> Member {
+        let member = self.slab.remove(m.index());
         self.permits -= usize::from(member.permit);
         let removed = self.by_lock.remove(&(member.lock, member.token));
         debug_assert_eq!(removed, Some(m));
@@ -103,7 +104,7 @@ impl Members {
     pub(crate) fn of(&self, lock: LockId) -> impl DoubleEndedIterator<Item = &Member> + '_ {
         self.by_lock
             .range((lock, 0)..=(lock, u64::MAX))
-            .map(|(_, &m)| &self.slab[m as usize])
+            .map(|(_, &m)| &self.slab[m.index()])
     }
 
     /// The newest member of `lock` (the highest token), if any.
@@ -111,8 +112,8 @@ impl Members {
         self.of(lock).next_back()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Member)> + '_ {
-        self.slab.iter().map(|(i, m)| (i as u32, m))
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (MemberId, &Member)> + '_ {
+        self.slab.iter().map(|(i, m)| (MemberId::from_index(i), m))
     }
 }
 
@@ -260,7 +261,7 @@ impl Engine {
         let expires_ms = deadline(now, lease_ms);
         let holder = self.grant_holder(conn);
         // The slot the member will take: its timer names it.
-        let slot = self.members.slab.vacant_key() as u32;
+        let slot = MemberId::next_slot(self.members.slab.vacant_key());
         let timer = self.wheel.insert(expires_ms, Timer::Member(slot));
         let m = self.members.insert(Member {
             lock,
@@ -326,7 +327,7 @@ impl Engine {
         self.wheel.cancel(member.timer);
         let expires_ms = deadline(now, lease_ms);
         let timer = self.wheel.insert(expires_ms, Timer::Member(m));
-        let entry = &mut self.members.slab[m as usize];
+        let entry = &mut self.members.slab[m.index()];
         entry.expires_ms = expires_ms;
         entry.timer = timer;
         self.replicate_member(now, m);
@@ -336,7 +337,7 @@ impl Engine {
     /// A member's lease ran out (its timer fired).
     #[cold]
     #[inline(never)]
-    pub(super) fn member_expired(&mut self, now: Now, m: u32, out: &mut Outbox) {
+    pub(super) fn member_expired(&mut self, now: Now, m: MemberId, out: &mut Outbox) {
         self.stats.lease_expiries += 1;
         // The timer fired: cancelling it again would be wrong.
         let member = self.members.remove(m);
@@ -345,7 +346,7 @@ impl Engine {
 
     /// Ends member `m` (released): its timer, its holder reference, its
     /// count; then the key passes on.
-    fn end_member(&mut self, now: Now, m: u32, out: &mut Outbox) {
+    fn end_member(&mut self, now: Now, m: MemberId, out: &mut Outbox) {
         let member = self.members.remove(m);
         self.wheel.cancel(member.timer);
         self.after_member(now, member, out);

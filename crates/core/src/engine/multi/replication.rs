@@ -3,6 +3,7 @@
 //! them, and a heal merges the other side's.
 
 use super::Member;
+use crate::engine::ids::MemberId;
 use crate::engine::table::{self, LockId};
 use crate::engine::{
     Engine, GrantRefusal, MAX_LEASE_MS, Merged, Now, Replication, Timer, merge, token,
@@ -20,14 +21,14 @@ impl Engine {
     /// active node with peers. The recording is out of line: a node
     /// without peers keeps only this check.
     #[inline]
-    pub(super) fn replicate_member(&mut self, now: Now, m: u32) {
+    pub(super) fn replicate_member(&mut self, now: Now, m: MemberId) {
         if self.replication.is_some() && self.is_active() {
             self.record_member(now, m);
         }
     }
 
     #[inline(never)]
-    fn record_member(&mut self, now: Now, m: u32) {
+    fn record_member(&mut self, now: Now, m: MemberId) {
         let member = *self.members.get(m);
         let l = self.table.lock(member.lock);
         if let Some(log) = &mut self.replication {
@@ -79,7 +80,7 @@ impl Engine {
         &mut self,
         key: &[u8],
         token: u64,
-    ) -> Result<(LockId, Option<u32>), GrantRefusal> {
+    ) -> Result<(LockId, Option<MemberId>), GrantRefusal> {
         let Some(lock) = self
             .table
             .find_or_insert_within(key, self.max_locks as usize)
@@ -101,11 +102,11 @@ impl Engine {
     }
 
     /// Member `m`'s lease runs out at `expires_ms` now.
-    fn set_member_expiry(&mut self, m: u32, expires_ms: u64) {
+    fn set_member_expiry(&mut self, m: MemberId, expires_ms: u64) {
         let timer = self.members.get(m).timer;
         self.wheel.cancel(timer);
         let timer = self.wheel.insert(expires_ms, Timer::Member(m));
-        let entry = &mut self.members.slab[m as usize];
+        let entry = &mut self.members.slab[m.index()];
         entry.expires_ms = expires_ms;
         entry.timer = timer;
     }
@@ -118,9 +119,9 @@ impl Engine {
         token: u64,
         expires_ms: u64,
         holder: crate::proto::Holder<'_>,
-    ) -> u32 {
+    ) -> MemberId {
         let holder = self.holders.intern(holder);
-        let slot = self.members.slab.vacant_key() as u32;
+        let slot = MemberId::next_slot(self.members.slab.vacant_key());
         let timer = self.wheel.insert(expires_ms, Timer::Member(slot));
         // A semaphore's members are its permits (a shared lock has no limit).
         let permit = self.table.lock(lock).limit > 0;
@@ -202,7 +203,7 @@ impl Engine {
     /// active's again).
     #[cold]
     pub(in crate::engine) fn drop_members(&mut self, lock: LockId) {
-        let slots: Vec<u32> = self
+        let slots: Vec<MemberId> = self
             .members
             .by_lock
             .range((lock, 0)..=(lock, u64::MAX))
@@ -308,7 +309,7 @@ impl Engine {
                 self.time_out(w, out);
             }
         }
-        let slots: Vec<u32> = self
+        let slots: Vec<MemberId> = self
             .members
             .by_lock
             .range((lock, 0)..=(lock, u64::MAX))
