@@ -50,8 +50,8 @@
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past: the loops' timeout is the `Driver`'s, as
-//! the simulator's). In one seed in three the clients speak TLS to the
-//! nodes (`SimConfig::tls`): the checks read the plaintext.
+//! the simulator's). In one seed in three the nodes speak TLS, to clients
+//! and on peer links (`SimConfig::tls`): the checks read the plaintext.
 //!
 //! # Running
 //!
@@ -152,8 +152,9 @@ fn run_seeds(default: Range<u64>) -> sim::Stats {
 /// theirs, SIGTERMs whose loop ends once finished, client connections
 /// refused past a low `--max-conns` (taken into the peers' reserve and
 /// told so with the documented `E` line), TLS clients' handshakes
-/// finished and the nodes' `close_notify` read. Sockets refused past the
-/// reserve too need a crowd: the scripted tests have it.
+/// finished and the nodes' `close_notify` read, peer links' TLS
+/// handshakes finished. Sockets refused past the reserve too need a crowd:
+/// the scripted tests have it.
 #[test]
 fn random_seeds() {
     let total = run_seeds(0..300);
@@ -172,6 +173,7 @@ fn random_seeds() {
         ("clients_refused", total.clients_refused),
         ("tls_handshakes", total.tls_handshakes),
         ("tls_close_notifies", total.tls_close_notifies),
+        ("peer_tls_handshakes", total.peer_tls_handshakes),
     ];
     for (what, n) in reached {
         assert!(n >= 50, "{what}: only {n} in {total:?}");
@@ -1061,6 +1063,84 @@ fn a_tls_client_acquires_and_releases_through_a_failover() {
     let c = sim.acquire(0, "c", 20_000).unwrap();
     assert!(c > b, "token {c} not above {b}");
     assert_eq!(sim.release_at(0, 0, "c", c), "R c 1");
+    ok(&sim);
+}
+
+/// In a TLS cluster the peer links speak TLS too, as `ringlock serve`
+/// with TLS makes them (each dialed link presents the node certificate,
+/// which the accepting node's peer CA check passes): the replication of a
+/// grant reaches the followers over them, the active crashes and a standby
+/// takes over with the grant, the old active comes back, syncs over new TLS
+/// links and takes the role back. No grant is lost, no token goes back. A
+/// client, without the node certificate, may not speak as a peer.
+#[test]
+fn tls_peer_links_carry_a_failover_and_a_failback() {
+    let mut sim = tls_cluster(3);
+    // Every node dialed the other two, over TLS.
+    let links = sim.stats.peer_tls_handshakes;
+    assert!(links >= 6, "{links} peer-link TLS handshakes");
+    let lines = sim.stats.peer_tls_lines;
+    assert!(lines > 0, "no peer line read over TLS");
+    let a = sim.acquire(0, "a", 20_000).unwrap();
+    sim.run_for(50);
+    for x in [1, 2] {
+        assert_eq!(sim.table(x), grants(&[("a", a)]), "n{x} replica");
+    }
+    assert!(sim.stats.peer_tls_lines > lines, "replication not over TLS");
+    sim.crash(0);
+    until_active(&mut sim, 1, 2 * MAX_DELAY_MS + 10);
+    assert_eq!(sim.table(1), grants(&[("a", a)]), "n1 took over with a");
+    let b = sim.acquire(1, "b", 20_000).unwrap();
+    assert!(b > a, "token {b} not above {a}");
+    sim.run_for(50);
+    assert_eq!(sim.table(2), grants(&[("a", a), ("b", b)]), "n2 replica");
+    let before = sim.stats.peer_tls_handshakes;
+    sim.restart(0);
+    // n0 follows n1 over new TLS links, takes its snapshot, and n1 hands
+    // the role back.
+    until_active(&mut sim, 0, PEER_TIMEOUT_MS + 2_000);
+    assert_eq!(sim.table(0), grants(&[("a", a), ("b", b)]), "n0 synced");
+    assert!(
+        sim.stats.peer_tls_handshakes >= before + 4,
+        "the restarted n0's links: {} TLS handshakes after {before}",
+        sim.stats.peer_tls_handshakes
+    );
+    sim.run_for(100);
+    for x in [1, 2] {
+        assert_eq!(
+            sim.role(x),
+            Some(Role::Standby {
+                following: Some(PeerId(0))
+            })
+        );
+    }
+    sim.set_target(0, 0);
+    sim.set_target(1, 0);
+    let c = sim.acquire(0, "c", 20_000).unwrap();
+    assert!(c > b, "token {c} not above {b}");
+    sim.run_for(50);
+    for x in [1, 2] {
+        assert_eq!(
+            sim.table(x),
+            grants(&[("a", a), ("b", b), ("c", c)]),
+            "n{x} replica after the failback"
+        );
+    }
+    assert_eq!(sim.release_at(0, 0, "a", a), "R a 1");
+    assert_eq!(sim.release_at(1, 0, "b", b), "R b 1");
+    // A client's TLS connection shows no certificate: the peer CA check
+    // that the links pass refuses its peer lines.
+    sim.expect_errors(1);
+    let before = sim.answers(1).len();
+    sim.send_raw(1, 0, b"P SYNCED\n");
+    sim.run_for(4 * MAX_DELAY_MS);
+    let got = answer_lines(&sim, 1, before);
+    assert!(
+        got.iter().any(|l| l.starts_with(
+            "E peer message on a connection without a certificate signed by the peer CA"
+        )),
+        "{got:?}"
+    );
     ok(&sim);
 }
 

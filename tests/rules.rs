@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// How many exceptions there were when the limit came in. Lower it when an
 /// exception goes; never raise it.
-const MOST_EXCEPTIONS: usize = 31;
+const MOST_EXCEPTIONS: usize = 30;
 
 const EXPECT: &str = "#[expect(clippy::too_many_lines";
 

@@ -37,18 +37,24 @@
 //! kernel's EMFILE: what arrives waits in the backlog until
 //! [`Driver::accept_retry_due`]).
 //!
-//! TLS: in one random run in three ([`SimConfig::tls`]) the clients speak
-//! TLS to the nodes, as with `--tls-cert`: each accepted client connection
-//! is a rustls server connection inside its [`Lifecycle`], as the loops
-//! make it (the handshake deadline, the peer CA's check), and each client
-//! wraps its byte stream in a rustls client connection that trusts the
-//! nodes' certificate. The handshake, requests decrypted into the session,
-//! answers encrypted as they leave the engine, `close_notify` both ways
-//! and every fault above go through it; records are cut across reads and
-//! sends (and across deliveries when a socket fills), and a client that
-//! stalls its handshake is closed at the deadline. The clients' requests,
-//! answers and checks are those of plain text, on the plaintext. A seed
-//! still replays exactly (see [`sim_tls`]). Peer links speak plain text.
+//! TLS: in one random run in three ([`SimConfig::tls`]) the nodes speak
+//! TLS, as with `--tls-cert` and a peer CA: each accepted connection
+//! (client or peer: a node cannot tell before the handshake) is a rustls
+//! server connection inside its [`Lifecycle`], as the loops make it (the
+//! handshake deadline, the peer CA's check for peer lines); each dialed
+//! peer link is a rustls client connection presenting the node
+//! certificate and checking the peer's against the host of its address
+//! (the loops' `LoopTls::dialed`); each client wraps its byte stream in a
+//! rustls client connection that trusts the nodes' certificate. The
+//! handshakes, lines decrypted into the session, output encrypted as it
+//! leaves the engine, `close_notify` both ways and every fault above go
+//! through it; records are cut across reads and sends (and across
+//! deliveries when a socket fills), and a client that stalls its handshake
+//! is closed at the deadline. The requests, answers, peer lines and their
+//! checks are those of plain text, on the plaintext: a client's as it
+//! reads it, a peer line's as its sender's lifecycle encrypted it, read
+//! once the receiver has its records ([`TlsTrace`]). A seed still replays
+//! exactly (see [`sim_tls`]).
 //!
 //! The checks (listed in tests/cluster_sim.rs) run after every call into a
 //! node (`Sim::op`: roles, grants kept on promotion, tokens, `E` lines),
@@ -135,10 +141,11 @@ pub struct SimConfig {
     /// Every node's `coalesce_us` (the simulated network delivers a link's
     /// bytes as they are written; what is simulated is the pushes).
     pub coalesce_us: u64,
-    /// The nodes' client connections speak TLS (as with `--tls-cert`): each
-    /// accepted client connection gets a rustls server connection, each
-    /// client wraps its byte stream in a rustls client connection. Peer
-    /// links and strangers are as without.
+    /// The nodes speak TLS (as with `--tls-cert` and a peer CA): each
+    /// accepted connection gets a rustls server connection, each dialed
+    /// peer link a rustls client connection with the node certificate,
+    /// each client wraps its byte stream in a rustls client connection.
+    /// Strangers are as without.
     pub tls: bool,
 }
 
@@ -295,6 +302,72 @@ struct SimConn {
     /// Dialed by a stranger: the node's end starts with a TLS handshake
     /// that never completes.
     silent: bool,
+    /// A TLS peer link's plaintext, by the end `e` that sent it
+    /// (`tls_trace[e]` goes with `pipes[e]`).
+    tls_trace: [TlsTrace; 2],
+}
+
+/// What the checks that read peer lines need of one direction of a TLS peer
+/// link: its plaintext as the sender's lifecycle encrypted it, and where in
+/// the ciphertext it ends, so they read each line once the receiver has
+/// the records that carry it (and has decrypted it into its session).
+#[derive(Debug, Default)]
+struct TlsTrace {
+    /// Ciphertext the sender handed to its socket.
+    sent: u64,
+    /// Where the records its lifecycle has made so far end.
+    made: u64,
+    /// Plaintext rustls took whose records are not made yet: a dialed
+    /// link's, written before its handshake ended.
+    waiting: Vec<u8>,
+    /// Plaintext, by the end of the ciphertext that carries it, that the
+    /// sender has not handed all to its socket yet (check 9 reads it then).
+    unhanded: VecDeque<(u64, Vec<u8>)>,
+    /// The same, not yet all read by the receiver (the other checks read
+    /// it then).
+    marks: VecDeque<(u64, Vec<u8>)>,
+    /// Ciphertext the receiver's lifecycle took in.
+    read: u64,
+    /// The start of a line the receiver has without its end yet.
+    partial: Vec<u8>,
+}
+
+impl TlsTrace {
+    /// The sender's lifecycle made the records up to `made`; `taken` is the
+    /// plaintext it took this time (`fresh`: the records before were all
+    /// sent, so it encrypted). Once its handshake is over, rustls writes
+    /// all it took into the records it makes.
+    fn sending(&mut self, fresh: bool, made: u64, taken: &[u8], handshaking: bool) {
+        self.waiting.extend_from_slice(taken);
+        self.made = made;
+        if fresh && !handshaking && !self.waiting.is_empty() {
+            let plain = std::mem::take(&mut self.waiting);
+            self.unhanded.push_back((made, plain.clone()));
+            self.marks.push_back((made, plain));
+        }
+    }
+
+    /// The sender handed `n` more bytes to its socket: the plaintext whose
+    /// records it now has all handed.
+    fn handed(&mut self, n: usize) -> Vec<u8> {
+        self.sent += n as u64;
+        let mut plain = Vec::new();
+        while let Some((_, p)) = self.unhanded.pop_front_if(|(end, _)| *end <= self.sent) {
+            plain.extend_from_slice(&p);
+        }
+        plain
+    }
+
+    /// The receiver took in `n` more bytes: the complete lines it now has
+    /// decrypted.
+    fn received(&mut self, n: usize) -> Vec<Vec<u8>> {
+        self.read += n as u64;
+        let mut lines = Vec::new();
+        while let Some((_, plain)) = self.marks.pop_front_if(|(end, _)| *end <= self.read) {
+            lines.extend(complete_lines(&mut self.partial, &plain));
+        }
+        lines
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -340,6 +413,40 @@ struct Inc {
     /// Per client connection (by sim connection): the start of a line this
     /// incarnation handed to its socket without the line's end yet.
     client_partial: BTreeMap<usize, Vec<u8>>,
+}
+
+impl Inc {
+    /// After [`Lifecycle::pending`] on `cid`: with TLS, the plaintext it
+    /// took to encrypt out of `plain` (the last answers and the outbox
+    /// before the call), and the scan of the output goes on where it was,
+    /// in what is left. Without TLS (`plain` is `None`), what the outbox had
+    /// is now the lifecycle's: the scan starts from the start of the
+    /// outbox's buffer again.
+    fn taken_by_pending(
+        &mut self,
+        cid: ConnId,
+        plain: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Option<Vec<u8>> {
+        let in_outbox = self.node.output_mut(cid).len();
+        let Some((last, outbox)) = plain else {
+            if let Some(pos) = self.scan_pos.get_mut(&cid) {
+                *pos = (*pos).min(in_outbox);
+            }
+            return None;
+        };
+        let last_left = self.lives[&cid].last_answers().len();
+        let mut taken = last[..last.len() - last_left].to_vec();
+        taken.extend_from_slice(&outbox[..outbox.len() - in_outbox]);
+        let gone = if last.is_empty() {
+            outbox.len() - in_outbox
+        } else {
+            last.len() - last_left
+        };
+        if let Some(pos) = self.scan_pos.get_mut(&cid) {
+            *pos = pos.saturating_sub(gone);
+        }
+        Some(taken)
+    }
 }
 
 /// What a node handed to one peer link's socket since its last snapshot on
@@ -611,6 +718,10 @@ pub struct Stats {
     /// those on which it read the node's `close_notify`.
     pub tls_handshakes: u64,
     pub tls_close_notifies: u64,
+    /// Peer links whose TLS handshake the node that dialed finished, and
+    /// the peer lines nodes read decrypted on TLS links (and checked).
+    pub peer_tls_handshakes: u64,
+    pub peer_tls_lines: u64,
 }
 
 impl Stats {
@@ -640,6 +751,8 @@ impl Stats {
         self.finished += o.finished;
         self.tls_handshakes += o.tls_handshakes;
         self.tls_close_notifies += o.tls_close_notifies;
+        self.peer_tls_handshakes += o.peer_tls_handshakes;
+        self.peer_tls_lines += o.peer_tls_lines;
     }
 }
 
@@ -1256,6 +1369,7 @@ impl Sim {
             rto_ms,
             dead: false,
             silent: matches!(parties[0], Party::Stranger(_)),
+            tls_trace: Default::default(),
         }));
         self.conns.len() - 1
     }
@@ -1386,9 +1500,11 @@ impl Sim {
     /// pending, as far as a socket buffer of `buf` bytes has room; bytes
     /// for a closed other end are lost.
     fn send_out(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, buf: usize) {
-        let to_client = self.conns[sc]
+        // Records are cut across sends to clients and on peer links (not
+        // to strangers: a run without TLS draws as before).
+        let cut_records = self.conns[sc]
             .as_ref()
-            .is_some_and(|c| matches!(c.parties[1 - e], Party::Client(_)));
+            .is_some_and(|c| c.peer_link || matches!(c.parties[1 - e], Party::Client(_)));
         loop {
             let other_open = self.conns[sc].as_ref().is_some_and(|c| c.open[1 - e]);
             let room = if other_open {
@@ -1396,6 +1512,7 @@ impl Sim {
             } else {
                 usize::MAX
             };
+            let fresh = self.tls_records_all_sent(sc, e);
             let inc = self.nodes[x].inc.as_mut().unwrap();
             let Some(life) = inc.lives.get_mut(&cid) else {
                 return;
@@ -1409,49 +1526,30 @@ impl Sim {
                 )
             });
             let out = life.pending(&mut inc.node, cid);
-            // Sometimes, with TLS to a client, the socket takes only a
-            // part (a record cut across two deliveries); the rest goes next
-            // round. (Not to strangers: a run without TLS draws as before.)
+            // Sometimes, with TLS, the socket takes only a part (a record
+            // cut across two deliveries); the rest goes next round.
             let room = match plain {
-                Some(_) if to_client && out.len() > 1 && self.rng.chance(10) => {
+                Some(_) if cut_records && out.len() > 1 && self.rng.chance(10) => {
                     room.min(self.rng.range(1, out.len() as u64 - 1) as usize)
                 }
                 _ => room,
             };
             let n = out.len().min(room);
             let bytes = out[..n].to_vec();
-            let left = out.len() > n;
-            let in_outbox = inc.node.output_mut(cid).len();
-            let encrypted = plain.map(|(last, outbox)| {
-                let last_left = inc.lives[&cid].last_answers().len();
-                let mut taken = last[..last.len() - last_left].to_vec();
-                taken.extend_from_slice(&outbox[..outbox.len() - in_outbox]);
-                // The scan goes on where it was, in what is left.
-                let gone = if last.is_empty() {
-                    outbox.len() - in_outbox
-                } else {
-                    last.len() - last_left
-                };
-                if let Some(pos) = inc.scan_pos.get_mut(&cid) {
-                    *pos = pos.saturating_sub(gone);
-                }
-                taken
-            });
-            if encrypted.is_none() {
-                // What the outbox had is now the lifecycle's: scan from
-                // the start of the outbox's buffer again.
-                if let Some(pos) = inc.scan_pos.get_mut(&cid) {
-                    *pos = (*pos).min(in_outbox);
-                }
-            }
-            if left {
+            let out_len = out.len();
+            let encrypted = inc.taken_by_pending(cid, plain);
+            if out_len > n {
                 inc.unsent.insert(cid);
             } else {
                 inc.unsent.remove(&cid);
             }
-            // Check 9 reads the answers: with TLS, those just encrypted.
+            // Check 9 reads the answers: with TLS, those just encrypted
+            // (a TLS peer link's, once the socket has their records).
             if let Some(taken) = &encrypted {
-                self.check_grants_replicated(x, sc, taken);
+                let handshaking = inc.lives[&cid].is_handshaking();
+                if !self.trace_tls_link(sc, e, fresh, out_len, taken, handshaking) {
+                    self.check_grants_replicated(x, sc, taken);
+                }
             }
             if n == 0 {
                 return;
@@ -1465,6 +1563,13 @@ impl Sim {
             self.with_life(x, cid, "sent", |life, node, now| {
                 life.sent(node, now, cid, n)
             });
+            let handed = self.conns[sc]
+                .as_mut()
+                .map(|c| c.tls_trace[e].handed(n))
+                .unwrap_or_default();
+            if !handed.is_empty() {
+                self.check_grants_replicated(x, sc, &handed);
+            }
             // As the loops do: output written after the turn's collection
             // (a resumed stash) may answer grants whose replication is not
             // sent yet; the rest waits for the next flush, links first.
@@ -1474,6 +1579,37 @@ impl Sim {
                 return;
             }
         }
+    }
+
+    /// Whether end `e` of `sc` handed all the TLS records its lifecycle
+    /// made to the socket: its next `pending` encrypts.
+    fn tls_records_all_sent(&self, sc: usize, e: usize) -> bool {
+        self.conns[sc]
+            .as_ref()
+            .is_some_and(|c| c.tls_trace[e].sent == c.tls_trace[e].made)
+    }
+
+    /// End `e` of peer link `sc` has `pending` TLS records, the plaintext
+    /// `taken` encrypted (or kept by rustls until the handshake is over):
+    /// traced for the checks that read peer lines (check 9 at the sender
+    /// once the socket has the records, the others at the receiver). False
+    /// if `sc` is not a peer link.
+    fn trace_tls_link(
+        &mut self,
+        sc: usize,
+        e: usize,
+        fresh: bool,
+        pending: usize,
+        taken: &[u8],
+        handshaking: bool,
+    ) -> bool {
+        let Some(conn) = self.conns[sc].as_mut().filter(|c| c.peer_link) else {
+            return false;
+        };
+        let trace = &mut conn.tls_trace[e];
+        let made = trace.sent + pending as u64;
+        trace.sending(fresh, made, taken, handshaking);
+        true
     }
 
     /// Check 9: the active hands a grant's answer (`A`, `G` or `C` with a
@@ -2758,14 +2894,14 @@ impl Sim {
         }
         let conn = self.conns[sc].as_ref().unwrap();
         let silent = conn.silent;
-        let client = matches!(conn.parties[0], Party::Client(_));
         let life = if silent {
             let until = self.node_now(x).ms + HANDSHAKE_MS;
             let conn = rustls::ServerConnection::new(stranger_tls()).expect("a TLS server");
             Lifecycle::with_tls(rustls::Connection::Server(conn), until, None, None)
-        } else if client && self.cfg.tls {
-            // As the loops' `LoopTls::accepted`: the handshake deadline,
-            // the peer CA's check for peer lines, no ACL.
+        } else if self.cfg.tls {
+            // As the loops' `LoopTls::accepted`, for a client or a peer
+            // (the node cannot tell before the handshake): the handshake
+            // deadline, the peer CA's check for peer lines, no ACL.
             let until = self.node_now(x).ms + HANDSHAKE_MS;
             let tls = sim_tls();
             let conn = rustls::ServerConnection::new(tls.server.clone()).expect("a TLS server");
@@ -2894,11 +3030,12 @@ impl Sim {
             if expired == Some(true) {
                 self.stats.handshakes_expired += 1;
                 let e = self.end_of(sc, x);
-                // The loop closes the socket: a client reads the end of
-                // the stream (a stranger closes on its own, see
+                // The loop closes the socket: a client or a peer reads the
+                // end of the stream (a stranger closes on its own, see
                 // `node_end_closed`).
                 let conn = self.conns[sc].as_ref().unwrap();
-                if matches!(conn.parties[1 - e], Party::Client(_)) && conn.open[1 - e] {
+                let other = conn.parties[1 - e];
+                if matches!(other, Party::Client(_) | Party::Node(_)) && conn.open[1 - e] {
                     self.send(sc, e, Seg::Fin);
                 }
                 self.settle(x, sc, e, cid);
@@ -2973,7 +3110,15 @@ impl Sim {
             return;
         }
         let sc = self.new_conn([Party::Node(x), Party::Node(d.peer)], true);
-        let cid = self.alloc_cid(x, sc);
+        let cid = if self.cfg.tls {
+            let life = dialed_tls(d.peer, self.node_now(x).ms);
+            let cid = self.alloc_cid_with(x, sc, life);
+            // As the loops: a TLS link starts with our handshake.
+            self.nodes[x].inc.as_mut().unwrap().unsent.insert(cid);
+            cid
+        } else {
+            self.alloc_cid(x, sc)
+        };
         self.conns[sc].as_mut().unwrap().cids[0] = Some(cid);
         self.op(x, "dialed", |node, now| {
             node.outbound_open(now, cid, PeerId(d.peer))
@@ -2992,7 +3137,6 @@ impl Sim {
     /// at a time (sometimes a line in two pieces), checking after each. If
     /// the connection pauses, the rest stays in the socket.
     #[allow(clippy::too_many_arguments)]
-    #[expect(clippy::too_many_lines)]
     fn node_input(
         &mut self,
         x: usize,
@@ -3047,8 +3191,6 @@ impl Sim {
             // The role before the line: a standby honours HANDOFF only from
             // the node it follows (whose state it has).
             let role_before = self.role(x);
-            let handoff_from_standby = matches!(peer_msg, Some(wire::PeerMsg::Handoff { .. }))
-                && matches!(role_before, Some(Role::Standby { .. }));
             let mut paused = false;
             for (i, piece) in pieces.iter().enumerate() {
                 let fed = self.with_life(x, cid, "peer line", |life, node, now| {
@@ -3080,49 +3222,8 @@ impl Sim {
             if paused {
                 return;
             }
-            if let Some(msg) = peer_msg {
-                let tok = match msg {
-                    wire::PeerMsg::Heartbeat { highest, .. }
-                    | wire::PeerMsg::Snapshot { highest }
-                    | wire::PeerMsg::Handoff { highest } => highest,
-                    wire::PeerMsg::Grant { token, .. } | wire::PeerMsg::Release { token, .. } => {
-                        token
-                    }
-                    _ => 0,
-                };
-                let inc = self.nodes[x].inc.as_mut().unwrap();
-                inc.seen_max = inc.seen_max.max(tok);
-                if handoff_from_standby {
-                    let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
-                    let role = inc.role;
-                    self.log(format!("n{x} read HANDOFF from {from:?}: now {role:?}"));
-                    // It takes the role if it followed the sender: it has the
-                    // sender's state. From any other node the hand-off is
-                    // refused (taking the role without that state could
-                    // grant a lock the sender granted).
-                    let followed_sender = matches!(
-                        role_before,
-                        Some(Role::Standby { following: Some(PeerId(f)) }) if Party::Node(f) == from
-                    );
-                    // Having taken it, it steps down at once if it knows of
-                    // another active node of higher priority (after a split
-                    // brain, whose news may be stale while a fault settles).
-                    let other_active = match role {
-                        Role::Standby {
-                            following: Some(PeerId(f)),
-                        } => {
-                            Party::Node(f) != from
-                                && (self.role(f) == Some(Role::Active)
-                                    || self.windows.iter().any(|w| w.end >= self.now))
-                        }
-                        _ => false,
-                    };
-                    if followed_sender && role != Role::Active && !other_active {
-                        self.fail(format!(
-                            "hand-off: n{x} read HANDOFF from {from:?} as a standby and is {role:?} right after"
-                        ));
-                    }
-                }
+            if let Some(msg) = &peer_msg {
+                self.read_peer_line(x, sc, e, msg, role_before);
             }
             if !open(self) {
                 // Broken: its answers and the E line go out, then it lingers.
@@ -3132,13 +3233,72 @@ impl Sim {
         }
     }
 
+    /// The checks on a peer line node `x` read on `sc` (its end `e`): the
+    /// tokens it has seen (check 2), and that a standby that followed the
+    /// sender is active after its `HANDOFF`. `role_before`: its role before
+    /// it read the line.
+    fn read_peer_line(
+        &mut self,
+        x: usize,
+        sc: usize,
+        e: usize,
+        msg: &wire::PeerMsg<'_>,
+        role_before: Option<Role>,
+    ) {
+        let tok = match *msg {
+            wire::PeerMsg::Heartbeat { highest, .. }
+            | wire::PeerMsg::Snapshot { highest }
+            | wire::PeerMsg::Handoff { highest } => highest,
+            wire::PeerMsg::Grant { token, .. } | wire::PeerMsg::Release { token, .. } => token,
+            _ => 0,
+        };
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        inc.seen_max = inc.seen_max.max(tok);
+        let handoff_from_standby = matches!(msg, wire::PeerMsg::Handoff { .. })
+            && matches!(role_before, Some(Role::Standby { .. }));
+        if !handoff_from_standby {
+            return;
+        }
+        let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
+        let role = inc.role;
+        self.log(format!("n{x} read HANDOFF from {from:?}: now {role:?}"));
+        // It takes the role if it followed the sender: it has the sender's
+        // state. From any other node the hand-off is refused (taking the
+        // role without that state could grant a lock the sender granted).
+        let followed_sender = matches!(
+            role_before,
+            Some(Role::Standby { following: Some(PeerId(f)) }) if Party::Node(f) == from
+        );
+        // Having taken it, it steps down at once if it knows of another
+        // active node of higher priority (after a split brain, whose news
+        // may be stale while a fault settles).
+        let other_active = match role {
+            Role::Standby {
+                following: Some(PeerId(f)),
+            } => {
+                Party::Node(f) != from
+                    && (self.role(f) == Some(Role::Active)
+                        || self.windows.iter().any(|w| w.end >= self.now))
+            }
+            _ => false,
+        };
+        if followed_sender && role != Role::Active && !other_active {
+            self.fail(format!(
+                "hand-off: n{x} read HANDOFF from {from:?} as a standby and is {role:?} right after"
+            ));
+        }
+    }
+
     /// [`Sim::node_input`] for a TLS connection: the records as they came,
     /// sometimes in two reads cut anywhere (a record split across reads).
     /// Only lengths decide, never the ciphertext (which differs from run to
     /// run). rustls takes all of it: what a pause keeps back waits
     /// decrypted in the session. As the loops do, the connection is then
     /// flushed with the turn's output (after the links): what rustls
-    /// answers (its handshake) and what the requests got.
+    /// answers (its handshake) and what the requests got. On a peer link,
+    /// the peer lines each read decrypted (traced at the sender, see
+    /// [`TlsTrace`]) are checked as [`Sim::node_input`] checks plain ones,
+    /// all with the role from before the read.
     fn node_input_tls(&mut self, x: usize, sc: usize, e: usize, cid: ConnId, bytes: &[u8]) {
         if self.log_wire {
             let from = self.conns[sc].as_ref().unwrap().parties[1 - e];
@@ -3156,19 +3316,67 @@ impl Sim {
             if piece.is_empty() {
                 continue;
             }
-            let open = self.with_life(x, cid, "TLS input", |life, node, now| {
+            let role_before = self.role(x);
+            let read = self.with_life(x, cid, "TLS input", |life, node, now| {
+                let handshaking = life.is_handshaking();
                 life.received(node, now, cid, piece);
-                life.phase() == Phase::Open
+                let done = handshaking && !life.is_handshaking();
+                (life.phase() == Phase::Open, life.holds_input(), done)
             });
-            match open {
-                None => return,
-                Some(true) => {}
-                Some(false) => break,
+            let Some((open, held, done)) = read else {
+                return;
+            };
+            self.read_tls_link(x, sc, e, piece.len(), held || !open, done, role_before);
+            if !open {
+                break;
             }
         }
         let inc = self.nodes[x].inc.as_mut().unwrap();
         if inc.lives.contains_key(&cid) {
             inc.unsent.insert(cid);
+        }
+    }
+
+    /// Node `x`'s end `e` of `sc` took in `n` bytes of TLS: on a peer link,
+    /// checks the peer lines it decrypted (none if its session keeps input
+    /// back or the read closed the link, `held`, as a paused plain line is
+    /// not checked, nor what follows a line that breaks the link) and
+    /// counts its
+    /// handshake, `done` now, at the end that dialed.
+    #[allow(clippy::too_many_arguments)]
+    fn read_tls_link(
+        &mut self,
+        x: usize,
+        sc: usize,
+        e: usize,
+        n: usize,
+        held: bool,
+        done: bool,
+        role_before: Option<Role>,
+    ) {
+        let Some(conn) = self.conns[sc].as_mut().filter(|c| c.peer_link) else {
+            return;
+        };
+        let lines = conn.tls_trace[1 - e].received(n);
+        if done && e == 0 {
+            self.stats.peer_tls_handshakes += 1;
+            let to = self.conns[sc].as_ref().unwrap().parties[1];
+            self.log(format!("n{x}: TLS handshake on link #{sc} to {to:?} done"));
+        }
+        if held {
+            return;
+        }
+        for line in lines {
+            if self.log_wire {
+                self.log(format!("n{x} <- #{sc} (TLS): {}", show(&line)));
+            }
+            let msg = Some(&line[..])
+                .filter(|l| wire::is_peer_line(l))
+                .and_then(|l| wire::parse(l).ok());
+            if let Some(msg) = &msg {
+                self.stats.peer_tls_lines += 1;
+                self.read_peer_line(x, sc, e, msg, role_before);
+            }
         }
     }
 
@@ -4520,7 +4728,23 @@ fn stranger_tls() -> std::sync::Arc<rustls::ServerConfig> {
         .clone()
 }
 
-/// The TLS of the nodes' client connections when a run has it
+/// The lifecycle of a peer link to node `peer` dialed at `now_ms` in a TLS
+/// run, as the loops' `LoopTls::dialed` makes it: a rustls client
+/// connection presenting the node certificate, checking the peer's against
+/// the host of its address, and the handshake deadline.
+fn dialed_tls(peer: usize, now_ms: u64) -> Lifecycle {
+    let name = ringlock::tls::peer_server_name(&addr(peer)).expect("a host name");
+    let conn = rustls::ClientConnection::new(sim_tls().peer_client.clone(), name)
+        .expect("a TLS client connection");
+    Lifecycle::with_tls(
+        rustls::Connection::Client(conn),
+        now_ms + HANDSHAKE_MS,
+        None,
+        None,
+    )
+}
+
+/// The TLS of the nodes' connections when a run has it
 /// ([`SimConfig::tls`]): the server configuration the loops build with
 /// `--tls-cert` on a node with peers (clients without certificates, the
 /// peer CA checked for peer lines), and the clients' configuration, which
@@ -4529,6 +4753,10 @@ struct SimTls {
     server: std::sync::Arc<rustls::ServerConfig>,
     peer_check: std::sync::Arc<dyn rustls::server::danger::ClientCertVerifier>,
     client: std::sync::Arc<rustls::ClientConfig>,
+    /// The dialed peer links' configuration: as the loops' `peer_client`,
+    /// it presents the node certificate and trusts the peer CA (here that
+    /// certificate itself).
+    peer_client: std::sync::Arc<rustls::ClientConfig>,
 }
 
 /// The fixed key of the simulated nodes' certificate: Ed25519 (its
@@ -4585,16 +4813,24 @@ fn sim_tls() -> &'static SimTls {
             .with_single_cert(vec![cert.der().clone()], key)
             .expect("a server configuration");
         let peer_check = verifier(false);
-        let mut client = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let builder = || {
+            rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_root_certificates(roots.clone())
+        };
+        let mut client = builder().with_no_client_auth();
         client.resumption = rustls::client::Resumption::disabled();
+        let node_key = rustls::pki_types::PrivateKeyDer::Pkcs8(sim_tls_key().into());
+        let mut peer_client = builder()
+            .with_client_auth_cert(vec![cert.der().clone()], node_key)
+            .expect("the node certificate");
+        peer_client.resumption = rustls::client::Resumption::disabled();
         SimTls {
             server: std::sync::Arc::new(server),
             peer_check,
             client: std::sync::Arc::new(client),
+            peer_client: std::sync::Arc::new(peer_client),
         }
     })
 }

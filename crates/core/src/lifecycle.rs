@@ -168,6 +168,12 @@ impl Lifecycle {
         self.tls.is_some()
     }
 
+    /// True for a TLS connection whose handshake is not over: until then a
+    /// dialed link's plaintext waits in rustls, unencrypted and unsent.
+    pub fn is_handshaking(&self) -> bool {
+        self.tls.as_deref().is_some_and(|t| t.conn.is_handshaking())
+    }
+
     /// For the loop's handshake deadline: a TLS connection still in its
     /// handshake at `now` past its deadline is closed (logged). True if so.
     pub fn handshake_expired(&mut self, node: &mut Node, now: Now, conn: ConnId) -> bool {
