@@ -76,7 +76,7 @@ use ringlock::cluster::auth::Secret;
 use ringlock::cluster::{ClusterConfig, PeerId, Role, wire};
 use ringlock::driver::Driver;
 use ringlock::engine::{ConnId, Now};
-use ringlock::io::lifecycle::Phase;
+use ringlock::io::lifecycle::{Phase, TlsFailure};
 use ringlock::io::{Lifecycle, Step};
 use ringlock::node::{Admission, Node, NodeConfig};
 use ringlock_proto::{Answer, Kind, parse_answer};
@@ -3321,11 +3321,30 @@ impl Sim {
                 let handshaking = life.is_handshaking();
                 life.received(node, now, cid, piece);
                 let done = handshaking && !life.is_handshaking();
-                (life.phase() == Phase::Open, life.holds_input(), done)
+                let failed = life.tls_failure();
+                (
+                    life.phase() == Phase::Open,
+                    life.holds_input(),
+                    done,
+                    failed,
+                )
             });
-            let Some((open, held, done)) = read else {
+            let Some((open, held, done, failed)) = read else {
                 return;
             };
+            let parties = self.conns[sc].as_ref().unwrap().parties;
+            let peer_link = parties.iter().all(|p| matches!(p, Party::Node(_)));
+            // The network neither damages nor reorders bytes, and both ends
+            // are ours: a peer link's TLS never fails (check 5, as an E line
+            // on a plain link). A dialer that gave up on the link before its
+            // handshake ended (its peer hung past the peer timeout) closed
+            // it with close_notify: not broken.
+            if let Some(why) = failed.filter(|&f| peer_link && f != TlsFailure::ClosedInHandshake) {
+                self.fail(format!(
+                    "check 5: n{x} broke a peer link: its TLS failed ({why:?}) on input from {:?} (#{sc})",
+                    parties[1 - e]
+                ));
+            }
             self.read_tls_link(x, sc, e, piece.len(), held || !open, done, role_before);
             if !open {
                 break;

@@ -107,7 +107,7 @@ struct TlsLayer {
     close_queued: bool,
     /// TLS failed (or the client spoke plain text): nothing more is
     /// encrypted; `out` holds the last bytes (an alert, or a plain `E`).
-    dead: bool,
+    failed: Option<TlsFailure>,
 }
 
 impl Default for Lifecycle {
@@ -157,7 +157,7 @@ impl Lifecycle {
             peer_check,
             acl,
             close_queued: false,
-            dead: false,
+            failed: None,
         }));
         life
     }
@@ -172,6 +172,12 @@ impl Lifecycle {
     /// dialed link's plaintext waits in rustls, unencrypted and unsent.
     pub fn is_handshaking(&self) -> bool {
         self.tls.as_deref().is_some_and(|t| t.conn.is_handshaking())
+    }
+
+    /// Why a TLS connection's TLS failed, if it did. It is then closing
+    /// (the failure was logged); nothing more is read or encrypted.
+    pub fn tls_failure(&self) -> Option<TlsFailure> {
+        self.tls.as_deref().and_then(|t| t.failed)
     }
 
     /// For the loop's handshake deadline: a TLS connection still in its
@@ -268,7 +274,7 @@ impl Lifecycle {
         let Some(tls) = self.tls.as_deref_mut() else {
             return;
         };
-        if tls.dead {
+        if tls.failed.is_some() {
             return;
         }
         if std::mem::take(&mut tls.first)
@@ -280,7 +286,7 @@ impl Lifecycle {
             node.tls_log(now, conn, || {
                 "the client spoke plain text to the TLS port (it must connect with TLS)".into()
             });
-            tls.dead = true;
+            tls.failed = Some(TlsFailure::PlainText);
             tls.out.clear();
             tls.sent = 0;
             tls.out.extend_from_slice(PLAIN_ON_TLS_ANSWER);
@@ -292,7 +298,15 @@ impl Lifecycle {
             let was_handshaking = tls.conn.is_handshaking();
             let failure = match tls.conn.read_tls(&mut data) {
                 Ok(_) => tls.conn.process_new_packets().err().map(|e| {
-                    let why = describe(&e);
+                    let kind = match e {
+                        rustls::Error::AlertReceived(rustls::AlertDescription::CloseNotify)
+                            if was_handshaking =>
+                        {
+                            TlsFailure::ClosedInHandshake
+                        }
+                        _ => TlsFailure::Broken,
+                    };
+                    let why = (kind, describe(&e));
                     // The alert rustls queued for the other side.
                     while tls.conn.wants_write() {
                         if tls.conn.write_tls(&mut tls.out).is_err() {
@@ -301,15 +315,15 @@ impl Lifecycle {
                     }
                     why
                 }),
-                Err(e) => Some(format!("TLS input refused: {e}")),
+                Err(e) => Some((TlsFailure::Broken, format!("TLS input refused: {e}"))),
             };
-            if let Some(why) = failure {
+            if let Some((kind, why)) = failure {
                 if matches!(tls.conn, rustls::Connection::Client(_)) {
                     // A peer link we dialed.
                     node.peer_tls_failed(now, conn, &why);
                 }
                 node.tls_log(now, conn, || why);
-                tls.dead = true;
+                tls.failed = Some(kind);
                 broken = true;
                 break;
             }
@@ -419,7 +433,7 @@ impl Lifecycle {
         if tls.sent == tls.out.len() {
             tls.out.clear();
             tls.sent = 0;
-            if tls.dead {
+            if tls.failed.is_some() {
                 self.last.clear(); // nothing more can be sent
             } else {
                 match self.phase {
@@ -454,7 +468,7 @@ impl Lifecycle {
             Some(tls) => {
                 plain
                     && tls.sent == tls.out.len()
-                    && (tls.dead || (tls.close_queued && !tls.conn.wants_write()))
+                    && (tls.failed.is_some() || (tls.close_queued && !tls.conn.wants_write()))
             }
         }
     }
@@ -577,6 +591,19 @@ fn is_peer_certificate(
         Some((end, intermediates)) => check.verify_client_cert(end, intermediates, at).is_ok(),
         None => false,
     }
+}
+
+/// Why a connection's TLS failed ([`Lifecycle::tls_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The other side spoke plain text to a TLS port.
+    PlainText,
+    /// The other side closed (`close_notify`) before the handshake was
+    /// over: it gave up on the connection, which is not broken.
+    ClosedInHandshake,
+    /// Anything else: a record that did not decrypt, a certificate
+    /// refused, an alert.
+    Broken,
 }
 
 /// Says what a TLS failure means for the person reading the log.
