@@ -26,17 +26,6 @@ macro_rules! slab_index {
                 $name(u32::try_from(index).expect($over))
             }
 
-            /// The index a slab's next insert will take (its
-            /// `vacant_key`), for a timer that must name it before the
-            /// insert. Not checked here: that insert checks it
-            /// ([`Self::from_index`]), and the two must be equal.
-            #[inline]
-            #[allow(dead_code)]
-            pub(crate) fn next_slot(index: usize) -> $name {
-                debug_assert!(u32::try_from(index).is_ok());
-                $name(index as u32)
-            }
-
             /// The slab slot this index names.
             #[inline]
             pub(crate) const fn index(self) -> usize {
@@ -101,6 +90,18 @@ slab_index!(
     pub(crate) MemberId,
     "over u32::MAX members"
 );
+
+impl MemberId {
+    /// The index the members' slab's next insert will take (its
+    /// `vacant_key`), for the lease timer that must name it before the
+    /// insert. Not checked here: that insert checks it
+    /// ([`MemberId::from_index`]), and the two must be equal.
+    #[inline]
+    pub(crate) fn next_slot(index: usize) -> MemberId {
+        debug_assert!(u32::try_from(index).is_ok());
+        MemberId(index as u32)
+    }
+}
 
 #[cfg(test)]
 mod tests {
