@@ -238,6 +238,14 @@ fn tls_cluster(nodes: usize) -> Sim {
     sim
 }
 
+/// Nodes `xs` are standbys following `active`.
+fn assert_following(sim: &Sim, xs: &[usize], active: usize) {
+    for &x in xs {
+        let following = Some(PeerId(active));
+        assert_eq!(sim.role(x), Some(Role::Standby { following }), "n{x}");
+    }
+}
+
 fn ok(sim: &Sim) {
     if sim.failed().is_some() {
         panic!("{}", sim.report());
@@ -683,14 +691,7 @@ fn a_node_restarted_while_cut_off_does_not_take_the_grants_away_at_the_heal() {
             sim.report()
         );
     }
-    for x in [1, 2] {
-        assert_eq!(
-            sim.role(x),
-            Some(Role::Standby {
-                following: Some(PeerId(0))
-            })
-        );
-    }
+    assert_following(&sim, &[1, 2], 0);
     // Tokens go on above everything either active issued or saw.
     sim.set_target(0, 0);
     let c = sim.acquire(0, "c", 5_000).unwrap();
@@ -1106,14 +1107,7 @@ fn tls_peer_links_carry_a_failover_and_a_failback() {
         sim.stats.peer_tls_handshakes
     );
     sim.run_for(100);
-    for x in [1, 2] {
-        assert_eq!(
-            sim.role(x),
-            Some(Role::Standby {
-                following: Some(PeerId(0))
-            })
-        );
-    }
+    assert_following(&sim, &[1, 2], 0);
     sim.set_target(0, 0);
     sim.set_target(1, 0);
     let c = sim.acquire(0, "c", 20_000).unwrap();
