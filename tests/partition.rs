@@ -18,7 +18,10 @@
 //! records: a planned hand-back of the role is measured apart and is not a
 //! split brain, while a second active the nodes did not announce, a third
 //! active inside a hand-back, and a hand-back that never ends in one agreed
-//! active still fail (d).
+//! active still fail (d); and check (f) over made-up grants: an overlap
+//! asked for while a node that was active on its own side is still
+//! silent is a split brain's, one asked for after every node answered and
+//! named the one active fails (f).
 //!
 //! The partitions need root, `ip` and `tc`; elsewhere the harness reports them as
 //! ignored, with the reason. The lab's namespaces and processes are
@@ -33,7 +36,7 @@ mod harness;
 use std::path::PathBuf;
 
 use harness::check::Report;
-use harness::clients::Sample;
+use harness::clients::{GrantRec, OpRec, Sample};
 use harness::nodes::HandBack;
 use harness::{Config, Fault, FaultRun, Kind, Record};
 
@@ -106,12 +109,27 @@ fn one(a: usize) -> Says {
 /// on each node from `says(ms)`, and the hand-back lines `hand_backs`
 /// (`(ms, from, to)`).
 fn made_up(says: impl Fn(u64) -> Says, hand_backs: &[(u64, usize, usize)]) -> Report {
+    made_up_with(Kind::Kill9 { node: 0 }, says, hand_backs, &[])
+}
+
+/// A grant in a made-up run: `(client, node, asked, granted, released)`
+/// in ms, on key 0 with a 1 s lease.
+type Granted = (usize, usize, u64, u64, u64);
+
+/// [`made_up`] with fault `kind` (from 1 s to 2 s) and the grants `grants`.
+fn made_up_with(
+    kind: Kind,
+    says: impl Fn(u64) -> Says,
+    hand_backs: &[(u64, usize, usize)],
+    grants: &[Granted],
+) -> Report {
     let mut cfg = Config::new(PathBuf::from("/nonexistent"), "epoll", PathBuf::new(), "x");
     cfg.verbose = false;
     let origin = 1_000_000;
+    let us = |ms: u64| origin + ms * 1000;
     let fault = Fault {
         id: 0,
-        kind: Kind::Kill9 { node: 0 },
+        kind,
         start_ms: 1000,
         len_ms: 1000,
         stagger_ms: 0,
@@ -136,7 +154,28 @@ fn made_up(says: impl Fn(u64) -> Says, hand_backs: &[(u64, usize, usize)]) -> Re
             t_heal: origin + 2_000_000,
             notes: Vec::new(),
         }],
-        grants: Vec::new(),
+        grants: grants
+            .iter()
+            .enumerate()
+            .map(|(n, &(client, node, asked, granted, released))| GrantRec {
+                client,
+                key: 0,
+                token: 1000 + n as u64,
+                node,
+                t_sent: us(asked),
+                t_recv: us(granted),
+                lease_ms: 1000,
+                renew: None,
+                release: Some(OpRec {
+                    t_first: us(released),
+                    t_sent: us(released),
+                    t_recv: Some(us(released) + 100),
+                    node: Some(node),
+                    ok: Some(true),
+                    lease_ms: 0,
+                }),
+            })
+            .collect(),
         stats: Vec::new(),
         samples,
         origin,
@@ -292,6 +331,53 @@ fn a_hand_back_line_names_its_node() {
     );
 }
 
+/// Node 1's bridge port down from 1 s to 2 s; node 0 stays active. Node 1,
+/// active on its own side, answers no poll until 2.3 s and then names
+/// node 0: its network came back later than the heal command (as in a
+/// seeded chaos run, where it took 365 ms).
+fn node_1_heard_late(t: u64) -> Says {
+    match t {
+        1000..2300 => [Some((true, Some(0))), None, Some((false, Some(0)))],
+        _ => one(0),
+    }
+}
+
+fn a_silent_node_has_not_agreed_yet() {
+    // Client 3 asked node 1 during the fault and was granted at 2.29 s,
+    // just before node 1 heard its peers; client 2 asked node 0 at 2.1 s,
+    // after (d)'s moment (node 1 silent) but before node 1 gave way. A
+    // split brain's overlap, not a heal's.
+    let grants = [(3, 1, 1900, 2290, 2600), (2, 0, 2100, 2101, 2400)];
+    let report = made_up_with(Kind::LinkDown { node: 1 }, node_1_heard_late, &[], &grants);
+    assert!(report.passed(), "{}", report.text);
+    assert_eq!(report.overlaps.len(), 1, "{}", report.text);
+    assert!(report.overlaps_agreed.is_empty(), "{}", report.text);
+    let f = &report.faults[0];
+    assert_eq!(f.one_active_ms, Some(0.0), "{}", report.text);
+    let all = f.all_agree_ms.expect("every node agrees from 2.3 s");
+    assert!((290.0..=320.0).contains(&all), "{}", report.text);
+    assert!(
+        f.notes
+            .iter()
+            .any(|n| n.starts_with("every node answering")),
+        "{:?}",
+        f.notes
+    );
+}
+
+fn an_overlap_asked_after_every_node_agreed_fails_f() {
+    // The same, but client 2 asks node 0 at 2.35 s, after node 1 was heard
+    // naming node 0: node 1's grant should have been merged into node 0.
+    let grants = [(3, 1, 1900, 2290, 2600), (2, 0, 2350, 2351, 2500)];
+    let report = made_up_with(Kind::LinkDown { node: 1 }, node_1_heard_late, &[], &grants);
+    assert_eq!(report.overlaps_agreed.len(), 1, "{}", report.text);
+    assert!(
+        report.failures.iter().any(|f| f.starts_with("(f) 1 ")),
+        "{:?}",
+        report.failures
+    );
+}
+
 /// The tests' prerequisite: network namespaces can be made here.
 fn namespaces() -> Result<(), String> {
     harness::net::available().map_err(|why| {
@@ -316,6 +402,8 @@ fn main() -> std::process::ExitCode {
                 a_third_active_inside_a_hand_back_fails_d,
                 a_hand_back_that_leaves_two_actives_fails_d,
                 a_hand_back_line_names_its_node,
+                a_silent_node_has_not_agreed_yet,
+                an_overlap_asked_after_every_node_agreed_fails_f,
             ],
         ],
     )

@@ -47,13 +47,18 @@
 //!   the first grant a client read from such a node.
 //! - **(f) overlap after agreement**: an overlap inside a network fault's
 //!   window (loss, isolation, link down) whose later grant was asked for
-//!   after the cluster agreed on one active again ((d)'s moment), with no
-//!   crash, stop or SIGTERM between the two grants: the node that gave way
-//!   merged its grants into the one that stayed, so none may happen.
+//!   after the cluster agreed on one active again, with no crash, stop or
+//!   SIGTERM between the two grants: the node that gave way merged its
+//!   grants into the one that stayed, so none may happen. Agreed here is
+//!   stricter than (d)'s one active: every node answers and names it. A
+//!   node that does not answer may still be active on its own side of a
+//!   network that has not finished healing for it, granting to a client
+//!   whose request reaches it before its peers do; until it is heard
+//!   giving way, its grants are a split brain's, not a heal's.
 //! - **(g) lost grant outside crash windows**: a (c) loss inside a network
 //!   fault's window whose request was sent after the cluster agreed on one
-//!   active again, touching no crash, stop or SIGTERM window: a heal loses
-//!   nothing.
+//!   active again (as (f) counts it), touching no crash, stop or SIGTERM
+//!   window: a heal loses nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -67,6 +72,9 @@ use super::{Config, Record};
 const GRID_US: u64 = 10_000;
 /// A gap between two polls of one node longer than this is reported.
 const POLL_GAP_US: u64 = 100_000;
+/// A fault's notes say when every node answered and agreed if that came
+/// this much later than (d)'s one active.
+const ALL_AGREE_NOTE_MS: f64 = 100.0;
 /// A hand-back's window opens this long before its log line was read.
 const HAND_BACK_SLACK_US: u64 = 100_000;
 
@@ -88,6 +96,16 @@ pub struct Point {
     pub class: Class,
     /// Bit i: node i says active.
     pub actives: u32,
+    /// Bit i: node i's last poll was answered.
+    pub answered: u32,
+}
+
+impl Point {
+    /// One active, and every one of `nodes` nodes answers and names it: a
+    /// node that was active on its own side has been heard giving way.
+    fn all_agree(&self, nodes: usize) -> bool {
+        matches!(self.class, Class::One(_)) && self.answered.count_ones() as usize == nodes
+    }
 }
 
 pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Point> {
@@ -104,7 +122,7 @@ pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Poi
     let mut points = Vec::new();
     let mut t = from;
     while t <= to {
-        let mut actives = 0u32;
+        let (mut actives, mut answered) = (0u32, 0u32);
         let mut answering: Vec<(usize, bool, Option<usize>)> = Vec::new();
         for i in 0..nodes {
             while idx[i] < per[i].len() && per[i][idx[i]].t <= t {
@@ -118,6 +136,7 @@ pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Poi
                 if active {
                     actives |= 1 << i;
                 }
+                answered |= 1 << i;
                 answering.push((i, active, named));
             }
         }
@@ -136,7 +155,12 @@ pub fn timeline(samples: &[Sample], nodes: usize, from: u64, to: u64) -> Vec<Poi
             }
             _ => Class::Split,
         };
-        points.push(Point { t, class, actives });
+        points.push(Point {
+            t,
+            class,
+            actives,
+            answered,
+        });
         t += GRID_US;
     }
     points
@@ -180,6 +204,9 @@ pub struct FaultResult {
     pub measured: bool,
     pub split_after_heal_ms: Option<f64>,
     pub one_active_ms: Option<f64>,
+    /// From the heal to the start of the run in which every node answers
+    /// and names the one active ((f) and (g) count from there).
+    pub all_agree_ms: Option<f64>,
     pub one_active_from_first_heal_ms: Option<f64>,
     pub within_bound: bool,
     pub notes: Vec<String>,
@@ -429,7 +456,15 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
             .iter()
             .filter(|p| p.t >= f.t_heal && p.t < horizon)
             .collect();
-        let (mut split_after_heal_ms, mut one_active_ms) = (None, None);
+        let (mut split_after_heal_ms, mut one_active_ms, mut all_agree_ms) = (None, None, None);
+        // From the heal to the start of the run, lasting to the horizon, in
+        // which every point (not a hand-back's) satisfies `ok`.
+        let run_from_heal =
+            |ok: &dyn Fn(&Point) -> bool| match after.iter().rposition(|p| !ok(p) && !excused(p)) {
+                None => Some(ms(after[0].t - f.t_heal)),
+                Some(i) if i + 1 < after.len() => Some(ms(after[i + 1].t - f.t_heal)),
+                Some(_) => None,
+            };
         if measured && !after.is_empty() {
             let last_split = after
                 .iter()
@@ -438,14 +473,19 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
                 Some(i) => ms(after[i].t + GRID_US - f.t_heal),
                 None => 0.0,
             });
-            let last_not_one = after
-                .iter()
-                .rposition(|p| !matches!(p.class, Class::One(_)) && !excused(p));
-            one_active_ms = match last_not_one {
-                None => Some(ms(after[0].t - f.t_heal)),
-                Some(i) if i + 1 < after.len() => Some(ms(after[i + 1].t - f.t_heal)),
-                Some(_) => None,
-            };
+            one_active_ms = run_from_heal(&|p| matches!(p.class, Class::One(_)));
+            all_agree_ms = run_from_heal(&|p| p.all_agree(cfg.nodes));
+            match (one_active_ms, all_agree_ms) {
+                (Some(one), Some(all)) if all >= one + ALL_AGREE_NOTE_MS => notes.push(format!(
+                    "every node answering and naming it {all:.0} ms after the heal"
+                )),
+                (Some(_), None) => notes.push(
+                    "not every node answered and named it before the next fault: (f) and (g) \
+                     do not apply"
+                        .into(),
+                ),
+                _ => {}
+            }
         }
         let one_active_from_first_heal_ms = (f.fault.stagger_ms > 0)
             .then(|| one_active_ms.map(|v| v + ms(f.t_heal - f.t_heal_first)))
@@ -482,13 +522,15 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
             measured,
             split_after_heal_ms,
             one_active_ms,
+            all_agree_ms,
             one_active_from_first_heal_ms,
             within_bound,
             notes,
         });
     }
 
-    // The moment each network fault healed into one agreed active, and the
+    // The moment each network fault healed into one active every node
+    // answers and names ((f), (g)), and the
     // windows of the faults that may lose grants (a process gone or stopped).
     let crash_kind = |k: &str| matches!(k, "kill9-restart" | "stop-cont" | "term-restart");
     let agreed: Vec<Option<(u64, u64)>> = rec
@@ -497,7 +539,7 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         .zip(&results)
         .map(|(f, r)| {
             let t = r
-                .one_active_ms
+                .all_agree_ms
                 .filter(|_| r.measured && !crash_kind(r.kind))?;
             Some((f.t_start, f.t_heal + (t * 1000.0) as u64))
         })
@@ -1047,6 +1089,7 @@ fn to_json(cfg: &Config, rec: &Record, r: &Report) -> Value {
                 "promotion_ms": f.promotion_ms, "first_grant_new_ms": f.first_grant_new_ms,
                 "measured": f.measured, "split_after_heal_ms": f.split_after_heal_ms,
                 "one_active_ms": f.one_active_ms,
+                "all_agree_ms": f.all_agree_ms,
                 "one_active_from_first_heal_ms": f.one_active_from_first_heal_ms,
                 "within_bound": f.within_bound, "notes": f.notes,
             })
