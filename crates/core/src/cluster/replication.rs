@@ -40,26 +40,16 @@ impl Cluster {
             let v = usize::try_from(wire::VERSION.saturating_sub(version))
                 .unwrap_or(OLD_VERSIONS)
                 .min(OLD_VERSIONS);
-            if p.snapshot_sent {
+            // The turn's events are lines of the newest version only if no
+            // follower with our snapshot spoke an older one when the turn
+            // began; one that does is resynced.
+            if p.snapshot_sent && v > 0 && self.events.lines().is_some() {
+                debug_assert!(false, "an older follower's deltas recorded as newest lines");
+                self.peers[i].snapshot_sent = false;
+            }
+            if self.peers[i].snapshot_sent {
                 if !self.events.is_empty() {
-                    let scratch = match v.checked_sub(1) {
-                        None => &mut self.scratch,
-                        Some(old) => &mut self.scratch_old[old],
-                    };
-                    if !deltas_encoded[v] {
-                        scratch.clear();
-                        for event in self.events.iter() {
-                            wire::encode_replication(scratch, event, version);
-                        }
-                        deltas_encoded[v] = true;
-                    }
-                    out.write_link(conn, scratch);
-                    let p = &mut self.peers[i];
-                    p.replication.events += self.events.len() as u64;
-                    p.replication.bytes += scratch.len() as u64;
-                    p.replication.writes += 1;
-                    self.probe(now, i, conn, out);
-                    self.hold_or_push(now, i, conn);
+                    self.send_deltas(now, i, conn, &mut deltas_encoded, out);
                 }
             } else {
                 if version < wire::SHARED_VERSION && engine.member_count() > 0 {
@@ -91,6 +81,14 @@ impl Cluster {
             }
         }
         engine.set_follower_too_old(too_old);
+        // Next turn's events go to the followers with our snapshot (those
+        // without get one): as lines, if every one of them speaks the
+        // newest version.
+        let newest = self
+            .peers
+            .iter()
+            .all(|p| !p.snapshot_sent || p.out_version == wire::VERSION);
+        engine.set_replication_encoder(newest.then_some(wire::NEWEST));
         self.push_held(now, engine, out);
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
@@ -102,6 +100,48 @@ impl Cluster {
                 || p.following != Some(me)
                 || p.snapshot_sent
         }));
+    }
+
+    /// Writes the turn's events to follower `i`'s link `conn`: the log's
+    /// lines if it holds them, else the events encoded for the link's
+    /// version (once per version and turn: `encoded`).
+    fn send_deltas(
+        &mut self,
+        now: Now,
+        i: PeerId,
+        conn: ConnId,
+        encoded: &mut [bool; 1 + OLD_VERSIONS],
+        out: &mut Outbox,
+    ) {
+        let version = self.peers[i].out_version;
+        let v = usize::try_from(wire::VERSION.saturating_sub(version))
+            .unwrap_or(OLD_VERSIONS)
+            .min(OLD_VERSIONS);
+        let bytes: &[u8] = match (self.events.lines(), v.checked_sub(1)) {
+            (Some(lines), _) => lines,
+            (None, old) => {
+                let scratch = match old {
+                    None => &mut self.scratch,
+                    Some(old) => &mut self.scratch_old[old],
+                };
+                if !encoded[v] {
+                    scratch.clear();
+                    for event in self.events.iter() {
+                        wire::encode_replication(scratch, event, version);
+                    }
+                    encoded[v] = true;
+                }
+                scratch
+            }
+        };
+        out.write_link(conn, bytes);
+        let written = bytes.len() as u64;
+        let p = &mut self.peers[i];
+        p.replication.events += self.events.len() as u64;
+        p.replication.bytes += written;
+        p.replication.writes += 1;
+        self.probe(now, i, conn, out);
+        self.hold_or_push(now, i, conn);
     }
 
     /// Whether the deltas just written to follower `i`'s link `conn` go

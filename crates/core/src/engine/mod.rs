@@ -39,7 +39,7 @@ use std::sync::Arc;
 use crate::access::Access;
 pub use merge::Merged;
 pub use replication::Replication;
-pub(crate) use replication::ReplicationLog;
+pub(crate) use replication::{LineEncoder, ReplicationLog};
 use stats::EngineStats;
 use table::{HolderId, Holders, LockId, Table, WaiterId};
 use token::TokenClock;

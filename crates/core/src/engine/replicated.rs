@@ -4,8 +4,8 @@
 
 use super::table::{self, LockId, WaiterState};
 use super::{
-    ConnId, Engine, GrantRefusal, MAX_LEASE_MS, Now, Replication, ReplicationLog, Serving, Timer,
-    token,
+    ConnId, Engine, GrantRefusal, LineEncoder, MAX_LEASE_MS, Now, Replication, ReplicationLog,
+    Serving, Timer, token,
 };
 use crate::outbox::Outbox;
 use crate::proto::Answer;
@@ -25,6 +25,17 @@ impl Engine {
         into.clear();
         if let Some(log) = &mut self.replication {
             std::mem::swap(into, log);
+            // The form stays with the engine.
+            log.set_encoder(into.encoder());
+        }
+    }
+
+    /// Records the next turn's events as the lines `encoder` writes (the
+    /// one form every follower reads), or (`None`) as events. Called
+    /// between turns, after [`Engine::take_replication`].
+    pub(crate) fn set_replication_encoder(&mut self, encoder: Option<LineEncoder>) {
+        if let Some(log) = &mut self.replication {
+            log.set_encoder(encoder);
         }
     }
 

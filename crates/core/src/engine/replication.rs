@@ -72,10 +72,31 @@ struct Record {
 
 /// Replication events in order, with their keys in one buffer. Cleared and
 /// refilled, never shrunk: see the module docs.
+///
+/// While every follower reads one form of line (the cluster knows), the
+/// cluster gives the log its encoder ([`ReplicationLog::set_encoder`]) and
+/// an event is written at once as that line, into `lines`: the key and the
+/// holder are then copied from the table once, not into a record, out of
+/// it and into the line.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicationLog {
     records: Vec<Record>,
     keys: Vec<u8>,
+    encoder: Option<LineEncoder>,
+    /// The events' lines, from `encoder`.
+    lines: Vec<u8>,
+    /// How many events `lines` holds.
+    lined: usize,
+}
+
+/// How the cluster writes an event's line (its wire form): a grant's and
+/// a release's, the events of every cycle, called directly; `any` for
+/// every event (the others).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LineEncoder {
+    pub(crate) grant: fn(&mut Vec<u8>, &[u8], u64, u64, crate::proto::Holder<'_>),
+    pub(crate) release: fn(&mut Vec<u8>, &[u8], u64),
+    pub(crate) any: fn(&mut Vec<u8>, Replication<'_>),
 }
 
 impl ReplicationLog {
@@ -84,22 +105,46 @@ impl ReplicationLog {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
     /// The number of events recorded.
     pub(crate) fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() + self.lined
     }
 
     /// Forgets every event and keeps the room.
     pub(crate) fn clear(&mut self) {
         self.records.clear();
         self.keys.clear();
+        self.lines.clear();
+        self.lined = 0;
     }
 
-    /// The events in the order they were recorded.
+    /// From the next event on, records events as lines written by
+    /// `encoder`, or (`None`) as events. The log must be empty: it holds
+    /// events or lines, not both.
+    pub(crate) fn set_encoder(&mut self, encoder: Option<LineEncoder>) {
+        assert!(self.is_empty(), "the form of a log changes between turns");
+        self.encoder = encoder;
+    }
+
+    pub(crate) fn encoder(&self) -> Option<LineEncoder> {
+        self.encoder
+    }
+
+    /// Every event's line, if the log holds lines
+    /// ([`ReplicationLog::set_encoder`]); `None` if it holds events.
+    pub(crate) fn lines(&self) -> Option<&[u8]> {
+        debug_assert!(self.encoder.is_some() || self.lined == 0);
+        debug_assert!(self.encoder.is_none() || self.records.is_empty());
+        self.encoder.is_some().then_some(&self.lines[..])
+    }
+
+    /// The events in the order they were recorded: none if the log holds
+    /// lines ([`ReplicationLog::lines`]).
     pub(crate) fn iter(&self) -> impl Iterator<Item = Replication<'_>> {
+        debug_assert!(self.lined == 0, "iterating a log of lines");
         let mut start = 0;
         self.records.iter().map(move |r| {
             let key = self.keys.get(start..r.key_end).unwrap_or_default();
@@ -155,6 +200,22 @@ impl ReplicationLog {
     /// the holder's fields, a grant's the match.
     #[inline(always)]
     pub(crate) fn push(&mut self, event: Replication<'_>) {
+        if let Some(encode) = self.encoder {
+            match event {
+                Replication::Granted {
+                    key,
+                    token,
+                    remaining_ms,
+                    holder,
+                } => (encode.grant)(&mut self.lines, key, token, remaining_ms, holder),
+                Replication::Released { key, token } => {
+                    (encode.release)(&mut self.lines, key, token)
+                }
+                other => (encode.any)(&mut self.lines, other),
+            }
+            self.lined += 1;
+            return;
+        }
         let (key, token, remaining_ms, holder, class) = match event {
             Replication::Granted {
                 key,

@@ -297,3 +297,84 @@ fn the_longest_lease_replicates_within_the_followers_bound() {
         drop(c);
     }
 }
+
+/// While every follower speaks the newest version the active records a
+/// turn's changes as their lines at once; a follower of an older release
+/// that joins gets its snapshot, and from the next turn on its own form
+/// of each change, while the other keeps getting the newest; once it has
+/// gone, the newest lines alone again.
+#[test]
+fn an_older_follower_joining_and_leaving_gets_its_own_form_of_each_change() {
+    let (mut c, mut e, mut o) = node(0);
+    dial_out(&mut c, &mut e, &mut o, at(0), cid(20), 1);
+    Remote::new(1)
+        .accept(&mut c, &mut e, &mut o, at(0), cid(20))
+        .unwrap();
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 1);
+    for ms in (2..=TIMEOUT_MS + 50).step_by(50) {
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+        c.tick(at(ms), &mut e, &mut o);
+    }
+    assert_eq!(c.role(), Role::Active);
+    let mut now = at(TIMEOUT_MS + 60);
+    heartbeat(&mut c, &mut e, &mut o, now, cid(10), false, Some(0));
+    c.flush_replication(now, &mut e, &mut o);
+    o.output_mut(cid(20)).clear();
+    e.open(cid(0), &mut o);
+    let grant = |c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, key: &str| {
+        client(e, o, now, cid(0), &format!("A {key} 10 0"));
+        c.flush_replication(now, e, o);
+        e.holder(key.as_bytes()).unwrap().0
+    };
+    // Node 1 alone: the newest lines.
+    let t = grant(&mut c, &mut e, &mut o, now, "a");
+    assert_eq!(
+        lines_of(&mut o, cid(20))[0],
+        format!("P g a {t:x} 2711 - -")
+    );
+
+    // Node 2, of the oldest release, joins and follows.
+    refuse_newer_versions(&mut c, &mut e, &mut o, 2, cid(30));
+    dial_out(&mut c, &mut e, &mut o, now, cid(22), 2);
+    let mut old = Remote::new(2);
+    old.version = 2;
+    old.accept(&mut c, &mut e, &mut o, now, cid(22)).unwrap();
+    old.dial(&mut c, &mut e, &mut o, now, cid(11)).unwrap();
+    heartbeat(&mut c, &mut e, &mut o, now, cid(11), false, Some(0));
+    o.output_mut(cid(22)).clear();
+    // A change in the turn node 2 gets its snapshot: node 1 its line, node
+    // 2 the change within the snapshot.
+    let t = grant(&mut c, &mut e, &mut o, now, "b");
+    assert_eq!(
+        lines_of(&mut o, cid(20))[0],
+        format!("P g b {t:x} 2711 - -")
+    );
+    let snapshot = lines_of(&mut o, cid(22));
+    assert!(snapshot[0].starts_with("P SNAP "), "{snapshot:?}");
+    assert!(
+        snapshot.contains(&format!("P G b {t} 10001")),
+        "{snapshot:?}"
+    );
+    // The next turn: each its own form.
+    now = at(now.ms + 1);
+    let t = grant(&mut c, &mut e, &mut o, now, "c");
+    assert_eq!(
+        lines_of(&mut o, cid(20))[0],
+        format!("P g c {t:x} 2711 - -")
+    );
+    assert_eq!(lines_of(&mut o, cid(22)), [format!("P G c {t} 10001")]);
+
+    // Node 2 goes: the newest lines alone again.
+    for conn in [cid(22), cid(11)] {
+        c.on_close(now, conn, &mut e, &mut o);
+        e.close(conn, &mut o);
+    }
+    c.flush_replication(now, &mut e, &mut o);
+    now = at(now.ms + 1);
+    let t = grant(&mut c, &mut e, &mut o, now, "d");
+    assert_eq!(
+        lines_of(&mut o, cid(20))[0],
+        format!("P g d {t:x} 2711 - -")
+    );
+    c.check_invariants(now, &e);
+}

@@ -1,10 +1,10 @@
 //! Encoding peer messages and the engine's replication events as lines.
 
 use super::hex::write_hex;
-use super::{HEX_VERSION, IDENTITY_VERSION, MERGE_VERSION, PeerMsg, SHARED_VERSION};
+use super::{HEX_VERSION, IDENTITY_VERSION, MERGE_VERSION, PeerMsg, SHARED_VERSION, VERSION};
 use crate::access::is_valid_identity;
 use crate::cluster::auth;
-use crate::engine::Replication;
+use crate::engine::{LineEncoder, Replication};
 use crate::proto::{Holder, MAX_DURATION_MS, write_u64};
 
 /// Appends `msg` as a line.
@@ -184,6 +184,18 @@ pub(crate) fn encode_replication(out: &mut Vec<u8>, event: Replication<'_>, vers
         Replication::Member { .. } => {}
     }
 }
+
+/// [`encode_replication`] at [`VERSION`]: what the active's engine records
+/// a turn's events as while every follower speaks it. A grant and a
+/// release go to their encoders directly, as [`encode_replication`] would
+/// send them at [`VERSION`] (the assertion below makes a new version
+/// revisit this).
+pub(crate) const NEWEST: LineEncoder = LineEncoder {
+    grant: encode_grant_hex,
+    release: encode_release_hex,
+    any: |out, event| encode_replication(out, event, VERSION),
+};
+const _: () = assert!(VERSION == HEX_VERSION, "NEWEST writes P g and P x");
 
 /// The remaining lease a grant's line carries: at most the longest lease,
 /// the bound every follower (of every version) accepts. A grant of the

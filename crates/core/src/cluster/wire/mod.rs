@@ -71,7 +71,7 @@ mod hex;
 mod parse;
 
 pub use encode::encode;
-pub(crate) use encode::encode_replication;
+pub(crate) use encode::{NEWEST, encode_replication};
 pub use parse::parse;
 
 use super::PeerId;
