@@ -610,7 +610,7 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
         .collect();
     if !overlaps_agreed.is_empty() {
         failures.push(format!(
-            "(f) {} overlapping holders whose later grant came after one active was agreed",
+            "(f) {} overlapping holders whose later grant came after every node named one active",
             overlaps_agreed.len()
         ));
     }
@@ -702,7 +702,7 @@ pub fn analyse(cfg: &Config, rec: &Record) -> Report {
     }
     if !lost_after_agreement.is_empty() {
         failures.push(format!(
-            "(g) {} grants lost outside crash windows, asked after one active was agreed",
+            "(g) {} grants lost outside crash windows, asked after every node named one active",
             lost_after_agreement.len()
         ));
     }
@@ -951,7 +951,7 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     }
     let _ = writeln!(
         o,
-        "- (f) overlapping holders whose later grant was asked for after one active was agreed (no crash, stop or SIGTERM between): **{}** (target 0)",
+        "- (f) overlapping holders whose later grant was asked for after every node answered naming one active (no crash, stop or SIGTERM between): **{}** (target 0)",
         r.overlaps_agreed.len()
     );
     for &i in r.overlaps_agreed.iter().take(10) {
@@ -968,7 +968,7 @@ fn render(cfg: &Config, rec: &Record, r: &Report) -> String {
     }
     let _ = writeln!(
         o,
-        "- (g) grants lost outside crash windows (R/N answered 0, asked after one active was agreed): **{}** (target 0)",
+        "- (g) grants lost outside crash windows (R/N answered 0, asked after every node answered naming one active): **{}** (target 0)",
         r.lost_after_agreement.len()
     );
     for x in r.lost_after_agreement.iter().take(10) {
