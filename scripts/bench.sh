@@ -14,7 +14,9 @@
 #          --server-core C, --client-core C, --out DIR,
 #          --max-other CORES (0.25), --retries N (0): a run during which the
 #          rest of the machine used more than CORES is reported as disturbed,
-#          and repeated up to N times
+#          and repeated up to N times,
+#          --paced-rates R50,RPIPE (20000,100000): the cycles/s of the
+#          paced scenarios below
 #
 # Builds release; installs redis-server (and a font for the plots) from
 # Debian packages if missing; starts ringlock --io uring, ringlock --io
@@ -41,7 +43,13 @@
 # /metrics), or the replicas are online (INFO replication); the generator
 # reads every standby's CPU, and the active's replication lag per follower
 # from its /metrics before and after each run. The report's "Replication"
-# tables give each one's ratio to the single node.
+# tables give each one's ratio to the single node. The paced scenarios
+# (conns-50-paced, pipelined-paced) run the same two shapes at a fixed
+# rate (`ringlock-bench --rate`, --paced-rates), below what every cluster
+# sustains here, for the lock servers and the clusters: in the closed loop
+# a cluster whose standbys share the generator's core gets fewer requests
+# per turn than the single node, and its CPU per cycle counts that too; at
+# one rate both get the same load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -60,6 +68,7 @@ RETRIES=0
 SERVER_CORE=0
 CLIENT_CORE=1
 OUT_DIR=
+PACED_RATES=20000,100000
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
@@ -72,6 +81,7 @@ while [ $# -gt 0 ]; do
         --spin-us) SPIN_US=$2; shift ;;
         --max-other) MAX_OTHER=$2; shift ;;
         --retries) RETRIES=$2; shift ;;
+        --paced-rates) PACED_RATES=$2; shift ;;
         --server-core) SERVER_CORE=$2; shift ;;
         --client-core) CLIENT_CORE=$2; shift ;;
         --out) OUT_DIR=$2; shift ;;
@@ -521,6 +531,8 @@ SCENARIOS=(
     "conns-16|--conns 16|all"
     "conns-50|--conns 50|all+tls+cluster"
     "pipelined|--conns 4 --pipeline 32|all+tls+cluster"
+    "conns-50-paced|--conns 50 --rate ${PACED_RATES%%,*}|paced"
+    "pipelined-paced|--conns 4 --pipeline 32 --rate ${PACED_RATES#*,}|paced"
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
 
@@ -534,6 +546,7 @@ for round in $(seq "$ROUNDS"); do
             all+tls) labels=("${ALL_LABELS[@]}" "${TLS_LABELS[@]}") ;;
             all+tls+cluster) labels=("${ALL_LABELS[@]}" "${TLS_LABELS[@]}" "${CLUSTER_LABELS[@]}") ;;
             all+pingpong+tls) labels=("${ALL_LABELS[@]}" "${PINGPONG_EXTRA[@]}" "${TLS_LABELS[@]}") ;;
+            paced) labels=("${LOCK_LABELS[@]}" ringlock-uring-tls "${CLUSTER_LABELS[@]}") ;;
         esac
         # Alternate: each round starts the rotation one target later.
         n=${#labels[@]}

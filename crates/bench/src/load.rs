@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
+use crate::pace::Pacer;
 use crate::proc;
 use crate::replication::{self, Scrape};
 use crate::stats::{CpuUse, Fairness, Hists, Memory, RunResult};
@@ -121,6 +122,12 @@ pub(crate) struct RunArgs {
     /// client's is gone.
     #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
+    /// Cycles per second in all, started at that pace (each slot every
+    /// slots/rate seconds; see pace.rs) instead of as fast as answers come
+    /// back: for comparing two servers at the same load. Uncontended and
+    /// contended modes.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate: Option<u64>,
     /// The server's pid: its CPU time per cycle (and RSS in memory mode) is
     /// read from /proc.
     #[arg(long)]
@@ -401,6 +408,9 @@ struct Plan {
     record_round_trip_acquire: bool,
     /// `--spin-us`.
     spin: Duration,
+    /// `--rate`, and every thread's slots: cycles start paced
+    /// ([`crate::pace`]).
+    rate: Option<(u64, u64)>,
 }
 
 struct Worker<'a> {
@@ -421,6 +431,8 @@ struct Worker<'a> {
     dirty: Vec<u32>,
     memory_done_at: Option<u64>,
     memory_granted: u64,
+    /// `--rate`: when each slot starts its next cycle.
+    pacer: Option<Pacer>,
 }
 
 /// What a worker hands back.
@@ -439,8 +451,16 @@ struct WorkerResult {
 impl<'a> Worker<'a> {
     fn run(mut self) -> WorkerResult {
         let mut events = Events::with_capacity(1024);
-        for i in 0..self.slots.len() as u32 {
-            self.start_acquire(i);
+        match self.plan.rate {
+            Some((rate, all_slots)) => {
+                let slots = self.slots.len() as u32;
+                self.pacer = Some(Pacer::new(rate, slots, all_slots, self.shared.now()));
+            }
+            None => {
+                for i in 0..self.slots.len() as u32 {
+                    self.start_acquire(i);
+                }
+            }
         }
         self.flush_all();
         loop {
@@ -448,6 +468,7 @@ impl<'a> Worker<'a> {
             if self.shared.failed.load(Ordering::Relaxed) {
                 break;
             }
+            self.start_due(now);
             if self.plan.mode != Mode::Memory && !self.draining && now >= self.shared.end {
                 self.draining = true;
             }
@@ -462,7 +483,9 @@ impl<'a> Worker<'a> {
             if now >= limit {
                 break;
             }
-            let timeout = Duration::from_nanos((limit - now).min(100_000_000));
+            let next_start = self.pacer.as_ref().and_then(Pacer::next_start);
+            let until = next_start.map_or(limit, |at| at.clamp(now, limit));
+            let timeout = Duration::from_nanos((until - now).min(100_000_000));
             if let Err(e) = ringlock::io::epoll::wait(
                 &mut self.poll,
                 &mut events,
@@ -502,6 +525,21 @@ impl<'a> Worker<'a> {
             drained,
             memory_done_at: self.memory_done_at,
             memory_granted: self.memory_granted,
+        }
+    }
+
+    /// `--rate`: starts the cycles due by `now` (none once draining) and
+    /// sends them.
+    fn start_due(&mut self, now: u64) {
+        let mut started = false;
+        while let Some(s) = self.pacer.as_mut().and_then(|p| p.pop_due(now)) {
+            if !self.draining {
+                self.start_acquire(s);
+                started = true;
+            }
+        }
+        if started {
+            self.flush_all();
         }
     }
 
@@ -737,8 +775,12 @@ impl<'a> Worker<'a> {
         }
         self.progress += 1;
         slot.st = St::Idle;
-        if !self.draining {
-            self.start_acquire(s);
+        if self.draining {
+            return;
+        }
+        match &mut self.pacer {
+            Some(pacer) => pacer.finished(s, t),
+            None => self.start_acquire(s),
         }
     }
 
@@ -1050,6 +1092,9 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
     {
         return Err("--acquire shared|semaphore: ringlock, uncontended or contended".into());
     }
+    if args.rate.is_some() && !matches!(args.mode, Mode::Uncontended | Mode::Contended) {
+        return Err("--rate: uncontended or contended mode".into());
+    }
     if !(1..=ringlock_proto::MAX_PERMITS).contains(&args.permits) {
         return Err("--permits must be in 1..=65536".into());
     }
@@ -1099,6 +1144,9 @@ pub(crate) fn run(args: &RunArgs) -> crate::Result<RunResult> {
         keys,
         record_round_trip_acquire: args.mode == Mode::Uncontended,
         spin: Duration::from_micros(args.spin_us),
+        rate: args
+            .rate
+            .map(|r| (r, u64::from(args.conns) * u64::from(args.pipeline))),
     };
 
     // Connect everything before the clock starts.
@@ -1393,6 +1441,7 @@ fn build_worker<'a>(
         dirty: Vec::new(),
         memory_done_at: None,
         memory_granted: 0,
+        pacer: None,
     })
 }
 

@@ -28,6 +28,7 @@ mod grow;
 #[allow(unsafe_code)]
 mod instr;
 mod load;
+mod pace;
 mod plot;
 mod proc;
 mod replication;

@@ -142,6 +142,42 @@ fn contended_clients_share_the_lock_evenly_under_epoll() {
     contended(&server.addr);
 }
 
+/// `--rate`: the cycles start at the pace asked for, not as fast as the
+/// server answers (which here is tens of times faster), and no faster
+/// either.
+#[test]
+fn a_paced_run_offers_its_rate() {
+    let server = Running::start(
+        server().to_str().unwrap(),
+        &["serve", "--listen", "127.0.0.1:0", "--io", "epoll"],
+    );
+    let r = run(&[
+        "--addr",
+        &server.addr,
+        "--conns",
+        "4",
+        "--pipeline",
+        "2",
+        "--rate",
+        "2000",
+    ]);
+    // 0.4 s measured at 2000 per second.
+    let cycles = f(&r, &["cycles"]);
+    assert!((720.0..=820.0).contains(&cycles), "{cycles} cycles: {r}");
+    assert_eq!(f(&r, &["errors"]), 0.0);
+    assert_eq!(r["drained"], true);
+    let refused = Command::new(GEN)
+        .args(["--addr", &server.addr, "--mode", "memory", "--rate", "10"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--rate: uncontended or contended"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
 #[test]
 #[expect(clippy::too_many_lines)]
 fn load_generator_report_and_compare() {
