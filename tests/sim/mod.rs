@@ -302,6 +302,9 @@ struct SimConn {
     /// Dialed by a stranger: the node's end starts with a TLS handshake
     /// that never completes.
     silent: bool,
+    /// When the node at end 1 took the connection out of its backlog: a
+    /// request sent before waits for that.
+    accepted_ms: Option<u64>,
     /// A TLS peer link's plaintext, by the end `e` that sent it
     /// (`tls_trace[e]` goes with `pipes[e]`).
     tls_trace: [TlsTrace; 2],
@@ -356,6 +359,18 @@ impl TlsTrace {
             plain.extend_from_slice(&p);
         }
         plain
+    }
+
+    /// The complete lines the receiver will have decrypted once it takes
+    /// in `n` more bytes ([`TlsTrace::received`], without taking them).
+    fn peek(&self, n: usize) -> Vec<Vec<u8>> {
+        let read = self.read + n as u64;
+        let mut partial = self.partial.clone();
+        let mut lines = Vec::new();
+        for (_, plain) in self.marks.iter().take_while(|(end, _)| *end <= read) {
+            lines.extend(complete_lines(&mut partial, plain));
+        }
+        lines
     }
 
     /// The receiver took in `n` more bytes: the complete lines it now has
@@ -665,10 +680,10 @@ struct Window {
     start: u64,
     /// `u64::MAX` while the fault lasts; then its end plus [`SETTLE_MS`].
     end: u64,
-    /// For a crash: the grants (key, token) some other running node had in
-    /// its table then. A crash excuses the loss of a grant only if no
-    /// running node had it ("every grant a standby acknowledged survives a
-    /// failover").
+    /// For a crash: the grants (key, token) every other running node had
+    /// in its table then. A crash excuses the loss of a grant that some
+    /// running node lacked: the node that takes over keeps what reached it
+    /// ([`Sim::crash_window`]).
     survivors: Option<BTreeSet<(Vec<u8>, u64)>>,
 }
 
@@ -757,6 +772,9 @@ impl Stats {
 }
 
 pub struct Sim {
+    /// The replicated releases (key, token) in the peer lines of the TLS
+    /// read being fed to a node: check 3 does not count them as lost.
+    released_in_op: BTreeSet<(Vec<u8>, u64)>,
     pub seed: u64,
     pub cfg: SimConfig,
     rng: Rng,
@@ -884,6 +902,7 @@ impl Sim {
         let end = T0 + cfg.chaos_ms + cfg.settle_ms;
         let log_all = std::env::var_os("RINGLOCK_SIM_LOG").is_some();
         let mut sim = Sim {
+            released_in_op: BTreeSet::new(),
             seed,
             rng,
             now: T0,
@@ -1201,7 +1220,8 @@ impl Sim {
                     // permits.
                     let kept = engine.holder(k).map(|h| h.0) == Some(*tok)
                         || engine.members_of(k).iter().any(|m| m.0 == *tok);
-                    if *exp > now.ms && !kept {
+                    let released = self.released_in_op.contains(&(k.clone(), *tok));
+                    if *exp > now.ms && !kept && !released {
                         lost.push(format!("{} {tok}", show(k)));
                     }
                 }
@@ -1369,6 +1389,7 @@ impl Sim {
             rto_ms,
             dead: false,
             silent: matches!(parties[0], Party::Stranger(_)),
+            accepted_ms: None,
             tls_trace: Default::default(),
         }));
         self.conns.len() - 1
@@ -1396,8 +1417,11 @@ impl Sim {
         let at = at.max(pipe.last_at);
         pipe.last_at = at;
         if let Seg::Rst = seg {
-            // A reset overtakes and drops whatever was still in flight.
-            pipe.segs.clear();
+            // A reset overtakes and drops whatever was still in flight;
+            // what has arrived is in the receiver's socket, which reads it
+            // before it learns of the reset (as Linux does).
+            let now = self.now;
+            pipe.segs.retain(|&(at, _)| at <= now);
         }
         pipe.segs.push_back((at, seg));
     }
@@ -1867,21 +1891,27 @@ impl Sim {
     }
 
     /// A window in which node `x`'s grants that no other running node has
-    /// may be lost.
+    /// may be lost: those that not every other running node has. The next
+    /// node to take the role keeps what reached it; what was still in
+    /// flight to it (the network's delay, a reset that overtook it) is lost
+    /// even if it reached another standby, which takes the new active's
+    /// snapshot (docs/cluster.md, "What happens when"). A node that loses
+    /// what it had is check 3's business.
     fn crash_window(&mut self, x: usize, kind: &'static str) {
         let w = self.open_window(kind);
         self.close_window(w);
-        let survivors = (0..self.cfg.nodes)
+        let mut held = (0..self.cfg.nodes)
             .filter(|&y| y != x && self.runs(y))
-            .flat_map(|y| {
+            .map(|y| {
                 let engine = self.nodes[y].inc.as_ref().unwrap().node.engine();
                 engine
                     .grants()
                     .chain(engine.member_grants())
                     .map(|(k, t, _)| (k.to_vec(), t))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+                    .collect::<BTreeSet<_>>()
+            });
+        let first = held.next().unwrap_or_default();
+        let survivors = held.fold(first, |all, one| &all & &one);
         self.windows[w].survivors = Some(survivors);
     }
 
@@ -2911,7 +2941,10 @@ impl Sim {
             Lifecycle::new()
         };
         let cid = self.alloc_cid_with(x, sc, life);
-        self.conns[sc].as_mut().unwrap().cids[1] = Some(cid);
+        let now = self.now;
+        let conn = self.conns[sc].as_mut().unwrap();
+        conn.cids[1] = Some(cid);
+        conn.accepted_ms = Some(now);
         match admission {
             Admission::PeerOnly => {
                 self.stats.peer_only += 1;
@@ -3317,6 +3350,17 @@ impl Sim {
                 continue;
             }
             let role_before = self.role(x);
+            // One read may carry several peer lines, and a grant's release
+            // may come in it before the line that makes the node active (a
+            // hand-off): check 3 does not count that grant as lost.
+            self.released_in_op = self.conns[sc].as_ref().unwrap().tls_trace[1 - e]
+                .peek(piece.len())
+                .iter()
+                .filter_map(|l| match wire::parse(l) {
+                    Ok(wire::PeerMsg::Release { key, token }) => Some((key.to_vec(), token)),
+                    _ => None,
+                })
+                .collect();
             let read = self.with_life(x, cid, "TLS input", |life, node, now| {
                 let handshaking = life.is_handshaking();
                 life.received(node, now, cid, piece);
@@ -3329,6 +3373,7 @@ impl Sim {
                     failed,
                 )
             });
+            self.released_in_op.clear();
             let Some((open, held, done, failed)) = read else {
                 return;
             };
@@ -4270,23 +4315,31 @@ impl Sim {
             self.replicas_matched = self.replica_diff().is_none();
         }
         // Every request is answered in time: releases, renewals and acquires
-        // with a wait, unless a fault came in between.
+        // with a wait, unless a fault came in between. Time counts from when
+        // the node could read it: a connection that waited in the node's
+        // backlog (failed accepts) is read once taken.
         let mut unanswered = None;
         if self.healed() {
             for (c, client) in self.clients.iter().enumerate() {
-                for (req, n) in client.outstanding.values().flatten() {
-                    if req.op == b'A' && req.wait_ms == 0 {
-                        continue;
-                    }
-                    let due = req.sent_ms + req.wait_ms + 2 * MAX_DELAY_MS + 10;
-                    if t > due && self.last_disturbance < req.sent_ms {
-                        let line = req.line();
-                        let what = format!(
-                            "client {c}: no answer from n{n} to \"{}\" sent at {}",
-                            show(&line[..line.len() - 1]),
-                            req.sent_ms
-                        );
-                        unanswered.get_or_insert(what);
+                for (&sc, reqs) in &client.outstanding {
+                    let Some(accepted) = self.conns.get(sc).and_then(|c| c.as_ref()?.accepted_ms)
+                    else {
+                        continue; // still in the backlog
+                    };
+                    for (req, n) in reqs {
+                        if req.op == b'A' && req.wait_ms == 0 {
+                            continue;
+                        }
+                        let due = req.sent_ms.max(accepted) + req.wait_ms + 2 * MAX_DELAY_MS + 10;
+                        if t > due && self.last_disturbance < req.sent_ms {
+                            let line = req.line();
+                            let what = format!(
+                                "client {c}: no answer from n{n} to \"{}\" sent at {}",
+                                show(&line[..line.len() - 1]),
+                                req.sent_ms
+                            );
+                            unanswered.get_or_insert(what);
+                        }
                     }
                 }
             }
