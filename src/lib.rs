@@ -28,5 +28,5 @@ pub mod server;
 pub mod testing;
 pub mod tls;
 
-pub use ringlock_core::{access, cluster, driver, engine, node, outbox, stats};
+pub use ringlock_core::{access, cluster, driver, engine, node, outbox, read_batch, stats};
 pub use ringlock_proto as proto;

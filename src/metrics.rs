@@ -548,6 +548,11 @@ fn register_cluster(r: &mut Registry, s: &Snapshot) {
         ConstCounter::new(s.cluster.stepped_down),
     );
     r.register(
+        "ringlock_replication_batched_reads",
+        "Reads of the active's replication made in batches by this standby (--replication-batch-us), each taking what arrived since the last",
+        ConstCounter::new(s.node.batched_reads),
+    );
+    r.register(
         "ringlock_permits_over_limit",
         "Semaphore permits applied from the active beyond the semaphore's limit (after a healed split brain); no new permit is granted until back under",
         ConstCounter::new(s.engine.permits_over_limit),

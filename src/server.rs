@@ -5,8 +5,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use crate::cluster::{
-    ClusterConfig, DEFAULT_COALESCE_US, DEFAULT_FAILBACK_DELAY_MS, MAX_COALESCE_US,
-    MAX_FAILBACK_DELAY_MS, MIN_PEER_TIMEOUT_TO_COALESCE_MS, wire,
+    ClusterConfig, DEFAULT_COALESCE_US, DEFAULT_FAILBACK_DELAY_MS, DEFAULT_READ_BATCH_US,
+    MAX_COALESCE_US, MAX_FAILBACK_DELAY_MS, MAX_READ_BATCH_US, MIN_PEER_TIMEOUT_TO_COALESCE_MS,
+    READ_BATCHES_PER_PEER_TIMEOUT, wire,
 };
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
@@ -61,6 +62,13 @@ pub struct ServeArgs {
     /// below 400.
     #[arg(long, default_value_t = DEFAULT_COALESCE_US)]
     pub replication_coalesce_us: u64,
+    /// Cluster: while its active's replication keeps coming, a standby
+    /// reads it at most this often instead of waking for every write (µs;
+    /// 0: at every write; at most 2000, and at most a fiftieth of
+    /// --peer-timeout-ms). What waits is in the standby's kernel already;
+    /// it costs replication lag, up to this much.
+    #[arg(long, default_value_t = DEFAULT_READ_BATCH_US)]
+    pub replication_batch_us: u64,
     /// Cluster: a file holding the secret every node shares (required with
     /// --peers; make one with `ringlock keygen PATH` and copy it to every
     /// node). Peer links prove it both ways before anything else.
@@ -387,22 +395,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
             "--failback-delay-ms must be at most {MAX_FAILBACK_DELAY_MS}"
         )));
     }
-    if args.replication_coalesce_us > MAX_COALESCE_US {
-        return Err(ServeError::Config(format!(
-            "--replication-coalesce-us must be at most {MAX_COALESCE_US}"
-        )));
-    }
-    let coalesce_us = if args.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS {
-        args.replication_coalesce_us
-    } else {
-        if args.replication_coalesce_us > 0 {
-            tracing::info!(
-                "replication is not coalesced: --peer-timeout-ms {} is below {MIN_PEER_TIMEOUT_TO_COALESCE_MS}",
-                args.peer_timeout_ms
-            );
-        }
-        0
-    };
+    let (coalesce_us, read_batch_us) = replication_timings(args)?;
     let Some(path) = &args.cluster_secret_file else {
         return Err(ServeError::Config(
             "--peers needs --cluster-secret-file PATH: the secret every node shares, so that \
@@ -426,7 +419,43 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
         incarnation,
         secret,
         coalesce_us,
+        read_batch_us,
     }))
+}
+
+/// `--replication-coalesce-us` and `--replication-batch-us`, checked and
+/// fitted to the peer timeout: `(coalesce_us, read_batch_us)`.
+fn replication_timings(args: &ServeArgs) -> Result<(u64, u64), ServeError> {
+    if args.replication_coalesce_us > MAX_COALESCE_US {
+        return Err(ServeError::Config(format!(
+            "--replication-coalesce-us must be at most {MAX_COALESCE_US}"
+        )));
+    }
+    let coalesce_us = if args.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS {
+        args.replication_coalesce_us
+    } else {
+        if args.replication_coalesce_us > 0 {
+            tracing::info!(
+                "replication is not coalesced: --peer-timeout-ms {} is below {MIN_PEER_TIMEOUT_TO_COALESCE_MS}",
+                args.peer_timeout_ms
+            );
+        }
+        0
+    };
+    if args.replication_batch_us > MAX_READ_BATCH_US {
+        return Err(ServeError::Config(format!(
+            "--replication-batch-us must be at most {MAX_READ_BATCH_US}"
+        )));
+    }
+    let batch_limit = args.peer_timeout_ms.saturating_mul(1000) / READ_BATCHES_PER_PEER_TIMEOUT;
+    let read_batch_us = args.replication_batch_us.min(batch_limit);
+    if read_batch_us < args.replication_batch_us {
+        tracing::info!(
+            "replication is read in batches of at most {read_batch_us} µs: --peer-timeout-ms {} allows no more",
+            args.peer_timeout_ms
+        );
+    }
+    Ok((coalesce_us, read_batch_us))
 }
 
 enum Backend {

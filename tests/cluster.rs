@@ -44,6 +44,8 @@ fn both() -> Vec<common::harness::Test> {
             the_holder_survives_a_failover_uring, the_holder_survives_a_failover_epoll;
         coalesced_grants_survive_a_stop_of_the_active:
             coalesced_grants_survive_a_stop_uring, coalesced_grants_survive_a_stop_epoll;
+        batched_replication_survives_a_stop_of_the_active:
+            batched_replication_survives_a_stop_uring, batched_replication_survives_a_stop_epoll;
     }
 }
 
@@ -695,6 +697,108 @@ fn coalesced_grants_survive_a_stop_of_the_active(io: &str) {
     for coalesce in ["0", "500"] {
         grants_answered_before_a_stop_are_replicated(io, coalesce);
     }
+}
+
+/// A standby reads its active's replication in batches while it keeps
+/// coming (`--replication-batch-us`): no wake-up per write, one read per
+/// batch of whatever arrived meanwhile. What waits is in the standby's
+/// kernel already, so every grant answered before the active stops is on
+/// the node that takes over, batched or not. Bursts of pipelined acquires
+/// keep the link busy (more replication than one read takes: the next
+/// read comes at once, within the batch interval), so the standby batches,
+/// which its `ringlock_replication_batched_reads_total` shows; without
+/// batching the counter stays 0.
+fn batched_replication_survives_a_stop_of_the_active(io: &str) {
+    for batch_us in ["0", "2000"] {
+        let (c, logs) = Cluster::start_logged(
+            3,
+            io,
+            &[
+                "--replication-batch-us",
+                batch_us,
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        );
+        let metrics1 = metrics_addr(&logs[1]);
+        let mut n0 = c.connect(0);
+        let first = grant(&mut n0, "A b/first 60 0");
+        c.wait_token(1, first, SETTLE);
+        let mut tokens = Vec::new();
+        for burst in 0..5 {
+            let mut lines = String::new();
+            for i in 0..2000 {
+                lines.push_str(&format!("A b/{burst}/{i} 60 0\n"));
+            }
+            n0.send(lines.as_bytes());
+            for _ in 0..2000 {
+                tokens.push(Conn::token_of(&n0.recv()));
+            }
+        }
+        let batched = common::poll_until(
+            "node 1's batched reads published",
+            SETTLE,
+            || counter(metrics1, "ringlock_replication_batched_reads_total"),
+            |n| batch_us == "0" || n.is_some_and(|n| n > 0),
+        )
+        .1;
+        if batch_us == "0" {
+            assert_eq!(
+                batched,
+                Some(0),
+                "reads batched with --replication-batch-us 0"
+            );
+        }
+        c.node(0).signal(libc::SIGSTOP);
+        common::poll_until(
+            "node 1 active while node 0 is stopped",
+            Duration::from_secs(5),
+            || status_of(c.addrs[1], Duration::from_millis(500)),
+            |s| s.as_ref().is_some_and(|s| s.is_active()),
+        );
+        // Each grant renews on node 1 with its token: node 1 holds it.
+        let mut n1 = c.connect(1);
+        let mut lines = String::new();
+        for (j, token) in tokens.iter().enumerate() {
+            lines.push_str(&format!("N b/{}/{} {token} 60\n", j / 2000, j % 2000));
+        }
+        n1.send(lines.as_bytes());
+        for (j, token) in tokens.iter().enumerate() {
+            let key = format!("b/{}/{}", j / 2000, j % 2000);
+            assert_eq!(
+                n1.recv(),
+                format!("N {key} 1"),
+                "--replication-batch-us {batch_us}: node 1 does not hold {key}, granted \
+                 (token {token}) by node 0 before its stop"
+            );
+        }
+        let after = grant(&mut n1, "A b/after 60 0");
+        assert!(after > *tokens.iter().max().unwrap());
+        c.node(0).signal(libc::SIGCONT);
+    }
+}
+
+/// The address of a node's metrics listener, from its start-up line.
+fn metrics_addr(log: &common::StderrLog) -> std::net::SocketAddr {
+    let line = log.wait_for("metrics on http://", SETTLE);
+    line.split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+}
+
+/// A counter of a node's /metrics, if it is there (every wait bounded).
+fn counter(addr: std::net::SocketAddr, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 fn grants_answered_before_a_stop_are_replicated(io: &str, coalesce_us: &str) {

@@ -154,8 +154,10 @@ fn run_seeds(default: Range<u64>) -> sim::Stats {
 /// refused past a low `--max-conns` (taken into the peers' reserve and
 /// told so with the documented `E` line), TLS clients' handshakes
 /// finished and the nodes' `close_notify` read, peer links' TLS
-/// handshakes finished. Sockets refused past the reserve too need a crowd:
-/// the scripted tests have it.
+/// handshakes finished, a standby's link from its active read in batches
+/// (`--replication-batch-us`, two runs in three) and the batching ended by
+/// a read that found nothing. Sockets refused past the reserve too need a
+/// crowd: the scripted tests have it.
 #[test]
 fn random_seeds() {
     let total = run_seeds(0..300);
@@ -175,6 +177,8 @@ fn random_seeds() {
         ("tls_handshakes", total.tls_handshakes),
         ("tls_close_notifies", total.tls_close_notifies),
         ("peer_tls_handshakes", total.peer_tls_handshakes),
+        ("batched_reads", total.batched_reads),
+        ("batches_ended", total.batches_ended),
     ];
     for (what, n) in reached {
         assert!(n >= 50, "{what}: only {n} in {total:?}");

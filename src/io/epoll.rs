@@ -5,8 +5,13 @@
 //! `WouldBlock`, unless its [`Lifecycle`] says not to (unsent answers past
 //! [`super::OUTPUT_PAUSE_BYTES`]: TCP backpressure until the client takes
 //! them). Answers are written at the end of each turn, until the socket
-//! takes no more. Everything else about a connection's life (pausing,
-//! closing, lingering) is the [`Lifecycle`]'s; this file has the syscalls.
+//! takes no more. A busy link read in batches
+//! ([`ringlock_core::read_batch`]) is registered for writability only
+//! between its reads, so that its input wakes nobody, and read at each
+//! batch's time (a timerfd wakes the loop then: epoll's own timeout counts
+//! whole milliseconds). Everything else about a connection's life
+//! (pausing, closing, lingering) is the [`Lifecycle`]'s; this file has the
+//! syscalls.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -18,7 +23,11 @@ use mio::net::{TcpListener, TcpStream, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use rustix::time::{
+    Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, timerfd_create, timerfd_settime,
+};
 
 use super::lifecycle::Phase;
 use super::{
@@ -28,10 +37,12 @@ use super::{
 use crate::driver::Driver;
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
+use ringlock_core::read_batch::NextRead;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
 const DIALER: Token = Token(usize::MAX - 3);
+const TIMER: Token = Token(usize::MAX - 4);
 
 /// Reads per connection per turn before others get their turn.
 const READS_PER_TURN: usize = 8;
@@ -49,6 +60,12 @@ struct Conn {
     /// It is in [`Loop::ready`] (once at most: the list keeps the order in
     /// which input became ready, which is the order requests are served).
     in_ready: bool,
+    /// Read in batches: registered for writability only, so that input
+    /// wakes nobody until its next read ([`NextRead::At`]).
+    batched: bool,
+    /// This turn's read is a batch's: one that finds the socket empty ends
+    /// the batching ([`Lifecycle::read_nothing`]).
+    batch_read: bool,
 }
 
 /// Runs the epoll loop until SIGINT/SIGTERM (a byte on `signals`); returns
@@ -85,11 +102,11 @@ pub fn run(
         // What the turn published reaches the metrics listener before the
         // loop sleeps.
         config.publish(&mut node);
-        let timeout = state.timeout_ms(&node, now.ms);
+        let timeout = state.timeout(&node, now, &mut sources.timer)?;
         if let Err(e) = wait(
             &mut sources.poll,
             &mut events,
-            timeout.map(Duration::from_millis),
+            timeout,
             Duration::from_micros(config.spin_us),
         ) && e.kind() != io::ErrorKind::Interrupted
         {
@@ -106,7 +123,8 @@ pub fn run(
         {
             state.accept(l, &sources.poll, &mut node, now);
         }
-        state.read_ready(&mut node, now);
+        state.batch_reads_due(now);
+        state.read_ready(&mut node, now, &sources.poll);
         state.flush(&mut node, now);
         state.expire_lingering(now.ms);
         state.expire_handshakes(&mut node, now);
@@ -130,6 +148,8 @@ struct Sources {
     listener: Option<TcpListener>,
     signals: UnixStream,
     dialer: Dialer,
+    /// Wakes the loop for a batched read between milliseconds.
+    timer: FineTimer,
 }
 
 impl Sources {
@@ -150,11 +170,18 @@ impl Sources {
         let wake_fd = dialer.wake().as_raw_fd();
         poll.registry()
             .register(&mut SourceFd(&wake_fd), DIALER, Interest::READABLE)?;
+        let timer = FineTimer::new()?;
+        poll.registry().register(
+            &mut SourceFd(&timer.fd.as_raw_fd()),
+            TIMER,
+            Interest::READABLE,
+        )?;
         Ok(Sources {
             poll,
             listener: Some(listener),
             signals,
             dialer,
+            timer,
         })
     }
 }
@@ -193,6 +220,7 @@ impl Loop {
                     self.close_all(node, now);
                 }
             }
+            TIMER => src.timer.fired(),
             DIALER => {
                 for (peer, result) in src.dialer.results() {
                     match result {
@@ -223,12 +251,48 @@ impl Loop {
     }
 
     /// How long the next poll may sleep: as the driver says; not at all if
-    /// some connection still has input to read.
-    fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
+    /// some connection still has input to read. A batched read due before
+    /// the driver's next millisecond deadline sets the fine timer, whose
+    /// event ends the poll on time.
+    fn timeout(
+        &self,
+        node: &Node,
+        now: Now,
+        timer: &mut FineTimer,
+    ) -> io::Result<Option<Duration>> {
         if !self.ready.is_empty() {
-            return Some(0);
+            return Ok(Some(Duration::ZERO));
         }
-        self.driver.timeout_ms(node, now_ms)
+        let wait = self
+            .driver
+            .timeout_ms(node, now.ms)
+            .map(Duration::from_millis);
+        let Some(read_at) = self.driver.next_read_us() else {
+            return Ok(wait);
+        };
+        let until_read = Duration::from_micros(read_at.saturating_sub(now.us));
+        if until_read.is_zero() {
+            return Ok(Some(Duration::ZERO));
+        }
+        if wait.is_none_or(|w| until_read < w) {
+            timer.arm(now.us, read_at)?;
+        }
+        Ok(wait)
+    }
+
+    /// The batched reads due at `now`: each connection whose lifecycle
+    /// still says so is read this turn, without waiting.
+    fn batch_reads_due(&mut self, now: Now) {
+        while let Some(id) = self.driver.due_read(now.us) {
+            let Some(conn) = self.conns.get_mut(id.index()) else {
+                continue; // stale: its connection is gone
+            };
+            if matches!(conn.life.next_read(), NextRead::At(at) if at <= now.us) {
+                conn.readable = true;
+                conn.batch_read = true;
+                self.mark_ready(id);
+            }
+        }
     }
 
     /// Accepts until the backlog is empty. A failure of one connection
@@ -302,6 +366,8 @@ impl Loop {
             readable: true,
             read_closed: false,
             in_ready: false,
+            batched: false,
+            batch_read: false,
         });
         self.mark_ready(ConnId::from_index(id));
         Ok(ConnId::from_index(id))
@@ -360,7 +426,7 @@ impl Loop {
     /// (epoll reports readiness in that order), so that requests arriving
     /// on different connections in one turn are served in arrival order, as
     /// the io_uring loop does, and no connection is favoured by its slot.
-    fn read_ready(&mut self, node: &mut Node, now: Now) {
+    fn read_ready(&mut self, node: &mut Node, now: Now, poll: &Poll) {
         let mut ready = std::mem::take(&mut self.ready);
         for &id in &ready {
             let Some(conn) = self.conns.get_mut(id.index()) else {
@@ -380,6 +446,7 @@ impl Loop {
                         conn.life.peer_closed(node, now, id);
                     }
                     Ok(n) => {
+                        conn.batch_read = false;
                         // A short read emptied the socket: whatever arrives
                         // next raises a new edge, so asking again would only
                         // hear WouldBlock (one wasted syscall per request in
@@ -393,13 +460,23 @@ impl Loop {
                             self.dirty.push(id); // a handshake answer, maybe
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        conn.readable = false;
+                        if std::mem::take(&mut conn.batch_read) {
+                            conn.life.read_nothing(); // quiet: wait on it again
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => {
                         conn.readable = false;
                         conn.life.peer_closed(node, now, id);
                     }
                 }
+            }
+            conn.batch_read = false;
+            if let Err(e) = batch(conn, id, poll, &mut self.driver) {
+                tracing::warn!(target: "ringlock::io", "conn {id}: epoll re-registration failed: {e}");
+                conn.life.failed(node, now, id);
             }
             if conn.life.is_closed() {
                 self.conns.remove(id.index());
@@ -531,6 +608,88 @@ impl Loop {
             conn.life.finish(node, now, ConnId::from_index(id));
             self.dirty.push(ConnId::from_index(id));
         }
+    }
+}
+
+/// Registers connection `id` for what its next read needs, after a read:
+/// a batched one ([`NextRead::At`]) for writability only, its read queued
+/// with the driver; else for input again. Registering for input again
+/// reports input that arrived meanwhile (epoll checks readiness as it
+/// modifies), so nothing is missed.
+fn batch(conn: &mut Conn, id: ConnId, poll: &Poll, driver: &mut Driver) -> io::Result<()> {
+    let token = Token(id.index());
+    match conn.life.next_read() {
+        NextRead::At(at) => {
+            driver.read_at(at, id);
+            if !conn.batched {
+                poll.registry()
+                    .reregister(&mut conn.stream, token, Interest::WRITABLE)?;
+                conn.batched = true;
+            }
+        }
+        NextRead::Waiting if conn.batched => {
+            poll.registry().reregister(
+                &mut conn.stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            conn.batched = false;
+        }
+        NextRead::Waiting => {}
+    }
+    Ok(())
+}
+
+/// Wakes the loop at a microsecond (a timerfd): epoll's timeout counts
+/// whole milliseconds, which would make a batched read up to one late.
+struct FineTimer {
+    fd: OwnedFd,
+    /// When it is set to fire (monotonic µs of the loop's clock).
+    armed_us: Option<u64>,
+}
+
+impl FineTimer {
+    fn new() -> io::Result<FineTimer> {
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        Ok(FineTimer { fd, armed_us: None })
+    }
+
+    /// Sets the timer to fire at `at_us` (it is `now_us`), unless it is set
+    /// for that time already.
+    fn arm(&mut self, now_us: u64, at_us: u64) -> io::Result<()> {
+        if self.armed_us == Some(at_us) {
+            return Ok(());
+        }
+        let after = Duration::from_micros(at_us.saturating_sub(now_us).max(1));
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let value = rustix::time::Timespec {
+            tv_sec: i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(after.subsec_nanos()),
+        };
+        timerfd_settime(
+            &self.fd,
+            TimerfdTimerFlags::empty(),
+            &Itimerspec {
+                it_interval: zero,
+                it_value: value,
+            },
+        )?;
+        self.armed_us = Some(at_us);
+        Ok(())
+    }
+
+    /// It fired: its count is read (so that the next expiry raises a new
+    /// edge) and it is unset.
+    fn fired(&mut self) {
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut count);
+        self.armed_us = None;
     }
 }
 

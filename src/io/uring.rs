@@ -12,7 +12,11 @@
 //!   [`Lifecycle`] wants input: not while its unsent answers pass
 //!   [`super::OUTPUT_PAUSE_BYTES`], so the socket is not read until the
 //!   client takes them, which is exactly TCP backpressure (a multishot
-//!   receive would keep reading and need a cancel to pause).
+//!   receive would keep reading and need a cancel to pause). A busy link
+//!   read in batches ([`ringlock_core::read_batch`]) has no receive armed
+//!   between its reads: at each batch's time it gets one that does not
+//!   wait (`MSG_DONTWAIT`), which takes what the socket holds or comes
+//!   back `EAGAIN`, and nothing wakes the loop for the bytes in between.
 //! - Send: at most one `send` in flight per connection, from the buffer its
 //!   [`Lifecycle`] holds still until the completion arrives; answers produced
 //!   meanwhile collect in the node's outbox and go in the next send.
@@ -46,6 +50,7 @@ use super::{
 use crate::driver::Driver;
 use crate::engine::{ConnId, Now};
 use crate::node::{Admission, Node};
+use ringlock_core::read_batch::NextRead;
 
 /// Submission queue entries; the completion queue has four times as many.
 const RING_ENTRIES: u32 = 4096;
@@ -206,6 +211,9 @@ struct Conn {
     input_waiting: bool,
     send_in_flight: bool,
     cancel_sent: bool,
+    /// The receive in flight does not wait: a batched read
+    /// ([`NextRead::At`]), which comes back `EAGAIN` on an empty socket.
+    recv_nowait: bool,
 }
 
 /// The loop's state. Field order matters: the ring drops before the buffers
@@ -278,7 +286,7 @@ pub fn run(
         // What the turn published reaches the metrics listener before the
         // loop sleeps.
         config.publish(&mut node);
-        lp.wait(lp.driver.timeout_ms(&node, now.ms))?;
+        lp.wait(lp.driver.timeout_us(&node, now))?;
         let (now, at) = clock.now_precise();
         turns.begin(at);
         node.tick(now);
@@ -292,6 +300,12 @@ pub fn run(
             lp.complete(&mut node, now, data, result, flags);
         }
         lp.bufs.publish();
+        // Batched reads due now: armed after the turn (`after_turn`).
+        while let Some(id) = lp.driver.due_read(now.us) {
+            if lp.conns.contains(id.index()) {
+                lp.touched.push(id);
+            }
+        }
         let links = node.take_dirty(now, &mut dirty);
         // The node's peer links first (`Node::take_dirty`), also before a
         // client whose send completed this turn, so that the ring gets no
@@ -317,17 +331,17 @@ pub fn run(
 
 impl Uring {
     /// Submits what the turn queued and waits for one completion, at most
-    /// `timeout_ms` (forever if `None`).
-    fn wait(&mut self, timeout_ms: Option<u64>) -> io::Result<()> {
-        if self.spin_us > 0 && self.spin(timeout_ms)? {
+    /// `timeout_us` (forever if `None`).
+    fn wait(&mut self, timeout_us: Option<u64>) -> io::Result<()> {
+        if self.spin_us > 0 && self.spin(timeout_us)? {
             return Ok(());
         }
-        let result = match timeout_ms {
+        let result = match timeout_us {
             None => self.ring.submit_and_wait(1),
-            Some(ms) => {
+            Some(us) => {
                 let ts = Timespec::new()
-                    .sec(ms / 1000)
-                    .nsec((ms % 1000) as u32 * 1_000_000);
+                    .sec(us / 1_000_000)
+                    .nsec((us % 1_000_000) as u32 * 1_000);
                 let args = SubmitArgs::new().timespec(&ts);
                 self.ring.submitter().submit_with_args(1, &args)
             }
@@ -349,15 +363,14 @@ impl Uring {
     /// `--spin-us`: submits, then watches the completion queue for up to
     /// `spin_us` (never past the timeout) before the loop sleeps in the
     /// kernel. True if completions arrived.
-    fn spin(&mut self, timeout_ms: Option<u64>) -> io::Result<bool> {
+    fn spin(&mut self, timeout_us: Option<u64>) -> io::Result<bool> {
         if let Err(e) = self.ring.submit()
             && !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY))
         {
             return Err(e);
         }
-        let limit = std::time::Duration::from_micros(self.spin_us).min(
-            std::time::Duration::from_millis(timeout_ms.unwrap_or(u64::MAX / 2_000_000)),
-        );
+        let limit =
+            std::time::Duration::from_micros(self.spin_us.min(timeout_us.unwrap_or(u64::MAX)));
         let start = std::time::Instant::now();
         while start.elapsed() < limit {
             if !self.ring.completion().is_empty() {
@@ -458,7 +471,7 @@ impl Uring {
                     if let Some(remote) = remote {
                         node.set_remote(id, remote);
                     }
-                    self.arm_recv(id);
+                    self.arm_recv(id, false);
                     // A TLS link starts with our handshake.
                     self.to_send.push(id);
                 }
@@ -479,31 +492,37 @@ impl Uring {
             input_waiting: true,
             send_in_flight: false,
             cancel_sent: false,
+            recv_nowait: false,
         });
         debug_assert_eq!(ConnId::from_index(slot), id);
         id
     }
 
-    fn arm_recv(&mut self, id: ConnId) {
+    /// Arms `id`'s receive: one that waits for bytes, or (`nowait`, a
+    /// batched read) one that takes what the socket holds now.
+    fn arm_recv(&mut self, id: ConnId, nowait: bool) {
         let tag = user_data(Op::Recv, self.generations.of(id), id);
         let conn = &mut self.conns[id.index()];
         debug_assert!(!conn.recv_in_flight);
         conn.recv_in_flight = true;
+        conn.recv_nowait = nowait;
         // Usually the client is still waiting for our answer, so the socket
         // is empty: a receive tried at once would fail, then arm a poll and
         // be tried again when data comes. Arming the poll first saves that
-        // wasted attempt.
-        let ioprio = if conn.input_waiting {
+        // wasted attempt. A batched read tries at once and never waits.
+        let ioprio = if conn.input_waiting || nowait {
             0
         } else {
             RECVSEND_POLL_FIRST
         };
+        let msg_flags = if nowait { libc::MSG_DONTWAIT } else { 0 };
         let entry = opcode::Recv::new(
             Fd(conn.fd.as_raw_fd()),
             std::ptr::null_mut(),
             RECV_BUF_SIZE.get(),
         )
         .buf_group(RECV_GROUP)
+        .flags(msg_flags)
         .ioprio(ioprio)
         .build()
         .flags(squeue::Flags::BUFFER_SELECT)
@@ -592,7 +611,7 @@ impl Uring {
         if let Some(remote) = remote {
             node.set_remote(id, remote);
         }
-        self.arm_recv(id);
+        self.arm_recv(id, false);
     }
 
     /// Closes the connections the node gave up on, like a protocol break:
@@ -613,6 +632,7 @@ impl Uring {
     fn received(&mut self, node: &mut Node, now: Now, id: ConnId, res: i32, flags: u32) {
         let conn = &mut self.conns[id.index()];
         conn.recv_in_flight = false;
+        let nowait = std::mem::take(&mut conn.recv_nowait);
         conn.input_waiting = cqueue::sock_nonempty(flags);
         self.touched.push(id);
         let mut res = res;
@@ -644,6 +664,9 @@ impl Uring {
             r if r > 0 => {}
             0 => conn.life.peer_closed(node, now, id),
             r if r == -libc::ENOBUFS => {} // re-armed after the turn
+            // A batched read found the socket empty: the link is quiet, and
+            // the receive armed after the turn waits.
+            r if r == -libc::EAGAIN && nowait => conn.life.read_nothing(),
             _ => conn.life.failed(node, now, id), // reset, or cancelled on the way out
         }
         if conn.life.phase() == Phase::Closing {
@@ -775,7 +798,15 @@ impl Uring {
                 Step::Stay | Step::Close => {}
             }
             if !conn.recv_in_flight && conn.life.wants_read(node.outbox(), id) {
-                self.arm_recv(id);
+                match conn.life.next_read() {
+                    NextRead::Waiting => self.arm_recv(id, false),
+                    // Due, or more bytes wait in the socket (one read did not
+                    // take them all): read them now.
+                    NextRead::At(at) if at <= now.us || conn.input_waiting => {
+                        self.arm_recv(id, true)
+                    }
+                    NextRead::At(at) => self.driver.read_at(at, id),
+                }
                 continue;
             }
             if conn.life.is_closed() {

@@ -37,6 +37,14 @@
 //! kernel's EMFILE: what arrives waits in the backlog until
 //! [`Driver::accept_retry_due`]).
 //!
+//! Batched reads: in two random runs in three
+//! ([`SimConfig::read_batch_us`]) a standby reads its active's busy link in
+//! batches, as the loops do: the link is not read until its lifecycle's
+//! next read ([`NextRead::At`], at the first millisecond not before it),
+//! then everything that has arrived is read at once; a batch read that
+//! finds nothing ends the batching. Bytes that arrived wait in the
+//! standby's socket meanwhile, and a reset keeps them, as Linux does.
+//!
 //! TLS: in one random run in three ([`SimConfig::tls`]) the nodes speak
 //! TLS, as with `--tls-cert` and a peer CA: each accepted connection
 //! (client or peer: a node cannot tell before the handshake) is a rustls
@@ -79,6 +87,7 @@ use ringlock::engine::{ConnId, Now};
 use ringlock::io::lifecycle::{Phase, TlsFailure};
 use ringlock::io::{Lifecycle, Step};
 use ringlock::node::{Admission, Node, NodeConfig};
+use ringlock::read_batch::NextRead;
 use ringlock_proto::{Answer, Kind, parse_answer};
 pub use rng::Rng;
 
@@ -141,6 +150,10 @@ pub struct SimConfig {
     /// Every node's `coalesce_us` (the simulated network delivers a link's
     /// bytes as they are written; what is simulated is the pushes).
     pub coalesce_us: u64,
+    /// Every node's `read_batch_us`: a standby reads its active's busy link
+    /// in batches, at most this far apart (the simulated node reads it at
+    /// the first millisecond not before the batch's time).
+    pub read_batch_us: u64,
     /// The nodes speak TLS (as with `--tls-cert` and a peer CA): each
     /// accepted connection gets a rustls server connection, each dialed
     /// peer link a rustls client connection with the node certificate,
@@ -200,6 +213,7 @@ impl SimConfig {
             max_steps: 5_000_000,
             failback_delay_ms: 0,
             coalesce_us: 0,
+            read_batch_us: 0,
             tls: false,
         }
     }
@@ -223,9 +237,12 @@ impl SimConfig {
             failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
             // The value the docs measure: the pushes are simulated.
             coalesce_us: 500,
-            // One run in three (drawn last: the rest of the configuration
-            // is what it was without).
+            // One run in three (drawn last but one: the rest of the
+            // configuration is what it was without).
             tls: rng.chance(33),
+            // Off, the default, and the longest.
+            read_batch_us: [0, ringlock::cluster::DEFAULT_READ_BATCH_US, 2_000]
+                [rng.below(3) as usize],
         }
     }
 }
@@ -399,6 +416,9 @@ struct Inc {
     /// Connections whose lifecycle does not want input now (refreshed after
     /// each of the node's turns; the turn itself asks the lifecycle).
     not_reading: BTreeSet<ConnId>,
+    /// Links read in batches whose next read is after the turn
+    /// ([`Sim::batch_reads_later`]).
+    batched_later: BTreeSet<ConnId>,
     /// Connections with answers the socket buffer had no room for yet.
     unsent: BTreeSet<ConnId>,
     scan_pos: BTreeMap<ConnId, usize>,
@@ -737,6 +757,10 @@ pub struct Stats {
     /// the peer lines nodes read decrypted on TLS links (and checked).
     pub peer_tls_handshakes: u64,
     pub peer_tls_lines: u64,
+    /// Reads of a link read in batches ([`NextRead::At`]) that found bytes,
+    /// and those that found none and ended the batching.
+    pub batched_reads: u64,
+    pub batches_ended: u64,
 }
 
 impl Stats {
@@ -768,6 +792,8 @@ impl Stats {
         self.tls_close_notifies += o.tls_close_notifies;
         self.peer_tls_handshakes += o.peer_tls_handshakes;
         self.peer_tls_lines += o.peer_tls_lines;
+        self.batched_reads += o.batched_reads;
+        self.batches_ended += o.batches_ended;
     }
 }
 
@@ -1091,6 +1117,7 @@ impl Sim {
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
                     coalesce_us: self.cfg.coalesce_us,
+                    read_batch_us: self.cfg.read_batch_us,
                 }),
                 max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,
             },
@@ -1105,6 +1132,7 @@ impl Sim {
             conns: BTreeMap::new(),
             lives: BTreeMap::new(),
             not_reading: BTreeSet::new(),
+            batched_later: BTreeSet::new(),
             unsent: BTreeSet::new(),
             scan_pos: BTreeMap::new(),
             next_cid: 0,
@@ -1787,17 +1815,62 @@ impl Sim {
         self.node_end_closed(x, sc, e, why);
     }
 
-    /// Recomputes which of node `x`'s connections it would not read now.
+    /// Recomputes which of node `x`'s connections it would not read now:
+    /// paused ones, and links read in batches whose next read is later
+    /// ([`Sim::batch_reads_later`]).
     fn refresh_reading(&mut self, x: usize) {
         let Some(inc) = self.nodes[x].inc.as_mut() else {
             return;
         };
         inc.not_reading.clear();
         for (&cid, life) in &inc.lives {
-            if !life.wants_read(inc.node.outbox(), cid) {
+            if inc.batched_later.contains(&cid) || !life.wants_read(inc.node.outbox(), cid) {
                 inc.not_reading.insert(cid);
             }
         }
+    }
+
+    /// Notes which of node `x`'s links read in batches have their next read
+    /// after now. Taken before a turn reads and kept through it: a batch's
+    /// read takes everything the socket holds, as the loops' reads do, not
+    /// only its first segment.
+    fn batch_reads_later(&mut self, x: usize) {
+        let Some(inc) = self.nodes[x].inc.as_mut() else {
+            return;
+        };
+        let now_us = (self.now + inc.ms_offset) * 1000;
+        inc.batched_later.clear();
+        for (&cid, life) in &inc.lives {
+            if matches!(life.next_read(), NextRead::At(at) if at > now_us) {
+                inc.batched_later.insert(cid);
+            }
+        }
+    }
+
+    /// Node `x` read every connection due this turn: a link read in batches
+    /// whose read was due and found nothing (its time has not moved on) is
+    /// quiet, and waits on its socket again.
+    fn batch_reads_found_nothing(&mut self, x: usize) {
+        let now_us = self.node_now(x).us;
+        let inc = self.nodes[x].inc.as_mut().unwrap();
+        for life in inc.lives.values_mut() {
+            if matches!(life.next_read(), NextRead::At(at) if at <= now_us) {
+                life.read_nothing();
+                self.stats.batches_ended += 1;
+            }
+        }
+    }
+
+    /// The first millisecond (sim time) at which node `x` reads a link it
+    /// reads in batches, if it has one.
+    fn batch_read_deadline(inc: &Inc) -> Option<u64> {
+        inc.lives
+            .values()
+            .filter_map(|life| match life.next_read() {
+                NextRead::At(at) => Some(at.div_ceil(1000).saturating_sub(inc.ms_offset)),
+                NextRead::Waiting => None,
+            })
+            .min()
     }
 
     /// The reader of end `1 - e` of `sc` took a segment: a node that was
@@ -2406,7 +2479,8 @@ impl Sim {
             .map(|&(at, _)| at)
             .min()
             .filter(|_| !inc.accept_paused);
-        [next, wake, accept].into_iter().flatten().min()
+        let batch = Self::batch_read_deadline(inc);
+        [next, wake, accept, batch].into_iter().flatten().min()
     }
 
     /// The deadline a loop would sleep until, in sim time (`now`): as long
@@ -2771,6 +2845,7 @@ impl Sim {
             self.resolve_dial(d);
         }
         // Input, in arrival order.
+        self.batch_reads_later(x);
         while self.failure.is_none() {
             self.refresh_reading(x);
             let mut best: Option<(u64, ConnId, usize, usize)> = None;
@@ -2786,6 +2861,12 @@ impl Sim {
                 }
             }
             let Some((at, cid, sc, e)) = best else { break };
+            let batched = self.nodes[x]
+                .inc
+                .as_ref()
+                .and_then(|i| i.lives.get(&cid))
+                .is_some_and(|l| matches!(l.next_read(), NextRead::At(_)));
+            self.stats.batched_reads += u64::from(batched);
             let (_, seg) = self.conns[sc].as_mut().unwrap().pipes[1 - e]
                 .segs
                 .pop_front()
@@ -2805,8 +2886,10 @@ impl Sim {
         if self.failure.is_some() {
             return;
         }
+        self.batch_reads_found_nothing(x);
         self.flush_node(x);
         self.driver_deadlines(x);
+        self.batch_reads_later(x);
         self.refresh_reading(x);
         // Dials.
         let mut dials = std::mem::take(&mut self.dial_buf);

@@ -4,7 +4,7 @@
 //!
 //! A loop owns one [`Driver`] beside its [`Node`] and, each turn:
 //!
-//! 1. waits at most [`Driver::timeout_ms`];
+//! 1. waits at most [`Driver::timeout_us`];
 //! 2. reads the time and calls [`Node::tick`];
 //! 3. handles what the kernel reported: an accepted socket goes through
 //!    [`Driver::admit`] (refused, a client, or a connection kept for a
@@ -14,8 +14,12 @@
 //!    SIGTERM through [`Driver::shut_down`];
 //! 4. retries the accept if [`Driver::accept_retry_due`], closes what
 //!    [`Driver::due_lingering`] and [`Driver::due_handshake`] name (the
-//!    lifecycle acts on its own deadlines: a stale entry is harmless), and
-//!    dials what [`Driver::take_dials`] asks for;
+//!    lifecycle acts on its own deadlines: a stale entry is harmless),
+//!    reads without waiting the connections [`Driver::due_read`] names
+//!    (a busy link read in batches, [`crate::read_batch`]: it asked with
+//!    [`Driver::read_at`] when its lifecycle said
+//!    [`crate::read_batch::NextRead::At`]), and dials what
+//!    [`Driver::take_dials`] asks for;
 //! 5. ends with [`Driver::end_turn`] (the invariant walkers of a debug
 //!    build), and stops once [`Driver::finished`].
 //!
@@ -41,8 +45,9 @@ pub const ACCEPT_RETRY_MS: u64 = 50;
 
 /// Connections by deadline. A queue's deadlines are all `now + ` one
 /// constant, so they arrive in order and a FIFO is sorted; an entry may be
-/// stale (its connection already gone, or its slot reused), which the
-/// lifecycle's own deadline makes harmless.
+/// stale (its connection already gone, or its slot reused, or a later
+/// deadline of its own queued since), which the lifecycle's own deadline
+/// makes harmless.
 #[derive(Debug, Default)]
 struct DeadlineQueue {
     queue: VecDeque<(u64, ConnId)>,
@@ -87,6 +92,11 @@ pub struct Driver {
     lingering: DeadlineQueue,
     /// TLS connections by handshake deadline.
     handshakes: DeadlineQueue,
+    /// Connections read in batches, each with the time of its next read
+    /// (monotonic µs), at most one entry per connection. Only a standby's
+    /// link from its active is batched: a list of one, or a few while
+    /// links are replaced.
+    batch_reads: Vec<(u64, ConnId)>,
     /// When to try accepting again after an accept failed.
     accept_retry_at: Option<u64>,
     /// Shutting down: when the loop stops at the latest.
@@ -102,6 +112,7 @@ impl Driver {
             handshake_ms,
             lingering: DeadlineQueue::default(),
             handshakes: DeadlineQueue::default(),
+            batch_reads: Vec::new(),
             accept_retry_at: None,
             shutdown_until: None,
         }
@@ -178,6 +189,25 @@ impl Driver {
         self.handshakes.pop_due(now_ms)
     }
 
+    /// Connection `conn` is read next at `at_us` (monotonic µs), without
+    /// waiting on its socket meanwhile: its lifecycle said
+    /// [`crate::read_batch::NextRead::At`].
+    pub fn read_at(&mut self, at_us: u64, conn: ConnId) {
+        match self.batch_reads.iter_mut().find(|(_, c)| *c == conn) {
+            Some(entry) => entry.0 = at_us,
+            None => self.batch_reads.push((at_us, conn)),
+        }
+    }
+
+    /// The next connection whose batched read is due at `now_us`. An entry
+    /// may be stale: the loop reads only if the connection's lifecycle
+    /// still says [`crate::read_batch::NextRead::At`] a time not after
+    /// `now_us`.
+    pub fn due_read(&mut self, now_us: u64) -> Option<ConnId> {
+        let i = self.batch_reads.iter().position(|&(at, _)| at <= now_us)?;
+        Some(self.batch_reads.swap_remove(i).1)
+    }
+
     /// The dials the node asks for (none while shutting down: the node's
     /// are taken and dropped all the same, so that they count as under way
     /// and their deadline does not stay in the past, which would spin the
@@ -229,10 +259,18 @@ impl Driver {
             .is_some_and(|until| open_conns == 0 || now_ms >= until)
     }
 
-    /// How long the loop may wait for the kernel: until the node's next
-    /// deadline, a lingering connection's or a handshake's, the accept
-    /// retry or the end of shutdown; `None`: until something happens.
+    /// How long the loop may wait for the kernel, in milliseconds: until
+    /// the node's next deadline, a lingering connection's or a
+    /// handshake's, the accept retry or the end of shutdown; `None`: until
+    /// something happens. Batched reads are not in it: see
+    /// [`Driver::timeout_us`].
     pub fn timeout_ms(&self, node: &Node, now_ms: u64) -> Option<u64> {
+        self.deadline_ms(node)
+            .map(|deadline| deadline.saturating_sub(now_ms))
+    }
+
+    /// [`Driver::timeout_ms`]'s deadline (monotonic ms).
+    fn deadline_ms(&self, node: &Node) -> Option<u64> {
         node.next_deadline()
             .into_iter()
             .chain(self.lingering.next_deadline())
@@ -240,7 +278,24 @@ impl Driver {
             .chain(self.shutdown_until)
             .chain(self.accept_retry_at)
             .min()
-            .map(|deadline| deadline.saturating_sub(now_ms))
+    }
+
+    /// How long the loop may wait for the kernel, in microseconds: until
+    /// [`Driver::timeout_ms`]'s deadline or the next batched read
+    /// ([`Driver::next_read_us`]), whichever comes first; `None`: until
+    /// something happens.
+    pub fn timeout_us(&self, node: &Node, now: Now) -> Option<u64> {
+        self.deadline_ms(node)
+            .map(|ms| ms.saturating_mul(1000))
+            .into_iter()
+            .chain(self.next_read_us())
+            .min()
+            .map(|deadline| deadline.saturating_sub(now.us))
+    }
+
+    /// When the next batched read is due (monotonic µs), if any.
+    pub fn next_read_us(&self) -> Option<u64> {
+        self.batch_reads.iter().map(|&(at, _)| at).min()
     }
 
     /// The end of a turn: in debug builds, the invariant walkers
@@ -338,6 +393,48 @@ mod tests {
     }
 
     #[test]
+    fn batched_reads_are_due_at_their_time_and_wake_the_loop_to_the_microsecond() {
+        let node = node();
+        let mut driver = Driver::new(8, None);
+        let now = Now {
+            us: 10_250,
+            ..at(10)
+        };
+        assert_eq!(driver.timeout_us(&node, now), None, "nothing to wait for");
+        driver.read_at(10_750, cid(4));
+        driver.read_at(10_600, cid(7));
+        assert_eq!(driver.next_read_us(), Some(10_600));
+        assert_eq!(
+            driver.timeout_us(&node, now),
+            Some(350),
+            "between milliseconds"
+        );
+        // A connection's later read replaces its earlier one: one entry each.
+        driver.read_at(11_100, cid(7));
+        assert_eq!(driver.next_read_us(), Some(10_750));
+        assert_eq!(driver.due_read(10_749), None);
+        assert_eq!(driver.due_read(10_750), Some(cid(4)));
+        assert_eq!(driver.due_read(10_750), None, "once");
+        assert_eq!(driver.due_read(20_000), Some(cid(7)));
+        assert_eq!(driver.next_read_us(), None);
+        // The millisecond deadlines count too, at their first microsecond.
+        let mut node = node;
+        let emfile = std::io::Error::from_raw_os_error(24);
+        driver.accept_failed(&mut node, at(10), &emfile);
+        assert_eq!(
+            driver.timeout_us(&node, now),
+            Some((10 + ACCEPT_RETRY_MS) * 1000 - 10_250)
+        );
+        driver.read_at(10_300, cid(1));
+        assert_eq!(driver.timeout_us(&node, now), Some(50));
+        assert_eq!(
+            driver.timeout_ms(&node, 10),
+            Some(ACCEPT_RETRY_MS),
+            "batched reads are in the microsecond timeout only"
+        );
+    }
+
+    #[test]
     fn no_dials_while_shutting_down_and_no_dial_deadline_left_in_the_past() {
         let mut node = Node::new(
             at(0),
@@ -354,6 +451,7 @@ mod tests {
                         b"a secret of the unit tests, 32+ bytes",
                     ),
                     coalesce_us: 0,
+                    read_batch_us: 0,
                 }),
                 max_locks: crate::engine::DEFAULT_MAX_LOCKS,
             },

@@ -17,7 +17,10 @@
 //! - [`session`] and [`lifecycle`]: one connection's protocol state and its
 //!   life from accept to close (TLS records included).
 //! - [`driver`]: the per-turn policy both event loops share (admission,
-//!   accept retry, handshake and linger deadlines, shutdown, the timeout).
+//!   accept retry, handshake and linger deadlines, batched reads, shutdown,
+//!   the timeout).
+//! - [`read_batch`]: when a busy link is read in batches instead of at
+//!   every arrival (a standby's link from its active).
 //! - [`stats`]: the counters the parts keep, and the snapshot the node
 //!   hands out for the metrics listener.
 
@@ -30,6 +33,7 @@ pub mod engine;
 pub mod lifecycle;
 pub mod node;
 pub mod outbox;
+pub mod read_batch;
 pub mod session;
 pub mod stats;
 

@@ -3,12 +3,14 @@
 //! Both loops and the simulator drive a [`Lifecycle`] per connection: they
 //! tell it what happened on the socket (bytes arrived, the peer closed its
 //! sending side, the socket failed, some bytes were sent, time passed) and
-//! ask it what to do next: whether to read ([`Lifecycle::wants_read`]), what
-//! to send ([`Lifecycle::pending`]), and whether to shut our sending side or
-//! close the socket ([`Lifecycle::advance`]). It owns the connection's
-//! [`Session`], the output being sent, the pause for unsent answers
-//! ([`OUTPUT_PAUSE_BYTES`]) and the linger after our last answers
-//! ([`LINGER_MS`]). The loops keep only the syscalls.
+//! ask it what to do next: whether to read ([`Lifecycle::wants_read`]) and
+//! when ([`Lifecycle::next_read`]), what to send ([`Lifecycle::pending`]),
+//! and whether to shut our sending side or close the socket
+//! ([`Lifecycle::advance`]). It owns the connection's [`Session`], the
+//! output being sent, the pause for unsent answers ([`OUTPUT_PAUSE_BYTES`]),
+//! the batching of a busy link's reads ([`crate::read_batch`]) and the
+//! linger after our last answers ([`LINGER_MS`]). The loops keep only the
+//! syscalls.
 
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::access::Acl;
 use crate::engine::{ConnId, Now};
 use crate::node::Node;
 use crate::outbox::Outbox;
+use crate::read_batch::{NextRead, ReadBatch};
 use crate::session::{Flow, LINGER_MS, OUTPUT_PAUSE_BYTES, Session, take_final_output};
 
 /// What a plain-text client that connects to a TLS port is told (in plain
@@ -79,6 +82,8 @@ pub struct Lifecycle {
     /// TLS between the socket and the session, if the connection has it.
     /// Without it (plain text) every method takes one branch more.
     tls: Option<Box<TlsLayer>>,
+    /// Whether its reads wait on the socket or come in batches.
+    batch: ReadBatch,
 }
 
 /// A TLS connection's state: rustls's (sans-I/O) connection and the TLS
@@ -127,6 +132,7 @@ impl Lifecycle {
             sent: 0,
             last: Vec::new(),
             tls: None,
+            batch: ReadBatch::default(),
         }
     }
 
@@ -245,6 +251,22 @@ impl Lifecycle {
         }
     }
 
+    /// When to read, if [`Lifecycle::wants_read`]: as bytes arrive, or (a
+    /// busy link in batches, [`crate::read_batch`]) without waiting at a
+    /// given time. Only an open connection is read in batches.
+    pub fn next_read(&self) -> NextRead {
+        match self.phase {
+            Phase::Open => self.batch.next(),
+            Phase::Closing | Phase::Lingering { .. } | Phase::Closed => NextRead::Waiting,
+        }
+    }
+
+    /// A read without waiting ([`NextRead::At`]) found the socket empty:
+    /// the link is quiet, and the loop waits on it again.
+    pub fn read_nothing(&mut self) {
+        self.batch.found_nothing();
+    }
+
     /// Answers of an open connection not yet taken by the socket.
     fn unsent(&self, outbox: &Outbox, conn: ConnId) -> usize {
         debug_assert!(self.sent <= self.out.len());
@@ -254,9 +276,17 @@ impl Lifecycle {
 
     /// Bytes arrived. An open connection feeds them to the engine (a
     /// protocol break starts closing it); any other discards them.
+    /// A read of an open connection decides when it reads next
+    /// ([`Lifecycle::next_read`]).
     pub fn received(&mut self, node: &mut Node, now: Now, conn: ConnId, data: &[u8]) {
         if self.phase != Phase::Open {
             return;
+        }
+        if !data.is_empty() {
+            if self.batch.next() != NextRead::Waiting {
+                node.count_batched_read();
+            }
+            self.batch.found_bytes(now.us, node.read_batch_us(conn));
         }
         if self.tls.is_some() {
             return self.received_tls(node, now, conn, data);

@@ -27,6 +27,10 @@ pub struct NodeStats {
     pub requests_refused: u64,
     /// Lines that did not parse (`E`), peer lines refused included.
     pub protocol_errors: u64,
+    /// Reads of a busy link made in batches that found bytes: a standby
+    /// reading its active's replication once per `--replication-batch-us`
+    /// instead of at every write ([`crate::read_batch`]).
+    pub batched_reads: u64,
     /// Loop turns, from waking up to waiting again, µs.
     pub turn_us: Log2Histogram,
 }

@@ -402,6 +402,7 @@ impl Harness {
                     incarnation,
                     secret: secret.clone(),
                     coalesce_us: ringlock::cluster::DEFAULT_COALESCE_US,
+                    read_batch_us: ringlock::cluster::DEFAULT_READ_BATCH_US,
                 }),
             },
         );

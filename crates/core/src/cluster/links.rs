@@ -55,6 +55,25 @@ impl Cluster {
         next
     }
 
+    /// How long, at most, reads of `conn` wait while it is busy (µs; 0: it
+    /// is read as bytes arrive): [`ClusterConfig::read_batch_us`] for our
+    /// standby's authenticated link from the active it follows, 0 for
+    /// every other connection.
+    #[inline]
+    pub fn read_batch_us(&self, conn: ConnId) -> u64 {
+        let Role::Standby {
+            following: Some(active),
+        } = self.role
+        else {
+            return 0;
+        };
+        if self.links_in.contains(&(conn, active)) {
+            self.cfg.read_batch_us
+        } else {
+            0
+        }
+    }
+
     /// Peers to dial now: `(index, address)`. Each is dialing until
     /// [`Cluster::outbound_open`] or [`Cluster::dial_failed`].
     pub fn take_dials(&mut self, now: Now, into: &mut Vec<(PeerId, String)>) {

@@ -131,7 +131,21 @@ pub struct ClusterConfig {
     /// [`MAX_COALESCE_US`]; the node's configuration makes it 0 unless the
     /// peer timeout is at least [`MIN_PEER_TIMEOUT_TO_COALESCE_MS`].
     pub coalesce_us: u64,
+    /// How long, at most, a standby's reads of its active's link wait while
+    /// the link is busy (µs; 0: every arrival is read at once): see
+    /// [`crate::read_batch`]. At most [`MAX_READ_BATCH_US`], and at most a
+    /// [`READ_BATCHES_PER_PEER_TIMEOUT`]th of the peer timeout.
+    pub read_batch_us: u64,
 }
+
+/// The default and the longest [`ClusterConfig::read_batch_us`].
+pub const DEFAULT_READ_BATCH_US: u64 = 500;
+pub const MAX_READ_BATCH_US: u64 = 2_000;
+
+/// A peer timeout is at least this many [`ClusterConfig::read_batch_us`]
+/// long: a batched link's bytes never wait unread near as long as a peer
+/// may be silent before it counts as dead.
+pub const READ_BATCHES_PER_PEER_TIMEOUT: u64 = 50;
 
 /// The longest [`ClusterConfig::coalesce_us`].
 pub const MAX_COALESCE_US: u64 = 1_000;
@@ -372,6 +386,13 @@ impl Cluster {
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
         assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
         assert!(cfg.coalesce_us <= MAX_COALESCE_US);
+        assert!(cfg.read_batch_us <= MAX_READ_BATCH_US);
+        assert!(
+            cfg.read_batch_us
+                .saturating_mul(READ_BATCHES_PER_PEER_TIMEOUT)
+                <= cfg.peer_timeout_ms.saturating_mul(1000),
+            "batched reads as long as a peer timeout"
+        );
         assert!(
             cfg.coalesce_us == 0 || cfg.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS,
             "coalescing with a peer timeout the kernel's hold may outlast"

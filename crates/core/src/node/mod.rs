@@ -353,6 +353,20 @@ impl Node {
         result
     }
 
+    /// How long, at most, reads of `conn` may wait while it is busy (µs;
+    /// 0: it is read as bytes arrive): a standby's link from the active it
+    /// follows ([`Cluster::read_batch_us`], [`crate::read_batch`]).
+    #[inline]
+    pub fn read_batch_us(&self, conn: ConnId) -> u64 {
+        self.cluster.as_ref().map_or(0, |c| c.read_batch_us(conn))
+    }
+
+    /// A read made in batches found bytes (counted for the metrics).
+    #[inline]
+    pub(crate) fn count_batched_read(&mut self) {
+        self.stats.batched_reads += 1;
+    }
+
     /// True if `conn` is a peer link (either way, authenticated or not): a
     /// line that starts with `E ` on it is the peer giving it up, not a
     /// client request.

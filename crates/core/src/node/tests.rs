@@ -33,6 +33,7 @@ fn node0() -> Node {
         incarnation: 1,
         secret: Secret::from_bytes(SECRET),
         coalesce_us: 0,
+        read_batch_us: 0,
     };
     Node::new(
         at(0),

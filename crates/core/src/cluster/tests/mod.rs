@@ -36,11 +36,27 @@ fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine, 
     node_coalescing(me, peers, secret, 0)
 }
 
+/// Node `me` whose standby reads its active's link in batches of
+/// `read_batch_us`.
+fn node_batching(me: usize, read_batch_us: u64) -> (Cluster, Engine, Outbox) {
+    node_configured(me, peers(), SECRET, 0, read_batch_us)
+}
+
 fn node_coalescing(
     me: usize,
     peers: Vec<String>,
     secret: &[u8],
     coalesce_us: u64,
+) -> (Cluster, Engine, Outbox) {
+    node_configured(me, peers, secret, coalesce_us, 0)
+}
+
+fn node_configured(
+    me: usize,
+    peers: Vec<String>,
+    secret: &[u8],
+    coalesce_us: u64,
+    read_batch_us: u64,
 ) -> (Cluster, Engine, Outbox) {
     let mut engine = Engine::new(at(0), &peers[me]);
     let mut out = Outbox::new();
@@ -53,6 +69,7 @@ fn node_coalescing(
         incarnation: 1,
         secret: Secret::from_bytes(secret),
         coalesce_us,
+        read_batch_us,
     };
     let cluster = Cluster::new(cfg, at(0), &mut engine, &mut out);
     (cluster, engine, out)

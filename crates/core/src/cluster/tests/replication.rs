@@ -323,6 +323,43 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
 }
 
 #[test]
+fn only_the_link_from_the_followed_active_is_read_in_batches() {
+    let (mut c, mut e, mut o) = node_batching(2, 700);
+    for (conn, peer) in [(20, 0), (21, 1)] {
+        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
+        Remote::new(peer)
+            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
+            .unwrap();
+    }
+    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
+    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    let all = [10, 11, 20, 21, 99].map(cid);
+    assert!(
+        all.iter().all(|&conn| c.read_batch_us(conn) == 0),
+        "following nobody yet"
+    );
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
+    heartbeat(&mut c, &mut e, &mut o, at(2), cid(10), false, Some(1));
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(1))
+        }
+    );
+    let batched: Vec<u64> = all.iter().map(|&conn| c.read_batch_us(conn)).collect();
+    assert_eq!(
+        batched,
+        [0, 700, 0, 0, 0],
+        "its link from node 1 only: not node 0's, not its own links"
+    );
+    // Node 1 goes away: nothing is batched any more.
+    c.on_close(at(3), cid(11), &mut e, &mut o);
+    c.on_close(at(3), cid(21), &mut e, &mut o);
+    assert!(all.iter().all(|&conn| c.read_batch_us(conn) == 0));
+    c.check_invariants(at(3), &e);
+}
+
+#[test]
 fn an_active_coalesces_replication_for_at_most_its_bound() {
     let (mut c, mut e, mut o) = active_node0_coalescing(500);
     let ms = TIMEOUT_MS + 60;
