@@ -6,6 +6,10 @@
 #   scripts/bench.sh --only growth  the growth scenario alone (<date>-<commit>-growth.*)
 #   scripts/bench.sh --only kinds   the shared-lock and semaphore scenarios alone
 #                                   (<date>-<commit>-kinds.*)
+#   scripts/bench.sh --only cluster the replication rows alone: the clusters and
+#                                   the single nodes they are compared with, at
+#                                   50 connections and pipelined, closed loop and
+#                                   paced (<date>-<commit>-cluster.*)
 #
 # Options: --rounds N, --warmup S, --duration S, --locks N,
 #          --growth-locks N (4000000: the growth scenario's fill),
@@ -95,8 +99,8 @@ if [ "$QUICK" = 1 ]; then
     OUT_DIR=${OUT_DIR:-target/bench-quick}
 fi
 case "$ONLY" in
-    ''|growth|kinds) ;;
-    *) echo "bench.sh: --only takes growth or kinds" >&2; exit 2 ;;
+    ''|growth|kinds|cluster) ;;
+    *) echo "bench.sh: --only takes growth, kinds or cluster" >&2; exit 2 ;;
 esac
 OUT_DIR=${OUT_DIR:-bench-results}
 
@@ -111,17 +115,20 @@ apt_install() {
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
-if [ -z "$ONLY" ] && ! command -v redis-server >/dev/null; then
+# The runs with Redis rows: the full one and the cluster rows.
+WITH_REDIS=0
+case "$ONLY" in ''|cluster) WITH_REDIS=1 ;; esac
+if [ "$WITH_REDIS" = 1 ] && ! command -v redis-server >/dev/null; then
     say "installing redis-server"
     apt_install redis-server
 fi
-if [ -z "$ONLY" ] && ! command -v redis-cli >/dev/null; then
+if [ "$WITH_REDIS" = 1 ] && ! command -v redis-cli >/dev/null; then
     apt_install redis-tools
 fi
 if ! command -v taskset >/dev/null; then
     apt_install util-linux
 fi
-if [ -z "$ONLY" ] && ! command -v openssl >/dev/null; then
+if [ "$WITH_REDIS" = 1 ] && ! command -v openssl >/dev/null; then
     apt_install openssl
 fi
 if [ -z "$ONLY" ] && [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
@@ -479,25 +486,34 @@ run_try() { # ROUND SCENARIO LABEL ARGS... -> LAST_OUT; non-zero if the run fail
     say "  round $round $scenario $label: $figure"
 }
 
-if [ -z "$ONLY" ]; then
+if [ "$WITH_REDIS" = 1 ]; then
 # ---------------------------------------------------------------- targets
+# --only cluster: the clusters and the single nodes they are compared with
+# (the TLS cluster's is ringlock-uring-tls), nothing else.
 start_ringlock ringlock-uring uring
 start_ringlock ringlock-epoll epoll
 start_redis redis
-start_echo echo
-start_echo echo-spin --spin-us "$SPIN_US"
 LOCK_LABELS=(ringlock-uring ringlock-epoll redis)
-ALL_LABELS=(ringlock-uring ringlock-epoll redis echo)
-PINGPONG_EXTRA=(echo-spin)
+ALL_LABELS=(ringlock-uring ringlock-epoll redis)
+PINGPONG_EXTRA=()
+if [ -z "$ONLY" ]; then
+    start_echo echo
+    start_echo echo-spin --spin-us "$SPIN_US"
+    ALL_LABELS+=(echo)
+    PINGPONG_EXTRA+=(echo-spin)
+fi
 # ---- TLS variants: "<label>-tls", compared with <label> by the report --
 make_certs
 start_ringlock ringlock-uring-tls uring --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
-start_ringlock ringlock-epoll-tls epoll --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
-TLS_LABELS=(ringlock-uring-tls ringlock-epoll-tls)
-if start_redis_tls redis-tls; then
-    TLS_LABELS+=(redis-tls)
-else
-    say "redis-server has no TLS here: no redis-tls row"
+TLS_LABELS=(ringlock-uring-tls)
+if [ -z "$ONLY" ]; then
+    start_ringlock ringlock-epoll-tls epoll --tls-cert "$WORK/tls/server.pem" --tls-key "$WORK/tls/server.key"
+    TLS_LABELS+=(ringlock-epoll-tls)
+    if start_redis_tls redis-tls; then
+        TLS_LABELS+=(redis-tls)
+    else
+        say "redis-server has no TLS here: no redis-tls row"
+    fi
 fi
 # ---- cluster variants: "<label>-cluster", compared with <label> ---------
 start_cluster ringlock-uring-cluster uring
@@ -510,7 +526,9 @@ CLUSTER_LABELS=(ringlock-uring-cluster ringlock-epoll-cluster ringlock-uring-tls
 # "<label>-spin": the report compares it with <label> for the spin target.
 # They run in the ping-pong scenario only (add them to ALL_LABELS to run
 # everywhere).
-if "$RINGLOCK" serve --help 2>&1 | grep -q -- '--spin-us'; then
+if [ -n "$ONLY" ]; then
+    :
+elif "$RINGLOCK" serve --help 2>&1 | grep -q -- '--spin-us'; then
     start_ringlock ringlock-uring-spin uring --spin-us "$SPIN_US"
     start_ringlock ringlock-epoll-spin epoll --spin-us "$SPIN_US"
     PINGPONG_EXTRA+=(ringlock-uring-spin ringlock-epoll-spin)
@@ -524,6 +542,14 @@ done
 
 # ---------------------------------------------------------------- matrix
 # name | generator arguments | which labels
+if [ "$ONLY" = cluster ]; then
+SCENARIOS=(
+    "conns-50|--conns 50|all+tls+cluster"
+    "pipelined|--conns 4 --pipeline 32|all+tls+cluster"
+    "conns-50-paced|--conns 50 --rate ${PACED_RATES%%,*}|paced"
+    "pipelined-paced|--conns 4 --pipeline 32 --rate ${PACED_RATES#*,}|paced"
+)
+else
 SCENARIOS=(
     "conns-1|--conns 1|all+pingpong+tls"
     "spinning-client|--conns 1 --spin-us $SPIN_US|all+pingpong"
@@ -535,6 +561,7 @@ SCENARIOS=(
     "pipelined-paced|--conns 4 --pipeline 32 --rate ${PACED_RATES#*,}|paced"
     "contended|--conns 64 --mode contended --keys 1|locks"
 )
+fi
 
 for round in $(seq "$ROUNDS"); do
     for entry in "${SCENARIOS[@]}"; do
@@ -565,6 +592,7 @@ done
 
 # Memory: each lock server fresh, 1M locks held (16-byte keys), RSS read.
 # Not repeated when disturbed: a second fill would need a fresh server again.
+if [ -z "$ONLY" ]; then
 say "memory: $LOCKS locks per server"
 retries=$RETRIES
 RETRIES=0
@@ -580,7 +608,8 @@ for label in "${LOCK_LABELS[@]}"; do
     stop "$label"
 done
 RETRIES=$retries
-fi # not --only
+fi # memory
+fi # the full run or --only cluster
 
 # ---------------------------------------------------------------- kinds
 # Shared locks and semaphores beside exclusive locks, ringlock only (both
@@ -625,7 +654,7 @@ fi # kinds
 # x 256 acquires in flight while a probe connection runs acquire/release
 # cycles; then the generator stops the server and reads its longest loop
 # turn from the stop line. --rounds rounds, the backends alternated.
-if [ "$ONLY" != kinds ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = growth ]; then
 say "growth: $GROWTH_LOCKS locks per server"
 for round in $(seq "$ROUNDS"); do
     ios=(uring epoll)
@@ -655,7 +684,7 @@ for round in $(seq "$ROUNDS"); do
         fi
     done
 done
-fi # not --only kinds
+fi # growth
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---------------------------------------------------------------- results
