@@ -12,7 +12,7 @@
 #          --measure, --reps N (3), --lengths LIST (1,2,4,7,14), --gap S (5),
 #          --bench-out DIR (bench-results),
 #          --serve-args "ARGS" (appended to every node's `ringlock serve`,
-#          e.g. --serve-args "--replication-coalesce-us 500")
+#          e.g. --serve-args "--replication-batch-us 0")
 #
 # Builds release (ringlock and examples/chaos), copies both into a private
 # work directory, and runs `chaos run` (or `chaos measure`) inside an

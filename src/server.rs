@@ -5,9 +5,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use crate::cluster::{
-    ClusterConfig, DEFAULT_COALESCE_US, DEFAULT_FAILBACK_DELAY_MS, DEFAULT_READ_BATCH_US,
-    MAX_COALESCE_US, MAX_FAILBACK_DELAY_MS, MAX_READ_BATCH_US, MIN_PEER_TIMEOUT_TO_COALESCE_MS,
-    READ_BATCHES_PER_PEER_TIMEOUT, wire,
+    ClusterConfig, DEFAULT_FAILBACK_DELAY_MS, DEFAULT_READ_BATCH_US, MAX_FAILBACK_DELAY_MS,
+    MAX_READ_BATCH_US, READ_BATCHES_PER_PEER_TIMEOUT, wire,
 };
 use crate::engine::{DEFAULT_MAX_LOCKS, MAX_LOCKS_LIMIT};
 use crate::io::{self, Clock, IoChoice, LoopConfig};
@@ -55,13 +54,11 @@ pub struct ServeArgs {
     /// The default leaves clients time to connect to it first.
     #[arg(long, default_value_t = DEFAULT_FAILBACK_DELAY_MS)]
     pub failback_delay_ms: u64,
-    /// Cluster: how long, at most, the active lets the kernel hold what
-    /// it replicates to a follower so that several loop turns go in one
-    /// segment (µs; 0: every turn's at once; at most 1000). The bytes are
-    /// in the kernel before any answer is; off with a --peer-timeout-ms
-    /// below 400.
-    #[arg(long, default_value_t = DEFAULT_COALESCE_US)]
-    pub replication_coalesce_us: u64,
+    /// Gone: standbys read replication in batches instead
+    /// (--replication-batch-us). Accepted, with a warning, so that a node
+    /// started with it still starts.
+    #[arg(long, hide = true, value_name = "US")]
+    pub replication_coalesce_us: Option<u64>,
     /// Cluster: while its active's replication keeps coming, a standby
     /// reads it at most this often instead of waking for every write (µs;
     /// 0: at every write; at most 2000, and at most a fiftieth of
@@ -395,7 +392,7 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
             "--failback-delay-ms must be at most {MAX_FAILBACK_DELAY_MS}"
         )));
     }
-    let (coalesce_us, read_batch_us) = replication_timings(args)?;
+    let read_batch_us = read_batch_us(args)?;
     let Some(path) = &args.cluster_secret_file else {
         return Err(ServeError::Config(
             "--peers needs --cluster-secret-file PATH: the secret every node shares, so that \
@@ -418,30 +415,17 @@ fn cluster_config(args: &ServeArgs, advertise: &str) -> Result<Option<ClusterCon
         failback_delay_ms: args.failback_delay_ms,
         incarnation,
         secret,
-        coalesce_us,
         read_batch_us,
     }))
 }
 
-/// `--replication-coalesce-us` and `--replication-batch-us`, checked and
-/// fitted to the peer timeout: `(coalesce_us, read_batch_us)`.
-fn replication_timings(args: &ServeArgs) -> Result<(u64, u64), ServeError> {
-    if args.replication_coalesce_us > MAX_COALESCE_US {
-        return Err(ServeError::Config(format!(
-            "--replication-coalesce-us must be at most {MAX_COALESCE_US}"
-        )));
+/// `--replication-batch-us`, checked and fitted to the peer timeout.
+fn read_batch_us(args: &ServeArgs) -> Result<u64, ServeError> {
+    if args.replication_coalesce_us.is_some() {
+        tracing::warn!(
+            "--replication-coalesce-us is gone and ignored: standbys read replication in batches instead (--replication-batch-us)"
+        );
     }
-    let coalesce_us = if args.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS {
-        args.replication_coalesce_us
-    } else {
-        if args.replication_coalesce_us > 0 {
-            tracing::info!(
-                "replication is not coalesced: --peer-timeout-ms {} is below {MIN_PEER_TIMEOUT_TO_COALESCE_MS}",
-                args.peer_timeout_ms
-            );
-        }
-        0
-    };
     if args.replication_batch_us > MAX_READ_BATCH_US {
         return Err(ServeError::Config(format!(
             "--replication-batch-us must be at most {MAX_READ_BATCH_US}"
@@ -455,7 +439,7 @@ fn replication_timings(args: &ServeArgs) -> Result<(u64, u64), ServeError> {
             args.peer_timeout_ms
         );
     }
-    Ok((coalesce_us, read_batch_us))
+    Ok(read_batch_us)
 }
 
 enum Backend {

@@ -22,7 +22,11 @@ use common::{Cluster, Conn, status_of};
 use ringlock_client::{Acquired, Client};
 
 fn main() -> std::process::ExitCode {
-    common::harness::run(file!(), [both()])
+    let once = vec![common::harness::Test::new(
+        "the_removed_coalescing_flag_is_ignored_with_a_warning",
+        the_removed_coalescing_flag_is_ignored_with_a_warning,
+    )];
+    common::harness::run(file!(), [both(), once])
 }
 
 fn both() -> Vec<common::harness::Test> {
@@ -42,8 +46,6 @@ fn both() -> Vec<common::harness::Test> {
             standby_waits_for_a_starting_higher_node_without_spinning_uring, standby_waits_for_a_starting_higher_node_without_spinning_epoll;
         the_holder_survives_a_failover:
             the_holder_survives_a_failover_uring, the_holder_survives_a_failover_epoll;
-        coalesced_grants_survive_a_stop_of_the_active:
-            coalesced_grants_survive_a_stop_uring, coalesced_grants_survive_a_stop_epoll;
         batched_replication_survives_a_stop_of_the_active:
             batched_replication_survives_a_stop_uring, batched_replication_survives_a_stop_epoll;
     }
@@ -684,26 +686,15 @@ fn the_holder_survives_a_failover(io: &str) {
     assert_eq!(n1.recv(), "Q who/held 0");
 }
 
-/// Under a stream of grants, a SIGSTOP of the active right after its
-/// last answer: the next node to take over holds every grant the stopped
-/// one answered. The loop writes a turn's replication to the kernel before
+/// Under bursts of grants, a SIGSTOP of the active right after its last
+/// answer: the next node to take over holds every grant the stopped one
+/// answered. The loop writes a turn's replication to the kernel before
 /// its answers (the epoll loop once wrote a client that an event of the
-/// turn had listed first, and lost the last grant here); with coalescing
-/// (the default `--replication-coalesce-us`) the deltas of a turn within
-/// the bound of the last send go with `MSG_MORE` and stay in the kernel
-/// when the process stops: the kernel sends them on its own, long before
-/// the next node takes over.
-fn coalesced_grants_survive_a_stop_of_the_active(io: &str) {
-    for coalesce in ["0", "500"] {
-        grants_answered_before_a_stop_are_replicated(io, coalesce);
-    }
-}
-
-/// A standby reads its active's replication in batches while it keeps
-/// coming (`--replication-batch-us`): no wake-up per write, one read per
-/// batch of whatever arrived meanwhile. What waits is in the standby's
-/// kernel already, so every grant answered before the active stops is on
-/// the node that takes over, batched or not. Bursts of pipelined acquires
+/// turn had listed first, and lost the last grant here). A standby reads
+/// its active's replication in batches while it keeps coming
+/// (`--replication-batch-us`): no wake-up per write, one read per batch of
+/// whatever arrived meanwhile. What waits is in the standby's kernel
+/// already, so batched or not, nothing answered is missing. Bursts of pipelined acquires
 /// keep the link busy (more replication than one read takes: the next
 /// read comes at once, within the batch interval), so the standby batches,
 /// which its `ringlock_replication_batched_reads_total` shows; without
@@ -778,6 +769,23 @@ fn batched_replication_survives_a_stop_of_the_active(io: &str) {
     }
 }
 
+/// `--replication-coalesce-us` is gone (batched reads on the standby took
+/// its place): a node started with it, as an older unit file may start it,
+/// still starts and serves, and its log says the flag is ignored.
+fn the_removed_coalescing_flag_is_ignored_with_a_warning() {
+    let (c, logs) = Cluster::start_logged(2, "epoll", &["--replication-coalesce-us", "500"]);
+    for log in &logs {
+        log.wait_for(
+            "--replication-coalesce-us is gone and ignored: standbys read replication in \
+             batches instead (--replication-batch-us)",
+            SETTLE,
+        );
+    }
+    let mut n0 = c.connect(0);
+    let token = grant(&mut n0, "A gone/flag 60 0");
+    c.wait_token(1, token, SETTLE);
+}
+
 /// The address of a node's metrics listener, from its start-up line.
 fn metrics_addr(log: &common::StderrLog) -> std::net::SocketAddr {
     let line = log.wait_for("metrics on http://", SETTLE);
@@ -799,37 +807,4 @@ fn counter(addr: std::net::SocketAddr, name: &str) -> Option<u64> {
     s.read_to_string(&mut body).ok()?;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn grants_answered_before_a_stop_are_replicated(io: &str, coalesce_us: &str) {
-    let c = Cluster::start_with(3, io, &["--replication-coalesce-us", coalesce_us]);
-    let addr1 = c.addrs[1];
-    let mut n0 = c.connect(0);
-    // Warm the links: one grant fully replicated first.
-    let first = grant(&mut n0, "A co/first 60 0");
-    c.wait_token(1, first, SETTLE);
-    let mut tokens = Vec::new();
-    for i in 0..200 {
-        tokens.push(grant(&mut n0, &format!("A co/k{i} 60 0")));
-    }
-    c.node(0).signal(libc::SIGSTOP);
-    common::poll_until(
-        "node 1 active while node 0 is stopped",
-        Duration::from_secs(5),
-        || status_of(addr1, Duration::from_millis(500)),
-        |s| s.as_ref().is_some_and(|s| s.is_active()),
-    );
-    let mut n1 = c.connect(1);
-    for (i, token) in tokens.iter().enumerate() {
-        let key = format!("co/k{i}");
-        assert_eq!(
-            n1.call(&format!("A {key} 60 0.01")),
-            format!("T {key}"),
-            "--replication-coalesce-us {coalesce_us}: node 1 does not hold {key}, granted \
-             (token {token}) by node 0 before its stop"
-        );
-    }
-    let after = grant(&mut n1, "A co/after 60 0");
-    assert!(after > *tokens.iter().max().unwrap());
-    c.node(0).signal(libc::SIGCONT);
 }

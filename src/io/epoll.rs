@@ -715,15 +715,7 @@ fn write_out(conn: &mut Conn, node: &mut Node, now: Now, id: ConnId) -> io::Resu
         if out.is_empty() {
             return Ok(Written::Done);
         }
-        let written = if node.sends_more(id) {
-            // Replication held back to coalesce (`Node::sends_more`): in
-            // the kernel now, sent with what follows.
-            socket2::SockRef::from(&conn.stream)
-                .send_with_flags(out, libc::MSG_MORE | libc::MSG_NOSIGNAL)
-        } else {
-            conn.stream.write(out)
-        };
-        match written {
+        match conn.stream.write(out) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => conn.life.sent(node, now, id, n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Written::Done),

@@ -732,15 +732,8 @@ impl Uring {
             if !rest.is_empty() {
                 // A send takes at most u32::MAX bytes; the rest goes next.
                 let len = u32::try_from(rest.len()).unwrap_or(u32::MAX);
-                // Replication held back to coalesce (`Node::sends_more`):
-                // in the kernel now, sent with what follows.
-                let more = if node.sends_more(id) {
-                    libc::MSG_MORE
-                } else {
-                    0
-                };
                 let entry = opcode::Send::new(Fd(conn.fd.as_raw_fd()), rest.as_ptr(), len)
-                    .flags(libc::MSG_NOSIGNAL | more)
+                    .flags(libc::MSG_NOSIGNAL)
                     .build()
                     .user_data(user_data(Op::Send, self.generations.of(id), id));
                 conn.send_in_flight = true;

@@ -375,7 +375,6 @@ impl World {
                     failback_delay_ms: 0,
                     incarnation: (x as u64 + 1) * 1_000 + generation * 2 + 1,
                     secret: Secret::from_bytes(b"the model-checked cluster's secret, 32+ bytes"),
-                    coalesce_us: 0,
                     read_batch_us: 0,
                 }),
                 max_locks: 64,

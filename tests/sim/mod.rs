@@ -147,9 +147,6 @@ pub struct SimConfig {
     pub max_steps: u64,
     /// Every node's `failback_delay_ms`.
     pub failback_delay_ms: u64,
-    /// Every node's `coalesce_us` (the simulated network delivers a link's
-    /// bytes as they are written; what is simulated is the pushes).
-    pub coalesce_us: u64,
     /// Every node's `read_batch_us`: a standby reads its active's busy link
     /// in batches, at most this far apart (the simulated node reads it at
     /// the first millisecond not before the batch's time).
@@ -212,7 +209,6 @@ impl SimConfig {
             weights: [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             max_steps: 5_000_000,
             failback_delay_ms: 0,
-            coalesce_us: 0,
             read_batch_us: 0,
             tls: false,
         }
@@ -235,8 +231,6 @@ impl SimConfig {
             weights: [20, 14, 6, 12, 12, 12, 6, 12, 2, 8, 8],
             max_steps: 2_000_000,
             failback_delay_ms: [0, 0, 300, 2_000][rng.below(4) as usize],
-            // The value the docs measure: the pushes are simulated.
-            coalesce_us: 500,
             // One run in three (drawn last but one: the rest of the
             // configuration is what it was without).
             tls: rng.chance(33),
@@ -1116,7 +1110,6 @@ impl Sim {
                     failback_delay_ms: self.cfg.failback_delay_ms,
                     incarnation,
                     secret: Secret::from_bytes(b"the simulated cluster's secret, 32+ bytes"),
-                    coalesce_us: self.cfg.coalesce_us,
                     read_batch_us: self.cfg.read_batch_us,
                 }),
                 max_locks: ringlock::engine::DEFAULT_MAX_LOCKS,

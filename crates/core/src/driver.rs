@@ -450,7 +450,6 @@ mod tests {
                     secret: crate::cluster::auth::Secret::from_bytes(
                         b"a secret of the unit tests, 32+ bytes",
                     ),
-                    coalesce_us: 0,
                     read_batch_us: 0,
                 }),
                 max_locks: crate::engine::DEFAULT_MAX_LOCKS,

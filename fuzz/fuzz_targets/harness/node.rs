@@ -401,7 +401,6 @@ impl Harness {
                     failback_delay_ms: 0,
                     incarnation,
                     secret: secret.clone(),
-                    coalesce_us: ringlock::cluster::DEFAULT_COALESCE_US,
                     read_batch_us: ringlock::cluster::DEFAULT_READ_BATCH_US,
                 }),
             },

@@ -67,7 +67,6 @@ impl Mesh {
                     failback_delay_ms: 0,
                     incarnation: 0x9e37_79b9_7f4a_7c15 ^ me as u64,
                     secret: Secret::from_bytes(b"the callgrind cluster's secret, 32+ bytes"),
-                    coalesce_us: 0,
                     read_batch_us: 0,
                 };
                 let config = NodeConfig {

@@ -5,21 +5,9 @@ use super::*;
 
 impl Cluster {
     /// Asserts the state machine's invariants (tests, fuzzing, simulation).
-    /// The coalescing and lag probes of each link.
+    /// The lag probes of each link.
     fn check_replication_state(&self, now: Now) {
-        let n = self.peers.len();
-        assert!(
-            self.cfg.coalesce_us > 0 || self.more.is_empty(),
-            "MSG_MORE without coalescing"
-        );
-        assert!(self.more.len() < n, "MSG_MORE on links to followers only");
         for (i, p) in with_ids(&self.peers) {
-            // Held bytes were sent at or after their link's last push.
-            if let Some(since) = p.held_since_us {
-                assert!(self.cfg.coalesce_us > 0, "held without coalescing");
-                assert!(since >= p.pushed_us, "held before its link's last push");
-                assert!(since <= now.us, "held in the future");
-            }
             if let Some((seq, sent_us)) = p.probe {
                 assert!(seq <= self.probe_seq && seq > 0, "probe {seq} never sent");
                 assert!(sent_us <= now.us, "probe sent in the future");

@@ -9,9 +9,6 @@ impl Cluster {
     /// liveness deadline.
     pub fn next_deadline(&self) -> u64 {
         let mut next = self.next_heartbeat_ms;
-        if let Some(push) = self.push_deadline() {
-            next = next.min(push);
-        }
         for (i, p) in with_ids(&self.peers) {
             if i == self.cfg.me {
                 continue;

@@ -125,12 +125,6 @@ pub struct ClusterConfig {
     pub incarnation: u64,
     /// The cluster's shared secret: every peer link proves it both ways.
     pub secret: Secret,
-    /// How long, at most, an active lets the kernel hold the replication
-    /// it wrote to a follower before it is sent on (µs; 0: each turn's
-    /// deltas go at once): see [`Cluster::sends_more`]. At most
-    /// [`MAX_COALESCE_US`]; the node's configuration makes it 0 unless the
-    /// peer timeout is at least [`MIN_PEER_TIMEOUT_TO_COALESCE_MS`].
-    pub coalesce_us: u64,
     /// How long, at most, a standby's reads of its active's link wait while
     /// the link is busy (µs; 0: every arrival is read at once): see
     /// [`crate::read_batch`]. At most [`MAX_READ_BATCH_US`], and at most a
@@ -146,20 +140,6 @@ pub const MAX_READ_BATCH_US: u64 = 2_000;
 /// long: a batched link's bytes never wait unread near as long as a peer
 /// may be silent before it counts as dead.
 pub const READ_BATCHES_PER_PEER_TIMEOUT: u64 = 50;
-
-/// The longest [`ClusterConfig::coalesce_us`].
-pub const MAX_COALESCE_US: u64 = 1_000;
-
-/// The default [`ClusterConfig::coalesce_us`]: off. 500 µs is what the
-/// docs measure (docs/cluster.md, "Tuning").
-pub const DEFAULT_COALESCE_US: u64 = 0;
-
-/// The shortest peer timeout with which replication is coalesced. Bytes
-/// sent with `MSG_MORE` stay in the kernel while the process does not run
-/// (a SIGSTOP, a stall) until the kernel's own timer sends them, about
-/// 200 ms later (its minimum retransmission timeout): that must come well
-/// before the peers count this node dead and one of them takes over.
-pub const MIN_PEER_TIMEOUT_TO_COALESCE_MS: u64 = 400;
 
 /// A node's index in the `--peers` list: its identity within the cluster
 /// and its priority (0 is the highest).
@@ -266,11 +246,6 @@ struct Peer {
     next_probe_ms: u64,
     /// What we measured and counted of its replication while active.
     replication: FollowerStats,
-    /// Since when our link holds deltas sent with `MSG_MORE` (the first
-    /// such send since the last without it), and when that last was
-    /// (monotonic µs).
-    held_since_us: Option<u64>,
-    pushed_us: u64,
 }
 
 /// What an inbound link's `HELLO` claimed, kept until its `AUTH` proves it.
@@ -373,9 +348,6 @@ pub struct Cluster {
     stats: ClusterStats,
     /// The number of the last lag probe sent (to any follower).
     probe_seq: u64,
-    /// The links whose output of this turn goes with `MSG_MORE`
-    /// ([`Cluster::sends_more`]).
-    more: Vec<ConnId>,
 }
 
 impl Cluster {
@@ -385,17 +357,12 @@ impl Cluster {
         assert!(cfg.peers.len() <= wire::MAX_PEERS, "too many peers");
         assert!(cfg.heartbeat_ms > 0 && cfg.peer_timeout_ms > cfg.heartbeat_ms);
         assert!(cfg.failback_delay_ms <= MAX_FAILBACK_DELAY_MS);
-        assert!(cfg.coalesce_us <= MAX_COALESCE_US);
         assert!(cfg.read_batch_us <= MAX_READ_BATCH_US);
         assert!(
             cfg.read_batch_us
                 .saturating_mul(READ_BATCHES_PER_PEER_TIMEOUT)
                 <= cfg.peer_timeout_ms.saturating_mul(1000),
             "batched reads as long as a peer timeout"
-        );
-        assert!(
-            cfg.coalesce_us == 0 || cfg.peer_timeout_ms >= MIN_PEER_TIMEOUT_TO_COALESCE_MS,
-            "coalescing with a peer timeout the kernel's hold may outlast"
         );
         engine.enable_replication();
         engine.step_down(None, out);
@@ -427,7 +394,6 @@ impl Cluster {
             scratch_old: Default::default(),
             events: ReplicationLog::new(),
             probe_seq: 0,
-            more: Vec::new(),
         }
     }
 

@@ -13,9 +13,7 @@ impl Cluster {
     /// turn, before the answers are collected.
     pub(crate) fn flush_replication(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         engine.take_replication(&mut self.events);
-        self.more.clear();
         if self.role != Role::Active {
-            self.push_held(now, engine, out);
             return;
         }
         debug_assert!(engine.is_active(), "the active's engine serves");
@@ -89,7 +87,6 @@ impl Cluster {
             .iter()
             .all(|p| !p.snapshot_sent || p.out_version == wire::VERSION);
         engine.set_replication_encoder(newest.then_some(wire::NEWEST));
-        self.push_held(now, engine, out);
         // After: every live follower on an authenticated link has our
         // snapshot queued (and this turn's deltas after it), or its link
         // is being closed.
@@ -141,81 +138,6 @@ impl Cluster {
         p.replication.bytes += written;
         p.replication.writes += 1;
         self.probe(now, i, conn, out);
-        self.hold_or_push(now, i, conn);
-    }
-
-    /// Whether the deltas just written to follower `i`'s link `conn` go
-    /// with `MSG_MORE`, so that the kernel sends one segment (and wakes the
-    /// follower once) for several turns: yes if the link holds such bytes
-    /// for less than [`ClusterConfig::coalesce_us`], or was last sent on
-    /// less than that ago; no once the oldest held byte has waited that
-    /// long, or on a link quiet for longer (a lone grant goes at once).
-    /// The bytes are in the kernel either way before any answer of the
-    /// turn is, so a stop of this process loses nothing.
-    fn hold_or_push(&mut self, now: Now, i: PeerId, conn: ConnId) {
-        let coalesce_us = self.cfg.coalesce_us;
-        let p = &mut self.peers[i];
-        let due = p
-            .held_since_us
-            .is_some_and(|since| now.us >= since.saturating_add(coalesce_us));
-        let recent = now.us < p.pushed_us.saturating_add(coalesce_us);
-        if coalesce_us > 0 && !due && (p.held_since_us.is_some() || recent) {
-            p.held_since_us.get_or_insert(now.us);
-            self.more.push(conn);
-        } else {
-            p.held_since_us = None;
-            p.pushed_us = now.us;
-        }
-    }
-
-    /// True if this turn's output of `conn` goes with `MSG_MORE`: the loop
-    /// asks for each connection it writes (a short list: the followers
-    /// whose deltas of this turn are held).
-    pub fn sends_more(&self, conn: ConnId) -> bool {
-        self.more.contains(&conn)
-    }
-
-    /// Each link whose held bytes are due and that got nothing this turn
-    /// gets a heartbeat, sent without `MSG_MORE`: the kernel sends it and
-    /// everything before it. [`Cluster::next_deadline`] wakes the loop for
-    /// it; it runs at every flush, whatever the role.
-    fn push_held(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
-        let coalesce_us = self.cfg.coalesce_us;
-        let more = std::mem::take(&mut self.more);
-        let due = |p: &Peer| {
-            p.held_since_us
-                .is_some_and(|since| now.us >= since.saturating_add(coalesce_us))
-                && !p.out.conn().is_some_and(|conn| more.contains(&conn))
-        };
-        if self.peers.iter().any(due) {
-            self.scratch.clear();
-            self.encode_heartbeat(engine);
-        }
-        for i in PeerId::all(self.peers.len()) {
-            if !due(&self.peers[i]) {
-                continue;
-            }
-            let p = &mut self.peers[i];
-            p.held_since_us = None;
-            p.pushed_us = now.us;
-            // Behind a backlog the link's bytes are not even in the kernel
-            // yet; they go without `MSG_MORE` when they do.
-            if let Some(conn) = p.out.ready_conn()
-                && out.len(conn) < HEARTBEAT_BACKLOG_BYTES
-            {
-                out.write_link(conn, &self.scratch);
-            }
-        }
-        self.more = more;
-    }
-
-    /// When held bytes are due (monotonic ms, rounded up), if any are.
-    pub(super) fn push_deadline(&self) -> Option<u64> {
-        self.peers
-            .iter()
-            .filter_map(|p| p.held_since_us)
-            .map(|since| since.saturating_add(self.cfg.coalesce_us).div_ceil(1000))
-            .min()
     }
 
     /// Sends follower `i` a lag probe behind the deltas just written to

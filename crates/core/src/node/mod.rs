@@ -443,14 +443,6 @@ impl Node {
         &self.outbox
     }
 
-    /// True if the loop sends this turn's output of `conn` with
-    /// `MSG_MORE` (replication held back to coalesce: see
-    /// [`Cluster::sends_more`]); false for every client connection.
-    #[inline]
-    pub fn sends_more(&self, conn: ConnId) -> bool {
-        self.cluster.as_ref().is_some_and(|c| c.sends_more(conn))
-    }
-
     /// When the loop must turn again: the earliest timer of the engine,
     /// the cluster or a peer-only connection, or 0 (now) while answers
     /// wait that the loop has not collected ([`Node::take_dirty`]). Work

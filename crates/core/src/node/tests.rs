@@ -32,7 +32,6 @@ fn node0() -> Node {
         failback_delay_ms: 0,
         incarnation: 1,
         secret: Secret::from_bytes(SECRET),
-        coalesce_us: 0,
         read_batch_us: 0,
     };
     Node::new(

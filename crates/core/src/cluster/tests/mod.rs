@@ -33,29 +33,19 @@ fn node(me: usize) -> (Cluster, Engine, Outbox) {
 }
 
 fn node_with(me: usize, peers: Vec<String>, secret: &[u8]) -> (Cluster, Engine, Outbox) {
-    node_coalescing(me, peers, secret, 0)
+    node_configured(me, peers, secret, 0)
 }
 
 /// Node `me` whose standby reads its active's link in batches of
 /// `read_batch_us`.
 fn node_batching(me: usize, read_batch_us: u64) -> (Cluster, Engine, Outbox) {
-    node_configured(me, peers(), SECRET, 0, read_batch_us)
-}
-
-fn node_coalescing(
-    me: usize,
-    peers: Vec<String>,
-    secret: &[u8],
-    coalesce_us: u64,
-) -> (Cluster, Engine, Outbox) {
-    node_configured(me, peers, secret, coalesce_us, 0)
+    node_configured(me, peers(), SECRET, read_batch_us)
 }
 
 fn node_configured(
     me: usize,
     peers: Vec<String>,
     secret: &[u8],
-    coalesce_us: u64,
     read_batch_us: u64,
 ) -> (Cluster, Engine, Outbox) {
     let mut engine = Engine::new(at(0), &peers[me]);
@@ -68,7 +58,6 @@ fn node_configured(
         failback_delay_ms: 0,
         incarnation: 1,
         secret: Secret::from_bytes(secret),
-        coalesce_us,
         read_batch_us,
     };
     let cluster = Cluster::new(cfg, at(0), &mut engine, &mut out);
@@ -327,11 +316,7 @@ fn heartbeat_synced(
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
 /// and inbound links from both.
 fn active_node0() -> (Cluster, Engine, Outbox) {
-    active_node0_coalescing(0)
-}
-
-fn active_node0_coalescing(coalesce_us: u64) -> (Cluster, Engine, Outbox) {
-    let (mut c, mut e, mut o) = node_coalescing(0, peers(), SECRET, coalesce_us);
+    let (mut c, mut e, mut o) = node(0);
     for (conn, peer) in [(20, 1), (21, 2)] {
         dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
         Remote::new(peer)

@@ -1,5 +1,5 @@
 //! Replication: snapshots and deltas to followers, shared grants and
-//! permits, slow followers, lag probes and coalescing.
+//! permits, slow followers, lag probes and batched reads.
 
 use super::*;
 use crate::outbox::cid;
@@ -360,8 +360,8 @@ fn only_the_link_from_the_followed_active_is_read_in_batches() {
 }
 
 #[test]
-fn an_active_coalesces_replication_for_at_most_its_bound() {
-    let (mut c, mut e, mut o) = active_node0_coalescing(500);
+fn every_turn_s_replication_goes_to_every_follower_at_once() {
+    let (mut c, mut e, mut o) = active_node0();
     let ms = TIMEOUT_MS + 60;
     e.open(cid(0), &mut o);
     heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
@@ -370,69 +370,14 @@ fn an_active_coalesces_replication_for_at_most_its_bound() {
     for conn in [20, 21] {
         o.output_mut(cid(conn)).clear();
     }
-    let turn = |c: &mut Cluster, e: &mut Engine, o: &mut Outbox, now: Now, line: &str| {
-        if !line.is_empty() {
-            client(e, o, now, cid(0), line);
-        }
-        c.flush_replication(now, e, o);
-        let sent: Vec<bool> = [20, 21].iter().map(|&l| c.sends_more(cid(l))).collect();
-        assert_eq!(sent[0], sent[1], "both followers alike");
-        let lines = lines_of(o, cid(20));
-        o.output_mut(cid(21)).clear();
-        (sent[0], lines)
-    };
-    // A link quiet for longer than the bound: the first deltas go at once.
-    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 0), "A a 5 0");
-    assert!(!more && lines[0].starts_with("P g a "), "{lines:?}");
-    // Within the bound of that send: held (MSG_MORE), turn after turn,
-    // until the oldest held bytes have waited 500 µs.
-    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 100), "A b 5 0");
-    assert!(more);
-    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 550), "A c 5 0");
-    assert!(more, "held since 100 µs: due at 600");
-    assert_eq!(
-        c.push_deadline(),
-        Some(ms + 11),
-        "the loop wakes for the push"
-    );
-    assert!(c.next_deadline() <= ms + 11);
-    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 600), "A d 5 0");
-    assert!(!more && lines[0].starts_with("P g d "), "{lines:?}");
-    // Held again, then nothing more to send: the flush at the deadline
-    // pushes it with a heartbeat of its own.
-    let (more, _) = turn(&mut c, &mut e, &mut o, at_us(ms + 10, 700), "A e 5 0");
-    assert!(more);
-    assert_eq!(c.push_deadline(), Some(ms + 12));
-    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 11, 100), "");
-    assert!(
-        !more && lines.is_empty(),
-        "not due before 1200 µs: {lines:?}"
-    );
-    let (more, lines) = turn(&mut c, &mut e, &mut o, at_us(ms + 11, 200), "");
-    assert!(!more, "pushed");
-    assert_eq!(lines.len(), 1);
-    assert!(lines[0].starts_with("P HB A "), "{lines:?}");
-    assert_eq!(c.push_deadline(), None, "nothing held");
-    c.check_invariants(at(ms + 12), &e);
-}
-
-#[test]
-fn without_coalescing_every_turn_s_replication_goes_at_once() {
-    let (mut c, mut e, mut o) = active_node0();
-    let ms = TIMEOUT_MS + 60;
-    e.open(cid(0), &mut o);
-    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
-    heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
-    c.flush_replication(at(ms), &mut e, &mut o);
     for (i, key) in ["a", "b", "c"].iter().enumerate() {
-        client(
-            &mut e,
-            &mut o,
-            at_us(ms, i as u64 * 10),
-            cid(0),
-            &format!("A {key} 5 0"),
-        );
-        c.flush_replication(at_us(ms, i as u64 * 10), &mut e, &mut o);
-        assert!(!c.sends_more(cid(20)) && !c.sends_more(cid(21)));
+        let now = at_us(ms, i as u64 * 10);
+        client(&mut e, &mut o, now, cid(0), &format!("A {key} 5 0"));
+        c.flush_replication(now, &mut e, &mut o);
+        for conn in [20, 21] {
+            let lines = replication_lines(&mut o, cid(conn));
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(lines[0].starts_with(&format!("P g {key} ")), "{lines:?}");
+        }
     }
 }
