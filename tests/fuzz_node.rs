@@ -96,6 +96,12 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     let k = key(rng);
     let index = number(rng, MAX_PEERS as u64 - 1) as usize;
     let token = number(rng, MAX_TOKEN);
+    if rng.below(4) == 0 {
+        // What a version 6 active sends: `P g` and `P x`, numbers in hex
+        // (`wire::encode` writes the older `P G` and `P X`).
+        hex_line(rng, &k, token, out);
+        return;
+    }
     let msg = match rng.below(10) {
         0 => PeerMsg::Hello {
             version: wire::VERSION,
@@ -138,6 +144,29 @@ fn valid_line(rng: &mut XorShift, out: &mut Vec<u8>) {
     };
     wire::encode(out, &msg);
     out.pop(); // the `\n`: the loops hand over lines without it
+}
+
+/// A `P g` (with or without an identity) or `P x` line of `key` and `token`.
+fn hex_line(rng: &mut XorShift, key: &[u8], token: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(if rng.below(2) == 0 { b"P g " } else { b"P x " });
+    out.extend_from_slice(key);
+    out.extend_from_slice(format!(" {token:x}").as_bytes());
+    if out.starts_with(b"P x ") {
+        return;
+    }
+    let remaining_ms = number(rng, MAX_REMAINING_MS);
+    out.extend_from_slice(format!(" {remaining_ms:x}").as_bytes());
+    for field in [
+        &[&b"-"[..], b"10.1.2.3:45678", b"[::1]:65535"][..],
+        &[&b"-"[..], b"fuzz/1"],
+        &[&b""[..], b" -", b" spiffe://x/alice"],
+    ] {
+        let pick = *rng.pick(field);
+        if !pick.is_empty() && !pick.starts_with(b" ") {
+            out.push(b' ');
+        }
+        out.extend_from_slice(pick);
+    }
 }
 
 /// Byte changes that go near the bounds and the framing: flips, cuts,

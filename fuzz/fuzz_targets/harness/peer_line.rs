@@ -2,7 +2,9 @@
 //! (fuzz/fuzz_targets/peer_line.rs) and its stable twin (tests/fuzz_node.rs).
 //!
 //! Arbitrary bytes go to `cluster::wire::parse`, one line at a time (split
-//! at `\n`) and whole. It must never panic; what it accepts must carry only
+//! at `\n`) and whole. It must never panic, and must say what the general
+//! parser (`wire::parse_general`, without the fast path of `P g` and `P x`)
+//! says of the same line; what it accepts must carry only
 //! bounded fields (tokens <= `MAX_TOKEN`, remaining leases <=
 //! `MAX_REMAINING_MS`, indexes < `MAX_PEERS`, keys and addresses valid keys)
 //! and re-encode (`wire::encode`) to one line of fewer than `MAX_LINE` bytes
@@ -43,6 +45,14 @@ pub fn check(data: &[u8]) -> Outcome {
 
 /// Checks one line (which the loops hand over without its `\n`).
 pub fn check_line(line: &[u8], enc: &mut Vec<u8>, outcome: &mut Outcome) {
+    // The fast path of `P g` and `P x` decides nothing the general
+    // parser would not: the same message, or the same error.
+    assert_eq!(
+        wire::parse(line),
+        wire::parse_general(line),
+        "the fast path and the general parser differ on {:?}",
+        esc(line)
+    );
     let msg = match wire::parse(line) {
         Ok(msg) => msg,
         Err(reason) => {

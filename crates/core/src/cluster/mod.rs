@@ -595,6 +595,15 @@ impl Cluster {
         engine: &mut Engine,
         out: &mut Outbox,
     ) -> Result<(), PeerError> {
+        // An authenticated link the peer dialed first: most lines come on
+        // one (a follower's replication). No link is both ways
+        // (`check_invariants`), so the order of the two looks is free.
+        if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
+            if self.superseded.contains(&conn) {
+                return Ok(()); // stale: the peer's newer link speaks for it
+            }
+            return self.on_peer_message(now, from, msg, engine, out);
+        }
         if let Some(peer) = self.peer_by(|p| p.out.conn() == Some(conn)) {
             // Our own link: the peer only ever answers our HELLO.
             let link = self.peers[peer].out;
@@ -622,12 +631,6 @@ impl Cluster {
                 }
                 .into()),
             };
-        }
-        if let Some(&(_, from)) = self.links_in.iter().find(|&&(c, _)| c == conn) {
-            if self.superseded.contains(&conn) {
-                return Ok(()); // stale: the peer's newer link speaks for it
-            }
-            return self.on_peer_message(now, from, msg, engine, out);
         }
         match msg {
             PeerMsg::Hello {

@@ -1,9 +1,13 @@
 //! Who holds grants: the interned holder entries that grants name by
 //! index (address, owner label and identity).
 
+use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashTable;
 use slab::Slab;
 
 use super::ids::HolderId;
+use crate::proto::Holder;
 
 /// One holder: the address of the connection that acquired (as the server
 /// saw it, or as the active replicated it) and its owner label (`O`).
@@ -17,8 +21,16 @@ struct HolderEntry {
     shared: bool,
 }
 
-/// A replicated holder's `(addr, owner, identity)`.
-type HolderKey = (Option<Box<[u8]>>, Option<Box<[u8]>>, Option<Box<[u8]>>);
+impl HolderEntry {
+    /// What the wire says of it.
+    fn holder(&self) -> Holder<'_> {
+        Holder {
+            addr: self.addr.as_deref(),
+            owner: self.owner.as_deref(),
+            identity: self.identity.as_deref(),
+        }
+    }
+}
 
 /// Who holds grants, interned: a lock stores a [`HolderId`], not the
 /// address and label. An open connection that was granted something has
@@ -33,9 +45,30 @@ pub struct Holders {
     /// belongs to (0: a free slot). Apart from the entries, so that a grant
     /// and a release touch one `u32` each.
     refs: Vec<u32>,
-    /// Replicated holders by `(addr, owner, identity)`: each distinct one
-    /// once.
-    shared: std::collections::HashMap<HolderKey, HolderId>,
+    /// Replicated holders by `(addr, owner, identity)`, each distinct one
+    /// once: the index of its entry, found by the hash of the three fields
+    /// as the wire gives them (so that finding one copies nothing) and a
+    /// comparison with the entry's. The hash is seeded at random, as the
+    /// lock table's is: the fields come from the network.
+    shared: HashTable<HolderId>,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// The hash a replicated holder is found by: each field's length (0 for
+/// none, one more than its length otherwise) and bytes.
+#[inline]
+fn hash_of(hasher: &foldhash::fast::RandomState, h: Holder<'_>) -> u64 {
+    let mut state = hasher.build_hasher();
+    for field in [h.addr, h.owner, h.identity] {
+        match field {
+            None => state.write_usize(0),
+            Some(bytes) => {
+                state.write_usize(bytes.len() + 1);
+                state.write(bytes);
+            }
+        }
+    }
+    state.finish()
 }
 
 impl Holders {
@@ -67,28 +100,37 @@ impl Holders {
     }
 
     /// The entry of a replicated holder, with one more reference (made if
-    /// new).
-    pub fn intern(&mut self, holder: crate::proto::Holder<'_>) -> HolderId {
-        if holder == crate::proto::Holder::default() {
+    /// new). Finding an existing one allocates nothing.
+    pub fn intern(&mut self, holder: Holder<'_>) -> HolderId {
+        if holder == Holder::default() {
             return HolderId::NIL;
         }
-        let key = (
-            holder.addr.map(Box::from),
-            holder.owner.map(Box::from),
-            holder.identity.map(Box::from),
-        );
-        if let Some(&i) = self.shared.get(&key) {
+        let hash = hash_of(&self.hasher, holder);
+        let entries = &self.entries;
+        let found = self
+            .shared
+            .find(hash, |&i| entries[i.index()].holder() == holder);
+        if let Some(&i) = found {
             self.add_ref(i);
             return i;
         }
+        self.insert_shared(hash, holder)
+    }
+
+    /// A new entry for a replicated holder not seen before.
+    #[cold]
+    #[inline(never)]
+    fn insert_shared(&mut self, hash: u64, holder: Holder<'_>) -> HolderId {
         let i = self.entries.insert(HolderEntry {
-            addr: key.0.clone(),
-            owner: key.1.clone(),
-            identity: key.2.clone(),
+            addr: holder.addr.map(Box::from),
+            owner: holder.owner.map(Box::from),
+            identity: holder.identity.map(Box::from),
             shared: true,
         });
         let i = self.counted(i);
-        self.shared.insert(key, i);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.shared
+            .insert_unique(hash, i, |&j| hash_of(hasher, entries[j.index()].holder()));
         i
     }
 
@@ -119,19 +161,21 @@ impl Holders {
     fn remove(&mut self, holder: HolderId) {
         let e = self.entries.remove(holder.index());
         if e.shared {
-            self.shared.remove(&(e.addr, e.owner, e.identity));
+            let hash = hash_of(&self.hasher, e.holder());
+            match self.shared.find_entry(hash, |&i| i == holder) {
+                Ok(found) => {
+                    found.remove();
+                }
+                Err(_) => debug_assert!(false, "replicated holder {holder} not in the index"),
+            }
         }
     }
 
     /// What the wire says of `holder` (both `-` for [`HolderId::NIL`]).
-    pub fn get(&self, holder: HolderId) -> crate::proto::Holder<'_> {
+    pub fn get(&self, holder: HolderId) -> Holder<'_> {
         match self.entries.get(holder.index()) {
-            Some(e) => crate::proto::Holder {
-                addr: e.addr.as_deref(),
-                owner: e.owner.as_deref(),
-                identity: e.identity.as_deref(),
-            },
-            None => crate::proto::Holder::default(),
+            Some(e) => e.holder(),
+            None => Holder::default(),
         }
     }
 
@@ -158,5 +202,67 @@ impl Holders {
             self.shared.len(),
             self.entries.iter().filter(|(_, e)| e.shared).count()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h<'a>(
+        addr: Option<&'a [u8]>,
+        owner: Option<&'a [u8]>,
+        identity: Option<&'a [u8]>,
+    ) -> Holder<'a> {
+        Holder {
+            addr,
+            owner,
+            identity,
+        }
+    }
+
+    #[test]
+    fn each_distinct_replicated_holder_has_one_entry() {
+        // Holders that differ only in where their bytes fall between the
+        // fields, or in which field is absent.
+        let distinct = [
+            h(Some(b"ab"), Some(b"c"), None),
+            h(Some(b"a"), Some(b"bc"), None),
+            h(Some(b"abc"), None, None),
+            h(None, Some(b"abc"), None),
+            h(None, None, Some(b"abc")),
+            h(Some(b"abc"), Some(b"abc"), Some(b"abc")),
+            h(Some(b"abc"), Some(b"abc"), None),
+        ];
+        let mut holders = Holders::default();
+        let ids: Vec<HolderId> = distinct.iter().map(|&x| holders.intern(x)).collect();
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(holders.get(id), distinct[i]);
+            assert!(ids[..i].iter().all(|&other| other != id), "{i}");
+        }
+        assert_eq!(holders.len(), distinct.len());
+        // Each again: the same entry, one more reference; nothing new.
+        for (i, &x) in distinct.iter().enumerate() {
+            assert_eq!(holders.intern(x), ids[i]);
+        }
+        assert_eq!(holders.len(), distinct.len());
+        assert_eq!(holders.intern(Holder::default()), HolderId::NIL);
+        // An entry goes with its last reference, and only then.
+        let mut expected = std::collections::HashMap::new();
+        for &id in &ids {
+            holders.unref(id);
+            expected.insert(id, 1);
+        }
+        holders.check_refs(&expected);
+        for (i, &id) in ids.iter().enumerate() {
+            holders.unref(id);
+            expected.remove(&id);
+            holders.check_refs(&expected);
+            assert_eq!(holders.len(), distinct.len() - i - 1);
+        }
+        // And comes back as a new entry.
+        let again = holders.intern(distinct[0]);
+        assert_eq!(holders.get(again), distinct[0]);
+        assert_eq!(holders.len(), 1);
     }
 }

@@ -37,7 +37,7 @@
 //!
 //! The table knows nothing of time, tokens or answers; the engine does.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use hashbrown::HashTable;
 use slab::Slab;
@@ -294,10 +294,24 @@ impl Table {
         self.waiters.len()
     }
 
+    /// The hash of `key` in the index: `hasher.hash_one(key)`, written out
+    /// so that it is inlined where the table looks a key up (called out of
+    /// line, it cost the call and a second pass over its arguments).
+    #[inline(always)]
+    #[expect(
+        clippy::manual_hash_one,
+        reason = "hash_one is the call this keeps from being out of line"
+    )]
+    fn hash(&self, key: &[u8]) -> u64 {
+        let mut state = self.hasher.build_hasher();
+        key.hash(&mut state);
+        state.finish()
+    }
+
     /// The lock of `key`, if it is live.
     #[inline]
     pub fn find(&self, key: &[u8]) -> Option<LockId> {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let locks = &self.locks;
         self.shards[shard_of(hash)]
             .index
@@ -318,7 +332,7 @@ impl Table {
     /// holds fewer than `max_len` locks; `None` if the table is full.
     #[inline]
     pub(crate) fn find_or_insert_within(&mut self, key: &[u8], max_len: usize) -> Option<LockId> {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
         let s = shard_of(hash);
         let shard = &mut self.shards[s];
         let locks = &self.locks;
@@ -675,7 +689,7 @@ mod tests {
         let mut i = 0;
         while by_shard.iter().any(|k| k.len() < PER_SHARD) {
             let k = key(i);
-            by_shard[shard_of(table.hasher.hash_one(&k[..]))].push(k);
+            by_shard[shard_of(table.hash(&k))].push(k);
             i += 1;
         }
         let mut before = capacities(&table);

@@ -58,6 +58,30 @@ pub(crate) fn parse_hex(field: &[u8]) -> Option<u64> {
     Some((high << 32) | low)
 }
 
+/// [`parse_hex`] of `text[start..end]`: the same number, or `None` for
+/// the same fields. A field of fewer than eight digits with eight bytes of
+/// `text` ending where it does is read at once: those eight bytes, the
+/// ones before the field replaced by `0` digits.
+#[inline(always)]
+pub(crate) fn parse_hex_in(text: &[u8], start: usize, end: usize) -> Option<u64> {
+    let field = text.get(start..end)?;
+    let len = field.len();
+    if len >= 8 {
+        return parse_hex(field);
+    }
+    let Some(window) = end.checked_sub(8).and_then(|from| text.get(from..end)) else {
+        return parse_hex(field);
+    };
+    if len == 0 || (len > 1 && field.first() == Some(&b'0')) {
+        return None;
+    }
+    let word = u64::from_be_bytes(window.try_into().ok()?);
+    // The field's `len` (1 to 7) bytes are the low ones.
+    let field_bytes = u64::MAX >> (8 * (8 - len));
+    let padded = (word & field_bytes) | (0x3030_3030_3030_3030 & !field_bytes);
+    eight_digits_of(padded).map(u64::from)
+}
+
 /// Fewer than eight hex digits (none: 0), one at a time.
 #[inline(always)]
 fn few_digits(field: &[u8]) -> Option<u64> {
@@ -77,9 +101,15 @@ fn few_digits(field: &[u8]) -> Option<u64> {
 /// Eight lowercase hex digits as a number, or `None` if any byte is not one.
 #[inline(always)]
 fn eight_digits(chunk: &[u8]) -> Option<u32> {
+    eight_digits_of(u64::from_be_bytes(chunk.try_into().ok()?))
+}
+
+/// The eight hex digits of `v` (the first in its most significant byte)
+/// as a number, or `None` if any byte is not one.
+#[inline(always)]
+fn eight_digits_of(v: u64) -> Option<u32> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    let v = u64::from_be_bytes(chunk.try_into().ok()?);
     if v & HIGH != 0 {
         return None;
     }
@@ -160,5 +190,49 @@ mod tests {
         }
         assert_eq!(parse_hex(b"0"), Some(0));
         assert_eq!(parse_hex(b"ffffffffffffffff"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn a_field_read_with_the_bytes_before_it_says_what_it_says_alone() {
+        // Every field of up to 17 bytes from a set of bytes that matter
+        // (digits, letters, the space, `0` first), after every prefix.
+        let bytes = [
+            b'0', b'1', b'9', b'a', b'f', b'g', b'A', b' ', b'-', 0, 0xff,
+        ];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let before = (x % 12) as usize;
+            let len = ((x >> 8) % 18) as usize;
+            let mut text: Vec<u8> = (0..before + len)
+                .map(|i| bytes[((x >> (16 + i % 40)) as usize + i * 7) % bytes.len()])
+                .collect();
+            if x >> 60 < 8 {
+                // Mostly digits, so that many fields parse.
+                for (i, b) in text[before..].iter_mut().enumerate() {
+                    *b = b"0123456789abcdef"[((x >> (i % 48)) & 15) as usize];
+                }
+            }
+            let end = before + len;
+            assert_eq!(
+                parse_hex_in(&text, before, end),
+                parse_hex(&text[before..end]),
+                "{}",
+                crate::proto::Quoted(&text)
+            );
+        }
+        for (text, start, end) in [
+            (&b"12345678 7530"[..], 9, 13),
+            (b"x 0", 2, 3),
+            (b"0000000a", 7, 8),
+        ] {
+            assert_eq!(parse_hex_in(text, start, end), parse_hex(&text[start..end]));
+        }
+        assert_eq!(parse_hex_in(b"ffffffff 7530", 9, 13), Some(0x7530));
+        assert_eq!(parse_hex_in(b"ffffffff 07530", 9, 14), None);
+        assert_eq!(parse_hex_in(b"ffffffff 0", 9, 10), Some(0));
+        assert_eq!(parse_hex_in(b"k", 2, 1), None);
     }
 }

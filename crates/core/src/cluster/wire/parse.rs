@@ -9,11 +9,12 @@ use crate::proto::{
     Holder, MAX_HOLDER_ADDR, MAX_PERMITS, Quoted, is_valid_key, is_valid_owner, parse_u64,
 };
 
-/// Parses a peer line (without its `\n`). Every field is checked against
-/// its bound (module docs); the error says which field was wrong.
+/// Parses a peer line without its `\n` and `\r` ([`super::parse()`] strips
+/// them): the general parser, of every kind of line. Every field is checked
+/// against its bound (module docs); the error says which field was wrong.
 #[expect(clippy::too_many_lines)]
-pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
+#[inline(never)]
+pub(super) fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let bad = |what: &'static str| WireError::Bad {
         what,
         line: Quoted(line).to_string(),

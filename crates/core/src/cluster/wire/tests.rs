@@ -582,3 +582,189 @@ fn hex_lines_cut_or_mangled_anywhere_never_panic() {
         }
     }
 }
+
+/// `P g` and `P x` lines of every shape the encoders write, and at the
+/// bounds of each field: keys of 1 and 250 bytes, addresses of 64,
+/// owners of 128 and identities of 32, numbers at their bounds.
+fn hex_lines() -> Vec<Vec<u8>> {
+    let key250 = vec![b'k'; MAX_KEY];
+    let addr64 = vec![b'a'; MAX_HOLDER_ADDR];
+    let owner128 = vec![b'o'; MAX_OWNER];
+    let identity32 = vec![b'i'; MAX_IDENTITY];
+    let mut lines = Vec::new();
+    let mut out = Vec::new();
+    for event in hex_events() {
+        out.clear();
+        encode_replication(&mut out, event, HEX_VERSION);
+        lines.push(out[..out.len() - 1].to_vec());
+    }
+    let holders = [
+        Holder {
+            addr: Some(&addr64),
+            owner: Some(&owner128),
+            identity: Some(&identity32),
+        },
+        Holder {
+            addr: Some(b"10.1.2.3:45678"),
+            owner: Some(b"host-a/job-42"),
+            identity: Some(b"spiffe://x/alice"),
+        },
+        Holder {
+            addr: Some(b"[fe80::1%eth0]:7171"),
+            owner: None,
+            identity: None,
+        },
+    ];
+    for key in [&key250[..], b"k", b"instr-key-0001", b"\x80\xff~!"] {
+        for holder in holders {
+            for (token, remaining_ms) in [(MAX_TOKEN, MAX_REMAINING_MS), (1 << 60, 7), (0xabc, 0)] {
+                out.clear();
+                encode_replication(
+                    &mut out,
+                    Replication::Granted {
+                        key,
+                        token,
+                        remaining_ms,
+                        holder,
+                    },
+                    HEX_VERSION,
+                );
+                encode_replication(&mut out, Replication::Released { key, token }, HEX_VERSION);
+                lines.extend(
+                    out.split(|&b| b == b'\n')
+                        .filter(|l| !l.is_empty())
+                        .map(<[u8]>::to_vec),
+                );
+            }
+        }
+    }
+    lines
+}
+
+/// [`parse`] and [`parse_general`] give the same result (the same message,
+/// or the same error) for `line`; and a valid `P g` or `P x` of eight bytes
+/// or more after its kind is taken by the fast path.
+fn same_as_general(line: &[u8]) -> bool {
+    let fast = parse(line);
+    let general = parse_general(line);
+    assert_eq!(fast, general, "{}", crate::proto::Quoted(line));
+    let stripped = line.strip_suffix(b"\r").unwrap_or(line);
+    let taken = super::fast::parse_replication(stripped);
+    if let Some(msg) = taken {
+        assert_eq!(Ok(msg), general);
+    }
+    let replication = stripped.starts_with(b"P g ") || stripped.starts_with(b"P x ");
+    if replication && general.is_ok() && stripped.len() >= 12 {
+        assert!(taken.is_some(), "{}", crate::proto::Quoted(line));
+    }
+    general.is_ok()
+}
+
+#[test]
+fn the_fast_path_and_the_general_parser_agree_on_every_variant() {
+    // Bytes that matter to some field: separators, digits at the edges of
+    // hex, letters, the placeholders, the bounds of key and label bytes.
+    let bytes = [
+        b' ', b'0', b'1', b'9', b'a', b'f', b'g', b'A', b'F', b'-', b'*', b'\r', b'\n', b'\t', 0,
+        0x1f, 0x20, 0x21, 0x7e, 0x7f, 0x80, 0xff, b'x', b'P',
+    ];
+    let (mut ok, mut refused) = (0, 0);
+    let mut count = |valid: bool| {
+        if valid {
+            ok += 1;
+        } else {
+            refused += 1;
+        }
+    };
+    for line in hex_lines() {
+        count(same_as_general(&line));
+        for suffix in [&b"\r"[..], b"\r\r", b" ", b" -", b" x y", b"  "] {
+            count(same_as_general(&[&line[..], suffix].concat()));
+        }
+        for cut in 0..line.len() {
+            count(same_as_general(&line[..cut]));
+            // One byte out.
+            count(same_as_general(&[&line[..cut], &line[cut + 1..]].concat()));
+        }
+        for at in 0..=line.len() {
+            for &b in &bytes {
+                // One byte in, and one byte changed.
+                count(same_as_general(&[&line[..at], &[b], &line[at..]].concat()));
+                if at < line.len() {
+                    let mut changed = line.clone();
+                    changed[at] = b;
+                    count(same_as_general(&changed));
+                }
+            }
+        }
+    }
+    assert!(
+        ok > 1_000 && refused > 10_000,
+        "{ok} taken, {refused} refused"
+    );
+}
+
+#[test]
+fn the_fast_path_and_the_general_parser_agree_on_generated_fields() {
+    // Lines put together from fields valid and not, in every position.
+    let fields: &[&[u8]] = &[
+        b"k",
+        b"instr-key-0001",
+        &[b'k'; MAX_KEY],
+        &[b'k'; MAX_KEY + 1],
+        b"\x80key",
+        b"0",
+        b"00",
+        b"1",
+        b"7530",
+        b"5265c00",
+        b"5265c01",
+        b"7fffffffffffffff",
+        b"8000000000000000",
+        b"17979cfe362a0000",
+        b"10000000000000000",
+        b"-",
+        b"*",
+        b"",
+        b"127.0.0.1:5",
+        &[b'a'; MAX_HOLDER_ADDR],
+        &[b'a'; MAX_HOLDER_ADDR + 1],
+        b"job/\x80",
+        &[b'o'; MAX_OWNER],
+        &[b'o'; MAX_OWNER + 1],
+        &[b'i'; MAX_IDENTITY],
+        &[b'i'; MAX_IDENTITY + 1],
+        b"a\x7fb",
+    ];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..300_000 {
+        let mut line = if next(2) == 0 {
+            b"P g".to_vec()
+        } else {
+            b"P x".to_vec()
+        };
+        for _ in 0..next(8) {
+            line.push(b' ');
+            line.extend_from_slice(fields[next(fields.len())]);
+        }
+        if next(16) == 0 {
+            line.push(b'\r');
+        }
+        if same_as_general(&line) {
+            ok += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(
+        ok > 1_000 && refused > 100_000,
+        "{ok} taken, {refused} refused"
+    );
+}
