@@ -474,7 +474,8 @@ impl Loop {
                 }
             }
             conn.batch_read = false;
-            if let Err(e) = batch(conn, id, poll, &mut self.driver) {
+            let wants = conn.life.wants_read(node.outbox(), id);
+            if let Err(e) = batch(conn, id, wants, poll, &mut self.driver) {
                 tracing::warn!(target: "ringlock::io", "conn {id}: epoll re-registration failed: {e}");
                 conn.life.failed(node, now, id);
             }
@@ -613,14 +614,23 @@ impl Loop {
 
 /// Registers connection `id` for what its next read needs, after a read:
 /// a batched one ([`NextRead::At`]) for writability only, its read queued
-/// with the driver; else for input again. Registering for input again
-/// reports input that arrived meanwhile (epoll checks readiness as it
-/// modifies), so nothing is missed.
-fn batch(conn: &mut Conn, id: ConnId, poll: &Poll, driver: &mut Driver) -> io::Result<()> {
+/// with the driver (unless it does not `want` to read now: paused, it is
+/// read again once its client catches up); else for input again.
+/// Registering for input again reports input that arrived meanwhile (epoll
+/// checks readiness as it modifies), so nothing is missed.
+fn batch(
+    conn: &mut Conn,
+    id: ConnId,
+    want: bool,
+    poll: &Poll,
+    driver: &mut Driver,
+) -> io::Result<()> {
     let token = Token(id.index());
     match conn.life.next_read() {
         NextRead::At(at) => {
-            driver.read_at(at, id);
+            if want {
+                driver.read_at(at, id);
+            }
             if !conn.batched {
                 poll.registry()
                     .reregister(&mut conn.stream, token, Interest::WRITABLE)?;
