@@ -54,20 +54,22 @@ pub struct Holders {
     hasher: foldhash::fast::RandomState,
 }
 
-/// The hash a replicated holder is found by: each field's length (0 for
-/// none, one more than its length otherwise) and bytes.
+/// The hash a replicated holder is found by: its fields' bytes, then
+/// their lengths in one word (each one more than the field's length, 0
+/// for none: no two holders give the same bytes and word). Most holders
+/// have an address only: one pass over its bytes, one folded word.
 #[inline]
 fn hash_of(hasher: &foldhash::fast::RandomState, h: Holder<'_>) -> u64 {
     let mut state = hasher.build_hasher();
-    for field in [h.addr, h.owner, h.identity] {
-        match field {
-            None => state.write_usize(0),
-            Some(bytes) => {
-                state.write_usize(bytes.len() + 1);
-                state.write(bytes);
-            }
+    let mut lengths = 0u64;
+    for (i, field) in [h.addr, h.owner, h.identity].into_iter().enumerate() {
+        if let Some(bytes) = field {
+            state.write(bytes);
+            // Each field is shorter than a line (512 bytes): 16 bits.
+            lengths |= (bytes.len() as u64 + 1) << (16 * i);
         }
     }
+    state.write_u64(lengths);
     state.finish()
 }
 

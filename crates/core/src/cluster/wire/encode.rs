@@ -290,9 +290,9 @@ pub(crate) fn encode_grant_hex(
     out.push(b' ');
     write_hex(out, within_bound(remaining_ms));
     out.push(b' ');
-    out.extend_from_slice(holder.addr.unwrap_or(b"-"));
+    append(out, holder.addr);
     out.push(b' ');
-    out.extend_from_slice(holder.owner.unwrap_or(b"-"));
+    append(out, holder.owner);
     if let Some(identity) = holder.identity {
         debug_assert!(is_valid_identity(identity));
         out.push(b' ');
@@ -308,4 +308,14 @@ pub(crate) fn encode_release_hex(out: &mut Vec<u8>, key: &[u8], token: u64) {
     out.push(b' ');
     write_hex(out, token);
     out.push(b'\n');
+}
+
+/// Appends a holder field, `-` for none: a push, not a call to `memcpy`,
+/// for `-` (most grants have no owner label).
+#[inline(always)]
+fn append(out: &mut Vec<u8>, field: Option<&[u8]>) {
+    match field {
+        Some(bytes) => out.extend_from_slice(bytes),
+        None => out.push(b'-'),
+    }
 }

@@ -3,8 +3,8 @@
 //!
 //! It accepts only what the general parser accepts, as the same message
 //! (the tests compare the two over many valid and invalid lines); anything
-//! else it leaves to the general parser, which refuses it with its reason.
-//! So it never refuses a line itself: `None` means "not taken here".
+//! else it hands to the general parser, which accepts or refuses it with
+//! its reason. So it never refuses a line itself.
 //!
 //! Every byte a `P g` or `P x` line may hold after its kind is a key byte
 //! (0x21 to 0x7e, or 0x80 and up) or a space between two fields: a key and
@@ -16,7 +16,7 @@
 //! length, and the numbers' and labels' own forms.
 
 use super::hex::parse_hex_in;
-use super::{MAX_REMAINING_MS, PeerMsg};
+use super::{MAX_REMAINING_MS, PeerMsg, WireError};
 use crate::access::is_valid_identity;
 use crate::engine::token::MAX_TOKEN;
 use crate::proto::{Holder, MAX_HOLDER_ADDR, MAX_KEY, is_valid_owner};
@@ -26,23 +26,35 @@ const MAX_SPACES: usize = 5;
 
 /// The line's message if it is a well-formed `P g` or `P x` (without its
 /// `\n`, and without the `\r` before it that [`super::parse`] strips);
-/// `None` for any other line, valid or not.
+/// any other line, valid or not, goes to `general`. The message is made
+/// where it is returned (an `Option` of it, matched by the caller, was
+/// copied whole into the caller's `Result`).
 #[inline(always)]
-pub(super) fn parse_replication(line: &[u8]) -> Option<PeerMsg<'_>> {
-    let (kind, body) = line.split_first_chunk::<4>()?;
+pub(super) fn parse_replication<'a>(
+    line: &'a [u8],
+    general: fn(&'a [u8]) -> Result<PeerMsg<'a>, WireError>,
+) -> Result<PeerMsg<'a>, WireError> {
+    let Some((kind, body)) = line.split_first_chunk::<4>() else {
+        return general(line);
+    };
     let grant = match kind {
         b"P g " => true,
         b"P x " => false,
-        _ => return None,
+        _ => return general(line),
     };
     let mut spaces = [0; MAX_SPACES];
-    let count = find_spaces(body, &mut spaces)?;
-    let spaces = spaces.get(..count)?;
+    let Some(count) = find_spaces(body, &mut spaces) else {
+        return general(line);
+    };
+    let spaces = spaces.get(..count).unwrap_or_default();
     if grant {
-        parse_grant(body, spaces)
-    } else {
-        parse_release(body, spaces)
+        if let Some(msg) = parse_grant(body, spaces) {
+            return Ok(msg);
+        }
+    } else if let Some(msg) = parse_release(body, spaces) {
+        return Ok(msg);
     }
+    general(line)
 }
 
 /// `<key> <token> <remaining-ms> <addr> <owner> [<identity>]`.

@@ -245,10 +245,7 @@ impl std::fmt::Display for WireError {
 #[inline]
 pub fn parse(line: &[u8]) -> Result<PeerMsg<'_>, WireError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    match fast::parse_replication(line) {
-        Some(msg) => Ok(msg),
-        None => parse::parse(line),
-    }
+    fast::parse_replication(line, parse::parse)
 }
 
 /// [`parse`] without its fast path: the same result for every line (the
