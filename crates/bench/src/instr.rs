@@ -113,6 +113,14 @@ fn cycle_reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
     reads
 }
 
+/// The address of the cases' client connection, as a loop tells the node
+/// of every TCP client: grants name it as their holder (and replicate it).
+const CLIENT_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::new(127, 0, 0, 1),
+        50_001,
+    ));
+
 fn cycle(n: u64) -> u64 {
     let config = NodeConfig {
         advertise: "127.0.0.1:7171".into(),
@@ -121,6 +129,7 @@ fn cycle(n: u64) -> u64 {
     };
     let mut node = Node::new(now(1), config);
     node.open(ConnId::new(0));
+    node.set_remote(ConnId::new(0), CLIENT_ADDR);
     let mut session = Session::new();
     let warm = 4 * KEYS;
     for read in cycle_reads(0, warm, UNIX_NS) {

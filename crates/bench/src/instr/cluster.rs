@@ -179,6 +179,7 @@ impl Mesh {
     fn next_token(&mut self) -> u64 {
         let t = now(self.ms);
         self.nodes[0].open(CLIENT);
+        self.nodes[0].set_remote(CLIENT, super::CLIENT_ADDR);
         let _ = self.sessions[0][CLIENT.index()].feed(
             &mut self.nodes[0],
             t,
