@@ -711,7 +711,7 @@ fn batched_replication_survives_a_stop_of_the_active(io: &str) {
                 "127.0.0.1:0",
             ],
         );
-        let metrics1 = metrics_addr(&logs[1]);
+        let metrics1 = logs[1].metrics_addr();
         let mut n0 = c.connect(0);
         let first = grant(&mut n0, "A b/first 60 0");
         c.wait_token(1, first, SETTLE);
@@ -784,16 +784,6 @@ fn the_removed_coalescing_flag_is_ignored_with_a_warning() {
     let mut n0 = c.connect(0);
     let token = grant(&mut n0, "A gone/flag 60 0");
     c.wait_token(1, token, SETTLE);
-}
-
-/// The address of a node's metrics listener, from its start-up line.
-fn metrics_addr(log: &common::StderrLog) -> std::net::SocketAddr {
-    let line = log.wait_for("metrics on http://", SETTLE);
-    line.split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
 }
 
 /// A counter of a node's /metrics, if it is there (every wait bounded).

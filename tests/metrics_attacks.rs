@@ -12,12 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Server, StderrLog};
 
 fn metrics_addr(log: &StderrLog) -> SocketAddr {
-    let line = log.wait_for("metrics on http://", Duration::from_secs(10));
-    line.split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
+    log.metrics_addr()
 }
 
 /// `GET path`: the status line of the answer, within 2 s.

@@ -17,12 +17,7 @@ const WITHIN: Duration = Duration::from_secs(10);
 
 /// The metrics address a node logged (`metrics on http://ADDR/metrics`).
 fn metrics_addr(log: &StderrLog) -> SocketAddr {
-    let line = log.wait_for("metrics on http://", WITHIN);
-    line.split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
+    log.metrics_addr()
 }
 
 /// One HTTP request, its status and body. Every wait has a deadline.

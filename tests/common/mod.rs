@@ -767,6 +767,17 @@ impl StderrLog {
         found.unwrap()
     }
 
+    /// The address of the server's metrics listener (`--metrics-listen`),
+    /// from its start-up line, which comes within 10 s.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        let line = self.wait_for("metrics on http://", Duration::from_secs(10));
+        line.split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+    }
+
     fn push(&self, line: &str) {
         self.0.lock().unwrap().push_str(line);
     }

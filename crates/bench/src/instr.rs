@@ -115,11 +115,10 @@ fn cycle_reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
 
 /// The address of the cases' client connection, as a loop tells the node
 /// of every TCP client: grants name it as their holder (and replicate it).
-const CLIENT_ADDR: std::net::SocketAddr =
-    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
-        std::net::Ipv4Addr::new(127, 0, 0, 1),
-        50_001,
-    ));
+const CLIENT_ADDR: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::new(127, 0, 0, 1),
+    50_001,
+));
 
 fn cycle(n: u64) -> u64 {
     let config = NodeConfig {

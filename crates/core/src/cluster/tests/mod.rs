@@ -316,15 +316,7 @@ fn heartbeat_synced(
 /// Node 0, active after its start-up grace, with outbound links to 1 and 2
 /// and inbound links from both.
 fn active_node0() -> (Cluster, Engine, Outbox) {
-    let (mut c, mut e, mut o) = node(0);
-    for (conn, peer) in [(20, 1), (21, 2)] {
-        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
-        Remote::new(peer)
-            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
-            .unwrap();
-    }
-    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 1);
-    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 2);
+    let (mut c, mut e, mut o) = node_linked(0, 0);
     // Ticks as the loop does (a long gap would read as a stall of this
     // process and restart the start-up grace), peers heard throughout.
     for ms in (2..=TIMEOUT_MS + 50).step_by(50) {
@@ -333,6 +325,23 @@ fn active_node0() -> (Cluster, Engine, Outbox) {
         c.tick(at(ms), &mut e, &mut o);
     }
     assert_eq!(c.role(), Role::Active);
+    (c, e, o)
+}
+
+/// Node `me` of three (reading its active's link in batches of
+/// `read_batch_us`), linked both ways to the other two, in priority
+/// order: its links to them are 20 and 21, theirs to it 10 and 11. It
+/// follows nobody yet.
+fn node_linked(me: usize, read_batch_us: u64) -> (Cluster, Engine, Outbox) {
+    let (mut c, mut e, mut o) = node_batching(me, read_batch_us);
+    let others = (0..3).filter(|&p| p != me);
+    for ((out, inbound), peer) in [(20, 10), (21, 11)].into_iter().zip(others) {
+        dial_out(&mut c, &mut e, &mut o, at(0), cid(out), peer);
+        Remote::new(peer)
+            .accept(&mut c, &mut e, &mut o, at(0), cid(out))
+            .unwrap();
+        link_in(&mut c, &mut e, &mut o, at(1), cid(inbound), peer);
+    }
     (c, e, o)
 }
 

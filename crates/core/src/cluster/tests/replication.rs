@@ -290,15 +290,7 @@ fn an_active_measures_each_follower_s_lag_with_a_probe_behind_its_deltas() {
 
 #[test]
 fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
-    let (mut c, mut e, mut o) = node(2);
-    for (conn, peer) in [(20, 0), (21, 1)] {
-        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
-        Remote::new(peer)
-            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
-            .unwrap();
-    }
-    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
-    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    let (mut c, mut e, mut o) = node_linked(2, 0);
     heartbeat(&mut c, &mut e, &mut o, at(2), cid(11), true, None);
     heartbeat(&mut c, &mut e, &mut o, at(2), cid(10), false, Some(1));
     assert_eq!(
@@ -324,15 +316,7 @@ fn a_standby_answers_the_probes_of_the_active_it_follows_only() {
 
 #[test]
 fn only_the_link_from_the_followed_active_is_read_in_batches() {
-    let (mut c, mut e, mut o) = node_batching(2, 700);
-    for (conn, peer) in [(20, 0), (21, 1)] {
-        dial_out(&mut c, &mut e, &mut o, at(0), cid(conn), peer);
-        Remote::new(peer)
-            .accept(&mut c, &mut e, &mut o, at(0), cid(conn))
-            .unwrap();
-    }
-    link_in(&mut c, &mut e, &mut o, at(1), cid(10), 0);
-    link_in(&mut c, &mut e, &mut o, at(1), cid(11), 1);
+    let (mut c, mut e, mut o) = node_linked(2, 700);
     let all = [10, 11, 20, 21, 99].map(cid);
     assert!(
         all.iter().all(|&conn| c.read_batch_us(conn) == 0),
