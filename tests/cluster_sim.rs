@@ -18,8 +18,9 @@
 //!    too); every token is above every token the node had read from peers
 //!    (heartbeats, snapshots, replication, hand-off) before; above every
 //!    token issued more than twice the drift bound earlier (the wall-clock
-//!    half of the rule); and, in a settled cluster, above every token ever
-//!    issued. Clocks drift by up to ±200 ms, so two differ by at most
+//!    half of the rule); in a settled cluster, above every token ever
+//!    issued; and no token is issued by two nodes (split-brain actives
+//!    whose clocks read the same included). Clocks drift by up to ±200 ms, so two differ by at most
 //!    400 ms, less than the failover time by timeout (500 ms): the rule of
 //!    docs/protocol.md ("Fencing tokens": clocks not stepped back by more
 //!    than the failover time) holds, and these checks are strict.
@@ -751,6 +752,53 @@ fn a_healed_split_brain_merges_the_grants_and_grants_nothing_twice() {
     let granted = x_grants(&sim);
     assert_eq!(granted.len(), 2, "{}", sim.report());
     assert!(granted[1] > x0.max(x1), "the next grant is above both");
+}
+
+#[test]
+fn split_brain_actives_granting_in_one_millisecond_issue_different_tokens() {
+    // The two actives of a split brain take an acquire of "x" in the same
+    // millisecond, with clocks that agree (no drift here): both resume from
+    // a stop at once, with the acquire queued. Tokens follow the clock, so
+    // they would be equal; the merge at the heal would take the two grants
+    // for one, and the first release would free "x" while the other holder
+    // still had it.
+    let mut sim = cluster(3);
+    sim.partition_with_clients(vec![0, 1, 1], vec![0, 1]);
+    until_active(&mut sim, 1, PEER_TIMEOUT_MS + 2 * MAX_DELAY_MS + 60);
+    sim.hang(0, 4 * MAX_DELAY_MS);
+    sim.hang(1, 4 * MAX_DELAY_MS);
+    sim.send_acquire(0, 0, "x", 30_000, 0);
+    sim.send_acquire(1, 1, "x", 30_000, 0);
+    sim.run_for(8 * MAX_DELAY_MS);
+    ok(&sim);
+    let x_grants = |sim: &Sim, c: usize| -> Vec<u64> {
+        sim.answers(c)
+            .iter()
+            .filter_map(|(_, a)| a.strip_prefix("A x ")?.parse().ok())
+            .collect()
+    };
+    let (x0, x1) = match (&x_grants(&sim, 0)[..], &x_grants(&sim, 1)[..]) {
+        (&[x0], &[x1]) => (x0, x1),
+        _ => panic!("both sides granted x once: {}", sim.report()),
+    };
+    assert_ne!(x0, x1, "two nodes issued one token: {}", sim.report());
+    sim.heal();
+    sim.run_for(1_000);
+    ok(&sim);
+    assert_eq!(sim.actives(), [0], "{}", sim.report());
+    // One holder's release leaves "x" to the other: nobody new gets it.
+    assert_eq!(sim.release_at(1, 0, "x", x1), "R x 1");
+    sim.send_acquire(1, 0, "x", 5_000, 3_000);
+    sim.run_for(200);
+    assert_eq!(
+        x_grants(&sim, 1),
+        [x1],
+        "x granted again while client 0 holds it"
+    );
+    assert_eq!(sim.release_at(0, 0, "x", x0), "R x 1");
+    sim.run_for(100);
+    ok(&sim);
+    assert_eq!(x_grants(&sim, 1).len(), 2, "{}", sim.report());
 }
 
 /// Three nodes, n0 active; n2 (with client 1) cut off from n0 and n1

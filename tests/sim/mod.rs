@@ -819,6 +819,8 @@ pub struct Sim {
     issued: VecDeque<(u64, u64, usize)>,
     /// Max token of those popped off `issued` (older than the drift bound).
     issued_old_max: u64,
+    /// Check 2: which node issued each token.
+    issued_by: BTreeMap<u64, usize>,
     issued_max: u64,
     /// Scheduled scenario events.
     next_fault: u64,
@@ -939,6 +941,7 @@ impl Sim {
             agreed_since: None,
             issued: VecDeque::new(),
             issued_old_max: 0,
+            issued_by: BTreeMap::new(),
             issued_max: 0,
             next_fault: u64::MAX,
             restarts: Vec::new(),
@@ -1382,6 +1385,15 @@ impl Sim {
                 "check 2: n{x} issued token {token} in a settled cluster, below {max} issued before"
             ));
         }
+        // One token names one grant of one node: two actives of a split
+        // brain never issue the same one, or the merge at the heal could
+        // not tell their grants apart.
+        if let Some(&other) = self.issued_by.get(&token).filter(|&&y| y != x) {
+            self.fail(format!(
+                "check 2: n{x} issued token {token}, which n{other} issued too"
+            ));
+        }
+        self.issued_by.insert(token, x);
         self.issued.push_back((t, token, x));
         self.issued_max = self.issued_max.max(token);
         self.nodes[x].last_token = self.nodes[x].last_token.max(token);

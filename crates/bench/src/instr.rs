@@ -93,8 +93,9 @@ pub(crate) fn main(args: InstrArgs) -> crate::Result<ExitCode> {
 /// Session input for `cycles` acquire/release cycles starting at `first`,
 /// cut into reads of 16 cycles, releasing with the tokens the grants get
 /// when the first one's is `first_token` and each takes the last one plus
-/// one (a single node's first token is `UNIX_NS`).
-fn cycle_reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
+/// `step` (a single node's first token is `UNIX_NS`, its step 1; node `i`
+/// of a cluster of `n` steps by `n`, to the next token of its residue).
+fn cycle_reads(first: u64, cycles: u64, first_token: u64, step: u64) -> Vec<Vec<u8>> {
     let mut reads = Vec::new();
     let mut i = first;
     while i < first + cycles {
@@ -104,7 +105,7 @@ fn cycle_reads(first: u64, cycles: u64, first_token: u64) -> Vec<Vec<u8>> {
             read.extend_from_slice(format!("A {} 30 0\n", key(j)).as_bytes());
         }
         for j in i..end {
-            let token = first_token + (j - first);
+            let token = first_token + (j - first) * step;
             read.extend_from_slice(format!("R {} {token}\n", key(j)).as_bytes());
         }
         reads.push(read);
@@ -131,13 +132,13 @@ fn cycle(n: u64) -> u64 {
     node.set_remote(ConnId::new(0), CLIENT_ADDR);
     let mut session = Session::new();
     let warm = 4 * KEYS;
-    for read in cycle_reads(0, warm, UNIX_NS) {
+    for read in cycle_reads(0, warm, UNIX_NS, 1) {
         session.feed(&mut node, now(1), ConnId::new(0), &read);
         let out = node.output_mut(ConnId::new(0));
         assert!(!out.windows(3).any(|w| w == b" 0\n"), "a release failed");
         out.clear();
     }
-    let reads = cycle_reads(warm, n, UNIX_NS + warm);
+    let reads = cycle_reads(warm, n, UNIX_NS + warm, 1);
     ringlock_instr_cycle(&mut node, &mut session, &reads);
     assert_eq!(node.engine().lock_count(), 0);
     n

@@ -28,6 +28,9 @@ const CLIENT: ConnId = ConnId::new(0);
 /// Peer connections get ids from here up, on every node.
 const FIRST_PEER_CONN: u32 = 100;
 const HEARTBEAT_MS: u64 = 50;
+/// The active (node 0 of 3) issues tokens of residue 0 modulo 3: with the
+/// mesh's clock standing still, each is the last plus 3.
+const TOKEN_STEP: u64 = NODES as u64;
 
 fn now(ms: u64) -> Now {
     Now {
@@ -175,7 +178,7 @@ impl Mesh {
         panic!("the mesh did not settle on node 0 active with two synced followers");
     }
 
-    /// The first token the active will grant next.
+    /// The token the active will grant next.
     fn next_token(&mut self) -> u64 {
         let t = now(self.ms);
         self.nodes[0].open(CLIENT);
@@ -202,7 +205,7 @@ impl Mesh {
         );
         self.nodes[0].output_mut(CLIENT).clear();
         self.turn();
-        token + 1
+        token + TOKEN_STEP
     }
 }
 
@@ -213,11 +216,11 @@ fn warmed(warm: u64) -> (Mesh, u64) {
     mesh.settle();
     let token = mesh.next_token();
     let mut peer_out = Vec::new();
-    for read in reads(0, warm, token) {
+    for read in reads(0, warm, token, TOKEN_STEP) {
         active_turn(&mut mesh, &read, &mut peer_out);
     }
     mesh.turn();
-    (mesh, token + warm)
+    (mesh, token + warm * TOKEN_STEP)
 }
 
 /// One turn of the active: a client read, then the turn's output collected
@@ -242,7 +245,7 @@ fn active_turn(mesh: &mut Mesh, read: &[u8], peer_out: &mut Vec<(ConnId, Vec<u8>
 /// Per cycle: the active's work with two followers.
 pub(super) fn replicate(n: u64) -> u64 {
     let (mut mesh, token) = warmed(4 * KEYS);
-    let reads = reads(0, n, token);
+    let reads = reads(0, n, token, TOKEN_STEP);
     ringlock_instr_replicate(&mut mesh, &reads);
     assert_eq!(mesh.nodes[0].engine().lock_count(), 0);
     n
@@ -270,7 +273,7 @@ fn ringlock_instr_replicate(mesh: &mut Mesh, reads: &[Vec<u8>]) {
 pub(super) fn apply(n: u64) -> u64 {
     let (mut mesh, token) = warmed(4 * KEYS);
     let mut peer_out = Vec::new();
-    for read in reads(0, n, token) {
+    for read in reads(0, n, token, TOKEN_STEP) {
         active_turn(&mut mesh, &read, &mut peer_out);
     }
     // What node 1 receives, on the link node 0 dialed to it.
@@ -299,7 +302,7 @@ pub(super) fn apply(n: u64) -> u64 {
     );
     assert_eq!(
         node.snapshot().highest_token,
-        token + n - 1,
+        token + (n - 1) * TOKEN_STEP,
         "the follower applied every grant"
     );
     n

@@ -365,6 +365,7 @@ impl Cluster {
             "batched reads as long as a peer timeout"
         );
         engine.enable_replication();
+        engine.share_tokens(cfg.me.0, cfg.peers.len());
         engine.step_down(None, out);
         let peers = vec![Peer::default(); cfg.peers.len()];
         Cluster {

@@ -386,6 +386,12 @@ impl Engine {
         self.table.waiter_count()
     }
 
+    /// Node `index` of a cluster of `nodes` issues only tokens that are
+    /// `index` modulo `nodes`, so that no two nodes issue the same one.
+    pub(crate) fn share_tokens(&mut self, index: usize, nodes: usize) {
+        self.tokens.share(index, nodes);
+    }
+
     /// The highest token issued or seen (what `S` reports).
     pub fn highest_token(&self) -> u64 {
         self.tokens.highest()

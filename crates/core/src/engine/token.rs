@@ -8,6 +8,14 @@
 //! token from elsewhere (a peer, a replicated grant) `observe`s it, so that
 //! its next token is above that one too.
 //!
+//! In a cluster, no two nodes ever issue the same token: node `i` of `n`
+//! issues only tokens that leave `i` when divided by `n` (the rule above,
+//! rounded up to the next such number). Two actives of a split brain can
+//! both grant a key with clocks that read the same nanosecond (or with
+//! counters that ran on from the same observed token); when the partition
+//! heals, the merge must tell their grants apart by token, and a token
+//! names one grant of one node.
+//!
 //! Tokens are bounded by [`MAX_TOKEN`], far below `u64::MAX`: a token that
 //! could reach `u64::MAX` (a peer reporting it, a clock set absurdly far
 //! ahead) would leave no room for the next one. When the clock has issued or
@@ -24,29 +32,69 @@
 pub const MAX_TOKEN: u64 = (1 << 63) - 1;
 
 /// Issues fencing tokens; see the module docs for the rule.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct TokenClock {
     /// The highest token issued or observed; 0 if none. Never above
     /// [`MAX_TOKEN`].
     last: u64,
+    /// Every token issued is `residue` modulo `stride` (1 and 0 for a
+    /// node alone: any number).
+    stride: u64,
+    residue: u64,
+    /// The highest token this clock may issue: [`MAX_TOKEN`] rounded down
+    /// to its residue.
+    top: u64,
+}
+
+impl Default for TokenClock {
+    fn default() -> Self {
+        TokenClock::new()
+    }
 }
 
 impl TokenClock {
     pub fn new() -> Self {
-        TokenClock { last: 0 }
+        TokenClock {
+            last: 0,
+            stride: 1,
+            residue: 0,
+            top: MAX_TOKEN,
+        }
+    }
+
+    /// From now on, issues only tokens that are `index` modulo `nodes`:
+    /// node `index` of a cluster of `nodes` (see the module docs).
+    pub(crate) fn share(&mut self, index: usize, nodes: usize) {
+        assert!(index < nodes, "node {index} of a cluster of {nodes}");
+        self.stride = nodes as u64;
+        self.residue = index as u64;
+        self.top = MAX_TOKEN - (MAX_TOKEN - self.residue) % self.stride;
     }
 
     /// Issues the next token: above every token issued or observed before,
-    /// and at least `unix_ns` (a wall clock beyond [`MAX_TOKEN`] counts as
-    /// [`MAX_TOKEN`]). `None` once [`MAX_TOKEN`] has been issued or
-    /// observed: the token space is exhausted, and nothing may be granted.
+    /// at least `unix_ns` (a wall clock beyond [`MAX_TOKEN`] counts as
+    /// [`MAX_TOKEN`]), and of this node's residue ([`TokenClock::share`]).
+    /// `None` once the highest such token up to [`MAX_TOKEN`] has been
+    /// issued or passed by one observed: the token space is exhausted, and
+    /// nothing may be granted.
     #[must_use]
     pub fn next(&mut self, unix_ns: u64) -> Option<u64> {
-        if self.last >= MAX_TOKEN {
+        let top = self.top;
+        if self.last >= top {
             return None;
         }
-        let token = (self.last + 1).max(unix_ns.min(MAX_TOKEN));
-        debug_assert!(token > self.last && token <= MAX_TOKEN);
+        // At most `top`, which has the residue: rounding up stays there.
+        let mut token = (self.last + 1).max(unix_ns.min(top));
+        if self.stride > 1 {
+            let residue = token % self.stride;
+            token += if residue <= self.residue {
+                self.residue - residue
+            } else {
+                self.residue + self.stride - residue
+            };
+        }
+        debug_assert!(token > self.last && token <= top);
+        debug_assert_eq!(token % self.stride, self.residue);
         self.last = token;
         Some(token)
     }
@@ -157,5 +205,53 @@ mod tests {
     #[should_panic(expected = "above MAX_TOKEN")]
     fn an_unbounded_observed_token_is_a_callers_bug() {
         TokenClock::new().observe(MAX_TOKEN + 1);
+    }
+
+    #[test]
+    fn nodes_of_a_cluster_never_issue_the_same_token() {
+        // Three actives of a split brain: the same clock readings, and all
+        // saw the same token before the split (so each counts up from it).
+        let mut clocks: Vec<TokenClock> = (0..3)
+            .map(|i| {
+                let mut clock = TokenClock::new();
+                clock.share(i, 3);
+                clock.observe(5_000);
+                clock
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for unix_ns in [1_000, 1_000, 1_000, 9_000, 9_000, 9_001, 2] {
+            for (i, clock) in clocks.iter_mut().enumerate() {
+                let token = clock.next(unix_ns).unwrap();
+                assert_eq!(token % 3, i as u64, "node {i}'s residue");
+                assert!(token >= unix_ns.min(MAX_TOKEN));
+                assert!(seen.insert(token), "token {token} issued twice");
+            }
+        }
+        // Each still increases by the least step its residue allows.
+        let mut node1 = TokenClock::new();
+        node1.share(1, 3);
+        assert_eq!(node1.next(6), Some(7));
+        assert_eq!(node1.next(6), Some(10));
+        assert_eq!(node1.next(13), Some(13));
+        assert_eq!(node1.next(14), Some(16));
+    }
+
+    #[test]
+    fn a_shared_clock_is_exhausted_at_its_highest_token() {
+        for (index, nodes) in [(0, 3), (1, 3), (2, 3), (15, 16), (0, 1)] {
+            let mut clock = TokenClock::new();
+            clock.share(index, nodes);
+            let top = clock.top;
+            assert_eq!(top % nodes as u64, index as u64);
+            assert!(top <= MAX_TOKEN && MAX_TOKEN - top < nodes as u64);
+            // A wall clock beyond MAX_TOKEN gives the highest token once.
+            assert_eq!(clock.next(u64::MAX), Some(top));
+            assert_eq!(clock.next(u64::MAX), None);
+            let mut observed = TokenClock::new();
+            observed.share(index, nodes);
+            observed.observe(top);
+            assert_eq!(observed.next(0), None, "nothing above {top}");
+        }
     }
 }
