@@ -42,6 +42,31 @@ impl Cluster {
         }
     }
 
+    /// A merge is owed only by a standby, to the active it follows (it
+    /// gave way to an active, or handed the role on, and has not had an
+    /// active's snapshot since), or following nobody, to the next active
+    /// it follows.
+    fn check_merge_owed(&self) {
+        assert!(
+            self.handed_to.is_none() || self.handed_to == self.merge_owed,
+            "a hand-off awaited without the merge it may owe"
+        );
+        assert!(
+            !self.merge_unsent || self.merge_owed.is_some(),
+            "a merge unsent but not owed"
+        );
+        if let Some(to) = self.merge_owed {
+            assert!(
+                to.0 < self.peers.len() && to != self.cfg.me,
+                "a merge owed to a real other node"
+            );
+            assert!(
+                matches!(self.role, Role::Standby { following: f } if f.is_none_or(|f| f == to)),
+                "a merge owed to a node this one does not follow"
+            );
+        }
+    }
+
     pub fn check_invariants(&self, now: Now, engine: &Engine) {
         let me = self.cfg.me;
         let n = self.peers.len();
@@ -81,16 +106,7 @@ impl Cluster {
                 "a merge open from peer {i} with no link from it"
             );
         }
-        // A merge is owed only by a standby, to the active it follows (it
-        // gave way to an active and has not had an active's snapshot
-        // since), or following nobody, to the next active it follows.
-        if let Some(to) = self.merge_owed {
-            assert!(to.0 < n && to != me, "a merge owed to a real other node");
-            assert!(
-                matches!(self.role, Role::Standby { following: f } if f.is_none_or(|f| f == to)),
-                "a merge owed to a node this one does not follow"
-            );
-        }
+        self.check_merge_owed();
         assert!(self.pending.len() <= MAX_PENDING_HANDSHAKES);
         assert!(self.conflicts.len() <= MAX_CONFLICTS);
         for &(conn, peer) in &self.links_in {

@@ -37,11 +37,18 @@ impl Cluster {
             }
             PeerMsg::Heartbeat { .. } => self.on_heartbeat(from, msg, engine)?,
             PeerMsg::Snapshot { highest } if following_sender => {
+                if self.merge_unsent && self.merge_owed == Some(from) {
+                    // It did not take the role we handed it, so its table
+                    // may lack our grants: they go first, on this link.
+                    self.send_owed_merge(now, engine, out);
+                }
                 engine.observe_token(highest);
                 engine.clear_grants();
                 self.synced = false;
                 // Its state replaces ours: nothing is owed to it any more.
-                self.merge_owed = None;
+                // (Had it not taken a role we handed it, its heartbeat
+                // saying so would have come first.)
+                self.owe_no_merge();
             }
             PeerMsg::Grant { .. } | PeerMsg::Merge { .. } | PeerMsg::Merged => {
                 self.on_grant_or_merge(now, from, following_sender, msg, engine, out)?;
@@ -159,6 +166,18 @@ impl Cluster {
             return Err(Unexpected::FollowsBeyondPeers { following }.into());
         }
         engine.observe_token(highest);
+        if self.handed_to == Some(from) && following != Some(self.cfg.me) {
+            // Its first word since it read our HANDOFF (links keep order).
+            self.handed_to = None;
+            if !active {
+                self.merge_unsent = true;
+                tracing::warn!(
+                    target: LOG_TARGET, peer = %self.cfg.peers[from],
+                    "{} did not take the active role handed to it: the grants this node                      made go to the next active as a merge",
+                    self.cfg.peers[from]
+                );
+            }
+        }
         let p = &mut self.peers[from];
         if p.following != following {
             p.snapshot_sent = false;

@@ -327,13 +327,23 @@ pub struct Cluster {
     doomed: Vec<(ConnId, String)>,
     /// Shutting down: no more role changes.
     leaving: bool,
-    /// This node gave way to an active at a heal, and no active's snapshot
-    /// has replaced our table since: our grants go to `merge_owed` (the
-    /// active we follow; following nobody, the last one we did) on every
-    /// link of ours to it that authenticates meanwhile, and to each new
-    /// active we follow until one's snapshot comes
+    /// This node gave way to an active at a heal, or handed the role off,
+    /// and no active's snapshot has replaced our table since: our grants go
+    /// to `merge_owed` (the active we follow, or the node we handed off to;
+    /// following nobody, the last one we did) on every link of ours to it
+    /// that authenticates meanwhile, and to each new active we follow until
+    /// one's snapshot comes
     /// ([`Cluster::send_owed_merge`], [`Cluster::follow`]).
     merge_owed: Option<PeerId>,
+    /// The node this one handed the role to, until its first heartbeat
+    /// that no longer says it follows us tells whether it took the role
+    /// (it says active) or not (it follows another node, or none).
+    handed_to: Option<PeerId>,
+    /// The node owed our merge has not had it: we handed it the role with
+    /// our state, and it did not take it. It gets the merge when it sends
+    /// us its snapshot as an active, before that snapshot replaces our
+    /// table ([`Cluster::send_owed_merge`]).
+    merge_unsent: bool,
     /// Whether this node has known an active (been one, or followed one):
     /// taking the role after that is a failover, before it the cluster's
     /// first election (which the log tells apart by level).
@@ -389,6 +399,8 @@ impl Cluster {
             doomed: Vec::new(),
             leaving: false,
             merge_owed: None,
+            handed_to: None,
+            merge_unsent: false,
             known_active: false,
             stats: ClusterStats::default(),
             scratch: Vec::new(),

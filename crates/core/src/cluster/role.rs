@@ -305,8 +305,9 @@ impl Cluster {
             return;
         };
         if p.out_version < wire::MERGE_VERSION {
-            self.merge_owed = None;
-            tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "gave way to {}, which speaks peer protocol version {} and cannot merge: the grants this node made alone are lost", self.cfg.peers[to], p.out_version);
+            let version = p.out_version;
+            self.owe_no_merge();
+            tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "gave way to {}, which speaks peer protocol version {} and cannot merge: the grants this node made alone are lost", self.cfg.peers[to], version);
             return;
         }
         let mut lines = Vec::new();
@@ -325,7 +326,16 @@ impl Cluster {
         }
         wire::encode(&mut lines, &PeerMsg::Merged);
         out.write_link(conn, &lines);
+        self.merge_unsent = false;
         tracing::warn!(target: LOG_TARGET, peer = %self.cfg.peers[to], "sent {count} grants to {} to merge (it stays active)", self.cfg.peers[to]);
+    }
+
+    /// Our table is the cluster's state (an active's snapshot replaced
+    /// it, or we are the active): no merge is owed to anyone.
+    pub(super) fn owe_no_merge(&mut self) {
+        self.merge_owed = None;
+        self.handed_to = None;
+        self.merge_unsent = false;
     }
 
     /// Follows `active` (or nobody). A merge still owed
@@ -366,6 +376,11 @@ impl Cluster {
             && before != (Role::Standby { following: active });
         if resend {
             self.merge_owed = active;
+        }
+        if self.handed_to != active {
+            // Following another node: whether the one we handed the role
+            // to took it no longer matters (the merge goes to this one).
+            self.handed_to = None;
         }
         if before == Role::Active && why.starts_with(HAND_OFF) {
             // Planned: leaving, or handing the role back to a higher
@@ -422,7 +437,7 @@ impl Cluster {
             }
         }
         self.known_active = true;
-        self.merge_owed = None;
+        self.owe_no_merge();
         self.role = Role::Active;
         // Tell the peers at once (next turn), not at the next heartbeat:
         // until then they answer clients `M key -`.
@@ -469,6 +484,16 @@ impl Cluster {
         let why = format!("{HAND_OFF} {}", self.cfg.peers[to]);
         self.stats.handoffs += 1;
         self.follow(now, Some(to), engine, out, &why);
+        // `to` has our state, but may not take the role: a heal can show
+        // it another active to follow first, and it ignores a HANDOFF from
+        // a node it no longer follows (whose state its table may no longer
+        // hold). Until an active's snapshot replaces our table, we owe our
+        // grants to the next active we follow, as after giving way at a
+        // heal ([`Cluster::follow`] sends them); and to `to` itself if its
+        // heartbeats show it did not take the role ([`Cluster::handed_to`]).
+        self.merge_owed = Some(to);
+        self.handed_to = Some(to);
+        self.merge_unsent = false;
         self.scratch.clear();
         let highest = engine.highest_token();
         wire::encode(&mut self.scratch, &PeerMsg::Handoff { highest });

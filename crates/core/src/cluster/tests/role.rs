@@ -361,3 +361,111 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     assert_eq!(dials[0].0, PeerId(1));
     c.check_invariants(at(ms), &e);
 }
+
+/// Node 1, active alone with "x" granted, linked both ways to node 0,
+/// which follows it with its snapshot: node 1 hands the role back to it
+/// (failback). Returns the node and the time; the HANDOFF is on link 20.
+fn handed_back_to_node0() -> (Cluster, Engine, Outbox, u64) {
+    let (mut c, mut e, mut o) = fresh_active(1);
+    let mut ms = TIMEOUT_MS + 100;
+    e.open(cid(1), &mut o);
+    client(&mut e, &mut o, at(ms), cid(1), "A x 30000 0");
+    assert!(lines_of(&mut o, cid(1))[0].starts_with("A x "));
+    dial_out(&mut c, &mut e, &mut o, at(ms), cid(20), 0);
+    Remote::new(0)
+        .accept(&mut c, &mut e, &mut o, at(ms), cid(20))
+        .unwrap();
+    link_in(&mut c, &mut e, &mut o, at(ms), cid(10), 0);
+    ms += 1;
+    heartbeat_synced(
+        &mut c,
+        &mut e,
+        &mut o,
+        at(ms),
+        cid(10),
+        false,
+        Some(1),
+        false,
+    );
+    // The turn's end: node 0 is sent our snapshot.
+    c.flush_replication(at(ms), &mut e, &mut o);
+    ms += 1;
+    heartbeat_synced(
+        &mut c,
+        &mut e,
+        &mut o,
+        at(ms),
+        cid(10),
+        false,
+        Some(1),
+        true,
+    );
+    c.tick(at(ms), &mut e, &mut o);
+    assert_eq!(
+        c.role(),
+        Role::Standby {
+            following: Some(PeerId(0))
+        },
+        "handed the role back to node 0"
+    );
+    let sent = lines_of(&mut o, cid(20));
+    assert!(sent.iter().any(|l| l.starts_with("P HANDOFF")), "{sent:?}");
+    (c, e, o, ms)
+}
+
+#[test]
+fn a_node_handed_the_role_that_follows_another_active_is_sent_our_grants() {
+    // Node 0 had heard another active (node 2, at a heal) just before our
+    // HANDOFF came: it follows node 2 now and ignored the HANDOFF, and its
+    // table may hold node 2's snapshot instead of our grants. When it is
+    // active later and sends us its snapshot, our grants go to it first,
+    // as a merge, before its snapshot replaces our table.
+    let (mut c, mut e, mut o, mut ms) = handed_back_to_node0();
+    ms += 1;
+    heartbeat_synced(
+        &mut c,
+        &mut e,
+        &mut o,
+        at(ms),
+        cid(10),
+        false,
+        Some(2),
+        false,
+    );
+    ms += 1;
+    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, true);
+    assert!(
+        lines_of(&mut o, cid(20))
+            .iter()
+            .all(|l| !l.starts_with("P MERGE"))
+    );
+    let snapshot = PeerMsg::Snapshot { highest: 0 };
+    c.on_message(at(ms), cid(10), snapshot, &mut e, &mut o)
+        .unwrap();
+    let sent = lines_of(&mut o, cid(20));
+    let merge = sent.iter().position(|l| l.starts_with("P MERGE "));
+    let grant = sent.iter().position(|l| l.starts_with("P g x "));
+    let merged = sent.iter().position(|l| l == "P MERGED");
+    assert!(
+        merge < grant && grant < merged && merge.is_some(),
+        "our grant of x as a merge: {sent:?}"
+    );
+    // Its snapshot replaced our table; nothing is owed any more.
+    assert_eq!(e.lock_count(), 0);
+    assert!(!c.settling());
+}
+
+#[test]
+fn a_node_that_took_the_role_we_handed_it_is_sent_no_merge() {
+    // Its first heartbeat since our HANDOFF says it is active: it took the
+    // role with our state, and its snapshot replaces our table as is.
+    let (mut c, mut e, mut o, mut ms) = handed_back_to_node0();
+    ms += 1;
+    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, true);
+    let snapshot = PeerMsg::Snapshot { highest: 0 };
+    c.on_message(at(ms), cid(10), snapshot, &mut e, &mut o)
+        .unwrap();
+    let sent = lines_of(&mut o, cid(20));
+    assert!(sent.iter().all(|l| !l.starts_with("P MERGE")), "{sent:?}");
+    assert!(!c.settling());
+}
