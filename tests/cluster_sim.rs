@@ -30,9 +30,10 @@
 //!    one key at once (from the grant's arrival to its lease end by the
 //!    server's clock, or to the release), except across a partition, a hang,
 //!    the loss of both links between two nodes, or a crash that took the
-//!    grant with it (some running node lacked it then: the node that takes
-//!    over keeps what reached it, not what only another standby had:
-//!    docs/cluster.md, "Guarantees").
+//!    grant or its last renewal with it (some running node lacked it then,
+//!    or held it with a lease ending before the one its holder got: the
+//!    node that takes over keeps what reached it, not what only another
+//!    standby had: docs/cluster.md, "Guarantees").
 //! 5. No `E` on peer links or client connections; every answer matches a
 //!    request; requests are answered in time when no fault intervenes.
 //! 6. After the cluster has agreed on one active again (the network whole,

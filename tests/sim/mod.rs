@@ -695,10 +695,12 @@ struct Window {
     /// `u64::MAX` while the fault lasts; then its end plus [`SETTLE_MS`].
     end: u64,
     /// For a crash: the grants (key, token) every other running node had
-    /// in its table then. A crash excuses the loss of a grant that some
-    /// running node lacked: the node that takes over keeps what reached it
-    /// ([`Sim::crash_window`]).
-    survivors: Option<BTreeSet<(Vec<u8>, u64)>>,
+    /// in its table then, each with the earliest end of its lease among
+    /// them (simulated ms). A crash excuses the loss of a grant that some
+    /// running node lacked, or held with a shorter lease than its holder
+    /// was given (a renewal on its way when the crash came): the node that
+    /// takes over keeps what reached it ([`Sim::crash_window`]).
+    survivors: Option<BTreeMap<(Vec<u8>, u64), u64>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1981,15 +1983,21 @@ impl Sim {
         let mut held = (0..self.cfg.nodes)
             .filter(|&y| y != x && self.runs(y))
             .map(|y| {
+                // Its monotonic ms to simulated ms.
+                let offset = self.node_now(y).ms - self.now;
                 let engine = self.nodes[y].inc.as_ref().unwrap().node.engine();
                 engine
                     .grants()
                     .chain(engine.member_grants())
-                    .map(|(k, t, _)| (k.to_vec(), t))
-                    .collect::<BTreeSet<_>>()
+                    .map(|(k, t, expires_ms)| ((k.to_vec(), t), expires_ms.saturating_sub(offset)))
+                    .collect::<BTreeMap<_, _>>()
             });
         let first = held.next().unwrap_or_default();
-        let survivors = held.fold(first, |all, one| &all & &one);
+        let survivors = held.fold(first, |all, one| {
+            all.into_iter()
+                .filter_map(|(grant, end)| Some((grant.clone(), end.min(*one.get(&grant)?))))
+                .collect()
+        });
         self.windows[w].survivors = Some(survivors);
     }
 
@@ -4245,7 +4253,11 @@ impl Sim {
                 .find(|w| {
                     w.start <= now
                         && w.end >= from
-                        && w.survivors.as_ref().is_none_or(|s| !s.contains(&lost))
+                        && w.survivors.as_ref().is_none_or(|s| {
+                            // Lost, or its renewal was: the survivors'
+                            // lease ends before the one its holder got.
+                            s.get(&lost).is_none_or(|&end| end < older.end)
+                        })
                         && !(newer_agreed && w.kind == "partition")
                 })
                 .map(|w| w.kind);
