@@ -362,55 +362,41 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     c.check_invariants(at(ms), &e);
 }
 
+/// Node 0's heartbeat, on its link to us (10): claims the role or not,
+/// follows whom, holds its active's snapshot or not.
+fn node0_says(n: &mut (Cluster, Engine, Outbox), ms: u64, state: (bool, Option<usize>, bool)) {
+    let (c, e, o) = n;
+    let (active, following, synced) = state;
+    heartbeat_synced(c, e, o, at(ms), cid(10), active, following, synced);
+}
+
 /// Node 1, active alone with "x" granted, linked both ways to node 0,
 /// which follows it with its snapshot: node 1 hands the role back to it
 /// (failback). Returns the node and the time; the HANDOFF is on link 20.
-fn handed_back_to_node0() -> (Cluster, Engine, Outbox, u64) {
-    let (mut c, mut e, mut o) = fresh_active(1);
+fn handed_back_to_node0() -> ((Cluster, Engine, Outbox), u64) {
+    let mut n = fresh_active(1);
+    let (c, e, o) = &mut n;
     let mut ms = TIMEOUT_MS + 100;
-    e.open(cid(1), &mut o);
-    client(&mut e, &mut o, at(ms), cid(1), "A x 30000 0");
-    assert!(lines_of(&mut o, cid(1))[0].starts_with("A x "));
-    dial_out(&mut c, &mut e, &mut o, at(ms), cid(20), 0);
-    Remote::new(0)
-        .accept(&mut c, &mut e, &mut o, at(ms), cid(20))
-        .unwrap();
-    link_in(&mut c, &mut e, &mut o, at(ms), cid(10), 0);
+    e.open(cid(1), o);
+    client(e, o, at(ms), cid(1), "A x 30000 0");
+    assert!(lines_of(o, cid(1))[0].starts_with("A x "));
+    dial_out(c, e, o, at(ms), cid(20), 0);
+    Remote::new(0).accept(c, e, o, at(ms), cid(20)).unwrap();
+    link_in(c, e, o, at(ms), cid(10), 0);
     ms += 1;
-    heartbeat_synced(
-        &mut c,
-        &mut e,
-        &mut o,
-        at(ms),
-        cid(10),
-        false,
-        Some(1),
-        false,
-    );
+    node0_says(&mut n, ms, (false, Some(1), false));
     // The turn's end: node 0 is sent our snapshot.
-    c.flush_replication(at(ms), &mut e, &mut o);
+    let (c, e, o) = &mut n;
+    c.flush_replication(at(ms), e, o);
     ms += 1;
-    heartbeat_synced(
-        &mut c,
-        &mut e,
-        &mut o,
-        at(ms),
-        cid(10),
-        false,
-        Some(1),
-        true,
-    );
-    c.tick(at(ms), &mut e, &mut o);
-    assert_eq!(
-        c.role(),
-        Role::Standby {
-            following: Some(PeerId(0))
-        },
-        "handed the role back to node 0"
-    );
-    let sent = lines_of(&mut o, cid(20));
+    node0_says(&mut n, ms, (false, Some(1), true));
+    let (c, e, o) = &mut n;
+    c.tick(at(ms), e, o);
+    let following = Some(PeerId(0));
+    assert_eq!(c.role(), Role::Standby { following }, "handed back");
+    let sent = lines_of(o, cid(20));
     assert!(sent.iter().any(|l| l.starts_with("P HANDOFF")), "{sent:?}");
-    (c, e, o, ms)
+    (n, ms)
 }
 
 #[test]
@@ -420,29 +406,15 @@ fn a_node_handed_the_role_that_follows_another_active_is_sent_our_grants() {
     // table may hold node 2's snapshot instead of our grants. When it is
     // active later and sends us its snapshot, our grants go to it first,
     // as a merge, before its snapshot replaces our table.
-    let (mut c, mut e, mut o, mut ms) = handed_back_to_node0();
-    ms += 1;
-    heartbeat_synced(
-        &mut c,
-        &mut e,
-        &mut o,
-        at(ms),
-        cid(10),
-        false,
-        Some(2),
-        false,
-    );
-    ms += 1;
-    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, true);
-    assert!(
-        lines_of(&mut o, cid(20))
-            .iter()
-            .all(|l| !l.starts_with("P MERGE"))
-    );
+    let (mut n, ms) = handed_back_to_node0();
+    node0_says(&mut n, ms + 1, (false, Some(2), false));
+    node0_says(&mut n, ms + 2, (true, None, true));
+    let (c, e, o) = &mut n;
+    let merges = |sent: &[String]| sent.iter().filter(|l| l.starts_with("P MERGE")).count();
+    assert_eq!(merges(&lines_of(o, cid(20))), 0, "not before its snapshot");
     let snapshot = PeerMsg::Snapshot { highest: 0 };
-    c.on_message(at(ms), cid(10), snapshot, &mut e, &mut o)
-        .unwrap();
-    let sent = lines_of(&mut o, cid(20));
+    c.on_message(at(ms + 2), cid(10), snapshot, e, o).unwrap();
+    let sent = lines_of(o, cid(20));
     let merge = sent.iter().position(|l| l.starts_with("P MERGE "));
     let grant = sent.iter().position(|l| l.starts_with("P g x "));
     let merged = sent.iter().position(|l| l == "P MERGED");
@@ -459,13 +431,12 @@ fn a_node_handed_the_role_that_follows_another_active_is_sent_our_grants() {
 fn a_node_that_took_the_role_we_handed_it_is_sent_no_merge() {
     // Its first heartbeat since our HANDOFF says it is active: it took the
     // role with our state, and its snapshot replaces our table as is.
-    let (mut c, mut e, mut o, mut ms) = handed_back_to_node0();
-    ms += 1;
-    heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, true);
+    let (mut n, ms) = handed_back_to_node0();
+    node0_says(&mut n, ms + 1, (true, None, true));
+    let (c, e, o) = &mut n;
     let snapshot = PeerMsg::Snapshot { highest: 0 };
-    c.on_message(at(ms), cid(10), snapshot, &mut e, &mut o)
-        .unwrap();
-    let sent = lines_of(&mut o, cid(20));
+    c.on_message(at(ms + 1), cid(10), snapshot, e, o).unwrap();
+    let sent = lines_of(o, cid(20));
     assert!(sent.iter().all(|l| !l.starts_with("P MERGE")), "{sent:?}");
     assert!(!c.settling());
 }
