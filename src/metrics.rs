@@ -41,7 +41,7 @@ pub const MAX_HEAD: usize = 8 * 1024;
 pub const MAX_CONNS: usize = 16;
 /// Threads serving connections at once: those reading their head
 /// ([`MAX_CONNS`]), those answering, and those that gave way and are ending.
-const MAX_THREADS: usize = 4 * MAX_CONNS;
+pub const MAX_THREADS: usize = 4 * MAX_CONNS;
 /// Deadline for reading a request and for writing its answer.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -63,12 +63,14 @@ fn a_slowloris_does_not_keep_health_from_answering() {
         assert_eq!(status_line(m, path), "HTTP/1.1 200 OK", "{path}");
     }
     assert!(started.elapsed() < Duration::from_secs(2));
-    // The listener's threads stay bounded (16 reading heads, and the few
-    // given up on that are on their way out).
+    // The listener's threads stay bounded: 16 reading heads, those
+    // answering, and those that gave way and are ending, at most
+    // MAX_THREADS in all (how many are still ending when we count depends
+    // on how the machine schedules them, not on the listener).
     let during = threads(&server);
     assert!(
-        during <= before + 40,
-        "{before} threads before, {during} during"
+        during <= before + ringlock::metrics::MAX_THREADS,
+        "{before} threads before, {during} during (200 connections)"
     );
     // The lock server never noticed.
     let mut c = server.connect();
