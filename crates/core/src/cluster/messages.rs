@@ -173,7 +173,8 @@ impl Cluster {
                 self.merge_unsent = true;
                 tracing::warn!(
                     target: LOG_TARGET, peer = %self.cfg.peers[from],
-                    "{} did not take the active role handed to it: the grants this node                      made go to the next active as a merge",
+                    "{} did not take the active role handed to it: the grants this node \
+                     made go to the next active as a merge",
                     self.cfg.peers[from]
                 );
             }
