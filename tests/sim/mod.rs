@@ -1312,12 +1312,15 @@ impl Sim {
         for (peer, line) in found {
             // A link the node gave up on (a handshake that a fault cut, a
             // peer silent for a whole timeout, a rival active that does not
-            // hear it) ends with an E line saying so: not a protocol error.
+            // hear it, its own links after it stalled for long enough to
+            // be counted dead) ends with an E line saying so: not a
+            // protocol error.
             let given_up = [
                 &b"peer handshake not finished"[..],
                 b"did not answer this node's HELLO",
                 b"silent for",
                 b"does not hear this link",
+                b"may have closed this link",
                 b"its older link is closed",
                 // Taken into the peers' reserve past a low `--max-conns`,
                 // and not authenticated in time (a fault cut it).

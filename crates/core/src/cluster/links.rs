@@ -214,6 +214,7 @@ impl Cluster {
                 // (A link already given up has none, and keeps none.)
                 p.out.extend_deadline(until);
             }
+            self.redial_after_stall(now, out);
             self.step_down_after_stall(now, engine, out);
         }
         self.last_tick_ms = now.ms;
@@ -247,6 +248,49 @@ impl Cluster {
         }
     }
 
+    /// Whether a gap of `gap_ms` without a tick may have made our peers
+    /// count us dead: our last heartbeat went out up to one heartbeat
+    /// before our last turn.
+    fn peers_may_count_us_dead(&self, gap_ms: u64) -> bool {
+        gap_ms + self.cfg.heartbeat_ms >= self.cfg.peer_timeout_ms
+    }
+
+    /// A node that did not run for long enough that its peers may have
+    /// counted it dead: they closed their links with it, both ways
+    /// ([`Cluster::drop_silent_links`]), and dialed it afresh. Its own
+    /// links to them are dead at their end, but the close reaches it only
+    /// when TCP's back-off retransmits into it, which may take seconds.
+    /// Meanwhile it would hear them on their new links while they hear
+    /// nothing of it: an active it becomes again would not be followed,
+    /// and two actives would each stay in the role. Its links are closed
+    /// and dialed afresh at once; at worst (the peers kept them) that is
+    /// one reconnection each.
+    fn redial_after_stall(&mut self, now: Now, out: &mut Outbox) {
+        let gap = now.ms.saturating_sub(self.last_tick_ms);
+        if !self.peers_may_count_us_dead(gap) {
+            return;
+        }
+        for i in PeerId::all(self.peers.len()) {
+            let p = &mut self.peers[i];
+            if !p.out.is_ready() {
+                // A handshake in progress has had its deadline extended:
+                // the peer's answer may be waiting unread.
+                continue;
+            }
+            let Some(conn) = p.out.give_up() else {
+                continue;
+            };
+            p.snapshot_sent = false;
+            p.ready_since = None;
+            let reason = format!(
+                "this process did not run for {gap} ms: {} may have closed this link; \
+                 dialing afresh",
+                self.cfg.peers[i]
+            );
+            self.doom(conn, reason, out);
+        }
+    }
+
     /// An active that did not run for long enough that its peers may have
     /// counted it dead (its last heartbeat went out up to one heartbeat
     /// before its last turn) may have been replaced: another node may have
@@ -260,7 +304,7 @@ impl Cluster {
     /// over, it takes the role again with its table.
     fn step_down_after_stall(&mut self, now: Now, engine: &mut Engine, out: &mut Outbox) {
         let gap = now.ms.saturating_sub(self.last_tick_ms);
-        let may_be_replaced = gap + self.cfg.heartbeat_ms >= self.cfg.peer_timeout_ms;
+        let may_be_replaced = self.peers_may_count_us_dead(gap);
         if self.role != Role::Active || self.leaving || self.peers.len() < 2 || !may_be_replaced {
             return;
         }

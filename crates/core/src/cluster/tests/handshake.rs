@@ -499,3 +499,59 @@ fn a_challenge_on_a_link_given_up_is_not_believed() {
     assert!(c.peers[1].out.conn().is_none());
     c.check_invariants(at(1 + TIMEOUT_MS), &e);
 }
+
+#[test]
+fn a_stall_long_enough_to_be_counted_dead_redials_every_link() {
+    // Node 2, linked both ways to nodes 0 and 1, runs (ticks every 50 ms);
+    // then stops. Stopped for long enough that its peers may have counted
+    // it dead (its last heartbeat was up to one heartbeat before its last
+    // turn), they have closed their links with it; the closes of ours
+    // reach us only when TCP retransmits into them. Ours are given up at
+    // once, and dialed afresh once closed.
+    for (gap, redialed) in [(TIMEOUT_MS - 51, false), (TIMEOUT_MS - 50, true)] {
+        let (mut c, mut e, mut o) = node_linked(2, 0);
+        let mut now = 1;
+        for ms in (1..=301).step_by(50) {
+            now = ms;
+            heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+            heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, None);
+            c.tick(at(ms), &mut e, &mut o);
+        }
+        let mut doomed = Vec::new();
+        c.take_doomed(&mut doomed);
+        assert!(doomed.is_empty(), "{doomed:?}");
+        let resumed = now + gap;
+        c.tick(at(resumed), &mut e, &mut o);
+        c.take_doomed(&mut doomed);
+        let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+        if !redialed {
+            assert!(conns.is_empty(), "a {gap} ms stall: {doomed:?}");
+            assert!(c.peers[0].out.is_ready() && c.peers[1].out.is_ready());
+            c.check_invariants(at(resumed), &e);
+            continue;
+        }
+        assert_eq!(conns, [20, 21].map(ConnId::new), "a {gap} ms stall");
+        for (_, why) in &doomed {
+            assert!(why.contains("may have closed this link"), "{why}");
+        }
+        // Nothing more goes on them: the heartbeats go nowhere until the
+        // new links are up. The inbound links stay (the peers close them,
+        // and link again).
+        assert!(c.peers[0].out.ready_conn().is_none());
+        assert!(c.peers[1].out.ready_conn().is_none());
+        assert!(c.alive(PeerId(0)) && c.alive(PeerId(1)));
+        c.check_invariants(at(resumed), &e);
+        c.on_close(at(resumed), cid(20), &mut e, &mut o);
+        c.on_close(at(resumed), cid(21), &mut e, &mut o);
+        let mut dials = Vec::new();
+        let mut t = resumed;
+        while dials.len() < 2 && t < resumed + TIMEOUT_MS {
+            t += 10;
+            c.tick(at(t), &mut e, &mut o);
+            c.take_dials(at(t), &mut dials);
+        }
+        let peers: Vec<usize> = dials.iter().map(|(p, _)| p.0).collect();
+        assert_eq!(peers, [0, 1], "dialed again after the stall");
+        c.check_invariants(at(t), &e);
+    }
+}
