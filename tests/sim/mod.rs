@@ -1464,6 +1464,23 @@ impl Sim {
         pipe.segs.push_back((at, seg));
     }
 
+    /// Whether node `x`'s bytes to node `s` on a peer link are stuck or
+    /// wait for TCP's next retransmission (a partition between them healed
+    /// since, but this link has not sent again yet).
+    fn backing_off(&self, x: usize, s: usize) -> bool {
+        self.conns.iter().flatten().any(|conn| {
+            conn.peer_link
+                && (0..2).any(|e| {
+                    conn.parties[e] == Party::Node(x)
+                        && conn.parties[1 - e] == Party::Node(s)
+                        && conn.gens[e] == self.nodes[x].generation
+                        && conn.open[e]
+                        && (conn.pipes[e].stuck_since.is_some()
+                            || conn.pipes[e].resume_at.is_some_and(|at| at > self.now))
+                })
+        })
+    }
+
     fn blocked(&self, from: Party, to: Party) -> bool {
         let Some(p) = &self.partition else {
             return false;
@@ -2076,12 +2093,16 @@ impl Sim {
         let succ = to.as_deref().and_then(|a| node_of_addr(a.as_bytes()));
         self.log(format!("LEAVE n{x} (was {was:?}): successor {to:?}"));
         self.disturb();
-        let cut_off = succ.is_none_or(|s| self.blocked(Party::Node(x), Party::Node(s)));
+        let cut_off = succ
+            .is_none_or(|s| self.blocked(Party::Node(x), Party::Node(s)) || self.backing_off(x, s));
         if cut_off && was == Role::Active {
             // Nobody to hand over to, or a successor the hand-off cannot
             // reach (cut off for less than the peer timeout, so the node
-            // still counted on it): like a crash, the grants no other
-            // running node has go with it.
+            // still counted on it; or just healed, with the link's bytes
+            // waiting for TCP's next retransmission, which may come after
+            // the successor has given the leaver up): like a crash, the
+            // grants no other running node has go with it (docs/cluster.md,
+            // "SIGTERM or SIGINT on the active").
             self.crash_window(x, "leave-alone");
         }
         // The listener is closed at once: connections not accepted yet
