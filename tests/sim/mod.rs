@@ -4185,7 +4185,11 @@ impl Sim {
             start: self.now,
             end: sent + req.lease_ms,
             lease_end: sent + req.lease_ms,
-            after_agreement: self.agreed_since.is_some_and(|a| a <= sent),
+            // Strictly after: a grant sent in the millisecond the cluster
+            // agreed may have been made in that millisecond before it (the
+            // active answered a request, then read the merge of the node
+            // that gave way).
+            after_agreement: self.agreed_since.is_some_and(|a| a < sent),
             member: match req.op {
                 b'G' => Some(0),
                 b'C' => Some(req.limit),
