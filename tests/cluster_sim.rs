@@ -46,7 +46,8 @@
 //!    (`R key 0`, `N key 0`) while the client's lease had not run out is a
 //!    failure unless a crash, leave without a successor, outage or hang
 //!    came in the grant's life, or a partition was not yet healed into one
-//!    agreed active when the request was sent. A release sent again after
+//!    agreed active when the request was sent (or caught the request in
+//!    flight and held it past the lease's end). A release sent again after
 //!    its connection broke may be refused: its first copy may have arrived.
 //! 8. Each turn a node hands its peer links' output (the replication of
 //!    what it answered) to the network before any client's answer.

@@ -4325,9 +4325,9 @@ impl Sim {
     /// Check 7: no grant lost without a crash. A release or renewal
     /// refused (`R key 0`, `N key 0`) while the client's lease had not run
     /// out is a lost grant, excused only by a crash (a leave without a
-    /// successor, an outage) or a hang in its lifetime, or a partition that had not
-    /// been healed into one agreed active when the request was sent. A heal
-    /// loses nothing.
+    /// successor, an outage) or a hang in its lifetime, a partition that had
+    /// not been healed into one agreed active when the request was sent, or
+    /// one that caught the request in flight. A heal loses nothing.
     fn check_lost(&mut self, b: usize, req: &Req, n: usize) {
         let belief = self.beliefs[b].clone();
         if belief.lease_end <= req.sent_ms + LOST_MARGIN_MS {
@@ -4339,8 +4339,13 @@ impl Sim {
             .iter()
             .find(|w| match w.kind {
                 // A partition excuses what was asked before the cluster
-                // agreed on one active again, not after.
-                "partition" => w.start <= req.sent_ms && !agreed_at_send,
+                // agreed on one active again, not after; and a request it
+                // caught in flight (begun within a delivery of the send),
+                // which it held up past the lease's end.
+                "partition" => {
+                    (w.start <= req.sent_ms && !agreed_at_send)
+                        || (req.sent_ms..=req.sent_ms + MAX_DELAY_MS).contains(&w.start)
+                }
                 // A crash, a leave without a successor, a hang: "without
                 // a crash" is the property (that a crash loses only what no
                 // other node had is check 4's).
