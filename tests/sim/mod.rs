@@ -813,6 +813,8 @@ pub struct Sim {
     last_disturbance: u64,
     /// Last time exactly one node was active.
     last_one_active: u64,
+    /// Whether exactly one node was active after the last step.
+    one_active_at_last_step: bool,
     /// Since when the network has been whole (no partition, no hang) with
     /// exactly one active, unbroken: the cluster has agreed on one active.
     agreed_since: Option<u64>,
@@ -939,6 +941,7 @@ impl Sim {
             windows: Vec::new(),
             last_disturbance: T0,
             last_one_active: T0,
+            one_active_at_last_step: false,
             beliefs: Vec::new(),
             agreed_since: None,
             issued: VecDeque::new(),
@@ -4390,9 +4393,12 @@ impl Sim {
             }
         }
         let actives = self.actives();
-        if actives.len() == 1 {
+        // Roles change only in steps: one active seen after the last step
+        // was active until this one (a quiet stretch has no steps).
+        if actives.len() == 1 || self.one_active_at_last_step {
             self.last_one_active = t;
         }
+        self.one_active_at_last_step = actives.len() == 1;
         // Agreed: one active, no node hears another claim the role, and
         // every node that gave way holds the merged table of the one that
         // stayed.
