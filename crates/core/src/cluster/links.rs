@@ -229,7 +229,7 @@ impl Cluster {
             }
         }
         self.expire_handshakes(now, out);
-        self.redial_deaf_rivals(now, out);
+        self.redial_deaf_peers(now, out);
         self.conflicts.retain(|c| c.until_ms > now.ms);
         self.evaluate(now, engine, out);
         if now.ms >= self.next_heartbeat_ms {
@@ -351,34 +351,63 @@ impl Cluster {
         }
     }
 
-    /// Another active that we outrank steps down within a delivery of our
-    /// heartbeat. One that still claims the role half a peer timeout after
-    /// we first heard it does not hear us: our link to it is dead at its
-    /// end (it closed it while the network was down, and the close waits
-    /// in TCP's back-off) while its new link to us works. Waiting for TCP
-    /// would keep two actives for as long as that back-off; our link is
-    /// closed and dialed afresh instead.
-    pub(super) fn redial_deaf_rivals(&mut self, now: Now, out: &mut Outbox) {
+    /// A peer that hears our heartbeats answers them within a delivery:
+    /// another active that we outrank steps down, a standby that follows
+    /// nobody follows us. One that still claims the role, or still follows
+    /// nobody, half a peer timeout after we (active) first heard it so does
+    /// not hear us: our link to it is dead at its end while its link to us
+    /// works. It closed ours while the network was down, or its process
+    /// crashed across a partition and came back, and the close reaches us
+    /// only with TCP's next retransmission into it, up to seconds later.
+    /// Waiting for TCP would keep two actives for as long (the deaf
+    /// standby takes the role after its start-up wait); our link is closed
+    /// and dialed afresh instead. (A standby that follows another active
+    /// is left alone: that active is ours to meet, and a one-way partition
+    /// would otherwise have us redial in a loop.)
+    pub(super) fn redial_deaf_peers(&mut self, now: Now, out: &mut Outbox) {
         let active = self.role == Role::Active;
         for i in PeerId::all(self.peers.len()) {
-            let rival = active && self.alive(i) && self.peers[i].claims_active && !self.outranks(i);
-            if !rival {
-                self.peers[i].rival_since = None;
+            let p = &self.peers[i];
+            // What it said within the last two heartbeats: a peer gone
+            // silent is not deaf, and is dropped for its silence.
+            let fresh = p
+                .heard_ms
+                .is_some_and(|h| now.ms <= h + 2 * self.cfg.heartbeat_ms);
+            let deaf = if !active || !fresh {
+                None
+            } else if p.claims_active && !self.outranks(i) {
+                Some(Deafness::Rival)
+            } else if !p.claims_active && p.following.is_none() {
+                Some(Deafness::FollowsNobody)
+            } else {
+                None
+            };
+            let Some(how) = deaf else {
+                self.peers[i].deaf_since = None;
                 continue;
-            }
-            let since = *self.peers[i].rival_since.get_or_insert(now.ms);
+            };
+            let since = match self.peers[i].deaf_since {
+                Some((since, was)) if was == how => since,
+                _ => now.ms,
+            };
             let p = &mut self.peers[i];
+            p.deaf_since = Some((since, how));
             if now.ms < since + self.cfg.peer_timeout_ms / 2 || !p.out.is_ready() {
                 continue;
             }
             let Some(conn) = p.out.give_up() else {
                 continue;
             };
-            p.rival_since = Some(now.ms);
+            let what = match how {
+                Deafness::Rival => "has claimed the active role",
+                Deafness::FollowsNobody => "has followed no active",
+            };
+            p.deaf_since = Some((now.ms, how));
             p.snapshot_sent = false;
+            p.ready_since = None;
             let reason = format!(
-                "{} has claimed the active role for {} ms although this node, active, outranks \
-                 it: it does not hear this link; closing it, dialing afresh",
+                "{} {what} for {} ms although this node is active: it does not hear this link; \
+                 closing it, dialing afresh",
                 self.cfg.peers[i],
                 now.ms - since
             );

@@ -202,6 +202,16 @@ pub enum Role {
 }
 
 /// What this node knows of one peer.
+/// How a peer that does not hear our link shows it, while we are active
+/// ([`Cluster::redial_deaf_peers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deafness {
+    /// It claims the role although we outrank it.
+    Rival,
+    /// A standby that follows no active.
+    FollowsNobody,
+}
+
 #[derive(Debug, Default, Clone)]
 struct Peer {
     /// Our link to it (we send on it).
@@ -226,9 +236,10 @@ struct Peer {
     claims_active: bool,
     following: Option<PeerId>,
     synced: bool,
-    /// Since when it has claimed the role while we are active and outrank
-    /// it (see [`Cluster::redial_deaf_rivals`]).
-    rival_since: Option<u64>,
+    /// Since when, while we are active, it has claimed the role though we
+    /// outrank it, or followed no active (see
+    /// [`Cluster::redial_deaf_peers`]).
+    deaf_since: Option<(u64, Deafness)>,
     /// Since when it has been ready to take the role back from us (alive,
     /// following us, holding our snapshot on a link that has not broken
     /// since): see [`Cluster::evaluate_active`].

@@ -362,6 +362,59 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     c.check_invariants(at(ms), &e);
 }
 
+#[test]
+fn a_standby_that_follows_no_active_gets_our_link_redialed() {
+    // Node 0, active. Node 1 is a standby that follows nobody: were our
+    // link to it working, it would follow us within a delivery. It keeps
+    // following nobody (its process crashed across a partition and came
+    // back: our link reached the old process), so ours is closed and
+    // dialed anew before its start-up wait ends. Node 2 follows another
+    // node (as in a one-way partition it hears that one, not us): not
+    // ours to redial.
+    let (mut c, mut e, mut o) = active_node0();
+    // Both follow us at first.
+    let mut ms = TIMEOUT_MS + 60;
+    for _ in 0..3 {
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, Some(0));
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
+        c.tick(at(ms), &mut e, &mut o);
+        ms += 50;
+    }
+    let start = ms;
+    let mut doomed = Vec::new();
+    c.take_doomed(&mut doomed);
+    assert!(doomed.is_empty(), "{doomed:?}");
+    while ms < start + TIMEOUT_MS / 2 {
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(1));
+        c.tick(at(ms), &mut e, &mut o);
+        c.take_doomed(&mut doomed);
+        assert!(doomed.is_empty(), "too soon, at {ms}: {doomed:?}");
+        ms += 50;
+    }
+    for _ in 0..3 {
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(10), false, None);
+        heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(1));
+        c.tick(at(ms), &mut e, &mut o);
+        ms += 50;
+    }
+    c.take_doomed(&mut doomed);
+    let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
+    assert_eq!(conns, [20].map(ConnId::new), "our link to node 1, only");
+    assert!(
+        doomed[0].1.contains("has followed no active") && doomed[0].1.contains("does not hear"),
+        "{doomed:?}"
+    );
+    assert_eq!(c.role(), Role::Active);
+    c.on_close(at(ms), cid(20), &mut e, &mut o);
+    assert!(c.alive(PeerId(1)), "we still hear it");
+    let mut dials = Vec::new();
+    c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);
+    assert_eq!(dials.len(), 1);
+    assert_eq!(dials[0].0, PeerId(1));
+    c.check_invariants(at(ms), &e);
+}
+
 /// Node 0's heartbeat, on its link to us (10): claims the role or not,
 /// follows whom, holds its active's snapshot or not.
 fn node0_says(n: &mut (Cluster, Engine, Outbox), ms: u64, state: (bool, Option<usize>, bool)) {
