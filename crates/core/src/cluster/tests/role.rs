@@ -345,21 +345,29 @@ fn a_rival_active_that_does_not_hear_us_gets_our_link_redialed() {
     heartbeat_synced(&mut c, &mut e, &mut o, at(ms), cid(10), true, None, false);
     heartbeat(&mut c, &mut e, &mut o, at(ms), cid(11), false, Some(0));
     c.tick(at(ms), &mut e, &mut o);
+    assert_link_to_node1_redialed(&mut (c, e, o), ms, "has claimed the active role");
+}
+
+/// Node 0, active: its link to node 1 (20), only, has been given up as
+/// one node 1 does not hear (`how`), and is dialed again once closed.
+fn assert_link_to_node1_redialed(n: &mut (Cluster, Engine, Outbox), ms: u64, how: &str) {
+    let (c, e, o) = n;
+    let mut doomed = Vec::new();
     c.take_doomed(&mut doomed);
     let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
     assert_eq!(conns, [20].map(ConnId::new), "our link to node 1, only");
     assert!(
-        doomed[0].1.contains("does not hear this link"),
+        doomed[0].1.contains(how) && doomed[0].1.contains("does not hear this link"),
         "{doomed:?}"
     );
     assert_eq!(c.role(), Role::Active);
-    c.on_close(at(ms), cid(20), &mut e, &mut o);
+    c.on_close(at(ms), cid(20), e, o);
     assert!(c.alive(PeerId(1)), "we still hear it");
     let mut dials = Vec::new();
     c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);
     assert_eq!(dials.len(), 1);
     assert_eq!(dials[0].0, PeerId(1));
-    c.check_invariants(at(ms), &e);
+    c.check_invariants(at(ms), e);
 }
 
 #[test]
@@ -398,21 +406,7 @@ fn a_standby_that_follows_no_active_gets_our_link_redialed() {
         c.tick(at(ms), &mut e, &mut o);
         ms += 50;
     }
-    c.take_doomed(&mut doomed);
-    let conns: Vec<ConnId> = doomed.iter().map(|d| d.0).collect();
-    assert_eq!(conns, [20].map(ConnId::new), "our link to node 1, only");
-    assert!(
-        doomed[0].1.contains("has followed no active") && doomed[0].1.contains("does not hear"),
-        "{doomed:?}"
-    );
-    assert_eq!(c.role(), Role::Active);
-    c.on_close(at(ms), cid(20), &mut e, &mut o);
-    assert!(c.alive(PeerId(1)), "we still hear it");
-    let mut dials = Vec::new();
-    c.take_dials(at(ms + DIAL_RETRY_MS), &mut dials);
-    assert_eq!(dials.len(), 1);
-    assert_eq!(dials[0].0, PeerId(1));
-    c.check_invariants(at(ms), &e);
+    assert_link_to_node1_redialed(&mut (c, e, o), ms, "has followed no active");
 }
 
 /// Node 0's heartbeat, on its link to us (10): claims the role or not,
