@@ -18,6 +18,10 @@ pub enum Admission {
     Refuse,
 }
 
+/// The deadline of a peer-only connection refused and being closed: it
+/// never comes, and the connection is refused all it asks until it closes.
+const REFUSED: u64 = u64::MAX;
+
 impl Node {
     /// Whether to take a connection just accepted when `open_conns`
     /// connections (clients, peer links, closing ones) are open.
@@ -51,18 +55,23 @@ impl Node {
     }
 
     /// Peer-only connections past their deadline: kept if they became
-    /// authenticated peer links, closed otherwise.
+    /// authenticated peer links, closed otherwise. One being closed stays
+    /// listed, with the deadline [`REFUSED`], until [`Node::close`]: a
+    /// request read from it before the loop closes it (in the turn that
+    /// refused it, say) is refused too, never served.
     pub(super) fn expire_peer_only(&mut self, now: Now) {
         let cluster = self.cluster.as_ref();
         let mut expired = Vec::new();
-        self.peer_only.retain(|&(conn, deadline_ms)| {
-            if now.ms < deadline_ms {
+        self.peer_only.retain_mut(|(conn, deadline_ms)| {
+            if now.ms < *deadline_ms {
                 return true;
             }
-            if !cluster.is_some_and(|c| c.is_authenticated_in(conn)) {
-                expired.push(conn);
+            if cluster.is_some_and(|c| c.is_authenticated_in(*conn)) {
+                return false;
             }
-            false
+            expired.push(*conn);
+            *deadline_ms = REFUSED;
+            true
         });
         self.update_checked_requests();
         for conn in expired {
@@ -79,9 +88,13 @@ impl Node {
         self.doomed.push((conn, reason.into()));
     }
 
-    /// The earliest peer-only deadline.
+    /// The earliest peer-only deadline (of a connection not refused yet).
     pub(super) fn peer_only_deadline(&self) -> Option<u64> {
-        self.peer_only.iter().map(|&(_, d)| d).min()
+        self.peer_only
+            .iter()
+            .map(|&(_, d)| d)
+            .filter(|&d| d != REFUSED)
+            .min()
     }
 
     /// [`Node::handle_request`] while some connection is peer-only or on a

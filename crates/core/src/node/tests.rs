@@ -163,3 +163,43 @@ fn an_over_long_line_on_a_peer_link_is_logged_with_its_reason() {
         node.check_invariants(at(2));
     }
 }
+
+#[test]
+fn a_request_on_a_peer_only_connection_refused_in_the_same_turn_is_not_served() {
+    // Node 0, active alone after its start-up wait. A connection taken
+    // beyond --max-conns (peer-only) does not authenticate by its
+    // deadline: the tick that starts the turn refuses it. An acquire read
+    // from it later in that turn, before the loop closes it, must be
+    // refused too: served, it would grant the key to a client that reads
+    // the refusal first and never learns it holds the lock (and the answer
+    // would leave before its replication, with the refused connection's
+    // output).
+    let mut node = node0();
+    let mut session = Session::new();
+    // Ticks as a running loop's (a longer gap would be a stall).
+    for ms in (0..=600).step_by(50) {
+        node.tick(at(ms));
+    }
+    assert_eq!(node.role(), Role::Active);
+    node.open_peer_only(at(600), cid(7));
+    for ms in (650..=1200).step_by(50) {
+        node.tick(at(ms));
+    }
+    let mut doomed = Vec::new();
+    node.take_doomed(at(1200), &mut doomed);
+    assert_eq!(doomed, [cid(7)]);
+    let flow = session.feed(&mut node, at(1200), cid(7), b"A k 2.0 0\n");
+    assert_ne!(
+        flow,
+        Flow::Open,
+        "a refused connection's request is refused"
+    );
+    let out = String::from_utf8(std::mem::take(node.output_mut(cid(7)))).unwrap();
+    assert!(!out.contains("\nA k") && !out.starts_with("A k"), "{out:?}");
+    assert_eq!(node.engine().holder(b"k"), None);
+    // No deadline stays in the past for it while it closes.
+    assert_eq!(node.peer_only_deadline(), None);
+    node.check_invariants(at(1200));
+    node.close(at(1200), cid(7));
+    node.check_invariants(at(1200));
+}
