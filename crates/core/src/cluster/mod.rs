@@ -469,11 +469,15 @@ impl Cluster {
     }
 
     /// True if `conn` is a peer link: ours, or one from a peer that sent
-    /// `HELLO` (authenticated or not).
+    /// `HELLO` (authenticated or not), or one given up this turn that the
+    /// loop has not taken to close yet (a handshake expired at the tick
+    /// that started the turn: the peer's own `E` giving it up may be read
+    /// in the same turn, and is no client request to answer).
     pub fn is_peer_link(&self, conn: ConnId) -> bool {
         self.peers.iter().any(|p| p.out.conn() == Some(conn))
             || self.pending.contains_key(&conn)
             || self.links_in.iter().any(|&(c, _)| c == conn)
+            || self.doomed.iter().any(|&(c, _)| c == conn)
     }
 
     /// Moves the links this node wants closed into `into`, each with an `E`

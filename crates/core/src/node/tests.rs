@@ -203,3 +203,51 @@ fn a_request_on_a_peer_only_connection_refused_in_the_same_turn_is_not_served() 
     node.close(at(1200), cid(7));
     node.check_invariants(at(1200));
 }
+
+#[test]
+fn a_peer_giving_up_a_handshake_that_expired_this_turn_is_not_answered() {
+    // Peer 1 dials the node and says HELLO; the node's CHALLENGE does not
+    // reach it (a one-way cut). At the deadline both give up: the tick
+    // that starts the node's turn closes the handshake, and the peer's own
+    // `E` line giving it up is read in the same turn, before the loop has
+    // taken the link to close. That line is the peer's, not a client
+    // request: the node answers it with nothing (no "unknown op").
+    let mut node = node0();
+    let mut session = Session::new();
+    node.tick(at(0));
+    node.open(cid(5));
+    let peers = peers();
+    let mut hello = Vec::new();
+    wire::encode(
+        &mut hello,
+        &wire::PeerMsg::Hello {
+            version: wire::VERSION,
+            fingerprint: auth::fingerprint(wire::FINGERPRINT_VERSION, &peers),
+            from: PeerId(1),
+            addr: peers[1].as_bytes(),
+            incarnation: 1,
+            nonce: [9; auth::NONCE_LEN],
+        },
+    );
+    assert_eq!(session.feed(&mut node, at(1), cid(5), &hello), Flow::Open);
+    let challenge = std::mem::take(node.output_mut(cid(5)));
+    assert!(challenge.starts_with(b"P CHALLENGE "));
+    // Ticks as a running loop's, to the handshake's deadline.
+    for ms in (50..=550).step_by(50) {
+        node.tick(at(ms));
+    }
+    let flow = session.feed(
+        &mut node,
+        at(550),
+        cid(5),
+        b"E n1:1 did not answer this node's HELLO within 500 ms\n",
+    );
+    assert_eq!(flow, Flow::Broken);
+    let out = String::from_utf8(std::mem::take(node.output_mut(cid(5)))).unwrap();
+    assert!(out.starts_with("E peer handshake not finished"), "{out:?}");
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+    let mut doomed = Vec::new();
+    node.take_doomed(at(550), &mut doomed);
+    assert_eq!(doomed, [cid(5)]);
+    node.check_invariants(at(550));
+}
