@@ -4454,19 +4454,32 @@ impl Sim {
             self.replicas_matched = self.replica_diff().is_none();
         }
         // Every request is answered in time: releases, renewals and acquires
-        // with a wait, unless a fault came in between. Time counts from when
+        // with a wait, unless a fault came in between or the node that
+        // took it has crashed or is leaving. Time counts from when
         // the node could read it: a connection that waited in the node's
         // backlog (failed accepts) is read once taken.
         let mut unanswered = None;
         if self.healed() {
             for (c, client) in self.clients.iter().enumerate() {
                 for (&sc, reqs) in &client.outstanding {
-                    let Some(accepted) = self.conns.get(sc).and_then(|c| c.as_ref()?.accepted_ms)
-                    else {
+                    let Some(conn) = self.conns.get(sc).and_then(|c| c.as_ref()) else {
+                        continue;
+                    };
+                    let Some(accepted) = conn.accepted_ms else {
                         continue; // still in the backlog
                     };
                     for (req, n) in reqs {
                         if req.op == b'A' && req.wait_ms == 0 {
+                            continue;
+                        }
+                        // Sent to a node that has crashed or is shutting
+                        // down, before its close reached the client (the
+                        // client learns of it from the close, not from an
+                        // answer).
+                        let gone = !conn.open[1]
+                            || !self.listens(*n)
+                            || conn.gens[1] != self.nodes[*n].generation;
+                        if gone {
                             continue;
                         }
                         let due = req.sent_ms.max(accepted) + req.wait_ms + 2 * MAX_DELAY_MS + 10;
