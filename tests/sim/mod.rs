@@ -3443,6 +3443,16 @@ impl Sim {
                 "hand-off: n{x} read HANDOFF from {from:?} as a standby and is {role:?} right after"
             ));
         }
+        // Refused (it follows another node now, say the other side of a
+        // heal it heard in the same read): the leaver exits all the same,
+        // and the next active is picked as after a crash (docs/cluster.md,
+        // "Hand-off"), so the grants only the leaver had may be lost.
+        // (A hand-back's sender stays, and owes its grants as a merge.)
+        if let (false, Party::Node(sender)) = (role == Role::Active, from)
+            && !self.listens(sender)
+        {
+            self.crash_window(sender, "handoff-refused");
+        }
     }
 
     /// [`Sim::node_input`] for a TLS connection: the records as they came,
