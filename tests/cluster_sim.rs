@@ -51,6 +51,10 @@
 //!    its connection broke may be refused: its first copy may have arrived.
 //! 8. Each turn a node hands its peer links' output (the replication of
 //!    what it answered) to the network before any client's answer.
+//! 9. The active hands a grant's answer to a client's socket only once
+//!    the grant is in what it handed to each synced follower's link (read
+//!    from the bytes themselves), so a node stopped between two sends
+//!    leaves no answered grant unknown to its followers.
 //!
 //! Plus each engine's own invariants, and that no node's loop would spin
 //! (a deadline left in the past: the loops' timeout is the `Driver`'s, as
